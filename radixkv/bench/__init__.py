@@ -1,0 +1,1 @@
+"""radixkv subpackage."""

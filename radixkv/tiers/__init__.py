@@ -1,0 +1,1 @@
+"""Storage tiers: one protocol, batched and thread-safe."""

@@ -1,0 +1,94 @@
+"""The tier protocol: what every storage tier (memory, disk, Redis, ...) provides.
+
+A tier stores opaque chunk payloads (1-D contiguous ``torch.uint8`` CPU tensors) under a storage
+identity ``(namespace digest, chunk key)``. All calls are batched and thread-safe. A tier never
+raises for a fault of its medium (server down, disk full, corrupted bytes): it reports a miss (or a
+failed put) and counts it in :class:`TierStats`. It raises only for caller errors (wrong payload size,
+bad arguments), with a message naming the value and the fix.
+
+Eviction policy is *not* the tier's business: the hierarchical store decides what to evict through the
+tree's per-tier policy and calls :meth:`Tier.delete_many`. A tier enforces its capacity as a hard
+bound by refusing puts that do not fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+
+__all__ = ["Tier", "TierStats"]
+
+
+@dataclass(slots=True)
+class TierStats:
+    """Counters of one tier since it was opened (plain data, safe to copy into metrics)."""
+
+    puts: int = 0
+    put_failures: int = 0
+    gets: int = 0
+    hits: int = 0
+    misses: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    deletes: int = 0
+    checksum_failures: int = 0
+    errors: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, int]:
+        out = {k: getattr(self, k) for k in self.__slots__ if k != "extra"}  # type: ignore[attr-defined]
+        out.update(self.extra)
+        return out
+
+
+@runtime_checkable
+class Tier(Protocol):
+    """One level of the hierarchy. See the module docstring for the contract."""
+
+    name: str
+    capacity_bytes: int
+
+    def put_many(
+        self, namespace: str, keys: Sequence[str], payloads: Sequence[torch.Tensor]
+    ) -> list[bool]:
+        """Store each payload under its key; True where stored (or already present), False where the
+        medium refused (full, down). Never partially visible: a reader sees the whole payload or
+        nothing."""
+        ...
+
+    def get_many(
+        self, namespace: str, keys: Sequence[str], buffers: Sequence[torch.Tensor]
+    ) -> list[bool]:
+        """Read each payload into the caller's buffer (no intermediate copy where the medium allows).
+        True where the buffer now holds exactly the stored, verified bytes; False is a miss and the
+        buffer's contents are unspecified."""
+        ...
+
+    def contains_many(self, namespace: str, keys: Sequence[str]) -> int:
+        """Length of the leading run of ``keys`` present in this tier."""
+        ...
+
+    def delete_many(self, namespace: str, keys: Sequence[str]) -> int:
+        """Remove the keys; returns how many were present. Missing keys are not an error."""
+        ...
+
+    def usage_bytes(self) -> int:
+        """Bytes currently held (payloads plus per-chunk overhead the tier counts against capacity)."""
+        ...
+
+    def stats(self) -> TierStats:
+        ...
+
+    def clear(self, namespace: str | None = None) -> None:
+        """Delete every chunk (of one namespace, or all)."""
+        ...
+
+    def close(self) -> None:
+        """Release resources; idempotent."""
+        ...
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError/RuntimeError with numbers if an internal invariant is broken."""
+        ...

@@ -1,0 +1,1 @@
+"""The offline eviction simulator (installed as radixkv.sims)."""

@@ -1,0 +1,1 @@
+"""Kernels: paged gather/scatter between engine pages and contiguous chunks (installed as radixkv.kernels)."""
