@@ -1,1 +1,1 @@
-"""radixkv subpackage."""
+"""Benchmark scripts: ``python -m radixkv.bench NAME``. Never collected as tests."""

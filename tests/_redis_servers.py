@@ -1,0 +1,1 @@
+"""Placeholder: fixtures that start real redis-server processes are added by the Redis tier work."""
