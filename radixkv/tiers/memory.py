@@ -1,0 +1,432 @@
+"""CPU-memory tier: one preallocated (pinned when CUDA is available) buffer cut into slab slots.
+
+Layout::
+
+    buffer (capacity_bytes, torch.uint8)   [unit 0][unit 1][unit 2] ... [unit n-1]   (unit_bytes each)
+    slab = a run of whole units assigned to ONE slot size, cut into equal slots:
+           [slot 0 | slot 1 | ... | slot k-1 | waste < slot_bytes]
+
+A namespace's slot size is fixed by its first put (a later payload of another size is an
+:class:`InputError` naming both sizes). A slab returns its units to the pool when its last slot is
+freed, so namespaces of different sizes share the buffer over time. The buffer is the capacity: it
+cannot be exceeded, and a put that finds no free slot is refused (``False``), never evicts.
+
+Readers: :meth:`MemoryTier.get_many` copies into caller buffers. :meth:`MemoryTier.lease` returns
+zero-copy views and holds a reader count on each slot: a deleted slot with readers is freed only when
+the last lease is released (deferred free), so a view never shows another chunk's bytes while leased.
+:meth:`MemoryTier.get_views` returns the same views *without* a reader count: they are valid only while
+the caller guarantees nobody deletes the chunks (the hierarchical store's pin on the chunk).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from radixkv.errors import CapacityError, ConfigError, InputError
+from radixkv.tiers.base import TierStats
+
+__all__ = ["MemoryTier", "MemoryTierConfig", "MemoryLease"]
+
+_MiB = 1 << 20
+
+
+@dataclass(slots=True)
+class MemoryTierConfig:
+    """capacity_bytes: size of the one preallocated buffer (the hard bound).
+    unit_bytes: allocation granule of slabs; slab_target_bytes: preferred slab size (a slab is never
+    smaller than one slot). pin: page-lock the buffer; None = pin when CUDA is available."""
+
+    capacity_bytes: int
+    name: str = "mem"
+    unit_bytes: int = 2 * _MiB
+    slab_target_bytes: int = 64 * _MiB
+    pin: bool | None = None
+
+    def __post_init__(self) -> None:
+        for attr in ("capacity_bytes", "unit_bytes", "slab_target_bytes"):
+            v = getattr(self, attr)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"MemoryTierConfig.{attr}={v!r} must be a positive integer (bytes)")
+        if not self.name:
+            raise ConfigError("MemoryTierConfig.name must be a non-empty tier name")
+        # A capacity below one unit is legal: the unit shrinks to the capacity.
+        self.unit_bytes = min(self.unit_bytes, self.capacity_bytes)
+
+
+@dataclass(slots=True)
+class _Slab:
+    first_unit: int
+    n_units: int
+    slot_bytes: int
+    n_slots: int
+    offset_bytes: int
+    free: list[int]
+    used: int = 0  # slots published, being written, or freed-but-leased
+
+
+@dataclass(slots=True, eq=False)
+class _Slot:
+    slab_id: int
+    index: int
+    offset_bytes: int
+    nbytes: int
+    readers: int = 0
+    dead: bool = False  # deleted while leased: freed when readers reaches 0
+
+
+@dataclass(slots=True)
+class MemoryLease:
+    """Zero-copy views of leased chunks (None where absent). Release exactly once (or use ``with``)."""
+
+    views: list[torch.Tensor | None]
+    _tier: MemoryTier
+    _slots: list[_Slot] = field(default_factory=list)
+    _released: bool = False
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        self._tier._release(self._slots)
+
+    def __enter__(self) -> MemoryLease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _byte_view(t: object, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{what} is {type(t).__name__}; pass a 1-D torch.uint8 CPU tensor")
+    if t.dtype != torch.uint8 or t.device.type != "cpu" or not t.is_contiguous():
+        raise InputError(
+            f"{what} is dtype={t.dtype}, device={t.device}, contiguous={t.is_contiguous()}; pass a "
+            "contiguous torch.uint8 CPU tensor (use .view(torch.uint8).contiguous().cpu())"
+        )
+    return t.view(-1)
+
+
+def _check_ident(namespace: object, keys: object) -> None:
+    if not isinstance(namespace, str) or not namespace:
+        raise InputError(f"namespace={namespace!r} must be a non-empty str (Namespace.digest)")
+    if isinstance(keys, (str, bytes)):
+        raise InputError(f"keys={keys!r} must be a sequence of str keys, not a single str")
+
+
+class MemoryTier:
+    """CPU-memory tier over one preallocated buffer (see the module docstring). Thread-safe."""
+
+    def __init__(self, config: MemoryTierConfig | None = None, **kwargs: object) -> None:
+        if config is None:
+            config = MemoryTierConfig(**kwargs)  # type: ignore[arg-type]
+        elif kwargs:
+            raise ConfigError(f"pass either a MemoryTierConfig or keyword options, not both: {kwargs}")
+        self.config = config
+        self.name = config.name
+        self.capacity_bytes = config.capacity_bytes
+        pin = torch.cuda.is_available() if config.pin is None else config.pin
+        self.pinned = bool(pin)
+        self._buffer = torch.empty(config.capacity_bytes, dtype=torch.uint8, pin_memory=self.pinned)
+        self._unit = config.unit_bytes
+        self._unit_owner: list[int] = [-1] * (config.capacity_bytes // self._unit)  # slab id or -1
+        self._slabs: dict[int, _Slab] = {}
+        self._partial: dict[int, set[int]] = {}  # slot_bytes -> slab ids with a free slot
+        self._next_slab = 0
+        self._index: dict[tuple[str, str], _Slot] = {}
+        self._ns_slot_bytes: dict[str, int] = {}
+        self._writing = 0
+        self._dead: set[_Slot] = set()
+        self._stats = TierStats()
+        self._stats.extra.update(full_refusals=0, deferred_frees=0)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ----------------------------------------------------------------------------- public API
+
+    def put_many(self, namespace: str, keys: Sequence[str], payloads: Sequence[torch.Tensor]) -> list[bool]:
+        _check_ident(namespace, keys)
+        if len(keys) != len(payloads):
+            raise InputError(f"{len(keys)} keys but {len(payloads)} payloads; pass one payload per key")
+        views = [_byte_view(p, f"payloads[{i}]") for i, p in enumerate(payloads)]
+        ok = [False] * len(keys)
+        todo: list[tuple[int, _Slot]] = []
+        with self._lock:
+            self._check_open()
+            for i, (key, v) in enumerate(zip(keys, views)):
+                self._check_size(namespace, v.numel(), f"payloads[{i}]")
+                if (namespace, key) in self._index:
+                    ok[i] = True  # keys name content: present means the same bytes
+                    continue
+                slot = self._alloc(v.numel())
+                if slot is None:
+                    self._stats.extra["full_refusals"] += 1
+                    self._stats.put_failures += 1
+                    continue
+                if namespace not in self._ns_slot_bytes:
+                    self._ns_slot_bytes[namespace] = v.numel()
+                self._writing += 1
+                todo.append((i, slot))
+        # Copy outside the lock: the slots are reserved and invisible until published below.
+        for i, slot in todo:
+            self._slot_view(slot).copy_(views[i])
+        with self._lock:
+            for i, slot in todo:
+                self._writing -= 1
+                ident = (namespace, keys[i])
+                if ident in self._index:  # a concurrent put of the same key won
+                    self._free(slot)
+                else:
+                    self._index[ident] = slot
+                    self._stats.puts += 1
+                    self._stats.bytes_in += slot.nbytes
+                ok[i] = True
+        return ok
+
+    def get_many(self, namespace: str, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> list[bool]:
+        _check_ident(namespace, keys)
+        if len(keys) != len(buffers):
+            raise InputError(f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key")
+        outs = [_byte_view(b, f"buffers[{i}]") for i, b in enumerate(buffers)]
+        lease = self._lease(namespace, keys, [o.numel() for o in outs])
+        try:
+            hits = []
+            for out, view in zip(outs, lease.views):
+                if view is not None:
+                    out.copy_(view)
+                hits.append(view is not None)
+        finally:
+            lease.release()
+        with self._lock:
+            n_hit = sum(hits)
+            self._stats.gets += len(keys)
+            self._stats.hits += n_hit
+            self._stats.misses += len(keys) - n_hit
+            self._stats.bytes_out += sum(o.numel() for o, h in zip(outs, hits) if h)
+        return hits
+
+    def lease(self, namespace: str, keys: Sequence[str]) -> MemoryLease:
+        """Zero-copy views of the chunks, each slot held until :meth:`MemoryLease.release`."""
+        _check_ident(namespace, keys)
+        return self._lease(namespace, keys, None)
+
+    def get_views(self, namespace: str, keys: Sequence[str]) -> list[torch.Tensor | None]:
+        """Zero-copy views *without* a reader count: valid only while the chunks stay pinned in the
+        store (nothing may delete them); use :meth:`lease` otherwise."""
+        _check_ident(namespace, keys)
+        with self._lock:
+            self._check_open()
+            slots = [self._index.get((namespace, k)) for k in keys]
+            return [None if s is None else self._slot_view(s) for s in slots]
+
+    def contains_many(self, namespace: str, keys: Sequence[str]) -> int:
+        _check_ident(namespace, keys)
+        with self._lock:
+            n = 0
+            for k in keys:
+                if (namespace, k) not in self._index:
+                    break
+                n += 1
+            return n
+
+    def delete_many(self, namespace: str, keys: Sequence[str]) -> int:
+        _check_ident(namespace, keys)
+        with self._lock:
+            n = sum(self._delete_locked((namespace, k)) for k in keys)
+            self._stats.deletes += n
+            return n
+
+    def clear(self, namespace: str | None = None) -> None:
+        with self._lock:
+            for ident in [i for i in self._index if namespace is None or i[0] == namespace]:
+                self._delete_locked(ident)
+            if namespace is None:
+                self._ns_slot_bytes.clear()
+            else:
+                self._ns_slot_bytes.pop(namespace, None)
+
+    def usage_bytes(self) -> int:
+        """Bytes of occupied slots (published, being written, or deleted but still leased)."""
+        with self._lock:
+            return sum(s.used * s.slot_bytes for s in self._slabs.values())
+
+    def stats(self) -> TierStats:
+        with self._lock:
+            st = TierStats(**{k: getattr(self._stats, k) for k in TierStats.__slots__ if k != "extra"})
+            st.extra = dict(self._stats.extra)
+            st.extra["chunks"] = len(self._index)
+            st.extra["slabs"] = len(self._slabs)
+            st.extra["slab_bytes"] = sum(s.n_units for s in self._slabs.values()) * self._unit
+            st.extra["leased_dead_slots"] = len(self._dead)
+            return st
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    def check_integrity(self) -> None:
+        with self._lock:
+            owned: dict[int, int] = {}
+            for u, sid in enumerate(self._unit_owner):
+                if sid >= 0:
+                    owned[sid] = owned.get(sid, 0) + 1
+            live: dict[int, int] = {}
+            for (ns, _k), slot in self._index.items():
+                if slot.dead:
+                    raise RuntimeError(f"slot {slot} is in the index but marked dead")
+                if self._ns_slot_bytes.get(ns) is not None and self._ns_slot_bytes[ns] != slot.nbytes:
+                    raise RuntimeError(f"namespace {ns} slot size {self._ns_slot_bytes[ns]} != {slot.nbytes}")
+                live[slot.slab_id] = live.get(slot.slab_id, 0) + 1
+            for slot in self._dead:
+                if slot.readers <= 0:
+                    raise RuntimeError(f"dead slot {slot} has no readers but was not freed")
+                live[slot.slab_id] = live.get(slot.slab_id, 0) + 1
+            total_used = 0
+            for sid, slab in self._slabs.items():
+                if owned.get(sid) != slab.n_units:
+                    raise RuntimeError(f"slab {sid}: owns {owned.get(sid)} units, expected {slab.n_units}")
+                if len(set(slab.free)) != len(slab.free) or any(not 0 <= f < slab.n_slots for f in slab.free):
+                    raise RuntimeError(f"slab {sid}: corrupt free list {slab.free}")
+                if len(slab.free) + slab.used != slab.n_slots:
+                    raise RuntimeError(f"slab {sid}: {len(slab.free)} free + {slab.used} used != {slab.n_slots}")
+                if slab.used == 0:
+                    raise RuntimeError(f"slab {sid} is empty but still holds {slab.n_units} units")
+                in_partial = sid in self._partial.get(slab.slot_bytes, set())
+                if in_partial != bool(slab.free):
+                    raise RuntimeError(f"slab {sid}: partial-set membership {in_partial} but {len(slab.free)} free")
+                total_used += slab.used
+            if set(owned) != set(self._slabs):
+                raise RuntimeError(f"units owned by unknown slabs {set(owned) - set(self._slabs)}")
+            if total_used != len(self._index) + len(self._dead) + self._writing:
+                raise RuntimeError(
+                    f"{total_used} used slots != {len(self._index)} indexed + {len(self._dead)} leased-dead "
+                    f"+ {self._writing} being written"
+                )
+            used_bytes = sum(s.used * s.slot_bytes for s in self._slabs.values())
+            if used_bytes > self.capacity_bytes:
+                raise RuntimeError(f"usage {used_bytes} exceeds capacity {self.capacity_bytes}")
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"tier {self.name!r} is closed")
+
+    def _check_size(self, namespace: str, nbytes: int, what: str) -> None:
+        fixed = self._ns_slot_bytes.get(namespace)
+        if fixed is not None and nbytes != fixed:
+            raise InputError(
+                f"{what} has {nbytes} bytes but namespace {namespace} stores {fixed}-byte chunks in tier "
+                f"{self.name!r} (fixed by its first put); every chunk of a namespace must have one size"
+            )
+        if nbytes <= 0:
+            raise InputError(f"{what} is empty; a chunk payload must have at least one byte")
+        need_units = -(-nbytes // self._unit)
+        if need_units > len(self._unit_owner):
+            raise CapacityError(
+                f"a {nbytes}-byte chunk cannot fit tier {self.name!r} of capacity {self.capacity_bytes} "
+                f"bytes ({len(self._unit_owner)} units of {self._unit}); raise capacity_bytes to at "
+                f"least {need_units * self._unit}"
+            )
+
+    def _slot_view(self, slot: _Slot) -> torch.Tensor:
+        return self._buffer[slot.offset_bytes : slot.offset_bytes + slot.nbytes]
+
+    def _lease(self, namespace: str, keys: Sequence[str], sizes: list[int] | None) -> MemoryLease:
+        with self._lock:
+            self._check_open()
+            views: list[torch.Tensor | None] = []
+            held: list[_Slot] = []
+            fixed = self._ns_slot_bytes.get(namespace)
+            for i, k in enumerate(keys):
+                slot = self._index.get((namespace, k))
+                want = slot.nbytes if slot is not None else fixed
+                if sizes is not None and want is not None and sizes[i] != want:
+                    raise InputError(
+                        f"buffers[{i}] has {sizes[i]} bytes but chunks of namespace {namespace} have "
+                        f"{want} bytes in tier {self.name!r}; pass buffers of the namespace's chunk size"
+                    )
+                if slot is None:
+                    views.append(None)
+                    continue
+                slot.readers += 1
+                held.append(slot)
+                views.append(self._slot_view(slot))
+            return MemoryLease(views=views, _tier=self, _slots=held)
+
+    def _release(self, slots: list[_Slot]) -> None:
+        with self._lock:
+            for slot in slots:
+                slot.readers -= 1
+                if slot.dead and slot.readers == 0:
+                    self._dead.discard(slot)
+                    self._free(slot)
+                    self._stats.extra["deferred_frees"] += 1
+
+    def _delete_locked(self, ident: tuple[str, str]) -> bool:
+        slot = self._index.pop(ident, None)
+        if slot is None:
+            return False
+        if slot.readers > 0:
+            slot.dead = True
+            self._dead.add(slot)
+        else:
+            self._free(slot)
+        return True
+
+    def _alloc(self, slot_bytes: int) -> _Slot | None:
+        partial = self._partial.setdefault(slot_bytes, set())
+        if not partial:
+            sid = self._new_slab(slot_bytes)
+            if sid is None:
+                return None
+            partial.add(sid)
+        sid = min(partial)  # fill low slabs first: keeps high slabs free to return to the pool
+        slab = self._slabs[sid]
+        idx = slab.free.pop()
+        slab.used += 1
+        if not slab.free:
+            partial.discard(sid)
+        return _Slot(sid, idx, slab.offset_bytes + idx * slot_bytes, slot_bytes)
+
+    def _free(self, slot: _Slot) -> None:
+        slab = self._slabs[slot.slab_id]
+        slab.free.append(slot.index)
+        slab.used -= 1
+        if slab.used == 0:  # give the units back so other slot sizes can use them
+            for u in range(slab.first_unit, slab.first_unit + slab.n_units):
+                self._unit_owner[u] = -1
+            del self._slabs[slot.slab_id]
+            self._partial[slab.slot_bytes].discard(slot.slab_id)
+        else:
+            self._partial.setdefault(slab.slot_bytes, set()).add(slot.slab_id)
+
+    def _new_slab(self, slot_bytes: int) -> int | None:
+        min_units = -(-slot_bytes // self._unit)
+        want_units = max(min_units, self.config.slab_target_bytes // self._unit)
+        first, n_units = self._largest_run(want_units)
+        if n_units < min_units:
+            return None
+        sid = self._next_slab
+        self._next_slab += 1
+        for u in range(first, first + n_units):
+            self._unit_owner[u] = sid
+        n_slots = n_units * self._unit // slot_bytes
+        self._slabs[sid] = _Slab(first, n_units, slot_bytes, n_slots, first * self._unit,
+                                 free=list(range(n_slots - 1, -1, -1)))
+        return sid
+
+    def _largest_run(self, cap: int) -> tuple[int, int]:
+        """(first unit, length) of the first free run of ``cap`` units, else of the longest one."""
+        best_first, best_len, run = 0, 0, 0
+        for u, owner in enumerate(self._unit_owner):
+            run = run + 1 if owner < 0 else 0
+            if run > best_len:
+                best_first, best_len = u - run + 1, run
+                if run == cap:
+                    break
+        return best_first, best_len
