@@ -1,0 +1,703 @@
+"""The host radix tree: chunks, their prefix structure, tier residency and pins.
+
+Nodes are chunks, named by chain keys (``key_i`` hashes the whole prefix, see :mod:`radixkv.keys`)
+inside a namespace (a :attr:`Namespace.digest`). Each node knows its parent, depth, token count, byte
+size, the tiers it is resident in (a bitmask over the tree's tier names) and its pins. The tree knows
+nothing of tensors, devices or threads: callers serialize access (the store holds one lock).
+
+Invariant (prefix-closed): a node exists only while it is resident in at least one tier and its parent
+exists. So a chunk is never reported while part of its prefix is unrecoverable. Removing a node whose
+descendants are still resident elsewhere *orphans* them: they are dropped and counted, never served.
+
+Layout: node fields live in parallel Python lists indexed by an int node id (struct of arrays) and
+``_index[namespace][key] -> id``. Because the tree is prefix-closed and keys name whole prefixes, the
+longest present prefix of a key chain is found by binary search: a match costs O(log n) dict lookups,
+not a walk over every chunk.
+
+::
+
+    keys      k0  k1  k2  k3  k4  k5        present? yes yes yes yes no no
+    match     |------ hit_chunks=4 ---|     found with 3 probes: k5? no  k2? yes  k3? yes  (k4 no)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, Sequence
+
+from radixkv.errors import ConfigError, InputError, PinError
+from radixkv.policies import EvictionPolicy, make_policy
+
+__all__ = ["RadixTree", "MatchResult", "InsertResult", "DropResult"]
+
+_NO_PARENT = -1
+_MAX_TIERS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class DropResult:
+    """Nodes that left the tree (no tier holds them any more) and the orphans dropped with them."""
+
+    removed_node_ids: tuple[int, ...] = ()
+    orphaned_node_ids: tuple[int, ...] = ()
+
+    @property
+    def dropped_chunks(self) -> int:
+        return len(self.removed_node_ids) + len(self.orphaned_node_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class InsertResult:
+    """Ids of every key of the insert, root->leaf (existing ones touched, missing ones created)."""
+
+    node_ids: tuple[int, ...]
+    new_node_ids: tuple[int, ...]
+
+    @property
+    def inserted_chunks(self) -> int:
+        return len(self.node_ids)
+
+
+class MatchResult:
+    """The longest prefix of a key chain present in any tier. Per-chunk details are computed lazily,
+    so a caller that needs only ``hit_chunks`` pays for nothing else. Valid until the tree changes."""
+
+    __slots__ = ("hit_chunks", "_tree", "_ids", "_keys", "_index", "_masks")
+
+    def __init__(self, tree: RadixTree, keys: Sequence[str], index: Mapping[str, int], hit_chunks: int):
+        self.hit_chunks = hit_chunks
+        self._tree = tree
+        self._keys = keys
+        self._index = index
+        self._ids: list[int] | None = None
+        self._masks: list[int] | None = None
+
+    @property
+    def node_ids(self) -> list[int]:
+        """Node ids of the hit chunks, root->leaf."""
+        if self._ids is None:
+            self._ids = list(map(self._index.__getitem__, self._keys[: self.hit_chunks]))
+        return self._ids
+
+    @property
+    def last_node_id(self) -> int | None:
+        return self._index[self._keys[self.hit_chunks - 1]] if self.hit_chunks else None
+
+    @property
+    def tier_masks(self) -> list[int]:
+        """Residency bitmask per hit chunk (bit i set = resident in ``tree.tiers[i]``)."""
+        if self._masks is None:
+            self._masks = list(map(self._tree._mask.__getitem__, self.node_ids))
+        return self._masks
+
+    def tier_of(self, i: int) -> str:
+        """Name of the fastest (first-listed) tier holding hit chunk ``i``."""
+        mask = self.tier_masks[i]
+        return self._tree.tiers[(mask & -mask).bit_length() - 1]
+
+    def hit_chunks_in(self, tier: str) -> int:
+        """Leading run of hit chunks resident in ``tier``."""
+        bit = 1 << self._tree.tier_index(tier)
+        n = 0
+        for mask in self.tier_masks:
+            if not mask & bit:
+                break
+            n += 1
+        return n
+
+    def __repr__(self) -> str:
+        return f"MatchResult(hit_chunks={self.hit_chunks})"
+
+
+@dataclass(slots=True)
+class TreeStats:
+    inserted_chunks: int = 0
+    removed_chunks: int = 0
+    orphan_drops: int = 0
+    expired_pins: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class RadixTree:
+    """Chunk tree over an ordered list of tiers (fastest first), one eviction policy per tier.
+
+    ``policy`` is a registered policy name for every tier, or a mapping tier -> name;
+    ``policy_options`` are keyword options for the policy constructor (or a mapping tier -> options).
+    """
+
+    def __init__(
+        self,
+        tiers: Sequence[str] = ("mem",),
+        policy: str | Mapping[str, str] = "lru",
+        policy_options: Mapping[str, object] | Mapping[str, Mapping[str, object]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        tiers = tuple(tiers)
+        if not tiers or len(tiers) > _MAX_TIERS or len(set(tiers)) != len(tiers):
+            raise ConfigError(f"tiers={tiers!r} must be 1..{_MAX_TIERS} distinct tier names")
+        self.tiers: tuple[str, ...] = tiers
+        self._tier_pos = {name: i for i, name in enumerate(tiers)}
+        self._wall_clock = clock
+        self._now = 0
+        # Node fields (struct of arrays). A free slot has _key None.
+        self._key: list[str | None] = []
+        self._ns: list[str | None] = []
+        self._parent: list[int] = []
+        self._depth: list[int] = []
+        self._nchild: list[int] = []  # children alive in any tier
+        self._tchild: list[list[int]] = [[] for _ in tiers]  # children resident per tier
+        self._mask: list[int] = []
+        self._tokens: list[int] = []
+        self._size: list[int] = []
+        self._free: list[int] = []
+        self._index: dict[str, dict[str, int]] = {}
+        self._pins: dict[int, dict[str, float]] = {}
+        self._tier_bytes = [0] * len(tiers)
+        self._tier_chunks = [0] * len(tiers)
+        self.stats = TreeStats()
+        self._policies: list[EvictionPolicy] = []
+        for i, name in enumerate(tiers):
+            pname = policy if isinstance(policy, str) else policy.get(name, "lru")
+            p = make_policy(pname, **_options_for(policy_options, name, tiers))
+            p.bind(self, i)
+            self._policies.append(p)
+
+    # ------------------------------------------------------------------ queries
+
+    def tier_index(self, tier: str) -> int:
+        try:
+            return self._tier_pos[tier]
+        except KeyError:
+            raise InputError(f"unknown tier {tier!r}; this tree's tiers are {list(self.tiers)}") from None
+
+    def policy(self, tier: str) -> EvictionPolicy:
+        return self._policies[self.tier_index(tier)]
+
+    def __len__(self) -> int:
+        return len(self._key) - len(self._free)
+
+    def lookup(self, namespace: str, key: str) -> int | None:
+        idx = self._index.get(namespace)
+        return None if idx is None else idx.get(key)
+
+    def node_key(self, node_id: int) -> str:
+        self._alive(node_id)
+        return self._key[node_id]  # type: ignore[return-value]
+
+    def node_namespace(self, node_id: int) -> str:
+        self._alive(node_id)
+        return self._ns[node_id]  # type: ignore[return-value]
+
+    def node_parent(self, node_id: int) -> int | None:
+        self._alive(node_id)
+        p = self._parent[node_id]
+        return None if p == _NO_PARENT else p
+
+    def node_depth(self, node_id: int) -> int:
+        """Chunks from the namespace root (a namespace's first chunk has depth 1)."""
+        self._alive(node_id)
+        return self._depth[node_id]
+
+    def node_tier_mask(self, node_id: int) -> int:
+        self._alive(node_id)
+        return self._mask[node_id]
+
+    def node_tiers(self, node_id: int) -> list[str]:
+        mask = self.node_tier_mask(node_id)
+        return [t for i, t in enumerate(self.tiers) if mask >> i & 1]
+
+    def node_size_bytes(self, node_id: int) -> int:
+        self._alive(node_id)
+        return self._size[node_id]
+
+    def node_tokens(self, node_id: int) -> int:
+        self._alive(node_id)
+        return self._tokens[node_id]
+
+    def node_children_alive(self, node_id: int) -> int:
+        self._alive(node_id)
+        return self._nchild[node_id]
+
+    def tier_bytes(self, tier: str) -> int:
+        return self._tier_bytes[self.tier_index(tier)]
+
+    def tier_chunks(self, tier: str) -> int:
+        return self._tier_chunks[self.tier_index(tier)]
+
+    def tier_leaf_predicate(self, tier_index: int) -> Callable[[int], bool]:
+        """``f(node_id) -> True`` when the node has no child resident in the tier (for policies)."""
+        tchild = self._tchild[tier_index]
+        return lambda n: tchild[n] == 0
+
+    def namespaces(self) -> list[str]:
+        return [ns for ns, idx in self._index.items() if idx]
+
+    def _alive(self, node_id: int) -> bool:
+        if not (0 <= node_id < len(self._key)) or self._key[node_id] is None:
+            raise InputError(f"node id {node_id} is not in the tree (removed or never inserted)")
+        return True
+
+    # ------------------------------------------------------------------ match
+
+    def match(self, namespace: str, keys: Sequence[str], touch: bool = True) -> MatchResult:
+        """Longest prefix of ``keys`` (one chain) present in any tier. Does not change residency;
+        with ``touch`` it tells each policy holding the last hit chunk that the path was used.
+        O(log len(keys)) dict lookups when ``keys`` is a proper chain."""
+        idx = self._index.get(namespace)
+        if not idx or not keys:
+            return MatchResult(self, keys, idx or {}, 0)
+        get = idx.get
+        first = get(keys[0])
+        if first is None:
+            return MatchResult(self, keys, idx, 0)
+        n = len(keys)
+        last = get(keys[-1])
+        if last is not None:
+            hit = n
+        else:
+            lo, hi = 1, n - 1  # keys[lo-1] present, keys[hi] absent
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                if get(keys[mid - 1]) is not None:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            hit, last = lo, idx[keys[lo - 1]]
+        depth = self._depth
+        if depth[last] - depth[first] != hit - 1:
+            # Not one chain (or a chain with a hole): fall back to a checked walk.
+            hit, last = self._walk(idx, keys)
+        if touch:
+            self._now += 1
+            self._touch(last)
+        return MatchResult(self, keys, idx, hit)
+
+    def _walk(self, idx: Mapping[str, int], keys: Sequence[str]) -> tuple[int, int]:
+        parent = self._parent
+        prev = idx[keys[0]]
+        hit = 1
+        for k in keys[1:]:
+            nid = idx.get(k)
+            if nid is None or parent[nid] != prev:
+                break
+            prev, hit = nid, hit + 1
+        return hit, prev
+
+    def _touch(self, node_id: int) -> None:
+        mask, now = self._mask[node_id], self._now
+        i = 0
+        while mask:
+            if mask & 1:
+                self._policies[i].on_access(node_id, now)
+            mask >>= 1
+            i += 1
+
+    def touch(self, node_ids: Sequence[int]) -> None:
+        """Tell the policies the path ending at the last of ``node_ids`` was used."""
+        if node_ids:
+            self._alive(node_ids[-1])
+            self._now += 1
+            self._touch(node_ids[-1])
+
+    # ------------------------------------------------------------------ insert
+
+    def insert(
+        self,
+        namespace: str,
+        keys: Sequence[str],
+        tier: str,
+        chunk_tokens: int,
+        size_bytes: int,
+        parent_key: str | None = None,
+    ) -> InsertResult:
+        """Make ``keys`` (one chain, continuing ``parent_key`` or starting at the namespace root)
+        resident in ``tier``: existing chunks gain the residency and are touched, missing ones are
+        created. Inserting what is present is a documented no-op apart from the touch.
+
+        If ``parent_key`` is given but not in the tree, nothing is inserted (the chain's prefix is not
+        recoverable) and the result is empty. Raises InputError for keys that contradict the tree
+        (not one chain) or invalid sizes."""
+        t = self.tier_index(tier)
+        if not isinstance(chunk_tokens, int) or chunk_tokens <= 0:
+            raise InputError(f"chunk_tokens={chunk_tokens!r} must be a positive integer")
+        if not isinstance(size_bytes, int) or size_bytes < 0:
+            raise InputError(f"size_bytes={size_bytes!r} must be a non-negative integer")
+        if not keys:
+            return InsertResult((), ())
+        idx = self._index.setdefault(namespace, {})
+        if parent_key is None:
+            parent, depth = _NO_PARENT, 0
+        else:
+            p = idx.get(parent_key)
+            if p is None:
+                return InsertResult((), ())
+            parent, depth = p, self._depth[p]
+        m = self.match(namespace, keys, touch=False)
+        hit = m.hit_chunks
+        ids = m.node_ids if hit else []
+        if hit and self._parent[ids[0]] != parent:
+            raise InputError(
+                f"key {keys[0]!r} is already in the tree under another parent than parent_key="
+                f"{parent_key!r}: the keys are not a continuation of that chain"
+            )
+        self._now += 1
+        bit = 1 << t
+        missing_tier = [n for n in ids if not self._mask[n] & bit]
+        if missing_tier:
+            self._add_residency(missing_tier, t)
+        new = self._create(namespace, idx, keys[hit:], ids[-1] if ids else parent,
+                           (self._depth[ids[-1]] if ids else depth), t, chunk_tokens, size_bytes)
+        ids = ids + new
+        self._touch(ids[-1])
+        return InsertResult(tuple(ids), tuple(new))
+
+    def _create(
+        self, ns: str, idx: dict[str, int], keys: Sequence[str], parent: int, depth: int,
+        t: int, chunk_tokens: int, size_bytes: int,
+    ) -> list[int]:
+        if not keys:
+            return []
+        if len(set(keys)) != len(keys) or any(k in idx for k in keys):
+            raise InputError(
+                "keys are not one chain: a key repeats, or a key after the matched prefix is already "
+                "in the tree under another prefix"
+            )
+        for k in keys:
+            if not isinstance(k, str) or not k:
+                raise InputError(f"chunk key {k!r} must be a non-empty str")
+        bit = 1 << t
+        new: list[int] = []
+        free = self._free
+        for k in keys:
+            if free:
+                n = free.pop()
+                self._key[n], self._ns[n], self._parent[n] = k, ns, parent
+                depth += 1
+                self._depth[n], self._nchild[n], self._mask[n] = depth, 0, bit
+                self._tokens[n], self._size[n] = chunk_tokens, size_bytes
+                for tc in self._tchild:
+                    tc[n] = 0
+            else:
+                n = len(self._key)
+                depth += 1
+                self._key.append(k)
+                self._ns.append(ns)
+                self._parent.append(parent)
+                self._depth.append(depth)
+                self._nchild.append(0)
+                self._mask.append(bit)
+                self._tokens.append(chunk_tokens)
+                self._size.append(size_bytes)
+                for tc in self._tchild:
+                    tc.append(0)
+            if parent != _NO_PARENT:
+                self._nchild[parent] += 1
+                self._tchild[t][parent] += 1
+            idx[k] = n
+            new.append(n)
+            parent = n
+        self._tier_bytes[t] += size_bytes * len(new)
+        self._tier_chunks[t] += len(new)
+        self.stats.inserted_chunks += len(new)
+        self._policies[t].on_insert(new, self._now)
+        return new
+
+    # ------------------------------------------------------------------ residency
+
+    def set_resident(self, node_ids: Iterable[int], tier: str) -> None:
+        """Add ``tier`` to the residency of each node (already resident: no-op)."""
+        t = self.tier_index(tier)
+        bit = 1 << t
+        todo = [n for n in node_ids if self._alive(n) and not self._mask[n] & bit]
+        if todo:
+            self._now += 1
+            self._add_residency(todo, t)
+
+    def _add_residency(self, node_ids: list[int], t: int) -> None:
+        bit, parent, tchild = 1 << t, self._parent, self._tchild[t]
+        for n in node_ids:
+            self._mask[n] |= bit
+            p = parent[n]
+            if p != _NO_PARENT:
+                tchild[p] += 1
+            self._tier_bytes[t] += self._size[n]
+        self._tier_chunks[t] += len(node_ids)
+        self._policies[t].on_insert(node_ids, self._now)
+
+    def clear_resident(self, node_ids: Iterable[int], tier: str) -> DropResult:
+        """Remove ``tier`` from each node's residency. Nodes no tier holds any more leave the tree;
+        their descendants (whose prefix is now unrecoverable) are dropped as orphans."""
+        t = self.tier_index(tier)
+        bit = 1 << t
+        todo = [n for n in node_ids if self._alive(n) and self._mask[n] & bit]
+        if not todo:
+            return DropResult()
+        self._drop_residency(todo, t)
+        gone = [n for n in todo if self._mask[n] == 0]
+        if not gone:
+            return DropResult()
+        return self._remove_nodes(gone)
+
+    def _drop_residency(self, node_ids: list[int], t: int) -> None:
+        bit, parent, tchild, mask = 1 << t, self._parent, self._tchild[t], self._mask
+        pol = self._policies[t]
+        pol.on_remove(node_ids)
+        leaves: list[int] = []
+        for n in node_ids:
+            mask[n] &= ~bit
+            self._tier_bytes[t] -= self._size[n]
+            p = parent[n]
+            if p != _NO_PARENT:
+                tchild[p] -= 1
+                if tchild[p] == 0 and mask[p] & bit:
+                    leaves.append(p)
+        self._tier_chunks[t] -= len(node_ids)
+        for p in leaves:
+            if mask[p] & bit and tchild[p] == 0:
+                pol.on_leaf(p)
+
+    def _remove_nodes(self, gone: list[int]) -> DropResult:
+        """Unlink nodes no tier holds; drop their live descendants as orphans."""
+        orphans: list[int] = []
+        if any(self._nchild[n] for n in gone):
+            orphans = self._descendants(set(gone))
+            for n in orphans:
+                m, t = self._mask[n], 0
+                while m:
+                    if m & 1:
+                        self._drop_residency([n], t)
+                    m >>= 1
+                    t += 1
+        for n in gone + orphans:
+            p = self._parent[n]
+            if p != _NO_PARENT:
+                self._nchild[p] -= 1
+            del self._index[self._ns[n]][self._key[n]]  # type: ignore[index]
+            self._pins.pop(n, None)
+            self._key[n] = None
+            self._ns[n] = None
+            self._free.append(n)
+        self.stats.removed_chunks += len(gone)
+        self.stats.orphan_drops += len(orphans)
+        return DropResult(tuple(gone), tuple(orphans))
+
+    def _descendants(self, roots: set[int]) -> list[int]:
+        """Live descendants of ``roots`` (excluding them), parents before children. O(tree size):
+        only used when a chunk with live children is lost, which is rare (faults, explicit clears)."""
+        parent, key = self._parent, self._key
+        member: dict[int, bool] = {r: True for r in roots}
+        out: list[tuple[int, int]] = []
+
+        def under(n: int) -> bool:
+            path = []
+            while n != _NO_PARENT and n not in member:
+                path.append(n)
+                n = parent[n]
+            res = n != _NO_PARENT and member[n]
+            for x in path:
+                member[x] = res
+            return res
+
+        for n in range(len(key)):
+            if key[n] is not None and n not in roots and under(n):
+                out.append((self._depth[n], n))
+        out.sort()
+        return [n for _, n in out]
+
+    # ------------------------------------------------------------------ eviction
+
+    def evict_candidates(self, tier: str, n_chunks: int, drop: bool = False) -> list[int]:
+        """Up to ``n_chunks`` nodes to evict from ``tier``, best first per the tier's policy.
+
+        Every candidate is resident in ``tier``, unpinned, and has no child resident in ``tier``.
+        With ``drop`` (the caller will not demote it elsewhere) a candidate also has no live child
+        unless another tier holds it, so dropping it never orphans anything. Does not mutate the tree.
+        """
+        t = self.tier_index(tier)
+        if n_chunks <= 0:
+            return []
+        bit, mask, nchild = 1 << t, self._mask, self._nchild
+        tchild = self._tchild[t]
+        pins = self._pins
+        out: list[int] = []
+        gen = self._policies[t].candidates()
+        try:
+            for n in gen:
+                if not mask[n] & bit or tchild[n]:
+                    continue
+                if pins and n in pins and self.is_pinned(n):
+                    continue
+                if drop and nchild[n] and mask[n] == bit:
+                    continue
+                out.append(n)
+                if len(out) >= n_chunks:
+                    break
+        finally:
+            gen.close()
+        return out
+
+    def evict(self, tier: str, n_chunks: int) -> DropResult:
+        """Drop up to ``n_chunks`` chunks from ``tier`` one at a time in exact policy order (each
+        eviction may make a parent the next victim). Chunks other tiers hold stay in the tree."""
+        removed: list[int] = []
+        orphans: list[int] = []
+        evicted = 0
+        while evicted < n_chunks:
+            victims = self.evict_candidates(tier, 1, drop=True)
+            if not victims:
+                break
+            r = self.clear_resident(victims, tier)
+            removed.extend(r.removed_node_ids)
+            orphans.extend(r.orphaned_node_ids)
+            evicted += 1
+        return DropResult(tuple(removed), tuple(orphans))
+
+    # ------------------------------------------------------------------ pins
+
+    def pin(self, node_ids: Iterable[int], owner: str, lease_s: float = 60.0) -> None:
+        """Protect nodes from eviction for ``owner`` until unpinned or ``lease_s`` seconds pass
+        (so a crashed owner cannot leak pins). Pinning again renews the lease."""
+        if not owner:
+            raise PinError("pin owner must be a non-empty string naming the holder (request id, ...)")
+        if not lease_s > 0:
+            raise PinError(f"lease_s={lease_s!r} must be > 0 seconds")
+        expiry = self._wall_clock() + lease_s
+        for n in node_ids:
+            self._alive(n)
+            self._pins.setdefault(n, {})[owner] = expiry
+
+    def unpin(self, node_ids: Iterable[int], owner: str) -> None:
+        """Release ``owner``'s pins. Raises PinError if a node is not pinned by ``owner`` (an expired
+        lease counts as released, so unpinning it is a no-op)."""
+        ids = list(node_ids)
+        for n in ids:
+            held = self._pins.get(n)
+            if held is None or owner not in held:
+                raise PinError(f"node {n} is not pinned by owner {owner!r}")
+        for n in ids:
+            held = self._pins[n]
+            del held[owner]
+            if not held:
+                del self._pins[n]
+
+    def is_pinned(self, node_id: int) -> bool:
+        held = self._pins.get(node_id)
+        if not held:
+            return False
+        now = self._wall_clock()
+        expired = [o for o, exp in held.items() if exp <= now]
+        for o in expired:
+            del held[o]
+        self.stats.expired_pins += len(expired)
+        if not held:
+            del self._pins[node_id]
+            return False
+        return True
+
+    def pinned_count(self) -> int:
+        return sum(1 for n in list(self._pins) if self.is_pinned(n))
+
+    # ------------------------------------------------------------------ clear
+
+    def clear(
+        self, namespace: str | None = None, tier: str | None = None, subtree_key: str | None = None
+    ) -> DropResult:
+        """Drop chunks: everything, one namespace, one subtree (``subtree_key`` and below, needs
+        ``namespace``), restricted to one tier if given (chunks other tiers hold stay)."""
+        if subtree_key is not None:
+            if namespace is None:
+                raise InputError("clear(subtree_key=...) needs the namespace the key belongs to")
+            root = self.lookup(namespace, subtree_key)
+            if root is None:
+                return DropResult()
+            targets = [root] + self._descendants({root})
+        else:
+            spaces = [namespace] if namespace is not None else list(self._index)
+            targets = [n for ns in spaces for n in self._index.get(ns, {}).values()]
+        if not targets:
+            return DropResult()
+        removed: list[int] = []
+        orphans: list[int] = []
+        tiers = [self.tier_index(tier)] if tier is not None else range(len(self.tiers))
+        # Deepest first, so every removal is a leaf removal and nothing is counted as an orphan.
+        targets.sort(key=self._depth.__getitem__, reverse=True)
+        for t in tiers:
+            bit = 1 << t
+            alive = [n for n in targets if self._key[n] is not None and self._mask[n] & bit]
+            for n in alive:
+                if self._key[n] is not None:
+                    r = self.clear_resident([n], self.tiers[t])
+                    removed.extend(r.removed_node_ids)
+                    orphans.extend(r.orphaned_node_ids)
+        return DropResult(tuple(removed), tuple(orphans))
+
+    # ------------------------------------------------------------------ integrity
+
+    def check_integrity(self) -> None:
+        """Verify every invariant; raises AssertionError naming the broken one with numbers."""
+        n_slots = len(self._key)
+        for name in ("_ns", "_parent", "_depth", "_nchild", "_mask", "_tokens", "_size"):
+            assert len(getattr(self, name)) == n_slots, f"field {name} has the wrong length"
+        assert all(len(tc) == n_slots for tc in self._tchild), "per-tier child counts wrong length"
+        free = set(self._free)
+        assert len(free) == len(self._free), "free list has duplicates"
+        nchild = [0] * n_slots
+        tchild = [[0] * n_slots for _ in self.tiers]
+        tier_bytes = [0] * len(self.tiers)
+        tier_chunks = [0] * len(self.tiers)
+        indexed = 0
+        for ns, idx in self._index.items():
+            for k, n in idx.items():
+                assert self._key[n] == k and self._ns[n] == ns, f"index entry {k!r} -> {n} is stale"
+                indexed += 1
+        alive = 0
+        for n in range(n_slots):
+            if self._key[n] is None:
+                assert n in free, f"dead node {n} not on the free list"
+                continue
+            assert n not in free, f"live node {n} is on the free list"
+            alive += 1
+            mask = self._mask[n]
+            assert mask and mask < (1 << len(self.tiers)), f"node {n} has residency mask {mask:#x}"
+            p = self._parent[n]
+            if p == _NO_PARENT:
+                assert self._depth[n] == 1, f"root-level node {n} has depth {self._depth[n]}"
+            else:
+                assert self._key[p] is not None, f"node {n} has removed parent {p} (orphan served)"
+                assert self._ns[p] == self._ns[n], f"node {n} and parent {p} differ in namespace"
+                assert self._depth[n] == self._depth[p] + 1, f"node {n} depth != parent depth + 1"
+                nchild[p] += 1
+            for t in range(len(self.tiers)):
+                if mask >> t & 1:
+                    tier_bytes[t] += self._size[n]
+                    tier_chunks[t] += 1
+                    if p != _NO_PARENT:
+                        tchild[t][p] += 1
+        assert alive == indexed == len(self), f"alive={alive} indexed={indexed} len={len(self)}"
+        for n in range(n_slots):
+            if self._key[n] is not None:
+                assert self._nchild[n] == nchild[n], f"node {n} child count {self._nchild[n]} != {nchild[n]}"
+                for t in range(len(self.tiers)):
+                    assert self._tchild[t][n] == tchild[t][n], f"node {n} tier {t} child count wrong"
+        assert tier_bytes == self._tier_bytes, f"tier bytes {self._tier_bytes} != {tier_bytes}"
+        assert tier_chunks == self._tier_chunks, f"tier chunks {self._tier_chunks} != {tier_chunks}"
+        for n in self._pins:
+            assert self._key[n] is not None, f"pin on removed node {n}"
+        for t, pol in enumerate(self._policies):
+            assert len(pol) == tier_chunks[t], (
+                f"policy of tier {self.tiers[t]!r} tracks {len(pol)} nodes, tier holds {tier_chunks[t]}"
+            )
+            pol.check_integrity()
+
+
+def _options_for(
+    policy_options: Mapping[str, object] | Mapping[str, Mapping[str, object]] | None,
+    tier: str,
+    tiers: tuple[str, ...],
+) -> dict[str, object]:
+    if not policy_options:
+        return {}
+    if all(k in tiers for k in policy_options) and all(isinstance(v, Mapping) for v in policy_options.values()):
+        return dict(policy_options.get(tier, {}))  # type: ignore[arg-type]
+    return dict(policy_options)
