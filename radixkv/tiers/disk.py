@@ -1,0 +1,550 @@
+"""Disk tier: one framed file per chunk under a directory (local disk or a shared filesystem).
+
+Layout: ``root/<namespace>/<h[0:2]>/<h[2:4]>/<key>.kv`` with ``h`` the xxh3_64 hex of the key. Each file
+is ``encode_header(namespace, key, payload) + payload`` (:mod:`radixkv.tiers.framing`). Directories are
+created 0700, files 0600.
+
+Crash safety: a put writes a temp file (``.<key>.<pid>.<thread>.<rand>.tmp``, ``O_EXCL``, same
+directory) with one ``writev`` of ``[header, payload]`` (no concatenation copy), optionally fsyncs it
+(``fsync=True``; off by default: after a power loss a committed file may be torn, which the checksum
+turns into a miss), then commits with ``os.replace``. Files are unlinked only after their replacement
+is committed. A reader reads the header, then the payload straight into the caller's buffer
+(``os.preadv``), and verifies identity, length and checksum: any mismatch is a miss, counted in
+``checksum_failures``, and the file is removed. Restart rebuilds the index by scanning headers.
+
+Capacity: the index counts whole frame bytes (header + payload) of the files it knows, plus bytes of
+puts in flight; a put that would exceed ``capacity_bytes`` first evicts this tier's least-recently-used
+files (hits and puts refresh recency). Evictions are counted in stats and their identities can be
+collected with :meth:`DiskTier.drain_evicted` so a store can drop them from its tree.
+
+Shared directories (``shared=True``): several processes may use one directory (the seed system's
+"remote disk"). Writes of the same key race safely (each commits a whole file by rename; the last
+rename wins, a reader sees one whole verified file). Gets and ``contains_many`` also look for files
+other processes wrote; capacity is enforced per process over the files *it* indexes, so give each
+process a share of the directory's budget. In shared mode invalid files found by the startup scan are
+skipped, not deleted (they may belong to another format version).
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import os
+import re
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import xxhash
+
+from radixkv.errors import CapacityError, ConfigError, InputError
+from radixkv.tiers.base import TierStats
+from radixkv.tiers.framing import HEADER_BYTES, decode_header, encode_header, payload_checksum
+
+__all__ = ["DiskTier", "DiskTierConfig"]
+
+_IDENT_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
+_SUFFIX = ".kv"
+_TMP_SUFFIX = ".tmp"
+
+
+@dataclass(slots=True)
+class DiskTierConfig:
+    """root: directory (created 0700 if missing); capacity_bytes: bound on indexed frame bytes;
+    io_threads: parallel reads/writes of one batch; fsync: fsync each file before its commit rename;
+    shared: other processes use the same directory; stale_temp_s: age after which a leftover temp
+    file (a crashed writer's) is removed by the startup scan."""
+
+    root: str
+    capacity_bytes: int
+    name: str = "disk"
+    io_threads: int = 4
+    fsync: bool = False
+    shared: bool = False
+    stale_temp_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        self.root = os.fspath(self.root)
+        if not self.root:
+            raise ConfigError("DiskTierConfig.root must be a directory path")
+        for attr in ("capacity_bytes", "io_threads"):
+            v = getattr(self, attr)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"DiskTierConfig.{attr}={v!r} must be a positive integer")
+        if not self.stale_temp_s >= 0:
+            raise ConfigError(f"DiskTierConfig.stale_temp_s={self.stale_temp_s!r} must be >= 0 seconds")
+        if not self.name:
+            raise ConfigError("DiskTierConfig.name must be a non-empty tier name")
+
+
+def _byte_view(t: object, what: str) -> memoryview:
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{what} is {type(t).__name__}; pass a 1-D torch.uint8 CPU tensor")
+    if t.dtype != torch.uint8 or t.device.type != "cpu" or not t.is_contiguous():
+        raise InputError(
+            f"{what} is dtype={t.dtype}, device={t.device}, contiguous={t.is_contiguous()}; pass a "
+            "contiguous torch.uint8 CPU tensor (use .view(torch.uint8).contiguous().cpu())"
+        )
+    return memoryview(t.view(-1).numpy())
+
+
+def _check_ident(namespace: object, keys: object) -> None:
+    if not isinstance(namespace, str) or not _IDENT_RE.fullmatch(namespace):
+        raise InputError(f"namespace={namespace!r} must be 1-128 chars of [A-Za-z0-9_-] (Namespace.digest)")
+    if isinstance(keys, (str, bytes)):
+        raise InputError(f"keys={keys!r} must be a sequence of str keys, not a single str")
+    for k in keys:  # type: ignore[union-attr]
+        if not isinstance(k, str) or not _IDENT_RE.fullmatch(k):
+            raise InputError(f"key {k!r} must be 1-128 chars of [A-Za-z0-9_-] (a hex chunk key)")
+
+
+def _write_all(fd: int, header: bytes, payload: memoryview) -> None:
+    parts: list[memoryview] = [memoryview(header), payload]
+    while parts:
+        n = os.writev(fd, parts)
+        while parts and n >= parts[0].nbytes:
+            n -= parts[0].nbytes
+            parts.pop(0)
+        if parts and n:
+            parts[0] = parts[0][n:]
+
+
+class DiskTier:
+    """Framed-file tier over a directory (see the module docstring). Thread-safe."""
+
+    def __init__(self, config: DiskTierConfig | None = None, **kwargs: object) -> None:
+        if config is None:
+            config = DiskTierConfig(**kwargs)  # type: ignore[arg-type]
+        elif kwargs:
+            raise ConfigError(f"pass either a DiskTierConfig or keyword options, not both: {kwargs}")
+        self.config = config
+        self.name = config.name
+        self.capacity_bytes = config.capacity_bytes
+        self.root = os.path.abspath(config.root)
+        self._lock = threading.Lock()
+        self._index: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
+        self._usage = 0
+        self._reserved = 0
+        self._ns_payload_bytes: dict[str, int] = {}
+        self._dirs: set[str] = set()
+        self._evicted: collections.deque[tuple[str, str]] = collections.deque(maxlen=1 << 16)
+        self._stats = TierStats()
+        self._stats.extra.update(evictions=0, evicted_bytes=0, scan_indexed=0, scan_skipped=0,
+                                 temp_removed=0, size_mismatches=0, adopted=0)
+        self._prepare_root()
+        self._pool = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"radixkv-{self.name}-io")
+        self._closed = False
+        self._scan()
+
+    # ----------------------------------------------------------------------------- public API
+
+    def put_many(self, namespace: str, keys: Sequence[str], payloads: Sequence[torch.Tensor]) -> list[bool]:
+        _check_ident(namespace, keys)
+        if len(keys) != len(payloads):
+            raise InputError(f"{len(keys)} keys but {len(payloads)} payloads; pass one payload per key")
+        views = [_byte_view(p, f"payloads[{i}]") for i, p in enumerate(payloads)]
+        with self._lock:
+            self._check_open()
+            if views and namespace not in self._ns_payload_bytes:
+                self._ns_payload_bytes[namespace] = views[0].nbytes
+            for i, v in enumerate(views):
+                self._check_size(namespace, v.nbytes, f"payloads[{i}]")
+                frame = HEADER_BYTES + len(namespace) + len(keys[i]) + v.nbytes
+                if frame > self.capacity_bytes:
+                    raise CapacityError(
+                        f"a {v.nbytes}-byte chunk ({frame} bytes framed) cannot fit tier {self.name!r} "
+                        f"of capacity {self.capacity_bytes} bytes; raise capacity_bytes"
+                    )
+        return self._run(lambda i: self._put_one(namespace, keys[i], views[i]), len(keys))
+
+    def get_many(self, namespace: str, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> list[bool]:
+        _check_ident(namespace, keys)
+        if len(keys) != len(buffers):
+            raise InputError(f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key")
+        views = [_byte_view(b, f"buffers[{i}]") for i, b in enumerate(buffers)]
+        with self._lock:
+            self._check_open()
+            fixed = self._ns_payload_bytes.get(namespace)
+        for i, v in enumerate(views):
+            if fixed is not None and v.nbytes != fixed:
+                raise InputError(
+                    f"buffers[{i}] has {v.nbytes} bytes but namespace {namespace} stores {fixed}-byte "
+                    f"chunks in tier {self.name!r}; pass buffers of the namespace's chunk size"
+                )
+        hits = self._run(lambda i: self._get_one(namespace, keys[i], views[i]), len(keys))
+        with self._lock:
+            self._stats.gets += len(keys)
+            self._stats.hits += sum(hits)
+            self._stats.misses += len(keys) - sum(hits)
+            self._stats.bytes_out += sum(v.nbytes for v, h in zip(views, hits) if h)
+        return hits
+
+    def contains_many(self, namespace: str, keys: Sequence[str]) -> int:
+        _check_ident(namespace, keys)
+        n = 0
+        for k in keys:
+            with self._lock:
+                present = (namespace, k) in self._index
+            if not present and not (self.config.shared and os.path.exists(self._path(namespace, k))):
+                break
+            n += 1
+        return n
+
+    def delete_many(self, namespace: str, keys: Sequence[str]) -> int:
+        _check_ident(namespace, keys)
+        n = 0
+        with self._lock:
+            for k in keys:
+                frame = self._index.pop((namespace, k), None)
+                if frame is not None:
+                    self._usage -= frame
+                try:
+                    os.unlink(self._path(namespace, k))
+                    n += 1
+                except FileNotFoundError:
+                    n += frame is not None
+                except OSError:
+                    self._stats.errors += 1
+            self._stats.deletes += n
+        return n
+
+    def clear(self, namespace: str | None = None) -> None:
+        with self._lock:
+            for ident in [i for i in self._index if namespace is None or i[0] == namespace]:
+                self._usage -= self._index.pop(ident)
+            for ns, key, path in self._walk(namespace):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            if namespace is None:
+                self._ns_payload_bytes.clear()
+            else:
+                self._ns_payload_bytes.pop(namespace, None)
+
+    def drain_evicted(self) -> list[tuple[str, str]]:
+        """(namespace, key) of chunks this tier evicted on its own since the last call (bounded)."""
+        with self._lock:
+            out = list(self._evicted)
+            self._evicted.clear()
+            return out
+
+    def usage_bytes(self) -> int:
+        """Frame bytes (header + payload) of indexed files plus puts in flight."""
+        with self._lock:
+            return self._usage + self._reserved
+
+    def stats(self) -> TierStats:
+        with self._lock:
+            st = TierStats(**{k: getattr(self._stats, k) for k in TierStats.__slots__ if k != "extra"})
+            st.extra = dict(self._stats.extra, chunks=len(self._index))
+            return st
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._pool.shutdown(wait=True)
+
+    def check_integrity(self) -> None:
+        with self._lock:
+            total = sum(self._index.values())
+            if total != self._usage:
+                raise RuntimeError(f"usage {self._usage} != {total} summed over {len(self._index)} entries")
+            if self._reserved < 0 or self._usage + self._reserved > self.capacity_bytes:
+                raise RuntimeError(
+                    f"usage {self._usage} + reserved {self._reserved} exceeds capacity {self.capacity_bytes}"
+                )
+            if self.config.shared:
+                return  # other processes add and remove files: the directory is not ours alone
+            on_disk = {(ns, key): path for ns, key, path in self._walk(None)}
+            if set(on_disk) != set(self._index):
+                missing = set(self._index) - set(on_disk)
+                extra = set(on_disk) - set(self._index)
+                raise RuntimeError(f"index/files mismatch: {len(missing)} indexed without file "
+                                   f"(e.g. {sorted(missing)[:2]}), {len(extra)} files not indexed "
+                                   f"(e.g. {sorted(extra)[:2]})")
+            for ident, path in on_disk.items():
+                if os.stat(path).st_size != self._index[ident]:
+                    raise RuntimeError(f"{path}: size {os.stat(path).st_size} != indexed {self._index[ident]}")
+
+    # ----------------------------------------------------------------------------- I/O
+
+    def _put_one(self, ns: str, key: str, payload: memoryview) -> bool:
+        ident = (ns, key)
+        frame = HEADER_BYTES + len(ns) + len(key) + payload.nbytes
+        with self._lock:
+            if ident in self._index:
+                self._index.move_to_end(ident)
+                return True  # keys name content: present means the same bytes
+            if not self._make_room(frame):
+                self._stats.put_failures += 1
+                return False
+            self._reserved += frame
+        path = self._path(ns, key)
+        tmp = None
+        committed = False
+        try:
+            header = encode_header(ns, key, payload, payload_checksum(payload))
+            tmp = self._temp_path(path)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                _write_all(fd, header, payload)
+                if self.config.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            with self._lock:
+                os.replace(tmp, path)  # commit; under the lock so index and files agree
+                committed = True
+                self._reserved -= frame
+                if ident not in self._index:
+                    self._index[ident] = frame
+                    self._usage += frame
+                self._stats.puts += 1
+                self._stats.bytes_in += payload.nbytes
+            return True
+        except OSError:  # disk full, I/O error, directory removed: a failed put, not an exception
+            with self._lock:
+                if not committed:
+                    self._reserved -= frame
+                self._stats.put_failures += 1
+                self._stats.errors += 1
+            if tmp is not None and not committed:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+            return False
+
+    def _get_one(self, ns: str, key: str, out: memoryview) -> bool:
+        ident = (ns, key)
+        with self._lock:
+            indexed = ident in self._index
+            if indexed:
+                self._index.move_to_end(ident)
+        if not indexed and not self.config.shared:
+            return False
+        path = self._path(ns, key)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            if indexed:
+                self._forget(ident)
+            return False
+        try:
+            verdict = self._read_verified(fd, ns, key, out)
+            if verdict == "corrupt":
+                self._quarantine(fd, path, ident)
+            elif verdict == "ok" and not indexed:
+                self._adopt(ident, os.fstat(fd).st_size)
+            return verdict == "ok"
+        except OSError:
+            with self._lock:
+                self._stats.errors += 1
+            return False
+        finally:
+            os.close(fd)
+
+    def _read_verified(self, fd: int, ns: str, key: str, out: memoryview) -> str:
+        """"ok" (out holds the verified payload), "corrupt", or "mismatch" (another size)."""
+        header_len = HEADER_BYTES + len(ns) + len(key)
+        header = decode_header(os.pread(fd, header_len, 0))
+        if header is None or header.namespace != ns or header.key != key:
+            return "corrupt"
+        if header.payload_bytes != out.nbytes:
+            with self._lock:
+                self._stats.extra["size_mismatches"] += 1
+            return "mismatch"
+        if os.fstat(fd).st_size != header.frame_bytes:
+            return "corrupt"  # truncated or extended
+        done = 0
+        while done < out.nbytes:
+            n = os.preadv(fd, [out[done:]], header_len + done)
+            if n <= 0:
+                return "corrupt"
+            done += n
+        if payload_checksum(out) != header.checksum:
+            return "corrupt"
+        return "ok"
+
+    def _quarantine(self, fd: int, path: str, ident: tuple[str, str]) -> None:
+        with self._lock:
+            self._stats.checksum_failures += 1
+            frame = self._index.pop(ident, None)
+            if frame is not None:
+                self._usage -= frame
+            try:  # remove only the file we read: a concurrent writer may have replaced it meanwhile
+                st_path, st_fd = os.stat(path), os.fstat(fd)
+                if (st_path.st_dev, st_path.st_ino) == (st_fd.st_dev, st_fd.st_ino):
+                    os.unlink(path)
+            except OSError:
+                pass
+
+    def _forget(self, ident: tuple[str, str]) -> None:
+        with self._lock:
+            frame = self._index.pop(ident, None)
+            if frame is not None:
+                self._usage -= frame
+
+    def _adopt(self, ident: tuple[str, str], frame: int) -> None:
+        with self._lock:
+            if ident not in self._index and self._usage + self._reserved + frame <= self.capacity_bytes:
+                self._index[ident] = frame
+                self._usage += frame
+                self._stats.extra["adopted"] += 1
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _run(self, fn: Callable[[int], bool], n: int) -> list[bool]:
+        if n <= 1:
+            return [fn(i) for i in range(n)]
+        return list(self._pool.map(fn, range(n)))
+
+    def _make_room(self, frame: int) -> bool:
+        """Evict LRU entries until ``frame`` more bytes fit (lock held); False if puts in flight block it."""
+        while self._usage + self._reserved + frame > self.capacity_bytes:
+            if not self._index:
+                return False
+            ident, victim = self._index.popitem(last=False)
+            self._usage -= victim
+            try:
+                os.unlink(self._path(*ident))
+            except OSError:
+                pass
+            self._evicted.append(ident)
+            self._stats.extra["evictions"] += 1
+            self._stats.extra["evicted_bytes"] += victim
+        return True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"tier {self.name!r} is closed")
+
+    def _check_size(self, namespace: str, nbytes: int, what: str) -> None:
+        fixed = self._ns_payload_bytes.get(namespace)
+        if fixed is not None and nbytes != fixed:
+            raise InputError(
+                f"{what} has {nbytes} bytes but namespace {namespace} stores {fixed}-byte chunks in tier "
+                f"{self.name!r} (fixed by its first put); every chunk of a namespace must have one size"
+            )
+        if nbytes <= 0:
+            raise InputError(f"{what} is empty; a chunk payload must have at least one byte")
+
+    def _path(self, ns: str, key: str) -> str:
+        h = xxhash.xxh3_64_hexdigest(key.encode("ascii"))
+        return os.path.join(self.root, ns, h[:2], h[2:4], key + _SUFFIX)
+
+    def _temp_path(self, path: str) -> str:
+        d, base = os.path.split(path)
+        if d not in self._dirs:
+            self._mkdirs(d)
+        tag = f"{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}"
+        return os.path.join(d, f".{base[: -len(_SUFFIX)]}.{tag}{_TMP_SUFFIX}")
+
+    def _mkdirs(self, d: str) -> None:
+        rel = os.path.relpath(d, self.root).split(os.sep)
+        cur = self.root
+        for part in rel:
+            cur = os.path.join(cur, part)
+            try:
+                os.mkdir(cur, 0o700)
+            except FileExistsError:
+                pass
+        self._dirs.add(d)
+
+    def _prepare_root(self) -> None:
+        root = self.root
+        try:
+            if not os.path.isdir(root):
+                os.makedirs(root, mode=0o700, exist_ok=True)
+                os.chmod(root, 0o700)
+            probe = os.path.join(root, f".probe.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, b"\0")
+            finally:
+                os.close(fd)
+                os.unlink(probe)
+        except OSError as e:
+            raise ConfigError(
+                f"disk tier {self.name!r}: directory {root!r} is not writable ({errno.errorcode.get(e.errno, e.errno)}: "
+                f"{e.strerror}); pass a writable directory path (file:///path) the process owns"
+            ) from None
+
+    def _walk(self, namespace: str | None):
+        """Yield (namespace, key, path) of committed chunk files."""
+        try:
+            ns_names = [namespace] if namespace is not None else sorted(os.listdir(self.root))
+        except OSError:
+            return
+        for ns in ns_names:
+            if not _IDENT_RE.fullmatch(ns):
+                continue
+            for dirpath, _dirs, files in os.walk(os.path.join(self.root, ns)):
+                for f in files:
+                    if f.endswith(_SUFFIX) and not f.startswith("."):
+                        yield ns, f[: -len(_SUFFIX)], os.path.join(dirpath, f)
+
+    def _scan(self) -> None:
+        """Rebuild the index from the files' headers (payload checksums are verified on read)."""
+        now = time.time()
+        found: list[tuple[float, tuple[str, str], int]] = []
+        for dirpath, _dirs, files in os.walk(self.root):
+            for f in files:
+                if f.startswith(".") and f.endswith(_TMP_SUFFIX):
+                    p = os.path.join(dirpath, f)
+                    try:
+                        if now - os.stat(p).st_mtime > self.config.stale_temp_s:
+                            os.unlink(p)
+                            self._stats.extra["temp_removed"] += 1
+                    except OSError:
+                        pass
+        for ns, key, path in self._walk(None):
+            entry = self._scan_one(ns, key, path)
+            if entry is None:
+                self._stats.extra["scan_skipped"] += 1
+                if not self.config.shared:
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
+            else:
+                found.append((entry[0], (ns, key), entry[1]))
+        found.sort()  # oldest first = least recently used first
+        for _mtime, ident, frame in found:
+            self._index[ident] = frame
+            self._usage += frame
+            self._stats.extra["scan_indexed"] += 1
+        with self._lock:
+            if self.config.shared:  # do not delete other processes' files: index the newest that fit
+                while self._usage > self.capacity_bytes:
+                    self._usage -= self._index.popitem(last=False)[1]
+            else:
+                self._make_room(0)
+
+    def _scan_one(self, ns: str, key: str, path: str) -> tuple[float, int] | None:
+        if not _IDENT_RE.fullmatch(key) or path != self._path(ns, key):
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            header = decode_header(os.pread(fd, HEADER_BYTES + len(ns) + len(key), 0))
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        if header is None or (header.namespace, header.key) != (ns, key) or st.st_size != header.frame_bytes:
+            return None
+        fixed = self._ns_payload_bytes.setdefault(ns, header.payload_bytes)
+        if fixed != header.payload_bytes:
+            return None
+        return st.st_mtime, header.frame_bytes
