@@ -1,1 +1,36 @@
-"""Kernels: paged gather/scatter between engine pages and contiguous chunks (installed as radixkv.kernels)."""
+"""Kernels: paged gather/scatter between engine pages and contiguous chunks (installed as radixkv.kernels).
+
+See docs/kernels.md for the model, the chunk byte layout and the dispatch rules.
+"""
+
+from __future__ import annotations
+
+from radixkv.kernels.layer_pipeline import LayerPipeline
+from radixkv.kernels.paged_copy import (
+    CopyResult,
+    gather_chunks,
+    gather_chunks_reference,
+    scatter_chunks,
+    scatter_chunks_reference,
+)
+from radixkv.kernels.paged_layout import (
+    PagedLayout,
+    alloc_chunks,
+    chunk_from_payload,
+    chunk_payload,
+    word_dtype,
+)
+
+__all__ = [
+    "CopyResult",
+    "LayerPipeline",
+    "PagedLayout",
+    "alloc_chunks",
+    "chunk_from_payload",
+    "chunk_payload",
+    "gather_chunks",
+    "gather_chunks_reference",
+    "scatter_chunks",
+    "scatter_chunks_reference",
+    "word_dtype",
+]

@@ -1,0 +1,138 @@
+"""`LayerPipeline`: overlap per-layer KV transfers with per-layer compute (CUDA side stream + events).
+
+Loads run ahead of compute: ``start_loads(jobs)`` issues layers ``0..lookahead`` on the side stream;
+``wait_layer(i)`` issues what the look-ahead now allows and makes the compute stream wait for layer
+``i``'s event (the host does not block). Saves follow compute: ``save_layer(i, job)`` makes the side
+stream wait for the compute stream's work enqueued so far, then issues the job. ``wait_all()`` blocks the
+host until every issued job has finished.
+
+On CPU (or any non-CUDA device) the same calls run each job synchronously at the moment it would be
+issued on GPU, in the same order, so the protocol is testable without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from radixkv.errors import InputError
+
+__all__ = ["LayerPipeline"]
+
+Job = Callable[[], object]
+
+
+class LayerPipeline:
+    """Layer-wise transfer pipeline for one device. Not thread-safe: drive it from the model thread.
+
+    Jobs launch their copies on the *current* stream (e.g. `gather_chunks`/`scatter_chunks`); the pipeline
+    makes that the side stream. The caller keeps every tensor a job touches alive until `wait_layer` /
+    `wait_all` has returned for it (the side stream may still be reading it before that).
+    """
+
+    def __init__(self, device: torch.device | str, *, lookahead_layers: int = 1) -> None:
+        if not isinstance(lookahead_layers, int) or lookahead_layers < 0:
+            raise InputError(f"lookahead_layers must be an int >= 0; got {lookahead_layers!r}")
+        self.device = torch.device(device)
+        self.lookahead_layers = lookahead_layers
+        self.is_async = self.device.type == "cuda"
+        self._stream = torch.cuda.Stream(self.device) if self.is_async else None
+        self._load_jobs: list[Job | None] = []
+        self._load_events: list[object] = []  # one per issued load layer (None on CPU / no job)
+        self._waited: set[int] = set()
+        self._save_events: list[object] = []
+        self.loads_issued_total = 0
+        self.saves_issued_total = 0
+
+    # --- loads ----------------------------------------------------------------------------------
+
+    def start_loads(self, jobs: Sequence[Job | None]) -> None:
+        """Begin a batch of per-layer loads: ``jobs[i]()`` issues layer ``i``'s transfer (None: nothing).
+
+        The side stream first waits for all work already enqueued on the compute stream (the target
+        pages may have been in use). Issues layers ``0..lookahead_layers`` now.
+        """
+        if self.loads_pending:
+            raise InputError(
+                f"start_loads called while {len(self._load_jobs) - len(self._load_events)} layers of "
+                "the previous batch are unissued; call wait_layer for every layer or wait_all first"
+            )
+        jobs = list(jobs)
+        for i, job in enumerate(jobs):
+            if job is not None and not callable(job):
+                raise InputError(f"jobs[{i}] is a {type(job).__name__}, expected a callable or None")
+        self._load_jobs, self._load_events, self._waited = jobs, [], set()
+        if self.is_async and jobs:
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        self._issue_loads_through(min(self.lookahead_layers, len(jobs) - 1))
+
+    def wait_layer(self, layer: int) -> None:
+        """Make the compute stream wait until layer ``layer`` of the current batch has loaded.
+
+        Also issues layers up to ``layer + lookahead_layers``. Without a batch (no loads this step)
+        this returns at once; a layer outside the batch is an `InputError`.
+        """
+        if not self._load_jobs:
+            return
+        if not isinstance(layer, int) or not 0 <= layer < len(self._load_jobs):
+            raise InputError(f"layer {layer!r} outside the load batch 0..{len(self._load_jobs) - 1}")
+        self._issue_loads_through(min(layer + self.lookahead_layers, len(self._load_jobs) - 1))
+        event = self._load_events[layer]
+        if event is not None:
+            torch.cuda.current_stream(self.device).wait_event(event)
+        self._waited.add(layer)
+
+    @property
+    def loads_pending(self) -> bool:
+        """True while some layer of the current load batch has not been issued yet."""
+        return len(self._load_events) < len(self._load_jobs)
+
+    def _issue_loads_through(self, last_layer: int) -> None:
+        while len(self._load_events) <= last_layer:
+            job = self._load_jobs[len(self._load_events)]
+            self._load_events.append(self._issue(job) if job is not None else None)
+            self.loads_issued_total += job is not None
+
+    # --- saves ----------------------------------------------------------------------------------
+
+    def save_layer(self, layer: int, job: Job) -> None:
+        """Issue ``job`` (saving layer ``layer``) after the compute stream's work enqueued so far."""
+        if not callable(job):
+            raise InputError(f"job for layer {layer!r} is a {type(job).__name__}, expected a callable")
+        if self.is_async:
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        self._save_events.append(self._issue(job))
+        self.saves_issued_total += 1
+
+    # --- common ---------------------------------------------------------------------------------
+
+    def _issue(self, job: Job) -> object:
+        if not self.is_async:
+            job()
+            return None
+        with torch.cuda.stream(self._stream):
+            job()
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return event
+
+    def wait_all(self) -> None:
+        """Issue every unissued load, then block the host until all issued jobs have finished."""
+        if self._load_jobs:
+            self._issue_loads_through(len(self._load_jobs) - 1)
+        if self.is_async:
+            self._stream.synchronize()
+        self._save_events = []
+
+    def check_integrity(self) -> None:
+        """Issued loads never exceed the batch, waited layers were issued, CPU holds no events."""
+        if len(self._load_events) > len(self._load_jobs):
+            raise RuntimeError(f"{len(self._load_events)} load layers issued of {len(self._load_jobs)}")
+        if not self._waited <= set(range(len(self._load_events))):
+            raise RuntimeError(f"waited layers {sorted(self._waited)} include unissued layers")
+        events = [e for e in self._load_events + self._save_events if e is not None]
+        if events and not self.is_async:
+            raise RuntimeError("a synchronous (CPU) pipeline recorded CUDA events")
+        if self.loads_issued_total < 0 or self.saves_issued_total < 0:
+            raise RuntimeError("negative job counters")

@@ -1,0 +1,372 @@
+"""Gather engine pages into contiguous chunk buffers and scatter them back: one launch per batch.
+
+Kernel (`_paged_chunk_copy_kernel`), launchers (`gather_chunks`, `scatter_chunks`) and their torch
+references (`gather_chunks_reference`, `scatter_chunks_reference`, also the CPU fallback) live together
+so that every path shares one validated plan and one chunk byte layout (docs/kernels.md §2).
+
+Grid: ``(num_chunks * pages_per_chunk, selected_layers * num_components)``; each program copies one
+page of one (layer, component) as ``[BLOCK_R (token, head) rows x BLOCK_D dims]`` tiles.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from radixkv.errors import InputError
+from radixkv.kernels.paged_layout import PagedLayout, chunk_from_payload, word_dtype
+
+__all__ = [
+    "CopyResult",
+    "gather_chunks",
+    "scatter_chunks",
+    "gather_chunks_reference",
+    "scatter_chunks_reference",
+]
+
+
+@triton.jit
+def _paged_chunk_copy_kernel(
+    # Pointers
+    page_table_ptr,  # int64 [layers * components]: base address of each (layer, component) view
+    meta_ptr,  # int64 [num_chunks + num_chunks * pages_per_chunk]: chunk addresses, then page ids
+    word_ptr,  # any tensor of the copied integer word type (gives the element type)
+    # Engine view strides, in elements
+    stride_page,
+    stride_token,
+    stride_head,
+    stride_dim,
+    # Shapes
+    num_chunks,
+    pages_per_chunk,
+    layer_start,
+    num_components,
+    page_tokens,
+    num_heads,
+    head_dim,
+    # Meta-parameters
+    TO_CHUNK: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    chunk_page = tl.program_id(0)  # chunk * pages_per_chunk + page_in_chunk
+    slot = tl.program_id(1)  # selected layer * num_components + component
+    page = tl.load(meta_ptr + num_chunks + chunk_page)
+    if page >= 0:  # -1 = skip this page
+        elem_ptr_ty = tl.pointer_type(word_ptr.dtype.element_ty)
+        view_idx = layer_start * num_components + slot  # absolute (layer, component) index
+        view_base = tl.load(page_table_ptr + view_idx).to(elem_ptr_ty)
+        chunk_base = tl.load(meta_ptr + chunk_page // pages_per_chunk).to(elem_ptr_ty)
+        rows = page_tokens * num_heads
+        page_elems = rows.to(tl.int64) * head_dim
+        # int64 everywhere: engine pools and chunk batches exceed 2**31 elements.
+        page_ptr = view_base + page.to(tl.int64) * stride_page
+        slab = view_idx.to(tl.int64) * pages_per_chunk + chunk_page % pages_per_chunk
+        chunk_ptr = chunk_base + slab * page_elems
+        for r0 in range(0, rows, BLOCK_R):
+            r = r0 + tl.arange(0, BLOCK_R)
+            r_mask = r < rows
+            tok = (r // num_heads).to(tl.int64)
+            head = (r % num_heads).to(tl.int64)
+            page_row = tok * stride_token + head * stride_head
+            chunk_row = r.to(tl.int64) * head_dim
+            for d0 in range(0, head_dim, BLOCK_D):
+                d = (d0 + tl.arange(0, BLOCK_D)).to(tl.int64)
+                mask = r_mask[:, None] & (d < head_dim)[None, :]
+                page_off = page_row[:, None] + d[None, :] * stride_dim
+                chunk_off = chunk_row[:, None] + d[None, :]
+                if TO_CHUNK:
+                    words = tl.load(page_ptr + page_off, mask=mask)
+                    tl.store(chunk_ptr + chunk_off, words, mask=mask)
+                else:
+                    words = tl.load(chunk_ptr + chunk_off, mask=mask)
+                    tl.store(page_ptr + page_off, words, mask=mask)
+
+
+@dataclass(frozen=True, slots=True)
+class CopyResult:
+    """What one gather/scatter call did. ``backend``: "triton", "triton-interpreter" or "torch"."""
+
+    backend: str
+    launches: int
+    page_copies: int  # pages x selected layers x components actually copied (skips excluded)
+    bytes_copied: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    page_ids: torch.Tensor  # CPU int64 [num_chunks, pages_per_chunk]
+    chunks: tuple[torch.Tensor, ...]  # typed contiguous [L, C, T, H, D] views
+    layers: range
+    valid_pages: int
+
+
+def gather_chunks(
+    layout: PagedLayout,
+    page_ids: torch.Tensor | Sequence[Sequence[int]],
+    chunks: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    layers: int | range | None = None,
+    force_triton: bool = False,
+) -> CopyResult:
+    """Copy pages ``page_ids[c][p]`` of the selected layers into chunk ``c`` (engine -> chunks).
+
+    One Triton launch on CUDA (chunks on the layout's GPU or in pinned host memory: zero-copy). On CPU
+    the torch reference runs, unless ``force_triton`` or ``TRITON_INTERPRET=1`` (then the interpreter).
+    ``-1`` pages are skipped and leave their chunk region untouched. Launches go to the current stream.
+    """
+    return _run(layout, page_ids, chunks, layers, to_chunk=True, force_triton=force_triton)
+
+
+def scatter_chunks(
+    layout: PagedLayout,
+    page_ids: torch.Tensor | Sequence[Sequence[int]],
+    chunks: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    layers: int | range | None = None,
+    force_triton: bool = False,
+) -> CopyResult:
+    """Copy chunk ``c`` into pages ``page_ids[c][p]`` of the selected layers (chunks -> engine).
+
+    Same dispatch as `gather_chunks`. A page may appear only once in ``page_ids`` (checked).
+    """
+    return _run(layout, page_ids, chunks, layers, to_chunk=False, force_triton=force_triton)
+
+
+def gather_chunks_reference(
+    layout: PagedLayout,
+    page_ids: torch.Tensor | Sequence[Sequence[int]],
+    chunks: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    layers: int | range | None = None,
+) -> CopyResult:
+    """Torch reference of `gather_chunks` (any device; chunks may be on another device)."""
+    plan = _plan(layout, page_ids, chunks, layers, to_chunk=True)
+    return _reference(layout, plan, to_chunk=True)
+
+
+def scatter_chunks_reference(
+    layout: PagedLayout,
+    page_ids: torch.Tensor | Sequence[Sequence[int]],
+    chunks: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    layers: int | range | None = None,
+) -> CopyResult:
+    """Torch reference of `scatter_chunks`."""
+    plan = _plan(layout, page_ids, chunks, layers, to_chunk=False)
+    return _reference(layout, plan, to_chunk=False)
+
+
+# --- dispatch ------------------------------------------------------------------------------------
+
+
+def _interpret_env() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _run(layout, page_ids, chunks, layers, *, to_chunk: bool, force_triton: bool) -> CopyResult:
+    plan = _plan(layout, page_ids, chunks, layers, to_chunk=to_chunk)
+    dev = layout.device.type
+    if dev == "cuda":
+        return _launch(layout, plan, to_chunk=to_chunk, interpret=False)
+    if dev == "cpu" and (force_triton or _interpret_env()):
+        return _launch(layout, plan, to_chunk=to_chunk, interpret=True)
+    return _reference(layout, plan, to_chunk=to_chunk)
+
+
+_KERNELS: dict[bool, object] = {}
+
+
+def _kernel(interpret: bool):
+    """The kernel as a compiled (JIT) or interpreted function, whatever TRITON_INTERPRET was at import.
+
+    Built lazily from the same Python function, so the choice follows the call, not import order.
+    """
+    kernel = _KERNELS.get(interpret)
+    if kernel is None:
+        fn = _paged_chunk_copy_kernel.fn
+        if interpret:
+            from triton.runtime.interpreter import InterpretedFunction
+
+            kernel = InterpretedFunction(fn)
+        else:
+            from triton.runtime.jit import JITFunction
+
+            kernel = (
+                _paged_chunk_copy_kernel
+                if isinstance(_paged_chunk_copy_kernel, JITFunction)
+                else JITFunction(fn)
+            )
+        _KERNELS[interpret] = kernel
+    return kernel
+
+
+def _launch(layout: PagedLayout, plan: _Plan, *, to_chunk: bool, interpret: bool) -> CopyResult:
+    num_chunks, pages_per_chunk = plan.page_ids.shape
+    meta = torch.cat(
+        [torch.tensor([c.data_ptr() for c in plan.chunks], dtype=torch.int64), plan.page_ids.reshape(-1)]
+    )
+    # One small host->device copy carries chunk addresses and page ids (pageable source: the copy is
+    # staged by the driver before returning, so `meta` may die right after).
+    meta = meta.to(layout.device, non_blocking=True)
+    word_view = layout.views[0][0].view(word_dtype(layout.dtype))
+    block_d = min(128, triton.next_power_of_2(layout.head_dim))
+    rows = layout.page_tokens * layout.num_heads
+    block_r = min(triton.next_power_of_2(rows), max(1, 4096 // block_d))
+    grid = (num_chunks * pages_per_chunk, len(plan.layers) * layout.num_components)
+    _kernel(interpret)[grid](
+        layout.page_table(),
+        meta,
+        word_view,
+        *layout.page_strides,
+        num_chunks,
+        pages_per_chunk,
+        plan.layers.start,
+        layout.num_components,
+        layout.page_tokens,
+        layout.num_heads,
+        layout.head_dim,
+        TO_CHUNK=to_chunk,
+        BLOCK_R=block_r,
+        BLOCK_D=block_d,
+    )
+    return _result(layout, plan, "triton-interpreter" if interpret else "triton", launches=1)
+
+
+def _result(layout: PagedLayout, plan: _Plan, backend: str, *, launches: int) -> CopyResult:
+    copies = plan.valid_pages * len(plan.layers) * layout.num_components
+    return CopyResult(backend, launches, copies, copies * layout.page_bytes)
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+
+def _plan(layout, page_ids, chunks, layers, *, to_chunk: bool) -> _Plan:
+    if not isinstance(layout, PagedLayout):
+        raise InputError(f"layout must be a PagedLayout; got {type(layout).__name__}")
+    ids = _page_ids(layout, page_ids, unique=not to_chunk)
+    num_chunks, pages_per_chunk = ids.shape
+    views = _chunk_views(layout, chunks, num_chunks, pages_per_chunk)
+    if to_chunk and len({v.data_ptr() for v in views}) != len(views):
+        raise InputError("two chunks share one buffer; gather needs a distinct buffer per chunk")
+    return _Plan(ids, views, _layers(layout, layers), int((ids >= 0).sum()))
+
+
+def _page_ids(layout: PagedLayout, page_ids, *, unique: bool) -> torch.Tensor:
+    if isinstance(page_ids, torch.Tensor):
+        if page_ids.device.type != "cpu":
+            raise InputError(
+                f"page_ids must be a CPU tensor or lists (validated on the host); got device "
+                f"{page_ids.device}"
+            )
+        if page_ids.dtype.is_floating_point or page_ids.dtype.is_complex or page_ids.dtype == torch.bool:
+            raise InputError(f"page_ids must be integers; got dtype {page_ids.dtype}")
+        ids = page_ids.to(torch.int64)
+    else:
+        try:
+            ids = torch.tensor([list(row) for row in page_ids], dtype=torch.int64)
+        except (TypeError, ValueError) as exc:
+            raise InputError(
+                f"page_ids must be [num_chunks][pages_per_chunk] ints (equal-length rows): {exc}"
+            ) from exc
+    if ids.dim() != 2 or ids.shape[0] < 1 or ids.shape[1] < 1:
+        raise InputError(
+            f"page_ids must be 2-D [num_chunks, pages_per_chunk] with both >= 1; got shape "
+            f"{tuple(ids.shape)}"
+        )
+    ids = ids.contiguous()
+    bad = (ids < -1) | (ids >= layout.num_pages)
+    if bool(bad.any()):
+        first = int(ids[bad][0])
+        raise InputError(
+            f"page id {first} out of range: pages are 0..{layout.num_pages - 1}, -1 = skip"
+        )
+    if unique:
+        valid = ids[ids >= 0]
+        if valid.numel() != torch.unique(valid).numel():
+            raise InputError("scatter page_ids name a page twice; each destination page once")
+    return ids
+
+
+def _layers(layout: PagedLayout, layers) -> range:
+    if layers is None:
+        return range(layout.num_layers)
+    if isinstance(layers, int) and not isinstance(layers, bool):
+        layers = range(layers, layers + 1)
+    if not isinstance(layers, range) or layers.step != 1 or len(layers) == 0:
+        raise InputError(f"layers must be None, an int or a non-empty step-1 range; got {layers!r}")
+    if layers.start < 0 or layers.stop > layout.num_layers:
+        raise InputError(f"layers {layers!r} outside the layout's 0..{layout.num_layers - 1}")
+    return layers
+
+
+def _chunk_views(layout, chunks, num_chunks: int, pages_per_chunk: int) -> tuple[torch.Tensor, ...]:
+    shape = layout.chunk_shape(pages_per_chunk)
+    if isinstance(chunks, torch.Tensor):
+        items = [chunks[i] for i in range(chunks.shape[0])] if chunks.dim() > 0 else []
+    else:
+        items = list(chunks)
+    if len(items) != num_chunks:
+        raise InputError(f"page_ids has {num_chunks} rows but {len(items)} chunk buffers were given")
+    views = []
+    for i, c in enumerate(items):
+        if not isinstance(c, torch.Tensor):
+            raise InputError(f"chunk {i} is a {type(c).__name__}, expected a torch.Tensor")
+        if c.dtype == torch.uint8 and layout.dtype != torch.uint8:
+            c = chunk_from_payload(c, layout, pages_per_chunk)
+        elif c.dtype != layout.dtype or tuple(c.shape) != shape:
+            raise InputError(
+                f"chunk {i} is {c.dtype} {tuple(c.shape)}; expected {layout.dtype} {shape} "
+                f"or a uint8 payload of {layout.chunk_bytes(pages_per_chunk)} bytes"
+            )
+        if not c.is_contiguous():
+            raise InputError(f"chunk {i} is not contiguous (strides {c.stride()}); use .contiguous()")
+        _check_chunk_device(layout, c, i)
+        views.append(c)
+    return tuple(views)
+
+
+def _check_chunk_device(layout: PagedLayout, chunk: torch.Tensor, i: int) -> None:
+    dev = layout.device
+    if chunk.device == dev:
+        return
+    if dev.type == "cuda" and chunk.device.type == "cpu":
+        if not chunk.is_pinned():
+            raise InputError(
+                f"chunk {i} is in pageable host memory; the GPU can only reach pinned memory: "
+                "allocate with alloc_chunks(..., pin_memory=True) or tensor.pin_memory()"
+            )
+        return
+    raise InputError(f"chunk {i} is on {chunk.device} but the layout is on {dev}")
+
+
+# --- torch reference -----------------------------------------------------------------------------
+
+
+def _reference(layout: PagedLayout, plan: _Plan, *, to_chunk: bool) -> CopyResult:
+    n_tok, heads, dim = layout.page_tokens, layout.num_heads, layout.head_dim
+    for chunk, ids in zip(plan.chunks, plan.page_ids):
+        slots = torch.nonzero(ids >= 0).flatten()
+        if slots.numel() == 0:
+            continue
+        complete = slots.numel() == ids.numel()
+        src_ids = ids.to(layout.device) if complete else ids[slots].to(layout.device)
+        slots = slots.to(chunk.device)
+        for layer in plan.layers:
+            for comp, view in enumerate(layout.views[layer]):
+                pages = chunk[layer, comp].view(ids.numel(), n_tok, heads, dim)
+                if to_chunk:
+                    picked = view.index_select(0, src_ids).to(chunk.device)
+                    if complete:
+                        pages.copy_(picked)
+                    else:
+                        pages.index_copy_(0, slots, picked)
+                else:
+                    data = pages if complete else pages.index_select(0, slots)
+                    view.index_copy_(0, src_ids, data.to(layout.device))
+    return _result(layout, plan, "torch", launches=0)

@@ -1,0 +1,271 @@
+"""`PagedLayout`: a validated description of an engine's paged KV cache, and chunk-buffer helpers.
+
+An engine cache is modelled as ``views[layer][component]``, each a 4-D strided view
+``[num_pages, page_tokens, num_heads, head_dim]`` over the engine's own memory (components: K and V, or
+the single MLA latent). A chunk buffer holds ``pages_per_chunk`` pages of every layer and component as
+one contiguous C-order array ``[layer][component][chunk_token][head][dim]`` (docs/kernels.md §2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from radixkv.errors import InputError
+
+__all__ = [
+    "PagedLayout",
+    "alloc_chunks",
+    "chunk_payload",
+    "chunk_from_payload",
+    "word_dtype",
+]
+
+# Copies move integer words of the element's width: bit-exact for every float format (NaN payloads,
+# fp8) and independent of what the Triton interpreter's numpy backend supports.
+_WORD_DTYPES = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def word_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The integer dtype of the same width as ``dtype`` (what the kernels copy)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if itemsize not in _WORD_DTYPES:
+        raise InputError(f"dtype {dtype} has {itemsize}-byte elements; supported widths are 1, 2, 4, 8")
+    return _WORD_DTYPES[itemsize]
+
+
+@dataclass(slots=True)
+class PagedLayout:
+    """Engine pages as ``views[layer][component]``, each ``[num_pages, page_tokens, num_heads, head_dim]``.
+
+    Contract: every view has the same shape, strides, dtype and device (layers may live in different
+    allocations). The views alias the engine's memory: building a layout copies nothing, and a layout
+    stays valid only while the engine keeps those tensors. Build one with `from_views` or an engine
+    builder (`from_vllm`, `from_sglang_device`, `from_sglang_host`).
+    """
+
+    views: tuple[tuple[torch.Tensor, ...], ...]
+    num_layers: int = field(init=False)
+    num_components: int = field(init=False)
+    num_pages: int = field(init=False)
+    page_tokens: int = field(init=False)
+    num_heads: int = field(init=False)
+    head_dim: int = field(init=False)
+    dtype: torch.dtype = field(init=False)
+    device: torch.device = field(init=False)
+    page_strides: tuple[int, int, int, int] = field(init=False)
+    _page_tables: dict = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        views = tuple(tuple(layer) for layer in self.views)
+        if not views:
+            raise InputError("a PagedLayout needs at least one layer; got views=[]")
+        first = views[0]
+        if len(first) not in (1, 2):
+            raise InputError(
+                f"each layer needs 2 components (K, V) or 1 (MLA latent); layer 0 has {len(first)}"
+            )
+        ref = first[0]
+        if not isinstance(ref, torch.Tensor) or ref.dim() != 4:
+            raise InputError(
+                "each view must be a 4-D tensor [num_pages, page_tokens, num_heads, head_dim]; "
+                f"layer 0 component 0 is {type(ref).__name__} of shape {getattr(ref, 'shape', None)}"
+            )
+        word_dtype(ref.dtype)
+        for li, layer in enumerate(views):
+            if len(layer) != len(first):
+                raise InputError(
+                    f"layer {li} has {len(layer)} components, layer 0 has {len(first)}; all layers "
+                    "must have the same components"
+                )
+            for ci, view in enumerate(layer):
+                _check_like(view, ref, f"layer {li} component {ci}")
+        if min(ref.shape) < 1:
+            raise InputError(f"views must be non-empty in every dimension; got shape {tuple(ref.shape)}")
+        if min(ref.stride()) < 0:
+            raise InputError(f"negative strides are not supported; got {ref.stride()}")
+        self.views = views
+        self.num_layers = len(views)
+        self.num_components = len(first)
+        self.num_pages, self.page_tokens, self.num_heads, self.head_dim = (int(s) for s in ref.shape)
+        self.dtype = ref.dtype
+        self.device = ref.device
+        self.page_strides = tuple(int(s) for s in ref.stride())  # type: ignore[assignment]
+        self._page_tables = {}
+
+    # --- builders -------------------------------------------------------------------------------
+
+    @classmethod
+    def from_views(cls, views: Sequence[Sequence[torch.Tensor]]) -> PagedLayout:
+        """Layout from ``views[layer][component]`` 4-D tensors ``[pages, page_tokens, heads, dim]``."""
+        return cls(tuple(tuple(layer) for layer in views))
+
+    @classmethod
+    def from_vllm(
+        cls,
+        kv_caches: Mapping[str, torch.Tensor] | Sequence[torch.Tensor],
+        *,
+        head_size: int | None = None,
+        mla: bool = False,
+    ) -> PagedLayout:
+        """vLLM 0.33 per-layer views ``[blocks, kv_heads, block_size, C]`` (K||V in the last dim)."""
+        from radixkv.kernels.engine_layouts import vllm_views
+
+        return cls(vllm_views(kv_caches, head_size=head_size, mla=mla))
+
+    @classmethod
+    def from_sglang_device(
+        cls,
+        k_buffers: Sequence[torch.Tensor],
+        v_buffers: Sequence[torch.Tensor] | None,
+        *,
+        page_tokens: int,
+    ) -> PagedLayout:
+        """SGLang device pool: per-layer ``[tokens, heads, dim]`` K and V buffers (MLA: no V)."""
+        from radixkv.kernels.engine_layouts import sglang_device_views
+
+        return cls(sglang_device_views(k_buffers, v_buffers, page_tokens=page_tokens))
+
+    @classmethod
+    def from_sglang_host(
+        cls, kv_buffer: torch.Tensor, *, layout: str, page_tokens: int, mla: bool = False
+    ) -> PagedLayout:
+        """SGLang host pool ``kv_buffer`` in layout layer_first, page_first or page_first_direct."""
+        from radixkv.kernels.engine_layouts import sglang_host_views
+
+        return cls(sglang_host_views(kv_buffer, layout=layout, page_tokens=page_tokens, mla=mla))
+
+    # --- sizes ----------------------------------------------------------------------------------
+
+    @property
+    def itemsize(self) -> int:
+        return self.views[0][0].element_size()
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one page of one (layer, component)."""
+        return self.page_tokens * self.num_heads * self.head_dim * self.itemsize
+
+    def chunk_shape(self, pages_per_chunk: int) -> tuple[int, int, int, int, int]:
+        """``(layers, components, chunk_tokens, heads, dim)`` of one chunk of ``pages_per_chunk`` pages."""
+        _check_positive(pages_per_chunk, "pages_per_chunk")
+        return (
+            self.num_layers,
+            self.num_components,
+            pages_per_chunk * self.page_tokens,
+            self.num_heads,
+            self.head_dim,
+        )
+
+    def chunk_bytes(self, pages_per_chunk: int) -> int:
+        """Bytes of one chunk buffer of ``pages_per_chunk`` pages (all layers and components)."""
+        _check_positive(pages_per_chunk, "pages_per_chunk")
+        return self.num_layers * self.num_components * pages_per_chunk * self.page_bytes
+
+    def page_table(self) -> torch.Tensor:
+        """int64 ``[num_layers * num_components]`` base addresses of the views, on the layout's device.
+
+        Cached: the views are fixed for the layout's lifetime.
+        """
+        key = str(self.device)
+        table = self._page_tables.get(key)
+        if table is None:
+            ptrs = [view.data_ptr() for layer in self.views for view in layer]
+            table = torch.tensor(ptrs, dtype=torch.int64).to(self.device)
+            self._page_tables[key] = table
+        return table
+
+    def check_integrity(self) -> None:
+        """Re-check the invariants (the engine tensors must not have been resized or moved)."""
+        ref = self.views[0][0]
+        for li, layer in enumerate(self.views):
+            if len(layer) != self.num_components:
+                raise RuntimeError(f"layer {li} has {len(layer)} components, expected {self.num_components}")
+            for ci, view in enumerate(layer):
+                _check_like(view, ref, f"layer {li} component {ci}")
+        expected = (self.num_pages, self.page_tokens, self.num_heads, self.head_dim)
+        if tuple(ref.shape) != expected or tuple(ref.stride()) != self.page_strides:
+            raise RuntimeError(f"views changed: shape {tuple(ref.shape)} vs recorded {expected}")
+        table = self._page_tables.get(str(self.device))
+        if table is not None:
+            ptrs = [view.data_ptr() for layer in self.views for view in layer]
+            if table.cpu().tolist() != ptrs:
+                raise RuntimeError("cached page table no longer matches the views' addresses")
+
+
+def _check_like(view: object, ref: torch.Tensor, what: str) -> None:
+    if not isinstance(view, torch.Tensor):
+        raise InputError(f"{what} is a {type(view).__name__}, expected a torch.Tensor")
+    for name, got, want in (
+        ("shape", tuple(view.shape), tuple(ref.shape)),
+        ("strides", tuple(view.stride()), tuple(ref.stride())),
+        ("dtype", view.dtype, ref.dtype),
+        ("device", view.device, ref.device),
+    ):
+        if got != want:
+            raise InputError(
+                f"{what} has {name} {got} but layer 0 component 0 has {want}; every view of a layout "
+                "must share shape, strides, dtype and device"
+            )
+
+
+def _check_positive(value: int, name: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InputError(f"{name} must be a positive int; got {value!r}")
+
+
+def alloc_chunks(
+    layout: PagedLayout,
+    num_chunks: int,
+    pages_per_chunk: int,
+    *,
+    device: torch.device | str | None = None,
+    pin_memory: bool = False,
+) -> torch.Tensor:
+    """Uninitialised typed chunk buffers ``[num_chunks, L, C, T, H, D]`` (default: layout's device).
+
+    ``pin_memory=True`` allocates page-locked host memory (for the zero-copy GPU path).
+    """
+    _check_positive(num_chunks, "num_chunks")
+    shape = (num_chunks, *layout.chunk_shape(pages_per_chunk))
+    target = torch.device(device) if device is not None else layout.device
+    if pin_memory:
+        if target.type != "cpu":
+            raise InputError(f"pin_memory=True needs a CPU device; got device={target}")
+        return torch.empty(shape, dtype=layout.dtype, pin_memory=True)
+    return torch.empty(shape, dtype=layout.dtype, device=target)
+
+
+def chunk_payload(chunk: torch.Tensor) -> torch.Tensor:
+    """1-D ``torch.uint8`` view of a contiguous typed chunk (no copy)."""
+    if not chunk.is_contiguous():
+        raise InputError(
+            f"chunk of shape {tuple(chunk.shape)} strides {chunk.stride()} is not contiguous; "
+            "payload views need contiguous chunks (call .contiguous() first)"
+        )
+    return chunk.reshape(-1).view(torch.uint8)
+
+
+def chunk_from_payload(
+    payload: torch.Tensor, layout: PagedLayout, pages_per_chunk: int
+) -> torch.Tensor:
+    """Typed ``[L, C, T, H, D]`` view of a 1-D uint8 payload of ``layout.chunk_bytes`` (no copy)."""
+    want = layout.chunk_bytes(pages_per_chunk)
+    if payload.dtype != torch.uint8 or payload.dim() != 1 or not payload.is_contiguous():
+        raise InputError(
+            f"payload must be a contiguous 1-D torch.uint8 tensor; got dtype {payload.dtype}, "
+            f"shape {tuple(payload.shape)}"
+        )
+    if payload.numel() != want:
+        raise InputError(
+            f"payload has {payload.numel()} bytes but a chunk of {pages_per_chunk} pages of this "
+            f"layout has {want}; check pages_per_chunk and the layout"
+        )
+    if payload.data_ptr() % layout.itemsize:
+        raise InputError(
+            f"payload address is not aligned to {layout.itemsize} bytes ({layout.dtype}); "
+            "allocate payloads with torch.empty"
+        )
+    return payload.view(layout.dtype).view(layout.chunk_shape(pages_per_chunk))
