@@ -130,6 +130,9 @@ class MemoryTier:
         self.name = config.name
         self.capacity_bytes = config.capacity_bytes
         pin = torch.cuda.is_available() if config.pin is None else config.pin
+        if pin and not torch.cuda.is_available():
+            raise ConfigError(f"tier {self.name!r}: pin=True needs CUDA (page-locked memory is a CUDA "
+                              "allocation) and none is available; use pin=None (auto) or pin=False")
         self.pinned = bool(pin)
         self._buffer = torch.empty(config.capacity_bytes, dtype=torch.uint8, pin_memory=self.pinned)
         self._unit = config.unit_bytes

@@ -1,0 +1,174 @@
+"""Build a tier from a URL: ``make_tier("mem://?capacity=8GiB")``.
+
+Schemes::
+
+    mem://[?capacity=SIZE&pin=auto|true|false&unit=SIZE&slab=SIZE]          MemoryTier (pinned if CUDA)
+    memory://...                                                           alias of mem://
+    file:///abs/dir[?capacity=SIZE&io_threads=N&fsync=0|1&shared=0|1&stale_temp_s=S]   DiskTier
+    redis://host[:port][/db]   rediss://...                                RedisTier, one server
+    redis+cluster://host:port[,host:port...]   rediss+cluster://...        RedisTier, Redis Cluster
+
+SIZE is bytes (``1048576``) or a number with a unit: ``KiB MiB GiB TiB`` (powers of 1024) or
+``KB MB GB TB`` (powers of 1000). Keyword arguments give the same options (``capacity_bytes=``,
+``pin=``, ``io_threads=``, ...); an option given both ways must agree. The Redis tier is imported only
+when a Redis URL is used, and receives the URL unchanged (its options are documented in
+:mod:`radixkv.tiers.redis_client`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import urllib.parse
+from typing import Any
+
+from radixkv.errors import ConfigError
+from radixkv.tiers.base import Tier
+
+__all__ = ["make_tier", "parse_bytes", "SUPPORTED_SCHEMES"]
+
+SUPPORTED_SCHEMES = ("mem", "memory", "file", "redis", "rediss", "redis+cluster", "rediss+cluster")
+_REDIS_SCHEMES = frozenset({"redis", "rediss", "redis+cluster", "rediss+cluster"})
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def parse_bytes(value: str | int, what: str = "size") -> int:
+    """``"8GiB"`` -> 8589934592. Raises :class:`ConfigError` naming the value and the accepted forms."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ConfigError(f"{what}={value!r} must be >= 0 bytes")
+        return value
+    m = _SIZE_RE.fullmatch(str(value))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise ConfigError(
+            f"{what}={value!r} is not a size; write bytes (1048576) or a number with a unit: "
+            "KiB MiB GiB TiB (1024-based) or KB MB GB TB (1000-based), e.g. 8GiB"
+        )
+    n = float(m.group(1)) * _UNITS[unit]
+    if n != int(n):
+        raise ConfigError(f"{what}={value!r} is not a whole number of bytes")
+    return int(n)
+
+
+def _parse_bool(value: Any, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    s = str(value).lower()
+    if s in _TRUE:
+        return True
+    if s in _FALSE:
+        return False
+    raise ConfigError(f"{what}={value!r} must be a boolean: one of {sorted(_TRUE | _FALSE)}")
+
+
+def _parse_int(value: Any, what: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what}={value!r} must be an integer") from None
+
+
+def _merge(spec: str, query: dict[str, str], kwargs: dict[str, Any],
+           parsers: dict[str, Any], aliases: dict[str, str]) -> dict[str, Any]:
+    """Options from the URL query and from keyword arguments, parsed; both given must agree."""
+    out: dict[str, Any] = {}
+    for source, items in (("URL", query.items()), ("keyword", kwargs.items())):
+        for raw_name, raw in items:
+            name = aliases.get(raw_name, raw_name)
+            if name not in parsers:
+                known = sorted(set(parsers) | set(aliases))
+                raise ConfigError(f"{source} option {raw_name!r} is not supported by {spec!r}; "
+                                  f"supported options: {', '.join(known)}")
+            value = parsers[name](raw, name)
+            if name in out and out[name] != value:
+                raise ConfigError(f"{name} is given twice with different values ({out[name]!r} in the "
+                                  f"URL, {value!r} as a keyword) for {spec!r}; give it once")
+            out[name] = value
+    return out
+
+
+def _pin(value: Any, what: str) -> bool | None:
+    return None if str(value).lower() == "auto" or value is None else _parse_bool(value, what)
+
+
+def _float(value: Any, what: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what}={value!r} must be a number") from None
+
+
+def make_tier(spec: str, *, capacity_bytes: int | str | None = None, name: str | None = None,
+              **options: Any) -> Tier:
+    """A tier for ``spec`` (see the module docstring). Raises :class:`ConfigError` for an unknown
+    scheme (listing the supported ones), a bad option, or a missing capacity for mem:// and file://."""
+    if not isinstance(spec, str) or "://" not in spec:
+        raise ConfigError(f"tier URL {spec!r} has no scheme; use one of: "
+                          + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES))
+    scheme = spec.split("://", 1)[0].lower()
+    if scheme in _REDIS_SCHEMES:
+        return _make_redis(spec, capacity_bytes, name, options)
+    if scheme not in SUPPORTED_SCHEMES:
+        raise ConfigError(f"tier URL {spec!r}: unknown scheme {scheme!r}; supported schemes: "
+                          + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES))
+    parsed = urllib.parse.urlsplit(spec)
+    query = dict(urllib.parse.parse_qsl(parsed.query, keep_blank_values=True, strict_parsing=False))
+    if len(urllib.parse.parse_qsl(parsed.query)) != len(query):
+        raise ConfigError(f"tier URL {spec!r} repeats a query option; give each once")
+    if capacity_bytes is not None and not (capacity_bytes == 0 and "capacity" in query):
+        options["capacity_bytes"] = capacity_bytes
+    if name is not None:
+        options["name"] = name
+    if scheme in ("mem", "memory"):
+        if parsed.netloc or parsed.path not in ("", "/"):
+            raise ConfigError(f"tier URL {spec!r}: mem:// takes no host or path; write mem://?capacity=8GiB")
+        from radixkv.tiers.memory import MemoryTier, MemoryTierConfig
+
+        opts = _merge(spec, query, options,
+                      {"capacity_bytes": parse_bytes, "pin": _pin, "unit_bytes": parse_bytes,
+                       "slab_target_bytes": parse_bytes, "name": lambda v, w: str(v)},
+                      {"capacity": "capacity_bytes", "unit": "unit_bytes", "slab": "slab_target_bytes"})
+        _need_capacity(spec, opts)
+        return MemoryTier(MemoryTierConfig(**opts))
+    # file://
+    if parsed.netloc not in ("", "localhost"):
+        raise ConfigError(f"tier URL {spec!r}: file:// URLs name a local path; write file:///abs/dir "
+                          "(three slashes), a shared filesystem mounted locally included")
+    path = urllib.parse.unquote(parsed.path)
+    if not path.startswith("/"):
+        raise ConfigError(f"tier URL {spec!r}: the directory must be absolute (file:///abs/dir)")
+    from radixkv.tiers.disk import DiskTier, DiskTierConfig
+
+    opts = _merge(spec, query, options,
+                  {"capacity_bytes": parse_bytes, "io_threads": _parse_int, "fsync": _parse_bool,
+                   "shared": _parse_bool, "stale_temp_s": _float, "name": lambda v, w: str(v)},
+                  {"capacity": "capacity_bytes"})
+    _need_capacity(spec, opts)
+    return DiskTier(DiskTierConfig(root=path, **opts))
+
+
+def _need_capacity(spec: str, opts: dict[str, Any]) -> None:
+    if not opts.get("capacity_bytes"):
+        raise ConfigError(f"tier URL {spec!r} needs a positive capacity: add ?capacity=8GiB to the URL "
+                          "or pass capacity_bytes=")
+
+
+def _make_redis(spec: str, capacity_bytes: int | str | None, name: str | None,
+                options: dict[str, Any]) -> Tier:
+    try:
+        module = importlib.import_module("radixkv.tiers.redis")
+    except ImportError as e:
+        raise ConfigError(f"tier URL {spec.split('@')[-1]!r} needs the Redis tier, which failed to import "
+                          f"({e}); if redis/hiredis are missing, pip install 'radixkv[redis]'") from None
+    kwargs = dict(options)
+    if capacity_bytes is not None:
+        kwargs["capacity_bytes"] = parse_bytes(capacity_bytes, "capacity_bytes")
+    if name is not None:
+        kwargs["name"] = name
+    factory = getattr(module, "from_url", None) or getattr(module, "RedisTier")
+    return factory(spec, **kwargs)
