@@ -1,0 +1,244 @@
+"""Launch real ``redis-server`` processes on loopback: one server, a 3-node cluster, TLS material.
+
+Used by the test fixtures (``tests/_redis_servers.py``) and by the Redis tier benchmark. Every server
+runs in the foreground of a child process with persistence off (``--save '' --appendonly no``), in its
+own work directory, on a free loopback port; :meth:`RedisServerProcess.stop` kills it and waits, and
+:meth:`RedisServerProcess.start` brings it back on the *same* port (to test reconnects).
+
+Nothing here is imported by the cache itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+__all__ = [
+    "RedisServerProcess",
+    "RedisClusterProcesses",
+    "TlsFiles",
+    "redis_server_binary",
+    "free_port",
+    "make_tls_files",
+]
+
+_READY_TIMEOUT_S = 10.0
+
+
+def redis_server_binary() -> str | None:
+    """Path of ``redis-server`` (or ``valkey-server``) on PATH, or None."""
+    return shutil.which("redis-server") or shutil.which("valkey-server")
+
+
+def redis_cli_binary() -> str | None:
+    return shutil.which("redis-cli") or shutil.which("valkey-cli")
+
+
+def free_port(exclude: Sequence[int] = ()) -> int:
+    """A TCP port that is free on 127.0.0.1 right now (the kernel picks it)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in exclude:
+            return port
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """A self-signed certificate for 127.0.0.1/localhost; the cert is its own CA."""
+
+    cert_file: Path
+    key_file: Path
+
+    @property
+    def ca_file(self) -> Path:
+        return self.cert_file
+
+
+def make_tls_files(directory: Path) -> TlsFiles:
+    """Generate a P-256 self-signed certificate with the ``openssl`` CLI (raises if it is missing)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise FileNotFoundError("openssl CLI not on PATH; install openssl to run TLS tests")
+    directory.mkdir(parents=True, exist_ok=True)
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True, timeout=30,
+    )
+    return TlsFiles(cert_file=cert, key_file=key)
+
+
+@dataclass(slots=True)
+class RedisServerProcess:
+    """One ``redis-server`` child process on 127.0.0.1:``port`` (chosen free if 0).
+
+    ``password`` sets ``--requirepass``; ``tls`` serves TLS only (plain port disabled);
+    ``extra_args`` are appended verbatim (e.g. ``["--cluster-enabled", "yes"]``).
+    """
+
+    workdir: Path
+    port: int = 0
+    password: str | None = None
+    tls: TlsFiles | None = None
+    extra_args: Sequence[str] = ()
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.port == 0:
+            self.port = free_port()
+        self.workdir = Path(self.workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        scheme = "rediss" if self.tls else "redis"
+        auth = f":{self.password}@" if self.password else ""
+        query = f"?ssl_ca_certs={self.tls.ca_file}" if self.tls else ""
+        return f"{scheme}://{auth}127.0.0.1:{self.port}/0{query}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _argv(self) -> list[str]:
+        binary = redis_server_binary()
+        if binary is None:
+            raise FileNotFoundError("redis-server not on PATH (apt install redis-server redis-tools)")
+        argv = [binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", str(self.workdir), "--daemonize", "no", "--protected-mode", "no",
+                "--logfile", str(self.workdir / f"redis-{self.port}.log")]
+        if self.tls is not None:
+            argv += ["--port", "0", "--tls-port", str(self.port),
+                     "--tls-cert-file", str(self.tls.cert_file), "--tls-key-file", str(self.tls.key_file),
+                     "--tls-ca-cert-file", str(self.tls.ca_file), "--tls-auth-clients", "no"]
+        else:
+            argv += ["--port", str(self.port)]
+        if self.password:
+            argv += ["--requirepass", self.password]
+        return argv + list(self.extra_args)
+
+    def start(self) -> RedisServerProcess:
+        """Start (or restart) the server on the same port; returns once it answers PING."""
+        if self.running:
+            return self
+        self._proc = subprocess.Popen(self._argv(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
+                log = self.workdir / f"redis-{self.port}.log"
+                tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                raise RuntimeError(f"redis-server on port {self.port} exited: {err}{tail}")
+            if self._answers_ping():
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"redis-server on port {self.port} did not answer within {_READY_TIMEOUT_S} s")
+
+    def _answers_ping(self) -> bool:
+        try:
+            raw = socket.create_connection(("127.0.0.1", self.port), timeout=0.5)
+        except OSError:
+            return False
+        try:
+            sock: socket.socket = raw
+            if self.tls is not None:
+                ctx = ssl.create_default_context(cafile=str(self.tls.ca_file))
+                sock = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+            sock.sendall(b"PING\r\n")
+            reply = sock.recv(64)
+            # -NOAUTH also proves the server is up and serving.
+            return reply.startswith((b"+PONG", b"-NOAUTH"))
+        except OSError:
+            return False
+        finally:
+            raw.close()
+
+    def stop(self) -> None:
+        """Kill the server (SIGKILL: no goodbye to clients) and wait for it to exit. Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+    def pause(self) -> None:
+        """SIGSTOP: the server keeps its sockets but answers nothing (a 'slow' server)."""
+        assert self._proc is not None, "server not running"
+        os.kill(self._proc.pid, 19)
+
+    def resume(self) -> None:
+        assert self._proc is not None, "server not running"
+        os.kill(self._proc.pid, 18)
+
+
+@dataclass(slots=True)
+class RedisClusterProcesses:
+    """``n_nodes`` cluster-enabled servers joined with ``redis-cli --cluster create`` (no replicas)."""
+
+    workdir: Path
+    n_nodes: int = 3
+    nodes: list[RedisServerProcess] = field(default_factory=list, init=False)
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    def start(self) -> RedisClusterProcesses:
+        cli = redis_cli_binary()
+        if cli is None:
+            raise FileNotFoundError("redis-cli not on PATH (apt install redis-tools)")
+        used: list[int] = []
+        for i in range(self.n_nodes):
+            port = free_port(used)
+            bus = free_port(used + [port])
+            used += [port, bus]
+            node_dir = Path(self.workdir) / f"node{i}"
+            self.nodes.append(RedisServerProcess(node_dir, port=port, extra_args=[
+                "--cluster-enabled", "yes", "--cluster-port", str(bus),
+                "--cluster-config-file", str(node_dir / "nodes.conf"), "--cluster-node-timeout", "2000"]))
+        try:
+            for node in self.nodes:
+                node.start()
+            subprocess.run(
+                [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                 "--cluster-replicas", "0", "--cluster-yes"],
+                check=True, capture_output=True, timeout=60,
+            )
+            self._wait_ok(cli)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ok(self, cli: str) -> None:
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            infos = [subprocess.run([cli, "-p", str(n.port), "cluster", "info"], capture_output=True,
+                                    text=True, timeout=5).stdout for n in self.nodes]
+            if all("cluster_state:ok" in i and "cluster_slots_ok:16384" in i for i in infos):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"cluster on ports {[n.port for n in self.nodes]} never reached cluster_state:ok")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()

@@ -1,0 +1,394 @@
+"""The Redis tier: chunk payloads in a real Redis/Valkey server or Redis Cluster, via redis-py.
+
+URL scheme (details and TLS options in :mod:`radixkv.tiers.redis_client`)::
+
+    redis://[[user]:password@]host[:port][/db]           one server (user = ACL user, optional)
+    rediss://...?ssl_ca_certs=/path/ca.pem                 one server over TLS
+    redis+cluster://host:port[,host:port...]               Redis Cluster, seed nodes
+    rediss+cluster://...                                   Redis Cluster over TLS
+
+Construct with ``RedisTier("redis://127.0.0.1:6379/0", capacity_bytes=8 << 30, ttl_s=3600)`` or
+``RedisTier.from_config(RedisTierConfig(...))``.
+
+Storage: one Redis string per chunk under ``<key_prefix>:<namespace>:<chunk key>`` (no ``{}`` hash
+tag, so a cluster spreads chunks over all slots and nodes; redis-py's cluster pipeline splits each
+batch per node). The value is a :mod:`radixkv.tiers.framing` frame: header, identity, payload. Every
+read checks magic, version, header checksum, namespace, key, length and the payload's xxh3; any
+mismatch is a miss counted in ``checksum_failures``. Nothing read from Redis is ever unpickled.
+
+Batches: each call sends pipelines (no MULTI) of at most ``batch_bytes`` of payload, so a batch costs one
+round trip per pipeline. Puts write ``SET key frame [PX ttl]`` (overwriting: a put repairs a corrupted
+value) and send the payload straight from the tensor's memory; gets copy each verified payload once,
+from redis-py's reply into the caller's buffer.
+
+Faults: a connection error or a timeout (``socket_timeout_s``/``socket_connect_timeout_s``, never
+retried) turns the call's remaining keys into misses (or failed puts), counts ``errors`` and opens a
+``down_backoff_s`` window in which calls fail fast as misses without touching the network. After the
+window the next call tries again, so the tier reconnects by itself when the server returns.
+
+Capacity is accounted *locally*: the tier remembers the frame bytes it wrote per (namespace, key) and
+has not deleted, and forgets them when their TTL passes or a read finds the key gone. A put that would
+take this tier's bytes over ``capacity_bytes`` is refused. This bounds what *this* tier object writes;
+the server's own ``maxmemory`` bounds the server (a put it refuses with OOM is a failed put). Redis's
+per-key overhead (~100 bytes) is not counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import redis
+import torch
+from redis.exceptions import RedisClusterException
+
+from radixkv.errors import ConfigError, InputError
+from radixkv.tiers.base import TierStats
+from radixkv.tiers.framing import HEADER_BYTES, decode_header, encode_header, payload_checksum
+from radixkv.tiers.redis_accounting import ByteLedger
+from radixkv.tiers.redis_client import FramedValue, parse_redis_url, make_client
+
+__all__ = ["RedisTier", "RedisTierConfig", "UNBOUNDED_BYTES"]
+
+log = logging.getLogger(__name__)
+
+UNBOUNDED_BYTES = (1 << 63) - 1
+_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+_KEY_RE = re.compile(r"[\x21-\x7e]{1,256}")
+# Faults of the medium: these open the fail-fast window. Per-command errors (OOM, WRONGTYPE) do not.
+_DOWN_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                redis.exceptions.ClusterError, RedisClusterException, OSError)
+
+
+@dataclass(slots=True)
+class RedisTierConfig:
+    """Options of a :class:`RedisTier` (validated; see the module docstring for their meaning)."""
+
+    url: str
+    capacity_bytes: int | None = None
+    ttl_s: float | None = None
+    socket_timeout_s: float = 1.0
+    socket_connect_timeout_s: float = 0.5
+    down_backoff_s: float = 1.0
+    batch_bytes: int = 64 << 20
+    max_connections: int = 64
+    key_prefix: str = "radixkv"
+    name: str = "redis"
+
+    def __post_init__(self) -> None:
+        parse_redis_url(self.url)  # raises ConfigError with the reason
+        if self.capacity_bytes is not None and (
+            not isinstance(self.capacity_bytes, int) or self.capacity_bytes <= 0
+        ):
+            raise ConfigError(f"capacity_bytes={self.capacity_bytes!r} must be a positive int or None (unbounded)")
+        if self.ttl_s is not None and not (isinstance(self.ttl_s, (int, float)) and self.ttl_s >= 0.001):
+            raise ConfigError(f"ttl_s={self.ttl_s!r} must be None (no expiry) or a number of seconds >= 0.001")
+        for name in ("socket_timeout_s", "socket_connect_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 < value <= 600:
+                raise ConfigError(f"{name}={value!r} must be a number of seconds in (0, 600]")
+        if not isinstance(self.down_backoff_s, (int, float)) or not 0 <= self.down_backoff_s <= 600:
+            raise ConfigError(f"down_backoff_s={self.down_backoff_s!r} must be in [0, 600] seconds")
+        if not isinstance(self.batch_bytes, int) or self.batch_bytes < 1 << 16:
+            raise ConfigError(f"batch_bytes={self.batch_bytes!r} must be an int >= 65536")
+        if not isinstance(self.max_connections, int) or self.max_connections < 1:
+            raise ConfigError(f"max_connections={self.max_connections!r} must be a positive int")
+        if not _NAME_RE.fullmatch(self.key_prefix):
+            raise ConfigError(f"key_prefix={self.key_prefix!r} must match {_NAME_RE.pattern}")
+
+
+def _check_namespace(namespace: str) -> None:
+    if not isinstance(namespace, str) or not _NAME_RE.fullmatch(namespace):
+        raise InputError(
+            f"namespace={namespace!r} must be 1-128 characters of [A-Za-z0-9_.-] (pass Namespace.digest)"
+        )
+
+
+def _check_keys(keys: Sequence[str]) -> None:
+    for key in keys:
+        if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
+            raise InputError(f"chunk key {key!r} must be 1-256 printable ASCII characters without spaces")
+
+
+def _byte_view(t: torch.Tensor, what: str) -> np.ndarray:
+    """The tensor's memory as a flat uint8 numpy array (shared, not copied)."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 1 or t.device.type != "cpu" \
+            or not t.is_contiguous():
+        desc = f"{t.dtype}/{t.dim()}-D/{t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise InputError(f"{what} must be a 1-D contiguous torch.uint8 CPU tensor, got {desc}")
+    return t.detach().numpy()
+
+
+class RedisTier:
+    """A :class:`~radixkv.tiers.base.Tier` over Redis/Valkey (standalone or cluster); thread-safe."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        self._init(RedisTierConfig(url=url, **options))
+
+    @classmethod
+    def from_config(cls, config: RedisTierConfig) -> RedisTier:
+        self = cls.__new__(cls)
+        self._init(replace(config))
+        return self
+
+    def _init(self, config: RedisTierConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.capacity_bytes = config.capacity_bytes if config.capacity_bytes is not None else UNBOUNDED_BYTES
+        self._url = parse_redis_url(config.url)
+        self._ttl_ms = None if config.ttl_s is None else max(1, round(config.ttl_s * 1000))
+        self._ledger = ByteLedger(self.capacity_bytes, config.ttl_s)
+        self._lock = threading.Lock()
+        self._stats = TierStats()
+        self._client: Any = None
+        self._down_until = 0.0
+        self._closed = False
+
+    # ---------------------------------------------------------------- connection and fault handling
+
+    def _get_client(self) -> Any:
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError(f"RedisTier {self.name!r} is closed")
+                if self._client is None:
+                    self._client = make_client(
+                        self._url, socket_timeout_s=self.config.socket_timeout_s,
+                        connect_timeout_s=self.config.socket_connect_timeout_s,
+                        max_connections=self.config.max_connections)
+                client = self._client
+        return client
+
+    def _count(self, **deltas: int) -> None:
+        with self._lock:
+            for name, n in deltas.items():
+                if hasattr(self._stats, name):
+                    setattr(self._stats, name, getattr(self._stats, name) + n)
+                else:
+                    self._stats.extra[name] = self._stats.extra.get(name, 0) + n
+
+    def _run(self, build: Callable[[Any], None]) -> list[Any] | None:
+        """Run one pipeline built by ``build``; None after a medium fault (counted, window opened)."""
+        if self._closed:
+            raise RuntimeError(f"RedisTier {self.name!r} is closed; open a new one")
+        if time.monotonic() < self._down_until:
+            self._count(fast_fail_calls=1)
+            return None
+        try:
+            pipe = self._get_client().pipeline(transaction=False)
+            build(pipe)
+            return pipe.execute(raise_on_error=False)
+        except _DOWN_ERRORS as exc:
+            self._mark_down(exc)
+            return None
+
+    def _mark_down(self, exc: BaseException) -> None:
+        backoff_s = self.config.down_backoff_s
+        with self._lock:
+            was_up = time.monotonic() >= self._down_until
+            self._down_until = time.monotonic() + backoff_s
+            self._stats.errors += 1
+            if self._url.cluster:  # rediscover the topology on the next try
+                client, self._client = self._client, None
+            else:
+                client = None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - best effort on an already broken client
+                pass
+        if was_up:
+            log.warning("redis tier %s unreachable (%s: %s); serving misses, retrying in %.1f s",
+                        self._url.redacted(), type(exc).__name__, exc, backoff_s)
+
+    def _rkey(self, namespace: str, key: str) -> str:
+        return f"{self.config.key_prefix}:{namespace}:{key}"
+
+    def _batches(self, sizes: Sequence[int]) -> list[range]:
+        """Consecutive index ranges whose payload bytes stay within ``batch_bytes`` (>= 1 item each)."""
+        out, start, acc = [], 0, 0
+        for i, n in enumerate(sizes):
+            if i > start and acc + n > self.config.batch_bytes:
+                out.append(range(start, i))
+                start, acc = i, 0
+            acc += n
+        if start < len(sizes):
+            out.append(range(start, len(sizes)))
+        return out
+
+    # ---------------------------------------------------------------- Tier protocol
+
+    def put_many(self, namespace: str, keys: Sequence[str], payloads: Sequence[torch.Tensor]) -> list[bool]:
+        """Store each payload (overwriting); False where refused (capacity, server down or OOM)."""
+        _check_namespace(namespace)
+        _check_keys(keys)
+        if len(keys) != len(payloads):
+            raise InputError(f"put_many got {len(keys)} keys but {len(payloads)} payloads; pass one per key")
+        views = [memoryview(_byte_view(p, f"payloads[{i}]")) for i, p in enumerate(payloads)]
+        ok = [False] * len(keys)
+        ident = len(namespace) + HEADER_BYTES
+        frame_sizes = [ident + len(k) + v.nbytes for k, v in zip(keys, views)]
+        granted = self._ledger.reserve(namespace, keys, frame_sizes)
+        refused = len(keys) - sum(granted)
+        for batch in self._batches([v.nbytes for v in views]):
+            idx = [i for i in batch if granted[i]]
+            if not idx:
+                continue
+            frames = [FramedValue(encode_header(namespace, keys[i], views[i]), views[i]) for i in idx]
+
+            def build(pipe: Any, idx: list[int] = idx, frames: list[FramedValue] = frames) -> None:
+                for i, frame in zip(idx, frames):
+                    pipe.set(self._rkey(namespace, keys[i]), frame, px=self._ttl_ms)
+
+            replies = self._run(build)
+            for j, i in enumerate(idx):
+                reply = None if replies is None else replies[j]
+                ok[i] = reply is True
+                if isinstance(reply, Exception):
+                    self._count(errors=1)
+        self._ledger.settle(namespace, keys, frame_sizes, granted, ok)
+        stored = sum(ok)
+        self._count(puts=stored, put_failures=len(keys) - stored, capacity_refusals=refused,
+                    bytes_in=sum(v.nbytes for v, s in zip(views, ok) if s))
+        return ok
+
+    def get_many(self, namespace: str, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> list[bool]:
+        """Read each payload into its buffer (exact size required); False is a miss."""
+        _check_namespace(namespace)
+        _check_keys(keys)
+        if len(keys) != len(buffers):
+            raise InputError(f"get_many got {len(keys)} keys but {len(buffers)} buffers; pass one per key")
+        dsts = [_byte_view(b, f"buffers[{i}]") for i, b in enumerate(buffers)]
+        ok = [False] * len(keys)
+        gone: list[str] = []
+        bad = 0
+        for batch in self._batches([d.nbytes for d in dsts]):
+            replies = self._run(lambda pipe, batch=batch: [pipe.get(self._rkey(namespace, keys[i])) for i in batch])
+            if replies is None:
+                continue
+            for i, value in zip(batch, replies):
+                if value is None:
+                    gone.append(keys[i])
+                elif isinstance(value, Exception):
+                    self._count(errors=1)
+                elif self._accept(namespace, keys[i], value, dsts[i]):
+                    ok[i] = True
+                else:
+                    bad += 1
+        if gone:
+            self._ledger.forget(namespace, gone)
+        hits = sum(ok)
+        self._count(gets=len(keys), hits=hits, misses=len(keys) - hits, checksum_failures=bad,
+                    bytes_out=sum(d.nbytes for d, s in zip(dsts, ok) if s))
+        return ok
+
+    @staticmethod
+    def _accept(namespace: str, key: str, value: bytes, dst: np.ndarray) -> bool:
+        """Verify one frame against what was asked for and copy its payload into ``dst``."""
+        header = decode_header(value)
+        if (header is None or header.namespace != namespace or header.key != key
+                or header.payload_bytes != dst.nbytes or header.frame_bytes != len(value)):
+            return False
+        payload = memoryview(value)[header.payload_offset:]
+        if payload_checksum(payload) != header.checksum:
+            return False
+        memoryview(dst)[:] = payload  # the one copy: reply bytes -> caller's buffer
+        return True
+
+    def contains_many(self, namespace: str, keys: Sequence[str]) -> int:
+        """Length of the leading run of keys that exist (existence only; reads verify the bytes)."""
+        _check_namespace(namespace)
+        _check_keys(keys)
+        if not keys:
+            return 0
+        replies = self._run(lambda pipe: [pipe.exists(self._rkey(namespace, k)) for k in keys])
+        if replies is None:
+            return 0
+        run = 0
+        for reply in replies:
+            if reply != 1:
+                break
+            run += 1
+        return run
+
+    def delete_many(self, namespace: str, keys: Sequence[str]) -> int:
+        """Delete the keys; returns how many existed (0 if the server is unreachable)."""
+        _check_namespace(namespace)
+        _check_keys(keys)
+        if not keys:
+            return 0
+        replies = self._run(lambda pipe: [pipe.unlink(self._rkey(namespace, k)) for k in keys])
+        if replies is None:
+            return 0
+        done = [k for k, r in zip(keys, replies) if not isinstance(r, Exception)]
+        self._ledger.forget(namespace, done)
+        present = sum(1 for r in replies if r == 1)
+        self._count(deletes=present)
+        return present
+
+    def usage_bytes(self) -> int:
+        """Frame bytes this tier wrote and has not seen deleted or expired (see the module docstring)."""
+        return self._ledger.used_bytes()
+
+    def stats(self) -> TierStats:
+        with self._lock:
+            s = self._stats
+            return replace(s, extra=dict(s.extra))
+
+    def clear(self, namespace: str | None = None) -> None:
+        """Delete every chunk of ``namespace`` (or every chunk under ``key_prefix``) by SCAN + UNLINK."""
+        if namespace is not None:
+            _check_namespace(namespace)
+        pattern = f"{self.config.key_prefix}:{namespace}:*" if namespace else f"{self.config.key_prefix}:*"
+        if self._closed:
+            raise RuntimeError(f"RedisTier {self.name!r} is closed; open a new one")
+        try:
+            client = self._get_client()
+            batch: list[bytes] = []
+            for rkey in client.scan_iter(match=pattern, count=1000):
+                batch.append(rkey)
+                if len(batch) >= 1000:
+                    self._unlink(client, batch)
+                    batch = []
+            if batch:
+                self._unlink(client, batch)
+        except _DOWN_ERRORS as exc:
+            self._mark_down(exc)
+            return
+        self._ledger.forget_all(namespace)
+
+    @staticmethod
+    def _unlink(client: Any, rkeys: list[bytes]) -> None:
+        pipe = client.pipeline(transaction=False)
+        for k in rkeys:
+            pipe.unlink(k)
+        pipe.execute(raise_on_error=False)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def check_integrity(self) -> None:
+        self._ledger.check_integrity()
+        s = self.stats()
+        assert s.hits + s.misses == s.gets, f"hits {s.hits} + misses {s.misses} != gets {s.gets}"
+        assert min(s.as_dict().values(), default=0) >= 0, f"negative counter in {s.as_dict()}"
+
+    def ping(self) -> bool:
+        """True if the server answers now (ignores the fail-fast window; for health checks)."""
+        try:
+            return bool(self._get_client().ping())
+        except _DOWN_ERRORS:
+            return False
+
+    def __repr__(self) -> str:
+        return f"RedisTier({self._url.redacted()!r}, capacity_bytes={self.capacity_bytes}, ttl_s={self.config.ttl_s})"

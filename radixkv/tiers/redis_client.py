@@ -1,0 +1,227 @@
+"""Redis connection plumbing for :mod:`radixkv.tiers.redis`: URL parsing and zero-copy clients.
+
+URL scheme (parsed here, errors are :class:`~radixkv.errors.ConfigError`)::
+
+    redis://[[user]:password@]host[:port][/db][?tls options]          one server
+    rediss://...                                                      one server over TLS
+    redis+cluster://[[user]:password@]host:port[,host:port...][/0]    Redis Cluster (seed nodes)
+    rediss+cluster://...                                              Redis Cluster over TLS
+
+``user`` is an ACL user (omit it for ``requirepass``/the ``default`` user); user and password are
+percent-decoded. The only query options are the TLS ones: ``ssl_ca_certs=PATH``, ``ssl_certfile=PATH``,
+``ssl_keyfile=PATH``, ``ssl_cert_reqs=none|optional|required`` (default required) and
+``ssl_check_hostname=true|false`` (default false). Timeouts and sizes are tier options, not URL options.
+
+Zero-copy puts: with hiredis installed redis-py packs every command with ``hiredis.pack_command``,
+which copies memoryviews into ``bytes`` and then into one packed buffer. The connection classes here
+pack with a Python packer that understands :class:`FramedValue` (frame header + payload memoryview) and
+writes it as *one* RESP bulk string whose payload part is handed to ``sendall`` uncopied. Replies are
+still parsed by hiredis.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.connection import Connection, ConnectionPool, PythonRespSerializer, SSLConnection
+from redis.retry import Retry
+
+from radixkv.errors import ConfigError
+
+__all__ = ["RedisUrl", "parse_redis_url", "FramedValue", "make_client"]
+
+_SCHEMES = {"redis": (False, False), "rediss": (False, True),
+            "redis+cluster": (True, False), "rediss+cluster": (True, True)}
+_TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+_DEFAULT_PORT = 6379
+
+
+@dataclass(frozen=True, slots=True)
+class RedisUrl:
+    """A parsed tier URL. ``hosts`` has one entry unless ``cluster``."""
+
+    cluster: bool
+    tls: bool
+    hosts: tuple[tuple[str, int], ...]
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    db: int = 0
+    tls_options: tuple[tuple[str, str], ...] = ()
+
+    def redacted(self) -> str:
+        """The URL without the password (safe for logs and error messages)."""
+        scheme = ("rediss" if self.tls else "redis") + ("+cluster" if self.cluster else "")
+        auth = f"{self.username or ''}{':***' if self.password else ''}@" if (self.username or self.password) else ""
+        return f"{scheme}://{auth}" + ",".join(f"{h}:{p}" for h, p in self.hosts) + f"/{self.db}"
+
+
+def _bad(url: str, why: str) -> ConfigError:
+    safe = url
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.password:
+            safe = url.replace(parts.password, "***")
+    except ValueError:
+        pass
+    return ConfigError(
+        f"Redis URL {safe!r}: {why}. Expected redis://[user:password@]host:port[/db], rediss://... for "
+        "TLS, or redis+cluster://host:port,host:port,... for Redis Cluster"
+    )
+
+
+def _parse_host(url: str, text: str) -> tuple[str, int]:
+    if text.startswith("["):  # [v6addr]:port
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, _, port_text = text.partition(":")
+    if not host:
+        raise _bad(url, f"host {text!r} is empty")
+    if not port_text:
+        return host, _DEFAULT_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise _bad(url, f"port {port_text!r} of host {text!r} is not an integer in 1..65535")
+    return host, int(port_text)
+
+
+def parse_redis_url(url: str) -> RedisUrl:
+    """Parse a tier URL (see the module docstring); raises ConfigError naming the problem."""
+    if not isinstance(url, str) or "://" not in url:
+        raise _bad(str(url), "not a URL")
+    scheme, rest = url.split("://", 1)
+    if scheme.lower() not in _SCHEMES:
+        raise _bad(url, f"unknown scheme {scheme!r} (use one of {sorted(_SCHEMES)})")
+    cluster, tls = _SCHEMES[scheme.lower()]
+    netloc, _, tail = rest.partition("/")
+    if "?" in netloc:
+        netloc, _, query = netloc.partition("?")
+        path = ""
+    else:
+        path, _, query = tail.partition("?")
+    userinfo, at, hostlist = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user_text, colon, pw_text = userinfo.partition(":")
+        username = urllib.parse.unquote(user_text) or None
+        password = urllib.parse.unquote(pw_text) if colon else None
+    if not hostlist:
+        raise _bad(url, "no host")
+    hosts = tuple(_parse_host(url, h) for h in hostlist.split(","))
+    if not cluster and len(hosts) != 1:
+        raise _bad(url, f"{len(hosts)} hosts given; list several hosts only with redis+cluster://")
+    path = path.strip("/")
+    if path and not path.isdigit():
+        raise _bad(url, f"database {path!r} is not a non-negative integer")
+    db = int(path) if path else 0
+    if cluster and db != 0:
+        raise _bad(url, f"database {db} requested; Redis Cluster only has database 0")
+    options = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=False)
+    for name, _value in options:
+        if name not in _TLS_OPTIONS:
+            raise _bad(url, f"unknown option {name!r} (the only URL options are {list(_TLS_OPTIONS)})")
+        if not tls:
+            raise _bad(url, f"option {name!r} needs TLS: use the rediss:// scheme")
+    return RedisUrl(cluster, tls, hosts, username, password, db, tuple(options))
+
+
+class FramedValue:
+    """A RESP bulk string made of a small header and a large payload that is sent without copying."""
+
+    __slots__ = ("header", "payload", "nbytes")
+
+    def __init__(self, header: bytes, payload: memoryview) -> None:
+        self.header = header
+        self.payload = payload
+        self.nbytes = len(header) + payload.nbytes
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+
+class _FramePacker(PythonRespSerializer):
+    """redis-py's pure-Python packer plus :class:`FramedValue` support (payload left as memoryview)."""
+
+    def pack(self, *args: Any) -> list[Any]:
+        if not any(isinstance(a, FramedValue) for a in args):
+            return super().pack(*args)
+        out: list[Any] = []
+        buff = b"*%d\r\n" % len(args)
+        for arg in args:
+            if isinstance(arg, FramedValue):
+                out.append(buff + b"$%d\r\n" % arg.nbytes + arg.header)
+                out.append(arg.payload)
+                buff = b"\r\n"
+            else:
+                raw = self.encode(arg)
+                buff += b"$%d\r\n" % len(raw) + bytes(raw) + b"\r\n"
+        out.append(buff)
+        return out
+
+
+class FrameConnection(Connection):
+    def _construct_command_packer(self, packer: Any) -> Any:
+        return packer if packer is not None else _FramePacker(self._buffer_cutoff, self.encoder.encode)
+
+
+class FrameSSLConnection(SSLConnection):
+    def _construct_command_packer(self, packer: Any) -> Any:
+        return packer if packer is not None else _FramePacker(self._buffer_cutoff, self.encoder.encode)
+
+
+_CERT_REQS = {"none": "none", "optional": "optional", "required": "required"}
+
+
+def _tls_kwargs(parsed: RedisUrl) -> dict[str, Any]:
+    opts = dict(parsed.tls_options)
+    reqs = opts.get("ssl_cert_reqs", "required").lower()
+    if reqs not in _CERT_REQS:
+        raise ConfigError(f"ssl_cert_reqs={reqs!r} must be one of none, optional, required")
+    check = opts.get("ssl_check_hostname", "false").lower()
+    if check not in ("true", "false", "1", "0", "yes", "no"):
+        raise ConfigError(f"ssl_check_hostname={check!r} must be true or false")
+    return {
+        "ssl_ca_certs": opts.get("ssl_ca_certs"),
+        "ssl_certfile": opts.get("ssl_certfile"),
+        "ssl_keyfile": opts.get("ssl_keyfile"),
+        "ssl_cert_reqs": _CERT_REQS[reqs],
+        "ssl_check_hostname": check in ("true", "1", "yes"),
+    }
+
+
+def make_client(
+    parsed: RedisUrl, *, socket_timeout_s: float, connect_timeout_s: float, max_connections: int
+) -> Any:
+    """A redis-py client for ``parsed`` that never retries (the tier owns fault handling).
+
+    Every client accepts :class:`FramedValue` arguments. A standalone client connects lazily; a cluster client discovers the topology here and may raise
+    redis-py's connection errors.
+    """
+    common: dict[str, Any] = {
+        "username": parsed.username,
+        "password": parsed.password,
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": connect_timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+        "max_connections": max_connections,
+    }
+    if not parsed.cluster:
+        host, port = parsed.hosts[0]
+        klass = FrameSSLConnection if parsed.tls else FrameConnection
+        extra = _tls_kwargs(parsed) if parsed.tls else {}
+        pool = ConnectionPool(connection_class=klass, host=host, port=port, db=parsed.db, **common, **extra)
+        return redis.Redis(connection_pool=pool)
+    # RedisCluster hands ``connection_class`` to the node pools only in its from-URL mode, so the
+    # first seed goes in as a plain redis:// URL (TLS is configured by the connection class).
+    (host0, port0), *others = parsed.hosts
+    klass = FrameSSLConnection if parsed.tls else FrameConnection
+    extra = _tls_kwargs(parsed) if parsed.tls else {}
+    client = RedisCluster(
+        url=f"redis://{host0}:{port0}", startup_nodes=[ClusterNode(h, p) for h, p in others],
+        connection_class=klass, **common, **extra,
+    )
+    return client
