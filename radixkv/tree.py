@@ -240,10 +240,15 @@ class RadixTree:
 
     # ------------------------------------------------------------------ match
 
-    def match(self, namespace: str, keys: Sequence[str], touch: bool = True) -> MatchResult:
-        """Longest prefix of ``keys`` (one chain) present in any tier. Does not change residency;
-        with ``touch`` it tells each policy holding the last hit chunk that the path was used.
-        O(log len(keys)) dict lookups when ``keys`` is a proper chain."""
+    def match(
+        self, namespace: str, keys: Sequence[str], touch: bool = True, verify: bool = False
+    ) -> MatchResult:
+        """Longest prefix of ``keys`` present in any tier. Does not change residency; with ``touch``
+        it tells each policy holding the last hit chunk that the path was used.
+
+        ``keys`` must be one chain (each key names its whole prefix, as engine page hashes do): then
+        O(log len(keys)) dict lookups suffice. The depth span and the last link are always checked, so
+        most malformed inputs fall back to a link-by-link walk; ``verify=True`` always walks."""
         idx = self._index.get(namespace)
         if not idx or not keys:
             return MatchResult(self, keys, idx or {}, 0)
@@ -264,8 +269,12 @@ class RadixTree:
                 else:
                     hi = mid - 1
             hit, last = lo, idx[keys[lo - 1]]
-        depth = self._depth
-        if depth[last] - depth[first] != hit - 1:
+        depth, parent = self._depth, self._parent
+        if (
+            verify
+            or depth[last] - depth[first] != hit - 1
+            or (hit > 1 and parent[last] != get(keys[hit - 2]))
+        ):
             # Not one chain (or a chain with a hole): fall back to a checked walk.
             hit, last = self._walk(idx, keys)
         if touch:
