@@ -166,9 +166,9 @@ def _make_redis(spec: str, capacity_bytes: int | str | None, name: str | None,
         raise ConfigError(f"tier URL {spec.split('@')[-1]!r} needs the Redis tier, which failed to import "
                           f"({e}); if redis/hiredis are missing, pip install 'radixkv[redis]'") from None
     kwargs = dict(options)
-    if capacity_bytes is not None:
+    if capacity_bytes is not None and parse_bytes(capacity_bytes, "capacity_bytes") > 0:
+        # 0 (as in TierConfig) means unbounded on our side: the Redis tier's default
         kwargs["capacity_bytes"] = parse_bytes(capacity_bytes, "capacity_bytes")
     if name is not None:
         kwargs["name"] = name
-    factory = getattr(module, "from_url", None) or getattr(module, "RedisTier")
-    return factory(spec, **kwargs)
+    return module.RedisTier(spec, **kwargs)
