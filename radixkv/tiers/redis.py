@@ -7,8 +7,9 @@ URL scheme (details and TLS options in :mod:`radixkv.tiers.redis_client`)::
     redis+cluster://host:port[,host:port...]               Redis Cluster, seed nodes
     rediss+cluster://...                                   Redis Cluster over TLS
 
-Construct with ``RedisTier("redis://127.0.0.1:6379/0", capacity_bytes=8 << 30, ttl_s=3600)`` or
-``RedisTier.from_config(RedisTierConfig(...))``.
+Construct with ``RedisTier("redis://127.0.0.1:6379/0", capacity_bytes=8 << 30, ttl_s=3600)``,
+``RedisTier("redis://127.0.0.1:6379/0?capacity=8GiB&ttl_s=3600")`` (URL options and keywords are the
+same; given both ways they must agree) or ``RedisTier.from_config(RedisTierConfig(...))``.
 
 Storage: one Redis string per chunk under ``<key_prefix>:<namespace>:<chunk key>`` (no ``{}`` hash
 tag, so a cluster spreads chunks over all slots and nodes; redis-py's cluster pipeline splits each
@@ -47,7 +48,7 @@ import redis
 import torch
 from redis.exceptions import RedisClusterException
 
-from radixkv.errors import ConfigError, InputError
+from radixkv.errors import CapacityError, ConfigError, InputError
 from radixkv.tiers.base import TierStats
 from radixkv.tiers.framing import HEADER_BYTES, decode_header, encode_header, payload_checksum
 from radixkv.tiers.redis_accounting import ByteLedger
@@ -102,6 +103,28 @@ class RedisTierConfig:
             raise ConfigError(f"key_prefix={self.key_prefix!r} must match {_NAME_RE.pattern}")
 
 
+def _url_options(url: str) -> dict[str, Any]:
+    """Tier options from the URL query, converted to RedisTierConfig field types."""
+    from radixkv.tiers.registry import parse_bytes  # registry imports this module lazily: no cycle
+
+    out: dict[str, Any] = {}
+    for field_name, raw in parse_redis_url(url).tier_options:
+        try:
+            if field_name in ("capacity_bytes", "batch_bytes"):
+                out[field_name] = parse_bytes(raw, field_name)
+            elif field_name == "max_connections":
+                out[field_name] = int(raw)
+            elif field_name == "key_prefix":
+                out[field_name] = raw
+            else:
+                out[field_name] = float(raw)
+        except ConfigError:
+            raise
+        except ValueError:
+            raise ConfigError(f"URL option {field_name}={raw!r} is not a number") from None
+    return out
+
+
 def _check_namespace(namespace: str) -> None:
     if not isinstance(namespace, str) or not _NAME_RE.fullmatch(namespace):
         raise InputError(
@@ -117,24 +140,38 @@ def _check_keys(keys: Sequence[str]) -> None:
 
 def _byte_view(t: torch.Tensor, what: str) -> np.ndarray:
     """The tensor's memory as a flat uint8 numpy array (shared, not copied)."""
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 1 or t.device.type != "cpu" \
-            or not t.is_contiguous():
-        desc = f"{t.dtype}/{t.dim()}-D/{t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise InputError(f"{what} must be a 1-D contiguous torch.uint8 CPU tensor, got {desc}")
-    return t.detach().numpy()
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{what} is {type(t).__name__}; pass a contiguous torch.uint8 CPU tensor")
+    if t.dtype != torch.uint8 or t.device.type != "cpu" or not t.is_contiguous():
+        raise InputError(
+            f"{what} is dtype={t.dtype}, device={t.device}, contiguous={t.is_contiguous()}; pass a "
+            "contiguous torch.uint8 CPU tensor (use .view(torch.uint8).contiguous().cpu())"
+        )
+    return t.detach().view(-1).numpy()
 
 
 class RedisTier:
     """A :class:`~radixkv.tiers.base.Tier` over Redis/Valkey (standalone or cluster); thread-safe."""
 
     def __init__(self, url: str, **options: Any) -> None:
-        self._init(RedisTierConfig(url=url, **options))
+        unknown = sorted(set(options) - set(RedisTierConfig.__dataclass_fields__) - {"url"})
+        if unknown:
+            raise ConfigError(f"RedisTier got unknown option(s) {unknown}; "
+                              f"known: {sorted(set(RedisTierConfig.__dataclass_fields__) - {'url'})}")
+        merged = _url_options(url)
+        for field_name, value in options.items():
+            if field_name in merged and merged[field_name] != value:
+                raise ConfigError(f"{field_name} is {merged[field_name]!r} in the URL but {value!r} as a "
+                                  "keyword; give it one way")
+            merged[field_name] = value
+        self._init(RedisTierConfig(url=url, **merged))
 
     @classmethod
     def from_config(cls, config: RedisTierConfig) -> RedisTier:
-        self = cls.__new__(cls)
-        self._init(replace(config))
-        return self
+        """Same as the constructor; fields left at their defaults may come from the URL query."""
+        fields = RedisTierConfig.__dataclass_fields__
+        return cls(config.url, **{name: getattr(config, name) for name, f in fields.items()
+                                  if name != "url" and getattr(config, name) != f.default})
 
     def _init(self, config: RedisTierConfig) -> None:
         self.config = config
@@ -234,6 +271,14 @@ class RedisTier:
         ok = [False] * len(keys)
         ident = len(namespace) + HEADER_BYTES
         frame_sizes = [ident + len(k) + v.nbytes for k, v in zip(keys, views)]
+        for i, (view, frame_bytes) in enumerate(zip(views, frame_sizes)):
+            if view.nbytes == 0:
+                raise InputError(f"payloads[{i}] is empty; a chunk payload must have at least one byte")
+            if frame_bytes > self.capacity_bytes:
+                raise CapacityError(
+                    f"payloads[{i}] needs {frame_bytes} bytes (payload + {frame_bytes - view.nbytes} bytes "
+                    f"of frame) but tier {self.name!r} has capacity_bytes={self.capacity_bytes}; raise it"
+                )
         granted = self._ledger.reserve(namespace, keys, frame_sizes)
         refused = len(keys) - sum(granted)
         for batch in self._batches([v.nbytes for v in views]):

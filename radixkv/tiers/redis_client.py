@@ -8,9 +8,15 @@ URL scheme (parsed here, errors are :class:`~radixkv.errors.ConfigError`)::
     rediss+cluster://...                                              Redis Cluster over TLS
 
 ``user`` is an ACL user (omit it for ``requirepass``/the ``default`` user); user and password are
-percent-decoded. The only query options are the TLS ones: ``ssl_ca_certs=PATH``, ``ssl_certfile=PATH``,
-``ssl_keyfile=PATH``, ``ssl_cert_reqs=none|optional|required`` (default required) and
-``ssl_check_hostname=true|false`` (default false). Timeouts and sizes are tier options, not URL options.
+percent-decoded. Query options:
+
+* TLS (``rediss`` only): ``ssl_ca_certs=PATH``, ``ssl_certfile=PATH``, ``ssl_keyfile=PATH``,
+  ``ssl_cert_reqs=none|optional|required`` (default required), ``ssl_check_hostname=true|false``
+  (default false).
+* Tier options, the same as the keyword arguments of :class:`~radixkv.tiers.redis.RedisTier`:
+  ``capacity=SIZE`` (``capacity_bytes``, e.g. ``8GiB``), ``ttl_s``, ``socket_timeout_s``,
+  ``socket_connect_timeout_s``, ``down_backoff_s``, ``batch_bytes=SIZE``, ``max_connections``,
+  ``key_prefix``. An option given both in the URL and as a keyword must agree.
 
 Zero-copy puts: with hiredis installed redis-py packs every command with ``hiredis.pack_command``,
 which copies memoryviews into ``bytes`` and then into one packed buffer. The connection classes here
@@ -38,6 +44,11 @@ __all__ = ["RedisUrl", "parse_redis_url", "FramedValue", "make_client"]
 _SCHEMES = {"redis": (False, False), "rediss": (False, True),
             "redis+cluster": (True, False), "rediss+cluster": (True, True)}
 _TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+# URL query name -> RedisTierConfig field.
+TIER_OPTIONS = {"capacity": "capacity_bytes", "capacity_bytes": "capacity_bytes", "ttl_s": "ttl_s",
+                "socket_timeout_s": "socket_timeout_s", "socket_connect_timeout_s": "socket_connect_timeout_s",
+                "down_backoff_s": "down_backoff_s", "batch_bytes": "batch_bytes",
+                "max_connections": "max_connections", "key_prefix": "key_prefix"}
 _DEFAULT_PORT = 6379
 
 
@@ -52,6 +63,7 @@ class RedisUrl:
     password: str | None = field(default=None, repr=False)
     db: int = 0
     tls_options: tuple[tuple[str, str], ...] = ()
+    tier_options: tuple[tuple[str, str], ...] = ()  # (RedisTierConfig field, raw text)
 
     def redacted(self) -> str:
         """The URL without the password (safe for logs and error messages)."""
@@ -120,13 +132,17 @@ def parse_redis_url(url: str) -> RedisUrl:
     db = int(path) if path else 0
     if cluster and db != 0:
         raise _bad(url, f"database {db} requested; Redis Cluster only has database 0")
-    options = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=False)
-    for name, _value in options:
-        if name not in _TLS_OPTIONS:
-            raise _bad(url, f"unknown option {name!r} (the only URL options are {list(_TLS_OPTIONS)})")
-        if not tls:
+    tls_options, tier_options = [], []
+    for name, value in urllib.parse.parse_qsl(query, keep_blank_values=True):
+        if name in TIER_OPTIONS:
+            tier_options.append((TIER_OPTIONS[name], value))
+        elif name not in _TLS_OPTIONS:
+            raise _bad(url, f"unknown option {name!r} (URL options: {list(_TLS_OPTIONS) + list(TIER_OPTIONS)})")
+        elif not tls:
             raise _bad(url, f"option {name!r} needs TLS: use the rediss:// scheme")
-    return RedisUrl(cluster, tls, hosts, username, password, db, tuple(options))
+        else:
+            tls_options.append((name, value))
+    return RedisUrl(cluster, tls, hosts, username, password, db, tuple(tls_options), tuple(tier_options))
 
 
 class FramedValue:
