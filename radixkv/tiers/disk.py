@@ -149,16 +149,22 @@ class DiskTier:
         views = [_byte_view(p, f"payloads[{i}]") for i, p in enumerate(payloads)]
         with self._lock:
             self._check_open()
-            if views and namespace not in self._ns_payload_bytes:
+            first_put = views and namespace not in self._ns_payload_bytes
+            if first_put:
                 self._ns_payload_bytes[namespace] = views[0].nbytes
-            for i, v in enumerate(views):
-                self._check_size(namespace, v.nbytes, f"payloads[{i}]")
-                frame = HEADER_BYTES + len(namespace) + len(keys[i]) + v.nbytes
-                if frame > self.capacity_bytes:
-                    raise CapacityError(
-                        f"a {v.nbytes}-byte chunk ({frame} bytes framed) cannot fit tier {self.name!r} "
-                        f"of capacity {self.capacity_bytes} bytes; raise capacity_bytes"
-                    )
+            try:  # validate the whole batch before writing anything
+                for i, v in enumerate(views):
+                    self._check_size(namespace, v.nbytes, f"payloads[{i}]")
+                    frame = HEADER_BYTES + len(namespace) + len(keys[i]) + v.nbytes
+                    if frame > self.capacity_bytes:
+                        raise CapacityError(
+                            f"a {v.nbytes}-byte chunk ({frame} bytes framed) cannot fit tier {self.name!r} "
+                            f"of capacity {self.capacity_bytes} bytes; raise capacity_bytes"
+                        )
+            except Exception:
+                if first_put:
+                    del self._ns_payload_bytes[namespace]
+                raise
         return self._run(lambda i: self._put_one(namespace, keys[i], views[i]), len(keys))
 
     def get_many(self, namespace: str, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> list[bool]:

@@ -160,8 +160,17 @@ class MemoryTier:
         todo: list[tuple[int, _Slot]] = []
         with self._lock:
             self._check_open()
+            first_put = views and namespace not in self._ns_slot_bytes
+            if first_put:
+                self._ns_slot_bytes[namespace] = views[0].numel()
+            try:  # validate the whole batch before reserving anything
+                for i, v in enumerate(views):
+                    self._check_size(namespace, v.numel(), f"payloads[{i}]")
+            except Exception:
+                if first_put:
+                    del self._ns_slot_bytes[namespace]
+                raise
             for i, (key, v) in enumerate(zip(keys, views)):
-                self._check_size(namespace, v.numel(), f"payloads[{i}]")
                 if (namespace, key) in self._index:
                     ok[i] = True  # keys name content: present means the same bytes
                     continue
@@ -170,8 +179,6 @@ class MemoryTier:
                     self._stats.extra["full_refusals"] += 1
                     self._stats.put_failures += 1
                     continue
-                if namespace not in self._ns_slot_bytes:
-                    self._ns_slot_bytes[namespace] = v.numel()
                 self._writing += 1
                 todo.append((i, slot))
         # Copy outside the lock: the slots are reserved and invisible until published below.

@@ -1,0 +1,207 @@
+"""Memory-tier specifics: slab slots per namespace size, capacity bound, leases and deferred free."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+
+from radixkv.errors import CapacityError, ConfigError, InputError
+from radixkv.tiers.memory import MemoryTier, MemoryTierConfig
+from radixkv.tiers.registry import make_tier
+
+KiB = 1 << 10
+
+
+def pl(seed: int, nbytes: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
+
+
+@pytest.fixture
+def small() -> MemoryTier:
+    """64 KiB buffer in 8 KiB units; slabs prefer 32 KiB."""
+    t = MemoryTier(capacity_bytes=64 * KiB, unit_bytes=8 * KiB, slab_target_bytes=32 * KiB)
+    yield t
+    t.check_integrity()
+    t.close()
+
+
+class TestSizes:
+    def test_namespace_slot_size_is_fixed_by_first_put(self, small):
+        """A later payload of another size names both sizes."""
+        small.put_many("ns", ["a"], [pl(1, 4 * KiB)])
+        with pytest.raises(InputError, match=r"6144 bytes.*4096-byte"):
+            small.put_many("ns", ["b"], [pl(2, 6 * KiB)])
+        assert small.contains_many("ns", ["b"]) == 0
+        # another namespace may use another size
+        assert small.put_many("other", ["b"], [pl(2, 6 * KiB)]) == [True]
+
+    def test_mixed_sizes_in_first_batch_rejected(self, small):
+        """The first batch fixes the size too: mixed sizes in it are refused, nothing stored."""
+        with pytest.raises(InputError, match="4096"):
+            small.put_many("ns", ["a", "b"], [pl(1, 4 * KiB), pl(2, 2 * KiB)])
+        assert small.contains_many("ns", ["a"]) == 0
+        small.clear()
+
+    def test_wrong_buffer_size_on_get(self, small):
+        """get_many names both sizes when the buffer does not match the namespace's chunks."""
+        small.put_many("ns", ["a"], [pl(1, 4 * KiB)])
+        with pytest.raises(InputError, match=r"2048 bytes.*4096"):
+            small.get_many("ns", ["a"], [torch.empty(2 * KiB, dtype=torch.uint8)])
+
+    def test_clear_namespace_resets_its_size(self, small):
+        """After clear(ns) the namespace may take a new size."""
+        small.put_many("ns", ["a"], [pl(1, 4 * KiB)])
+        small.clear("ns")
+        assert small.put_many("ns", ["a"], [pl(1, 2 * KiB)]) == [True]
+
+    def test_capacity_smaller_than_one_chunk(self):
+        """A chunk larger than the whole buffer is a CapacityError with the numbers."""
+        t = MemoryTier(capacity_bytes=16 * KiB)
+        with pytest.raises(CapacityError, match=r"20480-byte chunk.*16384"):
+            t.put_many("ns", ["a"], [pl(1, 20 * KiB)])
+        t.check_integrity()
+
+    def test_empty_payload_rejected(self, small):
+        with pytest.raises(InputError, match="empty"):
+            small.put_many("ns", ["a"], [torch.empty(0, dtype=torch.uint8)])
+
+    @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+    def test_bad_capacity(self, bad):
+        with pytest.raises(ConfigError, match="capacity_bytes"):
+            MemoryTierConfig(capacity_bytes=bad)
+
+    def test_pin_true_without_cuda_is_config_error(self):
+        if torch.cuda.is_available():
+            pytest.skip("CUDA present: pinning works")
+        with pytest.raises(ConfigError, match="pin=True needs CUDA"):
+            MemoryTier(capacity_bytes=KiB, pin=True)
+
+    def test_registry_url(self):
+        t = make_tier("mem://?capacity=1MiB&unit=64KiB&slab=256KiB&pin=false")
+        assert isinstance(t, MemoryTier)
+        assert (t.capacity_bytes, t.config.unit_bytes, t.config.slab_target_bytes) == (1 << 20, 64 * KiB, 256 * KiB)
+        assert not t.pinned
+
+
+class TestCapacity:
+    def test_full_tier_refuses_puts_and_never_exceeds(self, small):
+        """16 x 4 KiB fill 64 KiB; the 17th is refused; freeing one slot lets it in."""
+        keys = [f"k{i}" for i in range(17)]
+        ok = small.put_many("ns", keys, [pl(i, 4 * KiB) for i in range(17)])
+        assert ok == [True] * 16 + [False]
+        assert small.usage_bytes() == 64 * KiB == small.capacity_bytes
+        st = small.stats()
+        assert st.put_failures == 1 and st.extra["full_refusals"] == 1
+        assert small.delete_many("ns", ["k3"]) == 1
+        assert small.put_many("ns", ["k16"], [pl(16, 4 * KiB)]) == [True]
+        outs = [torch.empty(4 * KiB, dtype=torch.uint8) for _ in keys]
+        hits = small.get_many("ns", keys, outs)
+        for i, (h, o) in enumerate(zip(hits, outs)):
+            assert h == (i != 3)
+            if h:
+                assert torch.equal(o, pl(i, 4 * KiB))
+
+    def test_slabs_return_to_pool_for_other_sizes(self, small):
+        """Units held by one size class are reusable by another size once its slabs empty."""
+        small.put_many("a", [f"k{i}" for i in range(16)], [pl(i, 4 * KiB) for i in range(16)])
+        assert small.put_many("b", ["x"], [pl(99, 16 * KiB)]) == [False]
+        small.delete_many("a", [f"k{i}" for i in range(16)])
+        assert small.stats().extra["slabs"] == 0
+        keys = [f"x{i}" for i in range(4)]
+        assert small.put_many("b", keys, [pl(i, 16 * KiB) for i in range(4)]) == [True] * 4
+        assert small.usage_bytes() == 64 * KiB
+
+    def test_odd_slot_size_packs_slabs(self):
+        """A 3 KiB slot size in 8 KiB units: slabs take whole runs, waste stays below one slot each."""
+        t = MemoryTier(capacity_bytes=64 * KiB, unit_bytes=8 * KiB, slab_target_bytes=64 * KiB)
+        ok = t.put_many("ns", [f"k{i}" for i in range(30)], [pl(i, 3 * KiB) for i in range(30)])
+        assert sum(ok) == 21  # 64 KiB // 3 KiB
+        t.check_integrity()
+
+
+class TestLeases:
+    def test_views_are_zero_copy(self, small):
+        """get_views and lease views alias the tier's buffer (no copy)."""
+        p = pl(1, 4 * KiB)
+        small.put_many("ns", ["a"], [p])
+        v1 = small.get_views("ns", ["a", "missing"])
+        assert v1[1] is None and torch.equal(v1[0], p)
+        with small.lease("ns", ["a"]) as lease:
+            assert lease.views[0].data_ptr() == v1[0].data_ptr()
+        assert small.stats().extra["leased_dead_slots"] == 0
+
+    def test_deleted_leased_slot_is_not_reused_until_release(self, small):
+        """Delete while leased: key gone at once, slot freed only at release, view keeps its bytes."""
+        keys = [f"k{i}" for i in range(16)]
+        small.put_many("ns", keys, [pl(i, 4 * KiB) for i in range(16)])
+        lease = small.lease("ns", ["k5"])
+        small.delete_many("ns", ["k5"])
+        assert small.contains_many("ns", ["k5"]) == 0
+        assert small.put_many("ns", ["new"], [pl(100, 4 * KiB)]) == [False]  # k5's slot is still leased
+        small.check_integrity()
+        assert torch.equal(lease.views[0], pl(5, 4 * KiB))
+        lease.release()
+        lease.release()  # idempotent
+        assert small.stats().extra["deferred_frees"] == 1
+        assert small.put_many("ns", ["new"], [pl(100, 4 * KiB)]) == [True]
+        out = [torch.empty(4 * KiB, dtype=torch.uint8)]
+        assert small.get_many("ns", ["new"], out) == [True] and torch.equal(out[0], pl(100, 4 * KiB))
+
+    def test_clear_while_leased(self, small):
+        small.put_many("ns", ["a", "b"], [pl(1, 4 * KiB), pl(2, 4 * KiB)])
+        with small.lease("ns", ["a", "b", "c"]) as lease:
+            assert lease.views[2] is None
+            small.clear()
+            small.check_integrity()
+            assert small.usage_bytes() == 8 * KiB
+        assert small.usage_bytes() == 0
+
+    def test_threads_lease_delete_put(self, small):
+        """8 threads leasing, deleting and re-putting: a leased view never changes under its reader."""
+        keys = [f"k{i}" for i in range(12)]
+        expect = {k: pl(i, 4 * KiB) for i, k in enumerate(keys)}
+        bad: list[str] = []
+        errors: list[BaseException] = []
+
+        def worker(seed: int) -> None:
+            rng = random.Random(seed)
+            try:
+                for _ in range(60):
+                    batch = rng.sample(keys, 3)
+                    r = rng.random()
+                    if r < 0.4:
+                        small.put_many("ns", batch, [expect[k] for k in batch])
+                    elif r < 0.6:
+                        small.delete_many("ns", batch)
+                    else:
+                        with small.lease("ns", batch) as lease:
+                            for k, v in zip(batch, lease.views):
+                                if v is not None and not torch.equal(v, expect[k]):
+                                    bad.append(k)
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors and not bad, (errors, bad)
+        small.check_integrity()
+        assert small.stats().extra["leased_dead_slots"] == 0
+
+
+@pytest.mark.gpu
+def test_buffer_pinned_with_cuda():
+    """With CUDA the buffer is page-locked by default."""
+    t = MemoryTier(capacity_bytes=1 << 20)
+    assert t.pinned and t._buffer.is_pinned()
+    p = pl(1, 64 * KiB)
+    t.put_many("ns", ["a"], [p])
+    out = [torch.empty(64 * KiB, dtype=torch.uint8)]
+    assert t.get_many("ns", ["a"], out) == [True] and torch.equal(out[0], p)
+    t.check_integrity()
