@@ -1,0 +1,189 @@
+"""Bounded background work: a small pool of named threads draining one bounded queue.
+
+The store runs write-through copies, promotions and prefetches here. Every submission returns a
+:class:`Job` handle (``wait``, ``cancel``, ``done``). The queue is bounded: a submitter either blocks
+for room (backpressure) or gets ``None`` back and decides what to do (skip a promotion, run inline).
+:meth:`WorkerPool.close` either flushes (runs everything queued) or cancels what has not started,
+then joins every thread, so a closed pool leaves no thread behind.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable, Generic, TypeVar
+
+__all__ = ["Job", "WorkerPool"]
+
+T = TypeVar("T")
+
+_PENDING, _RUNNING, _DONE, _CANCELLED = "pending", "running", "done", "cancelled"
+
+
+class Job(Generic[T]):
+    """Handle of one background call ``fn(job)``.
+
+    ``fn`` may poll :attr:`cancel_requested` between steps and stop early. :meth:`wait` returns
+    ``fn``'s result, or ``cancel_result`` when the job was cancelled before it ran; an exception
+    raised by ``fn`` is re-raised by :meth:`wait`.
+    """
+
+    __slots__ = ("_fn", "_cancel_result", "_state", "_result", "_error", "_done", "_lock", "_cancel", "name")
+
+    def __init__(self, fn: Callable[[Job[T]], T], cancel_result: T, name: str = "") -> None:
+        self._fn = fn
+        self._cancel_result = cancel_result
+        self._state = _PENDING
+        self._result: T = cancel_result
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()
+        self.name = name
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._cancel.is_set()
+
+    def cancel(self) -> bool:
+        """Ask the job to stop. True if it had not started (it will never run); a running job sees
+        :attr:`cancel_requested` and may stop early; a finished job is unaffected (False)."""
+        self._cancel.set()
+        with self._lock:
+            if self._state == _PENDING:
+                self._state = _CANCELLED
+                self._done.set()
+                return True
+        return False
+
+    def cancelled(self) -> bool:
+        return self._state == _CANCELLED
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> T:
+        """Block until the job finished or was cancelled; TimeoutError after ``timeout_s``."""
+        if not self._done.wait(timeout_s):
+            raise TimeoutError(f"background job {self.name!r} still running after {timeout_s} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _run(self) -> None:
+        with self._lock:
+            if self._state != _PENDING:
+                return
+            self._state = _RUNNING
+        try:
+            self._result = self._fn(self)
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits
+            self._error = e
+        finally:
+            with self._lock:
+                self._state = _DONE
+            self._done.set()
+            self._fn = None  # type: ignore[assignment]  # drop references to payloads early
+
+
+class WorkerPool:
+    """``n_threads`` daemon threads named ``radixkv-<name>-<i>`` over a queue of ``max_queue`` jobs."""
+
+    def __init__(self, name: str, n_threads: int, max_queue: int,
+                 on_depth: Callable[[int], None] | None = None) -> None:
+        self.name = name
+        self._queue: queue.Queue[Job[Any] | None] = queue.Queue(maxsize=max_queue)
+        self._on_depth = on_depth
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._inflight = 0
+        self._idle = threading.Condition()
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"radixkv-{name}-{i}", daemon=True) for i in range(n_threads)
+        ]
+        for t in self._threads:
+            t.start()
+
+    @property
+    def depth(self) -> int:
+        return self._queue.qsize()
+
+    def submit(self, fn: Callable[[Job[T]], T], cancel_result: T, *, block: bool = True,
+               timeout_s: float | None = None, name: str = "") -> Job[T] | None:
+        """Queue ``fn``; None if the queue stayed full (``block=False`` or ``timeout_s`` elapsed).
+        RuntimeError after :meth:`close`."""
+        if self._closed:
+            raise RuntimeError(f"worker pool {self.name!r} is closed; create a new store")
+        job: Job[T] = Job(fn, cancel_result, name)
+        with self._idle:
+            self._inflight += 1
+        try:
+            self._queue.put(job, block=block, timeout=timeout_s)
+        except queue.Full:
+            self._finish_one()
+            return None
+        self._report_depth()
+        return job
+
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """Wait until every submitted job has finished; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._inflight == 0, timeout_s)
+
+    def close(self, flush: bool, timeout_s: float) -> bool:
+        """Stop the pool: run (``flush``) or cancel what is queued, then join the threads.
+
+        Returns True if everything finished within ``timeout_s``; on timeout, remaining queued jobs
+        are cancelled and running ones are asked to stop before joining. Idempotent.
+        """
+        with self._close_lock:
+            if self._closed:
+                return True
+            self._closed = True
+        ok = True
+        if flush:
+            ok = self.drain(timeout_s)
+        if not flush or not ok:
+            self._cancel_queued()
+        for _ in self._threads:
+            self._queue.put(None)  # one stop marker per thread; threads exit after the jobs before it
+        for t in self._threads:
+            t.join(timeout_s)
+            ok = ok and not t.is_alive()
+        self._report_depth()
+        return ok
+
+    def threads_alive(self) -> int:
+        return sum(t.is_alive() for t in self._threads)
+
+    # ------------------------------------------------------------------ internals
+    def _cancel_queued(self) -> None:
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                job.cancel()
+                self._finish_one()
+
+    def _loop(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            self._report_depth()
+            try:
+                job._run()
+            finally:
+                self._finish_one()
+
+    def _finish_one(self) -> None:
+        with self._idle:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.notify_all()
+
+    def _report_depth(self) -> None:
+        if self._on_depth is not None:
+            self._on_depth(self._queue.qsize())

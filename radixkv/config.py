@@ -1,0 +1,348 @@
+"""Validated configuration of the hierarchical store: one dataclass, from code, YAML or environment.
+
+:class:`StoreConfig` lists the tiers fastest first (each a :class:`TierConfig`: URL, capacity,
+optional eviction policy) plus the store's behaviour (write policy, promotion, background queues).
+Three loaders build the same object::
+
+    StoreConfig.from_dict(d)        # plain dict (what YAML decodes to)
+    StoreConfig.from_yaml(path)     # a YAML file with the same keys
+    StoreConfig.from_env()          # RADIXKV_* variables (on top of RADIXKV_CONFIG=<yaml> if set)
+
+Every bad value raises :class:`~radixkv.errors.ConfigError` naming the value and the fix. Sizes may be
+integers (bytes) or strings with a binary/decimal unit (``"8GiB"``, ``"512MiB"``, ``"100GB"``).
+Every option is documented in ``docs/configuration.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+from radixkv.errors import ConfigError
+
+__all__ = ["TierConfig", "StoreConfig", "parse_bytes", "WRITE_POLICIES", "TIER_SCHEMES"]
+
+WRITE_POLICIES = ("write_through", "write_back")
+# Schemes the store knows how to name; the tier registry decides which ones it can actually open.
+TIER_SCHEMES = {"mem": "mem", "file": "disk", "redis": "redis", "rediss": "redis", "redis+cluster": "redis"}
+_ENV_PREFIX = "RADIXKV_"
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+    "t": 1000**4, "tb": 1000**4,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(value: Any, what: str) -> int:
+    """An int >= 0 from an int or a size string (``"8GiB"``); ConfigError naming ``what`` otherwise."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}={value!r} is not a size: give bytes as an integer or a string like '8GiB'")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, float) and value.is_integer():
+        n = int(value)
+    elif isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _UNITS:
+            raise ConfigError(
+                f"{what}={value!r} is not a size: use an integer number of bytes or a number with a "
+                f"unit from {sorted(u for u in _UNITS if u)} (for example '8GiB')"
+            )
+        n = int(float(m.group(1)) * _UNITS[unit])
+    else:
+        raise ConfigError(f"{what}={value!r} is not a size: give bytes as an integer or a string like '8GiB'")
+    if n < 0:
+        raise ConfigError(f"{what}={value!r} must be >= 0 bytes")
+    return n
+
+
+def _parse_bool(value: Any, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in {"1", "true", "yes", "on"}:
+        return True
+    if isinstance(value, str) and value.strip().lower() in {"0", "false", "no", "off"}:
+        return False
+    raise ConfigError(f"{what}={value!r} is not a boolean: use true/false (or 1/0, yes/no, on/off)")
+
+
+def _parse_int(value: Any, what: str, minimum: int) -> int:
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise ConfigError(f"{what}={value!r} is not an integer: give a whole number >= {minimum}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{what}={value!r} must be an integer >= {minimum}")
+    return value
+
+
+def _parse_seconds(value: Any, what: str) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value.strip().removesuffix("s"))
+        except ValueError:
+            raise ConfigError(f"{what}={value!r} is not a number of seconds (for example 30 or '2.5')") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{what}={value!r} must be a positive, finite number of seconds")
+    return float(value)
+
+
+def _known_policies() -> list[str] | None:
+    """Names in radixkv.policies.POLICIES, or None while that module is not importable."""
+    try:
+        from radixkv.policies import POLICIES
+    except ImportError:  # pragma: no cover - only while the tree work is in flight
+        return None
+    return sorted(POLICIES)
+
+
+def _check_policy(name: Any, what: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{what}={name!r} must be an eviction policy name such as 'lru'")
+    known = _known_policies()
+    if known is not None and name not in known:
+        raise ConfigError(f"{what}={name!r} is not a known eviction policy; choose one of {known}")
+
+
+@dataclass(slots=True)
+class TierConfig:
+    """One tier: where it lives (URL), how many bytes it may hold, and optionally its own policy.
+
+    ``capacity_bytes == 0`` means unbounded on radixkv's side (allowed for remote tiers such as Redis,
+    whose server enforces its own ``maxmemory``; the memory tier needs a bound). ``name`` defaults to
+    ``mem``/``disk``/``redis`` from the scheme (suffixed ``-2``, ``-3`` on repeats). ``options`` are
+    passed through to the tier's constructor (for example ``io_threads`` or ``ttl_s``).
+    """
+
+    url: str
+    capacity_bytes: int = 0
+    name: str | None = None
+    policy: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or "://" not in self.url:
+            raise ConfigError(
+                f"tier url={self.url!r} is not a tier URL: use mem://, file:///abs/path, "
+                "redis://host:port/db or rediss://... for TLS"
+            )
+        if self.scheme not in TIER_SCHEMES:
+            raise ConfigError(
+                f"tier url={self.url!r} has unknown scheme {self.scheme!r}; "
+                f"use one of {sorted(s + '://' for s in TIER_SCHEMES)}"
+            )
+        if self.scheme == "file" and not urlsplit(self.url).path.startswith("/"):
+            raise ConfigError(f"tier url={self.url!r} must name an absolute directory: file:///abs/path")
+        self.capacity_bytes = parse_bytes(self.capacity_bytes, f"capacity_bytes of tier {self.url!r}")
+        if self.scheme == "mem" and self.capacity_bytes == 0:
+            raise ConfigError(
+                f"capacity_bytes of tier {self.url!r} is 0 (unbounded), which a memory tier cannot be: "
+                "give it a size such as '4GiB'"
+            )
+        if self.name is not None and (not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name)):
+            raise ConfigError(f"tier name={self.name!r} must be a non-empty word of [A-Za-z0-9_.-]")
+        if self.policy is not None:
+            _check_policy(self.policy, f"policy of tier {self.url!r}")
+        if not isinstance(self.options, dict):
+            raise ConfigError(f"options of tier {self.url!r} must be a mapping, got {self.options!r}")
+
+    @property
+    def scheme(self) -> str:
+        return self.url.split("://", 1)[0].lower()
+
+    @property
+    def kind(self) -> str:
+        """``mem``, ``disk`` or ``redis``."""
+        return TIER_SCHEMES[self.scheme]
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "tier") -> TierConfig:
+        if isinstance(d, str):
+            return cls(url=d)
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"{where}={d!r} must be a mapping with at least 'url' (or a URL string)")
+        d = dict(d)
+        if "capacity" in d:  # friendlier spelling in YAML
+            if "capacity_bytes" in d:
+                raise ConfigError(f"{where} gives both 'capacity' and 'capacity_bytes'; keep one")
+            d["capacity_bytes"] = d.pop("capacity")
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - allowed)
+        if unknown:
+            raise ConfigError(f"{where} has unknown key(s) {unknown}; valid keys are {sorted(allowed | {'capacity'})}")
+        if "url" not in d:
+            raise ConfigError(f"{where} has no 'url'; give one such as 'mem://' or 'file:///var/cache/radixkv'")
+        return cls(**d)
+
+
+@dataclass(slots=True)
+class StoreConfig:
+    """The whole store: tiers fastest first plus behaviour. See docs/configuration.md."""
+
+    tiers: list[TierConfig]
+    policy: str = "lru"
+    write_policy: str = "write_through"
+    promote_on_hit: bool = True
+    promote_after_hits: int = 1
+    queue_depth: int = 256
+    io_threads: int = 2
+    prefetch_threads: int = 2
+    lease_s: float = 60.0
+    close_timeout_s: float = 30.0
+    flush_on_close: bool = True
+    metrics: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tiers, (list, tuple)) or not self.tiers:
+            raise ConfigError(
+                f"tiers={self.tiers!r} must be a non-empty list of tiers, fastest first, e.g. "
+                "[TierConfig(url='mem://', capacity_bytes='4GiB')]"
+            )
+        self.tiers = [t if isinstance(t, TierConfig) else TierConfig.from_dict(t, f"tiers[{i}]")
+                      for i, t in enumerate(self.tiers)]
+        _assign_names(self.tiers)
+        _check_policy(self.policy, "policy")
+        if self.write_policy not in WRITE_POLICIES:
+            raise ConfigError(f"write_policy={self.write_policy!r} must be one of {list(WRITE_POLICIES)}")
+        self.promote_on_hit = _parse_bool(self.promote_on_hit, "promote_on_hit")
+        self.promote_after_hits = _parse_int(self.promote_after_hits, "promote_after_hits", 1)
+        self.queue_depth = _parse_int(self.queue_depth, "queue_depth", 1)
+        self.io_threads = _parse_int(self.io_threads, "io_threads", 1)
+        self.prefetch_threads = _parse_int(self.prefetch_threads, "prefetch_threads", 1)
+        self.lease_s = _parse_seconds(self.lease_s, "lease_s")
+        self.close_timeout_s = _parse_seconds(self.close_timeout_s, "close_timeout_s")
+        self.flush_on_close = _parse_bool(self.flush_on_close, "flush_on_close")
+        self.metrics = _parse_bool(self.metrics, "metrics")
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tiers)  # type: ignore[misc]
+
+    def policy_of(self, tier: TierConfig) -> str:
+        return tier.policy or self.policy
+
+    # ------------------------------------------------------------------ loaders
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> StoreConfig:
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"store config must be a mapping of options, got {type(d).__name__}: {d!r}")
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - allowed)
+        if unknown:
+            raise ConfigError(f"store config has unknown key(s) {unknown}; valid keys are {sorted(allowed)}")
+        if "tiers" not in d:
+            raise ConfigError("store config has no 'tiers'; list at least one, e.g. tiers: [{url: 'mem://', capacity: 4GiB}]")
+        return cls(**dict(d))
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str]) -> StoreConfig:
+        import yaml
+
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f)
+        except OSError as e:
+            raise ConfigError(f"cannot read store config file {os.fspath(path)!r}: {e.strerror}; check the path") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"store config file {os.fspath(path)!r} is not valid YAML: {e}") from None
+        if data is None:
+            raise ConfigError(f"store config file {os.fspath(path)!r} is empty; it needs at least 'tiers'")
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> StoreConfig:
+        """Build from ``RADIXKV_*`` variables (see docs/configuration.md).
+
+        ``RADIXKV_CONFIG`` names a YAML file read first; every other variable overrides it. Tiers come
+        from ``RADIXKV_TIERS`` (comma-separated URLs, fastest first) with
+        ``RADIXKV_TIER_CAPACITIES`` (comma-separated sizes), or from indexed variables
+        ``RADIXKV_TIER<i>_URL`` / ``_CAPACITY`` / ``_POLICY`` / ``_NAME``. Variables of other
+        radixkv components are ignored.
+        """
+        env = os.environ if environ is None else environ
+        data: dict[str, Any] = {}
+        if env.get(_ENV_PREFIX + "CONFIG"):
+            base = cls.from_yaml(env[_ENV_PREFIX + "CONFIG"])
+            data = {f.name: getattr(base, f.name) for f in fields(cls)}
+            data["tiers"] = [TierConfig(t.url, t.capacity_bytes, t.name, t.policy, dict(t.options)) for t in base.tiers]
+        for f in fields(cls):
+            key = _ENV_PREFIX + f.name.upper()
+            if f.name != "tiers" and key in env:
+                data[f.name] = env[key]
+        tiers = _tiers_from_env(env)
+        if tiers is not None:
+            data["tiers"] = tiers
+        if "tiers" not in data:
+            raise ConfigError(
+                "no tiers configured: set RADIXKV_TIERS (e.g. 'mem://,file:///var/cache/radixkv') with "
+                "RADIXKV_TIER_CAPACITIES (e.g. '4GiB,100GiB'), or RADIXKV_CONFIG=<yaml file>"
+            )
+        return cls(**data)
+
+
+def _tiers_from_env(env: Mapping[str, str]) -> list[TierConfig] | None:
+    listed = env.get(_ENV_PREFIX + "TIERS")
+    indexed: dict[int, dict[str, Any]] = {}
+    pat = re.compile(r"^RADIXKV_TIER(\d+)_(URL|CAPACITY|POLICY|NAME)$")
+    for k, v in env.items():
+        m = pat.match(k)
+        if m:
+            indexed.setdefault(int(m.group(1)), {})[m.group(2).lower()] = v
+        elif k.startswith(_ENV_PREFIX + "TIER") and k not in (_ENV_PREFIX + "TIERS", _ENV_PREFIX + "TIER_CAPACITIES"):
+            raise ConfigError(
+                f"environment variable {k} is not understood; tier variables are RADIXKV_TIERS, "
+                "RADIXKV_TIER_CAPACITIES and RADIXKV_TIER<i>_URL/_CAPACITY/_POLICY/_NAME"
+            )
+    if listed is not None and indexed:
+        raise ConfigError("set either RADIXKV_TIERS or RADIXKV_TIER<i>_* variables, not both")
+    if listed is not None:
+        urls = [u.strip() for u in listed.split(",") if u.strip()]
+        caps_raw = env.get(_ENV_PREFIX + "TIER_CAPACITIES", "")
+        caps = [c.strip() for c in caps_raw.split(",")] if caps_raw.strip() else []
+        if caps and len(caps) != len(urls):
+            raise ConfigError(
+                f"RADIXKV_TIER_CAPACITIES={caps_raw!r} has {len(caps)} entries but RADIXKV_TIERS has "
+                f"{len(urls)} URLs; give one capacity per tier (0 = unbounded)"
+            )
+        return [TierConfig(url=u, capacity_bytes=caps[i] if caps else 0) for i, u in enumerate(urls)]
+    if not indexed:
+        return None
+    order = sorted(indexed)
+    if order != list(range(len(order))):
+        raise ConfigError(f"RADIXKV_TIER<i>_* indices {order} must be 0, 1, 2, ... without gaps")
+    out = []
+    for i in order:
+        d = indexed[i]
+        if "url" not in d:
+            raise ConfigError(f"RADIXKV_TIER{i}_URL is missing; every indexed tier needs a URL")
+        out.append(TierConfig(url=d["url"], capacity_bytes=d.get("capacity", 0), name=d.get("name"), policy=d.get("policy")))
+    return out
+
+
+def _assign_names(tiers: list[TierConfig]) -> None:
+    seen: set[str] = set()
+    for t in tiers:
+        if t.name is not None:
+            if t.name in seen:
+                raise ConfigError(f"tier name {t.name!r} is used twice; give each tier a distinct name")
+            seen.add(t.name)
+    counts: dict[str, int] = {}
+    for t in tiers:
+        if t.name is None:
+            base = t.kind
+            counts[base] = counts.get(base, 0) + 1
+            name = base if counts[base] == 1 else f"{base}-{counts[base]}"
+            while name in seen:
+                counts[base] += 1
+                name = f"{base}-{counts[base]}"
+            t.name = name
+            seen.add(name)

@@ -1,0 +1,186 @@
+"""Counters and Prometheus metrics of one hierarchical store.
+
+Every store owns a private :class:`prometheus_client.CollectorRegistry` (never the global one), so
+tests and several stores in one process do not collide. Serve it with
+``prometheus_client.start_http_server(port, registry=store.metrics.registry)`` or render it with
+``prometheus_client.generate_latest(store.metrics.registry)``. All names start with ``radixkv_``.
+
+The same numbers are kept as plain integers for :meth:`StoreMetrics.snapshot` (``store.stats()``),
+so nothing depends on prometheus internals. Tier-reported counters (checksum failures, usage) are
+read from each tier's :class:`~radixkv.tiers.base.TierStats` at scrape time by a custom collector.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+__all__ = ["StoreMetrics"]
+
+# Latency buckets from 50 us (memory copies) to 10 s (a slow remote store).
+_LATENCY_BUCKETS_S = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+class _TierStatsCollector:
+    """Exports each tier's own counters (TierStats) and usage when the registry is scraped."""
+
+    def __init__(self, tiers: Callable[[], Sequence[object]]) -> None:
+        self._tiers = tiers
+
+    def describe(self) -> Iterator[object]:
+        return self._families()
+
+    def collect(self) -> Iterator[object]:
+        return self._families(self._tiers())
+
+    def _families(self, tiers: Sequence[object] = ()) -> Iterator[object]:
+        checks = CounterMetricFamily("radixkv_tier_checksum_failures", "Payloads whose checksum or header did not verify", labels=["tier"])
+        errors = CounterMetricFamily("radixkv_tier_errors", "Medium errors of a tier (server down, I/O errors)", labels=["tier"])
+        usage = GaugeMetricFamily("radixkv_tier_usage_bytes", "Bytes the tier holds", labels=["tier"])
+        cap = GaugeMetricFamily("radixkv_tier_capacity_bytes", "Capacity of the tier (0 = unbounded)", labels=["tier"])
+        for tier in tiers:
+            name = tier.name  # type: ignore[attr-defined]
+            try:
+                st = tier.stats()  # type: ignore[attr-defined]
+                checks.add_metric([name], st.checksum_failures)
+                errors.add_metric([name], st.errors)
+                usage.add_metric([name], tier.usage_bytes())  # type: ignore[attr-defined]
+            except Exception:  # a closed or failing tier must not break the scrape
+                continue
+            cap.add_metric([name], tier.capacity_bytes)  # type: ignore[attr-defined]
+        yield from (checks, errors, usage, cap)
+
+
+class StoreMetrics:
+    """Thread-safe counters of one store, mirrored into a private Prometheus registry."""
+
+    def __init__(self, tier_names: Sequence[str], tiers: Callable[[], Sequence[object]] | None = None,
+                 prometheus: bool = True) -> None:
+        self.tier_names = tuple(tier_names)
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = defaultdict(int)
+        self._gauges: dict[str, int] = {}
+        self.registry: CollectorRegistry | None = None
+        if not prometheus:
+            return
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        t = ["tier"]
+        self._p_hit_chunks = Counter("radixkv_hit_chunks", "Chunks read from a tier", t, registry=r)
+        self._p_miss_chunks = Counter("radixkv_miss_chunks", "Chunks asked for and not served (tier: where the run stopped)", t, registry=r)
+        self._p_hit_tokens = Counter("radixkv_hit_tokens", "Tokens in chunks read from a tier", t, registry=r)
+        self._p_miss_tokens = Counter("radixkv_miss_tokens", "Tokens in chunks not served", t, registry=r)
+        self._p_bytes_in = Counter("radixkv_bytes_in", "Payload bytes written into a tier", t, registry=r)
+        self._p_bytes_out = Counter("radixkv_bytes_out", "Payload bytes read out of a tier", t, registry=r)
+        self._p_evictions = Counter("radixkv_evictions", "Chunks evicted from a tier", ["tier", "action"], registry=r)
+        self._p_promotions = Counter("radixkv_promotions", "Chunks promoted into a tier", t, registry=r)
+        self._p_read_failures = Counter("radixkv_read_failures", "Reads where the tree said present and the tier could not deliver", t, registry=r)
+        self._p_write_failures = Counter("radixkv_write_failures", "Chunks a tier refused to store", t, registry=r)
+        self._p_orphans = Counter("radixkv_orphan_drops", "Chunks dropped because their prefix became unrecoverable", registry=r)
+        self._p_dropped_jobs = Counter("radixkv_dropped_jobs", "Background jobs skipped (queue full or cancelled)", ["queue"], registry=r)
+        self._p_queue = Gauge("radixkv_queue_depth", "Background jobs waiting", ["queue"], registry=r)
+        self._p_latency = Histogram("radixkv_latency_seconds", "Latency of store operations and tier batches",
+                                    ["op", "tier"], buckets=_LATENCY_BUCKETS_S, registry=r)
+        if tiers is not None:
+            r.register(_TierStatsCollector(tiers))  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ recording
+    def _add(self, key: str, n: int) -> None:
+        with self._lock:
+            self._counts[key] += n
+
+    def hits(self, tier: str, chunks: int, tokens: int, nbytes: int) -> None:
+        if chunks <= 0:
+            return
+        self._add(f"{tier}.hit_chunks", chunks)
+        self._add(f"{tier}.hit_tokens", tokens)
+        self._add(f"{tier}.bytes_out", nbytes)
+        if self.registry is not None:
+            self._p_hit_chunks.labels(tier).inc(chunks)
+            self._p_hit_tokens.labels(tier).inc(tokens)
+            self._p_bytes_out.labels(tier).inc(nbytes)
+
+    def misses(self, tier: str, chunks: int, tokens: int) -> None:
+        if chunks <= 0:
+            return
+        self._add(f"{tier}.miss_chunks", chunks)
+        self._add(f"{tier}.miss_tokens", tokens)
+        if self.registry is not None:
+            self._p_miss_chunks.labels(tier).inc(chunks)
+            self._p_miss_tokens.labels(tier).inc(tokens)
+
+    def written(self, tier: str, chunks: int, nbytes: int) -> None:
+        if chunks <= 0:
+            return
+        self._add(f"{tier}.put_chunks", chunks)
+        self._add(f"{tier}.bytes_in", nbytes)
+        if self.registry is not None:
+            self._p_bytes_in.labels(tier).inc(nbytes)
+
+    def write_failures(self, tier: str, chunks: int) -> None:
+        self._count1(f"{tier}.write_failures", chunks, "_p_write_failures", tier)
+
+    def read_failures(self, tier: str, chunks: int) -> None:
+        self._count1(f"{tier}.read_failures", chunks, "_p_read_failures", tier)
+
+    def promotions(self, tier: str, chunks: int) -> None:
+        self._count1(f"{tier}.promotions", chunks, "_p_promotions", tier)
+
+    def evictions(self, tier: str, action: str, chunks: int) -> None:
+        if chunks <= 0:
+            return
+        self._add(f"{tier}.evicted_{action}", chunks)
+        if self.registry is not None:
+            self._p_evictions.labels(tier, action).inc(chunks)
+
+    def orphans(self, chunks: int) -> None:
+        if chunks <= 0:
+            return
+        self._add("orphan_drops", chunks)
+        if self.registry is not None:
+            self._p_orphans.inc(chunks)
+
+    def dropped_job(self, queue: str) -> None:
+        self._add(f"{queue}.dropped_jobs", 1)
+        if self.registry is not None:
+            self._p_dropped_jobs.labels(queue).inc()
+
+    def queue_depth(self, queue: str, depth: int) -> None:
+        with self._lock:
+            self._gauges[f"{queue}.queue_depth"] = depth
+        if self.registry is not None:
+            self._p_queue.labels(queue).set(depth)
+
+    @contextmanager
+    def timed(self, op: str, tier: str = "") -> Iterator[None]:
+        """Observe the wall time of the block into the latency histogram."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.registry is not None:
+                self._p_latency.labels(op, tier).observe(time.perf_counter() - t0)
+
+    def _count1(self, key: str, n: int, attr: str, tier: str) -> None:
+        if n <= 0:
+            return
+        self._add(key, n)
+        if self.registry is not None:
+            getattr(self, attr).labels(tier).inc(n)
+
+    # ------------------------------------------------------------------ reading
+    def snapshot(self) -> dict[str, int]:
+        """All counters and gauges as ``{"<tier>.<counter>": n, "orphan_drops": n, ...}``."""
+        with self._lock:
+            out = dict(self._counts)
+            out.update(self._gauges)
+            return out
+
+    def get(self, key: str) -> int:
+        with self._lock:
+            return self._counts.get(key, 0)

@@ -1,0 +1,511 @@
+"""The hierarchical store: the radix tree over an ordered list of tiers (memory -> disk -> Redis).
+
+Contract (what engines and adapters rely on)::
+
+    ok = store.put(ns, keys, payloads, parent_key=None)   # list[bool]: a leading run of True
+    n  = store.lookup(ns, keys)                            # leading run present in any tier
+    n  = store.get(ns, keys, buffers)                      # buffers[:n] hold verified bytes
+    h  = store.prefetch(ns, keys, buffers)                 # h.wait(timeout_s) -> n, h.cancel(), h.done()
+    store.delete(ns, keys); store.clear(namespace=None); store.stats(); store.check_integrity()
+    store.close()
+
+* **put**: new chunks land in the top tier. With ``write_through`` a background job copies them to
+  every lower tier; with ``write_back`` they reach a lower tier only when evicted from the one above.
+  Chunks are ``keys`` of one chain (continuing ``parent_key``); only a leading run can be stored, so
+  the result is True up to the first chunk that could not be (tier full of pinned chunks, medium
+  down) and False after it.
+* **eviction** (to make room for a write) demotes a chunk to the next tier unless that tier already
+  holds it; from the last tier it drops, leaf first (the tree's candidates never orphan anything).
+* **get**: one tree lookup finds the longest prefix held by any tier; the chunks are pinned and read
+  in one batch per tier (fastest tier holding each); a failed read clears that residency and falls
+  back to a lower tier, else the run stops there. Chunks served from a lower tier are promoted to the
+  top tier in the background once hit ``promote_after_hits`` times (``promote_on_hit``).
+* **threads**: one lock around tree calls; tier I/O outside it; background work on bounded queues;
+  :meth:`close` flushes (or cancels) and joins every thread it started.
+
+Payloads and buffers are 1-D contiguous ``torch.uint8`` CPU tensors of the namespace's chunk size
+(fixed by its first put). Wrong types or sizes raise :class:`~radixkv.errors.InputError`; a tier that
+cannot hold one chunk raises :class:`~radixkv.errors.CapacityError` at the first put.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Any, Sequence
+
+import torch
+
+from radixkv.background import Job, WorkerPool
+from radixkv.config import StoreConfig
+from radixkv.errors import CapacityError, ConfigError, InputError
+from radixkv.keys import Namespace
+from radixkv.metrics import StoreMetrics
+from radixkv.transfer import ChunkRef, TierStack
+from radixkv.tree import RadixTree
+
+__all__ = ["HierarchicalStore", "PrefetchHandle", "open_tier"]
+
+_PROMOTE_COUNTS_MAX = 1 << 16
+
+
+def open_tier(tc: Any) -> Any:
+    """Build the tier a :class:`~radixkv.config.TierConfig` names (via :func:`radixkv.tiers.registry.make_tier`)."""
+    from radixkv.tiers.registry import make_tier
+
+    kwargs = dict(tc.options)
+    if tc.capacity_bytes:
+        kwargs["capacity_bytes"] = tc.capacity_bytes
+    return make_tier(tc.url, name=tc.name, **kwargs)
+
+
+class PrefetchHandle:
+    """A background read: :meth:`wait` -> chunks read (leading run), :meth:`cancel`, :meth:`done`.
+    After a cancel, :meth:`wait` returns 0 unless the read had already finished."""
+
+    def __init__(self, job: Job[int] | None, on_cancel: Any = None, result: int = 0) -> None:
+        self._job, self._on_cancel, self._result = job, on_cancel, result
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        return self._result if self._job is None else self._job.wait(timeout_s)
+
+    def cancel(self) -> bool:
+        if self._job is None:
+            return False
+        if self._job.cancel():
+            if self._on_cancel is not None:
+                self._on_cancel()
+            return True
+        return False
+
+    def done(self) -> bool:
+        return self._job is None or self._job.done()
+
+
+class HierarchicalStore:
+    """The tree plus tiers, fastest first. Thread-safe. See the module docstring for the contract.
+
+    ``tiers`` may pass already-open tier objects (one per ``config.tiers`` entry, same names) instead
+    of opening them from the URLs; the store closes them either way.
+    """
+
+    def __init__(self, config: StoreConfig, tiers: Sequence[Any] | None = None) -> None:
+        if not isinstance(config, StoreConfig):
+            raise ConfigError(f"config={config!r} must be a StoreConfig (see StoreConfig.from_yaml/from_env)")
+        self.config = config
+        opened: list[Any] = []
+        try:
+            if tiers is None:
+                for tc in config.tiers:
+                    opened.append(open_tier(tc))
+            else:
+                opened = list(tiers)
+                if [t.name for t in opened] != list(config.tier_names):
+                    raise ConfigError(f"tier objects are named {[t.name for t in opened]} but the config "
+                                      f"names {list(config.tier_names)}; pass one per config tier, in order")
+        except BaseException:
+            if tiers is None:
+                for t in opened:
+                    t.close()
+            raise
+        names = config.tier_names
+        tree = RadixTree(tiers=names, policy={tc.name: config.policy_of(tc) for tc in config.tiers})
+        self.metrics = StoreMetrics(names, tiers=lambda: self._stack.tiers, prometheus=config.metrics)
+        self._stack = TierStack(opened, tree, self.metrics, config.lease_s)
+        self._ns_bytes: dict[str, int] = {}
+        self._promote_counts: dict[tuple[str, str], int] = {}
+        self._closed = False
+        self._writer = WorkerPool("write", config.io_threads, config.queue_depth,
+                                  on_depth=lambda d: self.metrics.queue_depth("write", d))
+        self._reader = WorkerPool("prefetch", config.prefetch_threads, config.queue_depth,
+                                  on_depth=lambda d: self.metrics.queue_depth("prefetch", d))
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def tiers(self) -> list[Any]:
+        return list(self._stack.tiers)
+
+    @property
+    def tree(self) -> RadixTree:
+        """The tree (read it only under :attr:`lock`)."""
+        return self._stack.tree
+
+    @property
+    def lock(self) -> threading.Condition:
+        return self._stack.cond
+
+    # ------------------------------------------------------------------ put
+    def put(self, ns: Namespace, keys: Sequence[str], payloads: Sequence[torch.Tensor],
+            parent_key: str | None = None) -> list[bool]:
+        """Store one chain of chunks in the top tier (see the module docstring); returns per-key
+        success, always a leading run of True. Keys already in the top tier are not rewritten."""
+        self._check_open()
+        nsd = self._check_chain(ns, keys)
+        if len(payloads) != len(keys):
+            raise InputError(f"{len(keys)} keys but {len(payloads)} payloads; pass one payload per key")
+        size = self._check_tensors(ns, payloads, "payloads")
+        if not keys:
+            return []
+        s = self._stack
+        with self.metrics.timed("put"):
+            owner = s.owner("put")
+            parent: list[ChunkRef] = []
+            with s.cond:
+                if parent_key is not None:
+                    pid = s.tree.lookup(nsd, parent_key)
+                    if pid is None:
+                        return [False] * len(keys)  # the chain's prefix is gone: nothing is reachable
+                    # Pinned so that making room for this chain cannot evict the chunk it hangs from.
+                    parent = s.pin_locked([s.ref_locked(pid)], owner)
+                have = [_has(s.tree, nsd, k, 0) for k in keys]
+            todo = [i for i, h in enumerate(have) if not h]
+            charges = [s.charge(0, size)] * len(todo)
+            granted = s.reserve(0, charges)
+            wrote = todo[:granted]
+            ok_w = s.tier_put(0, nsd, [keys[i] for i in wrote], [payloads[i] for i in wrote])
+            written = dict(zip(wrote, ok_w))
+            run = 0
+            while run < len(keys) and (have[run] or written.get(run, False)):
+                run += 1
+            with s.cond:
+                r = s.tree.insert(nsd, list(keys[:run]), tier=s.names[0], chunk_tokens=ns.chunk_tokens,
+                                  size_bytes=size, parent_key=parent_key) if run else None
+                if r is not None and not r.node_ids:
+                    run = 0  # the parent vanished between our check and the insert
+                s.release_locked(0, sum(charges[:granted]))
+                s.unpin_locked(parent, owner)
+                refs: list[ChunkRef] = []
+                if run and self.config.write_policy == "write_through" and len(s.tiers) > 1:
+                    full = (1 << len(s.tiers)) - 1
+                    refs = [s.ref_locked(n) for n in r.node_ids if s.tree.node_tier_mask(n) != full]  # type: ignore[union-attr]
+                    refs = s.pin_locked(refs, owner)
+            s.delete_entries([(0, nsd, keys[i]) for i, o in written.items() if o and i >= run])
+        if refs:
+            self._submit_write(lambda job: self._write_through(refs, owner), refs, owner)
+        return [i < run for i in range(len(keys))]
+
+    def _write_through(self, refs: list[ChunkRef], owner: str) -> int:
+        """Copy pinned chunks from the fastest tier holding them to every lower tier lacking them."""
+        s = self._stack
+        try:
+            copied = 0
+            for dst in range(1, len(s.tiers)):
+                by_src: dict[int, list[ChunkRef]] = defaultdict(list)
+                with s.cond:  # source: the fastest tier above dst that holds the chunk
+                    for r in refs:
+                        m = s.mask_locked(r)
+                        if m and not m & (1 << dst) and (m & -m).bit_length() - 1 < dst:
+                            by_src[(m & -m).bit_length() - 1].append(r)
+                for src, group in by_src.items():
+                    copied += sum(s.copy(src, dst, group))
+            return copied
+        finally:
+            with s.cond:
+                s.unpin_locked(refs, owner)
+
+    def _submit_write(self, fn: Any, refs: list[ChunkRef], owner: str) -> None:
+        # Blocks while the queue is full (backpressure on writers); after close it runs inline.
+        try:
+            self._writer.submit(fn, 0, block=True, name=owner)
+        except RuntimeError:
+            fn(None)
+
+    # ------------------------------------------------------------------ lookup / get / prefetch
+    def lookup(self, ns: Namespace, keys: Sequence[str]) -> int:
+        """Leading run of ``keys`` present in any tier (one tree lookup; does not touch recency)."""
+        self._check_open()
+        nsd = self._check_chain(ns, keys)
+        with self._stack.cond:
+            return self._stack.tree.match(nsd, keys, touch=False).hit_chunks
+
+    def get(self, ns: Namespace, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> int:
+        """Fill ``buffers[:n]`` with the verified bytes of the leading run of ``keys`` any tier can
+        deliver; returns ``n``. ``buffers[n:]`` hold unspecified bytes."""
+        self._check_open()
+        refs, masks, owner = self._match_and_pin(ns, keys, buffers)
+        return self._read(ns, refs, masks, owner, buffers, None)
+
+    def prefetch(self, ns: Namespace, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> PrefetchHandle:
+        """Start :meth:`get` in the background. The chunks present now are pinned until the read
+        ends (or the handle is cancelled), so they cannot be evicted in between."""
+        self._check_open()
+        refs, masks, owner = self._match_and_pin(ns, keys, buffers)
+        if not refs:
+            return PrefetchHandle(None)
+        job = self._reader.submit(lambda j: self._read(ns, refs, masks, owner, buffers, j), 0,
+                                  block=True, name=owner)
+        return PrefetchHandle(job, on_cancel=lambda: self._unpin(refs, owner))
+
+    def _match_and_pin(self, ns: Namespace, keys: Sequence[str], buffers: Sequence[torch.Tensor]
+                       ) -> tuple[list[ChunkRef], list[int], str]:
+        nsd = self._check_chain(ns, keys)
+        if len(buffers) != len(keys):
+            raise InputError(f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key")
+        self._check_tensors(ns, buffers, "buffers", register=False)
+        s = self._stack
+        owner = s.owner("get")
+        with s.cond:
+            m = s.tree.match(nsd, keys, touch=True)
+            ids = m.node_ids
+            refs = [s.ref_locked(n) for n in ids]
+            masks = list(m.tier_masks)
+            if refs:
+                s.tree.pin(ids, owner, s.lease_s)
+        return refs, masks, owner
+
+    def _read(self, ns: Namespace, refs: list[ChunkRef], masks: list[int], owner: str,
+              buffers: Sequence[torch.Tensor], job: Job[int] | None) -> int:
+        s = self._stack
+        try:
+            cancelled = (lambda: job.cancel_requested) if job is not None else (lambda: False)
+            with self.metrics.timed("get" if job is None else "prefetch"):
+                n, served = s.read_run(refs, masks, buffers, cancelled)
+            if job is not None and job.cancel_requested:
+                return 0
+            self._account(ns, refs, served, n, len(buffers))
+            if self.config.promote_on_hit and len(s.tiers) > 1:
+                self._promote(refs[:n], served[:n], buffers)
+            return n
+        finally:
+            self._unpin(refs, owner)
+
+    def _account(self, ns: Namespace, refs: list[ChunkRef], served: list[int], n: int, asked: int) -> None:
+        per_tier: dict[int, int] = defaultdict(int)
+        for t in served[:n]:
+            per_tier[t] += 1
+        size = refs[0].size_bytes if refs else 0
+        for t, c in per_tier.items():
+            self.metrics.hits(self._stack.names[t], c, c * ns.chunk_tokens, c * size)
+        self.metrics.misses("any", asked - n, (asked - n) * ns.chunk_tokens)
+
+    def _promote(self, refs: list[ChunkRef], served: list[int], buffers: Sequence[torch.Tensor]) -> None:
+        """Queue copies of chunks served below the top tier (hit often enough) into the top tier.
+        The bytes are cloned now: the caller owns ``buffers`` once get returns."""
+        s, want = self._stack, self.config.promote_after_hits
+        picks: list[int] = []
+        with s.cond:
+            for i, t in enumerate(served):
+                if t <= 0:
+                    continue
+                ident = (refs[i].namespace, refs[i].key)
+                c = self._promote_counts.get(ident, 0) + 1
+                if c >= want:
+                    self._promote_counts.pop(ident, None)
+                    picks.append(i)
+                else:
+                    if len(self._promote_counts) >= _PROMOTE_COUNTS_MAX:
+                        self._promote_counts.clear()  # bounded memory; counts restart
+                    self._promote_counts[ident] = c
+        if not picks:
+            return
+        owner = s.owner("promote")
+        with s.cond:
+            chosen = s.pin_locked([refs[i] for i in picks], owner)
+        keep = {r.node_id for r in chosen}
+        payloads = [buffers[i].clone() for i in picks if refs[i].node_id in keep]
+
+        def run(_job: Any) -> int:
+            try:
+                with s.cond:
+                    todo = [(r, p) for r, p in zip(chosen, payloads) if s.mask_locked(r) and not s.mask_locked(r) & 1]
+                ok = s.write(0, [r for r, _ in todo], [p for _, p in todo])
+                self.metrics.promotions(s.names[0], sum(ok))
+                return sum(ok)
+            finally:
+                with s.cond:
+                    s.unpin_locked(chosen, owner)
+
+        try:
+            job = self._writer.submit(run, 0, block=False, name=owner)
+        except RuntimeError:
+            job = None
+        if job is None:  # queue full or closing: promotion is an optimisation, skip it
+            self.metrics.dropped_job("write")
+            self._unpin(chosen, owner)
+
+    # ------------------------------------------------------------------ delete / clear
+    def delete(self, ns: Namespace, keys: Sequence[str]) -> int:
+        """Remove the chunks from every tier (descendants, now unreachable, go with them); returns
+        how many of ``keys`` were present."""
+        self._check_open()
+        nsd = self._check_chain(ns, keys)
+        s = self._stack
+        entries: list[tuple[int, str, str]] = []
+        with s.cond:  # nothing is inserted inside this section, so removed ids are not reused here
+            ids = [n for k in keys if (n := s.tree.lookup(nsd, k)) is not None]
+            found = len(ids)
+            for t in range(len(s.tiers)):
+                held = [n for n in ids if _alive(s.tree, n) and s.tree.node_tier_mask(n) & (1 << t)]
+                entries += [(t, nsd, s.tree.node_key(n)) for n in held]
+                entries += s.clear_locked(held, t)
+        s.delete_entries(entries)
+        return found
+
+    def clear(self, namespace: Namespace | str | None = None) -> None:
+        """Drop every chunk (of one namespace) from the tree and every tier."""
+        self._check_open()
+        nsd = namespace.digest if isinstance(namespace, Namespace) else namespace
+        s = self._stack
+        with s.cond:
+            s.tree.clear(namespace=nsd)
+            for t in s.tiers:
+                t.clear(nsd)
+            if nsd is None:
+                self._ns_bytes.clear()
+            else:
+                self._ns_bytes.pop(nsd, None)
+
+    # ------------------------------------------------------------------ stats / integrity / close
+    def stats(self) -> dict[str, Any]:
+        """Plain numbers: per tier (capacity, usage, tree residency, the tier's own counters), the
+        tree's counters, the store's counters and queue depths."""
+        s = self._stack
+        out: dict[str, Any] = {"tiers": {}, "tree": {}, "store": self.metrics.snapshot()}
+        with s.cond:
+            for t, tier in enumerate(s.tiers):
+                out["tiers"][tier.name] = {
+                    "capacity_bytes": tier.capacity_bytes, "tree_chunks": s.tree.tier_chunks(tier.name),
+                    "tree_bytes": s.tree.tier_bytes(tier.name), "reserved_bytes": s.reserved[t]}
+            st = s.tree.stats
+            out["tree"] = {"chunks": len(s.tree), "inserted_chunks": st.inserted_chunks,
+                           "removed_chunks": st.removed_chunks, "orphan_drops": st.orphan_drops,
+                           "expired_pins": st.expired_pins, "pinned_chunks": s.tree.pinned_count()}
+        for tier in s.tiers:
+            out["tiers"][tier.name]["usage_bytes"] = tier.usage_bytes()
+            out["tiers"][tier.name].update(tier.stats().as_dict())
+        out["queues"] = {"write": self._writer.depth, "prefetch": self._reader.depth}
+        return out
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until queued background writes (write-through, promotions) finished."""
+        return self._writer.drain(timeout_s)
+
+    def check_integrity(self, deep: bool = True) -> None:
+        """Raise AssertionError/RuntimeError with numbers if an invariant is broken: the tree's own,
+        each tier's own, no tier over capacity, and (``deep``, when no transfer is in flight) every
+        chunk the tree places in a tier is there, and a tier counting chunks holds exactly those.
+        Deep checks cost one ``contains`` per chunk: meant for tests and small stores."""
+        s = self._stack
+        with s.cond:
+            s.tree.check_integrity()
+            assert all(r >= 0 for r in s.reserved), f"negative reservations {s.reserved}"
+            assert all(c >= 0 for c in s.claimed), f"negative eviction claims {s.claimed}"
+            quiet = not any(s.reserved) and not any(s.claimed) and not self._writer.depth
+            resident: dict[int, dict[str, list[str]]] = {t: defaultdict(list) for t in range(len(s.tiers))}
+            if deep and quiet:
+                for nsd in s.tree.namespaces():
+                    for key, n in list(s.tree._index[nsd].items()):  # noqa: SLF001 - read-only walk
+                        m = s.tree.node_tier_mask(n)
+                        for t in range(len(s.tiers)):
+                            if m >> t & 1:
+                                resident[t][nsd].append(key)
+            for t, tier in enumerate(s.tiers):
+                tier.check_integrity()
+                cap = s.capacity(t)
+                used = tier.usage_bytes()
+                assert not cap or used <= cap, f"tier {tier.name!r} holds {used} bytes > capacity {cap}"
+                if not (deep and quiet):
+                    continue
+                for nsd, keys in resident[t].items():
+                    for k in keys:
+                        assert tier.contains_many(nsd, [k]) == 1, (
+                            f"tree says chunk {k[:16]} of namespace {nsd} is in tier {tier.name!r}; the tier lacks it")
+                counted = tier.stats().extra.get("chunks")
+                if counted is not None and not _shared(tier):
+                    n_tree = s.tree.tier_chunks(tier.name)
+                    assert counted == n_tree, f"tier {tier.name!r} holds {counted} chunks, tree places {n_tree} there"
+
+    def close(self, flush: bool | None = None) -> None:
+        """Finish background work (``flush``, default ``config.flush_on_close``) or cancel what has
+        not started, join every store thread, close the tiers. Idempotent."""
+        if self._closed:
+            return
+        flush = self.config.flush_on_close if flush is None else flush
+        timeout = self.config.close_timeout_s
+        self._reader.close(flush=False, timeout_s=timeout)
+        self._writer.close(flush=flush, timeout_s=timeout)
+        self._closed = True
+        for tier in self._stack.tiers:
+            try:
+                tier.close()
+            except Exception:  # closing must not leave the other tiers open
+                pass
+
+    def __enter__(self) -> HierarchicalStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ validation
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the store is closed; create a new HierarchicalStore")
+
+    def _check_chain(self, ns: Namespace, keys: Sequence[str]) -> str:
+        if not isinstance(ns, Namespace):
+            raise InputError(f"ns={ns!r} must be a radixkv.keys.Namespace")
+        if isinstance(keys, (str, bytes)):
+            raise InputError(f"keys={keys!r} must be a sequence of str chunk keys, not one str")
+        for k in keys:
+            if not isinstance(k, str) or not k or not k.isascii():
+                raise InputError(f"chunk key {k!r} must be a non-empty ASCII str (see radixkv.keys.chunk_keys)")
+            if len(k) > self._stack.max_key_chars:
+                with self._stack.cond:
+                    self._stack.max_key_chars = max(self._stack.max_key_chars, len(k))
+        return ns.digest
+
+    def _check_tensors(self, ns: Namespace, tensors: Sequence[torch.Tensor], what: str,
+                       register: bool = True) -> int:
+        nsd = ns.digest
+        fixed = self._ns_bytes.get(nsd)
+        for i, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 1 \
+                    or t.device.type != "cpu" or not t.is_contiguous():
+                desc = (f"dtype={t.dtype}, shape={tuple(t.shape)}, device={t.device}"
+                        if isinstance(t, torch.Tensor) else type(t).__name__)
+                raise InputError(f"{what}[{i}] is {desc}; pass 1-D contiguous torch.uint8 CPU tensors "
+                                 "(x.view(torch.uint8).flatten().contiguous())")
+            n = t.numel()
+            if fixed is None and register:
+                fixed = self._register_ns(nsd, n, f"{what}[{i}]")
+            if fixed is not None and n != fixed:
+                raise InputError(f"{what}[{i}] has {n} bytes but namespace {ns} stores {fixed}-byte chunks; "
+                                 "every chunk of a namespace has one size (fixed by its first put)")
+        return fixed if fixed is not None else 0
+
+    def _register_ns(self, nsd: str, nbytes: int, what: str) -> int:
+        if nbytes <= 0:
+            raise InputError(f"{what} is empty; a chunk payload needs at least one byte")
+        s = self._stack
+        for t, tier in enumerate(s.tiers):
+            cap = s.capacity(t)
+            need = s.charge(t, nbytes)
+            if cap and cap < need:
+                raise CapacityError(
+                    f"tier {tier.name!r} has capacity_bytes={cap}, smaller than one {nbytes}-byte chunk "
+                    f"({need} bytes as stored); raise its capacity to at least {need} bytes")
+        with s.cond:
+            return self._ns_bytes.setdefault(nsd, nbytes)
+
+    def _unpin(self, refs: list[ChunkRef], owner: str) -> None:
+        with self._stack.cond:
+            self._stack.unpin_locked(refs, owner)
+
+
+def _has(tree: RadixTree, nsd: str, key: str, t: int) -> bool:
+    n = tree.lookup(nsd, key)
+    return n is not None and bool(tree.node_tier_mask(n) & (1 << t))
+
+
+def _alive(tree: RadixTree, n: int) -> bool:
+    try:
+        tree.node_key(n)
+        return True
+    except InputError:
+        return False
+
+
+def _shared(tier: Any) -> bool:
+    cfg = getattr(tier, "config", None)
+    return bool(getattr(cfg, "shared", False))
