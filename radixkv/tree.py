@@ -23,6 +23,7 @@ not a walk over every chunk.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -365,52 +366,52 @@ class RadixTree:
         self, ns: str, idx: dict[str, int], keys: Sequence[str], parent: int, depth: int,
         t: int, chunk_tokens: int, size_bytes: int,
     ) -> list[int]:
-        if not keys:
+        """Create a chain of new nodes under ``parent``. Bulk list operations throughout: creating a
+        chunk costs a few C-level list writes, not a Python loop body per field."""
+        m = len(keys)
+        if not m:
             return []
-        if len(set(keys)) != len(keys) or any(k in idx for k in keys):
+        key_set = set(keys)
+        if len(key_set) != m or not idx.keys().isdisjoint(key_set):
             raise InputError(
                 "keys are not one chain: a key repeats, or a key after the matched prefix is already "
                 "in the tree under another prefix"
             )
-        for k in keys:
-            if not isinstance(k, str) or not k:
-                raise InputError(f"chunk key {k!r} must be a non-empty str")
-        bit = 1 << t
-        new: list[int] = []
+        if set(map(type, keys)) != {str} or "" in key_set:
+            bad = next(k for k in keys if not isinstance(k, str) or not k)
+            raise InputError(f"chunk key {bad!r} must be a non-empty str")
         free = self._free
-        for k in keys:
-            if free:
-                n = free.pop()
-                self._key[n], self._ns[n], self._parent[n] = k, ns, parent
-                depth += 1
-                self._depth[n], self._nchild[n], self._mask[n] = depth, 0, bit
-                self._tokens[n], self._size[n] = chunk_tokens, size_bytes
-                for tc in self._tchild:
-                    tc[n] = 0
-            else:
-                n = len(self._key)
-                depth += 1
-                self._key.append(k)
-                self._ns.append(ns)
-                self._parent.append(parent)
-                self._depth.append(depth)
-                self._nchild.append(0)
-                self._mask.append(bit)
-                self._tokens.append(chunk_tokens)
-                self._size.append(size_bytes)
-                for tc in self._tchild:
-                    tc.append(0)
-            if parent != _NO_PARENT:
-                self._nchild[parent] += 1
-                self._tchild[t][parent] += 1
-            idx[k] = n
-            new.append(n)
-            parent = n
-        self._tier_bytes[t] += size_bytes * len(new)
-        self._tier_chunks[t] += len(new)
-        self.stats.inserted_chunks += len(new)
-        self._policies[t].on_insert(new, self._now)
-        return new
+        n_reuse = min(m, len(free))
+        ids: list[int] = free[len(free) - n_reuse :]
+        del free[len(free) - n_reuse :]
+        n_new = m - n_reuse
+        if n_new:
+            start = len(self._key)
+            ids.extend(range(start, start + n_new))
+        parents = [parent] + ids[:-1]
+        depths = range(depth + 1, depth + m + 1)
+        chain_children = [1] * (m - 1) + [0]
+        columns: list[tuple[list, Sequence]] = [
+            (self._key, keys), (self._ns, [ns] * m), (self._parent, parents), (self._depth, depths),
+            (self._nchild, chain_children), (self._mask, [1 << t] * m), (self._tokens, [chunk_tokens] * m),
+            (self._size, [size_bytes] * m),
+        ]
+        columns += [(tc, chain_children if i == t else [0] * m) for i, tc in enumerate(self._tchild)]
+        for column, values in columns:
+            if n_reuse:
+                # Scatter into reused slots at C speed (map over __setitem__, drained by deque).
+                deque(map(column.__setitem__, ids[:n_reuse], values[:n_reuse]), 0)
+            if n_new:
+                column.extend(values[n_reuse:])
+        if parent != _NO_PARENT:
+            self._nchild[parent] += 1
+            self._tchild[t][parent] += 1
+        idx.update(zip(keys, ids))
+        self._tier_bytes[t] += size_bytes * m
+        self._tier_chunks[t] += m
+        self.stats.inserted_chunks += m
+        self._policies[t].on_insert(ids, self._now)
+        return ids
 
     # ------------------------------------------------------------------ residency
 
