@@ -350,7 +350,9 @@ def _check_chunk_device(layout: PagedLayout, chunk: torch.Tensor, i: int) -> Non
 
 def _reference(layout: PagedLayout, plan: _Plan, *, to_chunk: bool) -> CopyResult:
     n_tok, heads, dim = layout.page_tokens, layout.num_heads, layout.head_dim
-    for chunk, ids in zip(plan.chunks, plan.page_ids):
+    word = word_dtype(layout.dtype)  # integer words: bit-exact, and fp8 has no index_copy_ on CPU
+    for typed_chunk, ids in zip(plan.chunks, plan.page_ids):
+        chunk = typed_chunk.view(word)
         slots = torch.nonzero(ids >= 0).flatten()
         if slots.numel() == 0:
             continue
@@ -358,7 +360,8 @@ def _reference(layout: PagedLayout, plan: _Plan, *, to_chunk: bool) -> CopyResul
         src_ids = ids.to(layout.device) if complete else ids[slots].to(layout.device)
         slots = slots.to(chunk.device)
         for layer in plan.layers:
-            for comp, view in enumerate(layout.views[layer]):
+            for comp, typed_view in enumerate(layout.views[layer]):
+                view = typed_view.view(word)
                 pages = chunk[layer, comp].view(ids.numel(), n_tok, heads, dim)
                 if to_chunk:
                     picked = view.index_select(0, src_ids).to(chunk.device)
