@@ -142,7 +142,9 @@ def parse_redis_url(url: str) -> RedisUrl:
             raise _bad(url, f"option {name!r} needs TLS: use the rediss:// scheme")
         else:
             tls_options.append((name, value))
-    return RedisUrl(cluster, tls, hosts, username, password, db, tuple(tls_options), tuple(tier_options))
+    parsed = RedisUrl(cluster, tls, hosts, username, password, db, tuple(tls_options), tuple(tier_options))
+    _tls_kwargs(parsed)  # validates the TLS option values now rather than at first connect
+    return parsed
 
 
 class FramedValue:

@@ -1,0 +1,380 @@
+"""Redis-specific behaviour of RedisTier against real redis-server processes (tests/_redis_servers.py).
+
+The shared contract (round trip, leading run, delete, capacity, 8 threads) runs for Redis and Redis
+Cluster in test_tier_contract.py; this module covers what only a remote store has: cluster placement,
+TTL, values corrupted or planted behind the tier's back, servers killed/paused/restarted, auth, ACL,
+TLS, server OOM and URL parsing. Every test isolates itself with a fresh namespace.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+import redis
+import torch
+
+from radixkv.errors import CapacityError, ConfigError, InputError
+from radixkv.tiers.framing import HEADER_BYTES
+from radixkv.tiers.redis import RedisTier
+from radixkv.tiers.redis_client import parse_redis_url
+
+pytestmark = pytest.mark.redis
+
+
+def payload(key: str, nbytes: int = 4096, salt: str = "") -> torch.Tensor:
+    g = torch.Generator().manual_seed(int.from_bytes((salt + "|" + key).encode(), "little") % (1 << 62))
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
+
+
+def empty(n: int, nbytes: int = 4096) -> list[torch.Tensor]:
+    return [torch.full((nbytes,), 0xAB, dtype=torch.uint8) for _ in range(n)]
+
+
+def fresh_ns() -> str:
+    return uuid.uuid4().hex
+
+
+@pytest.fixture
+def make(request: pytest.FixtureRequest):
+    """Build tiers that are integrity-checked, cleared and closed when the test ends."""
+    made: list[RedisTier] = []
+
+    def factory(url: str, **options) -> RedisTier:
+        tier = RedisTier(url, **options)
+        made.append(tier)
+        return tier
+
+    yield factory
+    for tier in made:
+        tier.check_integrity()
+        tier.close()
+
+
+def raw_client(url: str) -> redis.Redis:
+    p = parse_redis_url(url)
+    (host, port), = p.hosts
+    return redis.Redis(host=host, port=port, username=p.username, password=p.password)
+
+
+# ------------------------------------------------------------------------------------------ placement
+
+def test_cluster_round_trip_spreads_keys_over_every_node(make, redis_cluster_url):
+    """64 chunks in a 3-node cluster land on all 3 primaries (no hash tag pins them to one slot)."""
+    tier = make(redis_cluster_url, batch_bytes=64 << 10)  # several pipelines per call
+    ns, keys = fresh_ns(), [f"{i:064x}" for i in range(64)]
+    payloads = [payload(k) for k in keys]
+    assert tier.put_many(ns, keys, payloads) == [True] * 64
+    outs = empty(64)
+    assert tier.get_many(ns, keys, outs) == [True] * 64
+    assert all(torch.equal(p, o) for p, o in zip(payloads, outs))
+    per_node = {}
+    for node in tier._get_client().get_primaries():
+        per_node[node.port] = sum(1 for _ in node.redis_connection.scan_iter(match=f"radixkv:{ns}:*"))
+    assert len(per_node) == 3 and sum(per_node.values()) == 64
+    assert min(per_node.values()) > 0, per_node
+    tier.clear(ns)
+    assert tier.contains_many(ns, keys) == 0
+
+
+@pytest.mark.parametrize("nbytes", [1, 3 << 20])
+def test_standalone_round_trip_sizes(make, redis_url, nbytes):
+    """1 byte and 3 MiB chunks round-trip exactly; batch_bytes splits a call into several pipelines."""
+    tier = make(redis_url, batch_bytes=4 << 20)
+    ns, keys = fresh_ns(), ["a", "b", "c"]
+    payloads = [payload(k, nbytes) for k in keys]
+    assert tier.put_many(ns, keys, payloads) == [True] * 3
+    outs = empty(3, nbytes)
+    assert tier.get_many(ns, keys, outs) == [True] * 3
+    assert all(torch.equal(p, o) for p, o in zip(payloads, outs))
+    # The stored value is header + identity + payload, nothing else.
+    assert raw_client(redis_url).strlen(f"radixkv:{ns}:a") == HEADER_BYTES + len(ns) + 1 + nbytes
+
+
+def test_any_shape_uint8_payload_is_accepted(make, redis_url):
+    tier = make(redis_url)
+    ns, p = fresh_ns(), payload("k", 4096).view(64, 64)
+    assert tier.put_many(ns, ["k"], [p]) == [True]
+    out = torch.empty(64, 64, dtype=torch.uint8)
+    assert tier.get_many(ns, ["k"], [out]) == [True] and torch.equal(out, p)
+
+
+# ------------------------------------------------------------------------------------------ TTL
+
+def test_ttl_expires_chunks_and_their_bytes(make, redis_url):
+    tier = make(redis_url, ttl_s=0.3)
+    ns = fresh_ns()
+    assert tier.put_many(ns, ["k"], [payload("k")]) == [True]
+    assert 0 < raw_client(redis_url).pttl(f"radixkv:{ns}:k") <= 300
+    assert tier.contains_many(ns, ["k"]) == 1 and tier.usage_bytes() > 4096
+    time.sleep(0.45)
+    assert tier.contains_many(ns, ["k"]) == 0
+    assert tier.get_many(ns, ["k"], empty(1)) == [False]
+    assert tier.usage_bytes() == 0
+
+
+# ------------------------------------------------------------------------------------------ integrity
+
+def test_corrupted_values_are_counted_misses_and_a_put_repairs(make, redis_url):
+    """Bit flip in payload, bit flip in header, truncation, garbage: each a miss + checksum failure."""
+    tier = make(redis_url)
+    ns, r = fresh_ns(), raw_client(redis_url)
+    keys = ["flip", "head", "short", "junk"]
+    payloads = [payload(k) for k in keys]
+    assert tier.put_many(ns, keys, payloads) == [True] * 4
+    rk = {k: f"radixkv:{ns}:{k}" for k in keys}
+    frame = bytearray(r.get(rk["flip"]))
+    frame[-100] ^= 0x01
+    r.set(rk["flip"], bytes(frame))
+    head = bytearray(r.get(rk["head"]))
+    head[20] ^= 0x80  # inside payload_len
+    r.set(rk["head"], bytes(head))
+    r.set(rk["short"], r.get(rk["short"])[:-1])
+    r.set(rk["junk"], b"\x80\x04not a frame, and never unpickled")
+    before = tier.stats().checksum_failures
+    assert tier.get_many(ns, keys, empty(4)) == [False] * 4
+    assert tier.stats().checksum_failures - before == 4
+    assert tier.put_many(ns, keys, payloads) == [True] * 4  # overwrite repairs
+    outs = empty(4)
+    assert tier.get_many(ns, keys, outs) == [True] * 4
+    assert all(torch.equal(p, o) for p, o in zip(payloads, outs))
+
+
+def test_value_of_another_namespace_or_key_under_our_name_is_a_miss(make, redis_url):
+    tier = make(redis_url)
+    ns, other, r = fresh_ns(), fresh_ns(), raw_client(redis_url)
+    tier.put_many(other, ["k"], [payload("k", salt="other")])
+    tier.put_many(ns, ["k1"], [payload("k1")])
+    r.set(f"radixkv:{ns}:k", r.get(f"radixkv:{other}:k"))  # colliding name, foreign namespace
+    r.set(f"radixkv:{ns}:k2", r.get(f"radixkv:{ns}:k1"))  # same namespace, wrong key
+    before = tier.stats().checksum_failures
+    assert tier.get_many(ns, ["k", "k2"], empty(2)) == [False, False]
+    assert tier.stats().checksum_failures - before == 2
+    out = empty(1)
+    assert tier.get_many(other, ["k"], out) == [True] and torch.equal(out[0], payload("k", salt="other"))
+
+
+def test_wrong_buffer_size_is_a_counted_miss(make, redis_url):
+    tier = make(redis_url)
+    ns = fresh_ns()
+    tier.put_many(ns, ["k"], [payload("k")])
+    assert tier.get_many(ns, ["k"], [torch.empty(4095, dtype=torch.uint8)]) == [False]
+    assert tier.stats().checksum_failures == 1
+
+
+# ------------------------------------------------------------------------------------------ faults
+
+def test_killed_server_degrades_to_fast_misses_then_recovers(make, redis_server):
+    """Kill -9: every call returns misses/failed puts within the timeout bound; restart: works again."""
+    tier = make(redis_server.url, socket_timeout_s=0.5, socket_connect_timeout_s=0.25, down_backoff_s=0.2)
+    ns, keys = fresh_ns(), ["a", "b"]
+    assert tier.put_many(ns, keys, [payload(k) for k in keys]) == [True, True]
+    redis_server.stop()
+    t0 = time.monotonic()
+    assert tier.get_many(ns, keys, empty(2)) == [False, False]
+    assert tier.put_many(ns, ["c"], [payload("c")]) == [False]
+    assert tier.contains_many(ns, keys) == 0
+    assert tier.delete_many(ns, keys) == 0
+    tier.clear(ns)
+    assert time.monotonic() - t0 < 1.5
+    stats = tier.stats()
+    assert stats.errors >= 1 and stats.put_failures == 1 and stats.misses == 2
+    redis_server.start()  # same port, empty (no persistence)
+    time.sleep(0.25)  # past the fail-fast window
+    assert tier.get_many(ns, keys, empty(2)) == [False, False]
+    assert tier.put_many(ns, keys, [payload(k) for k in keys]) == [True, True]
+    outs = empty(2)
+    assert tier.get_many(ns, keys, outs) == [True, True]
+    assert torch.equal(outs[0], payload("a")) and torch.equal(outs[1], payload("b"))
+
+
+def test_unresponsive_server_times_out_into_misses(make, redis_server):
+    """SIGSTOP (accepts TCP, answers nothing): a get returns misses after ~socket_timeout_s, then
+    calls fail fast inside the back-off window; SIGCONT: hits again."""
+    tier = make(redis_server.url, socket_timeout_s=0.3, socket_connect_timeout_s=0.3, down_backoff_s=0.5)
+    ns = fresh_ns()
+    assert tier.put_many(ns, ["k"], [payload("k")]) == [True]
+    redis_server.pause()
+    try:
+        t0 = time.monotonic()
+        assert tier.get_many(ns, ["k"], empty(1)) == [False]
+        first_s = time.monotonic() - t0
+        t1 = time.monotonic()
+        assert tier.get_many(ns, ["k"], empty(1)) == [False]
+        second_s = time.monotonic() - t1
+    finally:
+        redis_server.resume()
+    assert 0.25 <= first_s < 1.0, first_s
+    assert second_s < 0.05, second_s
+    assert tier.stats().extra["fast_fail_calls"] >= 1
+    time.sleep(0.55)
+    out = empty(1)
+    assert tier.get_many(ns, ["k"], out) == [True] and torch.equal(out[0], payload("k"))
+
+
+def test_server_oom_is_a_failed_put_not_an_exception(make, redis_server_factory):
+    """maxmemory + noeviction: once the server refuses (OOM), puts return False and count errors."""
+    server = redis_server_factory(extra_args=["--maxmemory", "8mb", "--maxmemory-policy", "noeviction"])
+    tier = make(server.url)
+    ns = fresh_ns()
+    ok = [tier.put_many(ns, [f"k{i}"], [payload(f"k{i}", 1 << 20)])[0] for i in range(12)]
+    assert ok[0] and not ok[-1], ok
+    assert tier.stats().errors == ok.count(False) == tier.stats().put_failures
+    assert tier.usage_bytes() == sum(ok) * (HEADER_BYTES + len(ns) + 2 + (1 << 20))
+    outs = empty(1, 1 << 20)
+    assert tier.get_many(ns, ["k0"], outs) == [True] and torch.equal(outs[0], payload("k0", 1 << 20))
+
+
+# ------------------------------------------------------------------------------------------ capacity
+
+def test_capacity_refuses_puts_and_is_freed_by_delete(make, redis_url):
+    ns = fresh_ns()
+    frame = HEADER_BYTES + len(ns) + 2 + 4096
+    tier = make(redis_url, capacity_bytes=5 * frame)
+    keys = [f"k{i}" for i in range(8)]
+    assert tier.put_many(ns, keys, [payload(k) for k in keys]) == [True] * 5 + [False] * 3
+    assert tier.usage_bytes() == 5 * frame
+    assert tier.stats().extra["capacity_refusals"] == 3
+    assert tier.delete_many(ns, keys[:2]) == 2
+    assert tier.put_many(ns, keys[5:7], [payload(k) for k in keys[5:7]]) == [True, True]
+    assert tier.usage_bytes() == 5 * frame
+    with pytest.raises(CapacityError, match="capacity_bytes"):
+        tier.put_many(ns, ["huge"], [payload("huge", 6 * frame)])
+
+
+def test_capacity_bound_holds_under_eight_threads(make, redis_url):
+    """8 threads put distinct chunks into a tier that fits 20: server-side bytes never pass capacity."""
+    ns = fresh_ns()
+    frame = HEADER_BYTES + len(ns) + 6 + 8192
+    tier = make(redis_url, capacity_bytes=20 * frame)
+    errors: list[BaseException] = []
+    wrong: list[str] = []
+    peak = [0]
+
+    def worker(t: int) -> None:
+        try:
+            for i in range(10):
+                key = f"t{t}c{i:03d}"
+                stored = tier.put_many(ns, [key], [payload(key, 8192)])
+                peak[0] = max(peak[0], tier.usage_bytes())
+                if stored[0]:
+                    out = empty(1, 8192)
+                    if tier.get_many(ns, [key], out) == [True] and not torch.equal(out[0], payload(key, 8192)):
+                        wrong.append(key)
+                if i % 3 == 2:
+                    tier.delete_many(ns, [key])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not errors and not wrong, (errors, wrong)
+    assert peak[0] <= 20 * frame
+    r = raw_client(redis_url)
+    server_bytes = sum(r.strlen(k) for k in r.scan_iter(match=f"radixkv:{ns}:*"))
+    assert server_bytes == tier.usage_bytes() <= 20 * frame
+    tier.clear(ns)
+
+
+# ------------------------------------------------------------------------------------------ auth, TLS
+
+def test_password_auth(make, redis_server_factory):
+    server = redis_server_factory(password="s3cret:pw")
+    url = f"redis://:{'s3cret%3Apw'}@127.0.0.1:{server.port}/0"
+    tier = make(url)
+    ns = fresh_ns()
+    assert tier.put_many(ns, ["k"], [payload("k")]) == [True]
+    out = empty(1)
+    assert tier.get_many(ns, ["k"], out) == [True] and torch.equal(out[0], payload("k"))
+    for bad in (f"redis://:wrong@127.0.0.1:{server.port}/0", f"redis://127.0.0.1:{server.port}/0"):
+        denied = make(bad, down_backoff_s=0.0)
+        assert denied.get_many(ns, ["k"], empty(1)) == [False]
+        assert denied.put_many(ns, ["x"], [payload("x")]) == [False]
+        assert denied.stats().errors >= 1
+
+
+def test_acl_user(make, redis_server_factory):
+    server = redis_server_factory(extra_args=["--user", "default", "off",
+                                              "--user", "cache", "on", ">kv-pass", "~radixkv:*", "+@all"])
+    tier = make(f"redis://cache:kv-pass@127.0.0.1:{server.port}/0")
+    ns = fresh_ns()
+    assert tier.put_many(ns, ["k"], [payload("k")]) == [True]
+    out = empty(1)
+    assert tier.get_many(ns, ["k"], out) == [True] and torch.equal(out[0], payload("k"))
+    assert tier.contains_many(ns, ["k"]) == 1 and tier.delete_many(ns, ["k"]) == 1
+    outsider = make(f"redis://cache:kv-pass@127.0.0.1:{server.port}/0", key_prefix="elsewhere")
+    assert outsider.put_many(ns, ["k"], [payload("k")]) == [False]  # ACL denies the key pattern
+    assert outsider.stats().errors == 1
+
+
+def test_tls(make, redis_server_factory):
+    server = redis_server_factory(tls=True, password="tlspw")
+    assert server.url.startswith("rediss://")
+    tier = make(server.url)
+    ns = fresh_ns()
+    big = payload("k", 2 << 20)
+    assert tier.put_many(ns, ["k"], [big]) == [True]
+    out = empty(1, 2 << 20)
+    assert tier.get_many(ns, ["k"], out) == [True] and torch.equal(out[0], big)
+    plain = make(server.url.replace("rediss://", "redis://").split("?")[0], down_backoff_s=0.0,
+                 socket_timeout_s=0.3)
+    assert plain.get_many(ns, ["k"], empty(1, 2 << 20)) == [False]
+
+
+# ------------------------------------------------------------------------------------------ config
+
+@pytest.mark.parametrize("url, fragment", [
+    ("http://127.0.0.1:6379", "unknown scheme"),
+    ("redis://", "no host"),
+    ("redis://127.0.0.1:99999", "1..65535"),
+    ("redis://a:1,b:2", "2 hosts given"),
+    ("redis://127.0.0.1/x", "database"),
+    ("redis+cluster://127.0.0.1:7000/1", "only has database 0"),
+    ("redis://127.0.0.1?ssl_ca_certs=/x", "rediss"),
+    ("redis://127.0.0.1?cluster=true", "unknown option 'cluster'"),
+    ("redis://127.0.0.1?capacity=lots", "capacity"),
+    ("redis://127.0.0.1?ttl_s=-1", "ttl_s"),
+    ("rediss://127.0.0.1?ssl_cert_reqs=maybe", "ssl_cert_reqs"),
+    ("127.0.0.1:6379", "not a URL"),
+])
+def test_bad_url_is_a_config_error(url, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        RedisTier(url)
+
+
+def test_url_options_and_keywords():
+    tier = RedisTier("rediss+cluster://u:p%40ss@10.0.0.1:7000,[::1]:7001?capacity=2MiB&ttl_s=60"
+                     "&ssl_ca_certs=/ca.pem&ssl_cert_reqs=none", socket_timeout_s=0.2)
+    parsed = tier._url
+    assert parsed.cluster and parsed.tls and parsed.hosts == (("10.0.0.1", 7000), ("::1", 7001))
+    assert (parsed.username, parsed.password) == ("u", "p@ss")
+    assert tier.capacity_bytes == 2 << 20 and tier.config.ttl_s == 60 and tier.config.socket_timeout_s == 0.2
+    assert "p@ss" not in repr(tier)
+    with pytest.raises(ConfigError, match="one way"):
+        RedisTier("redis://h?ttl_s=5", ttl_s=6)
+    with pytest.raises(ConfigError, match="unknown option"):
+        RedisTier("redis://h", ttl=5)
+    tier.close()
+
+
+def test_bad_namespace_and_key_are_input_errors(make, redis_url):
+    tier = make(redis_url)
+    with pytest.raises(InputError, match="namespace"):
+        tier.contains_many("has:colon", ["k"])
+    with pytest.raises(InputError, match="chunk key"):
+        tier.contains_many(fresh_ns(), ["has space"])
+    with pytest.raises(InputError, match="empty"):
+        tier.put_many(fresh_ns(), ["k"], [torch.empty(0, dtype=torch.uint8)])
+
+
+def test_closed_tier_refuses_calls(redis_url):
+    tier = RedisTier(redis_url)
+    tier.close()
+    tier.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        tier.get_many(fresh_ns(), ["k"], empty(1))
