@@ -1,0 +1,287 @@
+"""Request traces: the value types the simulator replays and the readers that produce them.
+
+A :class:`Trace` is an ordered list of :class:`Request` s. Each request carries the chain keys of its
+prompt's blocks (``block_keys``: key i names block i *and its whole prefix*, so equal keys mean equal
+prefixes), its arrival time, prompt and output lengths, and an optional tenant / session label.
+
+Readers (each returns a :class:`Trace`; :func:`read_trace` picks one by sniffing the first record):
+
+* Mooncake JSONL (FAST'25 release): ``{"timestamp": ms, "input_length": n, "output_length": m,
+  "hash_ids": [ints]}``, one id per 512-token block, chained. The last block may be partial.
+* radixkv JSONL: an optional header line ``{"radixkv_trace": 1, "block_tokens": 256}`` and then one
+  record per request::
+
+      {"arrival_s": 0.25, "output_tokens": 64, "block_keys": ["a1", "a2"], "input_tokens": 600,
+       "tenant": "acme", "session": "chat-17"}
+      {"arrival_s": 0.50, "output_tokens": 64, "token_ids": [1, 2, 3, ...]}
+
+  ``block_keys`` are opaque chain keys (strings or ints); ``token_ids`` are hashed with the chunk-key
+  scheme (:func:`radixkv.keys.chunk_keys`, full chunks only: a partial trailing chunk is never stored,
+  as in the runtime). ``input_tokens`` defaults to ``len(token_ids)`` or ``len(block_keys) *
+  block_tokens``.
+
+Keys of every trace are strings (the tree's key type); Mooncake integer ids become their decimal text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol, Sequence
+
+from radixkv.errors import InputError
+from radixkv.keys import chunk_keys
+
+__all__ = [
+    "Request",
+    "Trace",
+    "TraceReader",
+    "read_trace",
+    "read_mooncake",
+    "read_radixkv",
+    "write_radixkv",
+]
+
+
+@dataclass(slots=True)
+class Request:
+    """One request of a trace. ``block_keys`` are the prompt's chain keys, root first."""
+
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    block_keys: list[str]
+    tenant: str | None = None
+    session: str | None = None
+
+
+@dataclass(slots=True)
+class Trace:
+    """An ordered request trace with ``block_tokens`` tokens per block (the last may be partial)."""
+
+    name: str
+    block_tokens: int
+    requests: list[Request] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.block_tokens, int) or self.block_tokens <= 0:
+            raise InputError(f"block_tokens={self.block_tokens!r} must be a positive integer")
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def block_references(self) -> int:
+        """Total block references (sum of blocks over requests)."""
+        return sum(len(r.block_keys) for r in self.requests)
+
+    @property
+    def unique_blocks(self) -> int:
+        seen: set[str] = set()
+        for r in self.requests:
+            seen.update(r.block_keys)
+        return len(seen)
+
+    def infinite_hit_blocks(self) -> int:
+        """Block hits of an infinite cache (leading run of keys seen before, per request)."""
+        seen: set[str] = set()
+        hits = 0
+        for r in self.requests:
+            keys = r.block_keys
+            k = 0
+            while k < len(keys) and keys[k] in seen:
+                k += 1
+            hits += k
+            seen.update(keys[k:])
+        return hits
+
+    def check_prefix_closed(self) -> None:
+        """Raise InputError if one key appears under two different parents (not a prefix chain)."""
+        parent_of: dict[str, str | None] = {}
+        for i, r in enumerate(self.requests):
+            prev: str | None = None
+            for key in r.block_keys:
+                known = parent_of.setdefault(key, prev)
+                if known != prev:
+                    raise InputError(
+                        f"trace {self.name!r}, request {i}: block key {key!r} follows {prev!r} here but "
+                        f"{known!r} earlier; block keys must be chained (equal key = equal whole prefix)"
+                    )
+                prev = key
+
+    def check_integrity(self) -> None:
+        for i, r in enumerate(self.requests):
+            assert r.input_tokens >= 0 and r.output_tokens >= 0, (i, r.input_tokens, r.output_tokens)
+            assert len(r.block_keys) <= -(-r.input_tokens // self.block_tokens) or r.input_tokens == 0, (
+                i,
+                len(r.block_keys),
+                r.input_tokens,
+            )
+        self.check_prefix_closed()
+
+
+class TraceReader(Protocol):
+    """Anything that turns a path into a :class:`Trace`."""
+
+    def __call__(self, path: str, *, block_tokens: int | None = None, limit: int | None = None) -> Trace: ...
+
+
+def _iter_json_lines(path: str, limit: int | None) -> Iterable[tuple[int, dict]]:
+    if not os.path.isfile(path):
+        raise InputError(f"trace file {path!r} does not exist; pass --trace PATH to a JSONL trace")
+    with open(path, "rb") as f:
+        n = 0
+        for lineno, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                raise InputError(f"{path}:{lineno}: not valid JSON ({e}); traces are JSON Lines") from None
+            if not isinstance(record, dict):
+                raise InputError(f"{path}:{lineno}: each line must be a JSON object, got {type(record).__name__}")
+            yield lineno, record
+            n += 1
+            if limit is not None and n >= limit:
+                return
+
+
+def _int_field(path: str, lineno: int, record: dict, name: str, default: int | None = None) -> int:
+    value = record.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InputError(f"{path}:{lineno}: field {name!r}={value!r} must be a non-negative integer")
+    return value
+
+
+def read_mooncake(path: str, *, block_tokens: int | None = None, limit: int | None = None) -> Trace:
+    """Read a Mooncake FAST'25 JSONL trace (``timestamp`` ms, ``hash_ids`` per 512-token block)."""
+    bt = 512 if block_tokens is None else block_tokens
+    trace = Trace(name=os.path.basename(path), block_tokens=bt)
+    # Intern keys: equal ids share one str object (fewer allocations, faster dict hits in the tree).
+    interned: dict[int, str] = {}
+    for lineno, rec in _iter_json_lines(path, limit):
+        ids = rec.get("hash_ids")
+        if not isinstance(ids, list):
+            raise InputError(f"{path}:{lineno}: 'hash_ids' must be a list of block ids (Mooncake format)")
+        keys: list[str] = []
+        for h in ids:
+            s = interned.get(h)
+            if s is None:
+                if not isinstance(h, int) or isinstance(h, bool):
+                    raise InputError(f"{path}:{lineno}: hash id {h!r} must be an integer")
+                s = interned[h] = str(h)
+            keys.append(s)
+        ts = rec.get("timestamp", 0)
+        if not isinstance(ts, (int, float)) or ts < 0:
+            raise InputError(f"{path}:{lineno}: 'timestamp'={ts!r} must be non-negative milliseconds")
+        trace.requests.append(
+            Request(
+                arrival_s=ts / 1000.0,
+                input_tokens=_int_field(path, lineno, rec, "input_length", len(ids) * bt),
+                output_tokens=_int_field(path, lineno, rec, "output_length", 0),
+                block_keys=keys,
+            )
+        )
+    return trace
+
+
+def read_radixkv(path: str, *, block_tokens: int | None = None, limit: int | None = None) -> Trace:
+    """Read radixkv's own JSONL trace format (see the module docstring)."""
+    bt = block_tokens
+    trace: Trace | None = None
+    interned: dict[object, str] = {}
+    for lineno, rec in _iter_json_lines(path, None if limit is None else limit + 1):
+        if "radixkv_trace" in rec:
+            if trace is not None:
+                raise InputError(f"{path}:{lineno}: the radixkv_trace header must be the first line")
+            if bt is None:
+                bt = _int_field(path, lineno, rec, "block_tokens", 256)
+            trace = Trace(name=os.path.basename(path), block_tokens=bt)
+            continue
+        if trace is None:
+            trace = Trace(name=os.path.basename(path), block_tokens=bt or 256)
+        if limit is not None and len(trace.requests) >= limit:
+            break
+        b = trace.block_tokens
+        if "block_keys" in rec:
+            raw = rec["block_keys"]
+            if not isinstance(raw, list):
+                raise InputError(f"{path}:{lineno}: 'block_keys' must be a list of chain keys")
+            keys = []
+            for k in raw:
+                if not isinstance(k, (str, int)) or isinstance(k, bool):
+                    raise InputError(f"{path}:{lineno}: block key {k!r} must be a string or an integer")
+                s = interned.get(k)
+                if s is None:
+                    s = interned[k] = str(k)
+                keys.append(s)
+            input_tokens = _int_field(path, lineno, rec, "input_tokens", len(keys) * b)
+        elif "token_ids" in rec:
+            tokens = rec["token_ids"]
+            if not isinstance(tokens, list):
+                raise InputError(f"{path}:{lineno}: 'token_ids' must be a list of integers")
+            keys = chunk_keys(tokens, b, cache_salt=rec.get("tenant"))
+            input_tokens = _int_field(path, lineno, rec, "input_tokens", len(tokens))
+        else:
+            raise InputError(f"{path}:{lineno}: a request needs 'block_keys' or 'token_ids'")
+        arrival = rec.get("arrival_s", 0.0)
+        if not isinstance(arrival, (int, float)) or arrival < 0:
+            raise InputError(f"{path}:{lineno}: 'arrival_s'={arrival!r} must be non-negative seconds")
+        trace.requests.append(
+            Request(
+                arrival_s=float(arrival),
+                input_tokens=input_tokens,
+                output_tokens=_int_field(path, lineno, rec, "output_tokens", 0),
+                block_keys=keys,
+                tenant=_opt_str(path, lineno, rec, "tenant"),
+                session=_opt_str(path, lineno, rec, "session"),
+            )
+        )
+    if trace is None:
+        trace = Trace(name=os.path.basename(path), block_tokens=bt or 256)
+    return trace
+
+
+def _opt_str(path: str, lineno: int, rec: dict, name: str) -> str | None:
+    value = rec.get(name)
+    if value is not None and not isinstance(value, str):
+        raise InputError(f"{path}:{lineno}: {name!r}={value!r} must be a string")
+    return value
+
+
+def write_radixkv(trace: Trace, path: str) -> None:
+    """Write ``trace`` in radixkv JSONL (block keys), readable by :func:`read_radixkv`."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"radixkv_trace": 1, "block_tokens": trace.block_tokens, "name": trace.name}) + "\n")
+        for r in trace.requests:
+            rec: dict[str, object] = {
+                "arrival_s": r.arrival_s,
+                "input_tokens": r.input_tokens,
+                "output_tokens": r.output_tokens,
+                "block_keys": r.block_keys,
+            }
+            if r.tenant is not None:
+                rec["tenant"] = r.tenant
+            if r.session is not None:
+                rec["session"] = r.session
+            f.write(json.dumps(rec) + "\n")
+
+
+def read_trace(path: str, *, block_tokens: int | None = None, limit: int | None = None) -> Trace:
+    """Read a Mooncake or radixkv JSONL trace, choosing the reader from the first record's fields."""
+    for _, rec in _iter_json_lines(path, 1):
+        if "hash_ids" in rec:
+            return read_mooncake(path, block_tokens=block_tokens, limit=limit)
+        if "radixkv_trace" in rec or "block_keys" in rec or "token_ids" in rec:
+            return read_radixkv(path, block_tokens=block_tokens, limit=limit)
+        raise InputError(
+            f"{path}: cannot tell the trace format: the first record has fields {sorted(rec)}; expected "
+            "Mooncake ('hash_ids') or radixkv ('block_keys' / 'token_ids', optional 'radixkv_trace' header)"
+        )
+    raise InputError(f"{path}: the trace is empty")
+
+
+def block_references_of(requests: Sequence[Request]) -> int:
+    return sum(len(r.block_keys) for r in requests)

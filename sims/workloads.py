@@ -1,0 +1,218 @@
+"""Seeded synthetic workloads for users without traces.
+
+Each generator returns a :class:`~radixkv.sims.traces.Trace` whose block keys are chained exactly like a
+real trace's (equal key = equal whole prefix), built from the *content* of each block: a prompt is a
+sequence of named segments (system prompt, document, user turn, tool output, ...) and a block's key
+hashes its parent key with the (segment, token range) pieces it holds. The last block of a prompt may
+be partial, as in the Mooncake traces (``len(block_keys) == ceil(input_tokens / block_tokens)``).
+
+Workloads (all deterministic for a given ``seed``):
+
+* ``chat``: multi-turn conversations; each turn's prompt is the whole history (shared system prompt,
+  earlier user turns and answers) plus a new user message; users think between turns.
+* ``rag``: a shared system prompt, then ``docs_per_request`` documents drawn from a pool with Zipf
+  popularity, then a question.
+* ``agentic``: agent loops with a long shared system prompt (tool definitions) plus a task, then
+  step after step of tool output appended to the context, with short pauses.
+* ``mix`` (the default workload of ``radixkv sim``): the three above interleaved, a third of the
+  requests each, labelled by tenant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from radixkv.errors import ConfigError
+from radixkv.sims.traces import Request, Trace
+
+__all__ = ["WorkloadConfig", "WORKLOADS", "generate", "DEFAULT_WORKLOAD"]
+
+DEFAULT_WORKLOAD = "mix"
+
+
+@dataclass(slots=True)
+class WorkloadConfig:
+    """Size and shape of a synthetic workload (times in seconds, lengths in tokens)."""
+
+    requests: int = 6000
+    block_tokens: int = 256
+    seed: int = 0
+    rate_per_s: float = 4.0  # new conversations / queries / agent tasks per second (before mixing)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.requests, int) or self.requests <= 0:
+            raise ConfigError(f"WorkloadConfig.requests={self.requests!r} must be a positive integer")
+        if not isinstance(self.block_tokens, int) or self.block_tokens <= 0:
+            raise ConfigError(f"WorkloadConfig.block_tokens={self.block_tokens!r} must be a positive integer")
+        if not self.rate_per_s > 0:
+            raise ConfigError(f"WorkloadConfig.rate_per_s={self.rate_per_s!r} must be positive")
+
+
+class _Prompt:
+    """An append-only token sequence of named segments with incrementally computed block keys."""
+
+    __slots__ = ("block_tokens", "tokens", "_keys", "_pieces", "_fill", "_prefix")
+
+    def __init__(self, block_tokens: int, prefix: str) -> None:
+        self.block_tokens = block_tokens
+        self.tokens = 0
+        self._keys: list[str] = []  # keys of the full blocks so far
+        self._pieces: list[str] = []  # content of the current partial block
+        self._fill = 0
+        self._prefix = prefix  # namespace of the chain (e.g. tenant)
+
+    def copy(self) -> _Prompt:
+        p = _Prompt(self.block_tokens, self._prefix)
+        p.tokens, p._keys, p._pieces, p._fill = self.tokens, list(self._keys), list(self._pieces), self._fill
+        return p
+
+    def _key(self, pieces: list[str]) -> str:
+        parent = self._keys[-1] if self._keys else self._prefix
+        return hashlib.blake2b(f"{parent}|{';'.join(pieces)}".encode(), digest_size=10).hexdigest()
+
+    def append(self, segment: str, n_tokens: int) -> None:
+        start = 0
+        while start < n_tokens:
+            take = min(self.block_tokens - self._fill, n_tokens - start)
+            self._pieces.append(f"{segment}:{start}:{start + take}")
+            self._fill += take
+            start += take
+            if self._fill == self.block_tokens:
+                self._keys.append(self._key(self._pieces))
+                self._pieces, self._fill = [], 0
+        self.tokens += n_tokens
+
+    def block_keys(self) -> list[str]:
+        if self._fill:
+            return self._keys + [self._key(self._pieces)]
+        return list(self._keys)
+
+
+def _lengths(rng: np.random.Generator, median: float, sigma: float, lo: int, hi: int) -> int:
+    return int(np.clip(rng.lognormal(np.log(median), sigma), lo, hi))
+
+
+def _chat(cfg: WorkloadConfig, rng: np.random.Generator, n: int, tenant: str) -> list[Request]:
+    """Conversations start as a Poisson process; turns follow after a think time."""
+    systems = [(f"{tenant}.sys{i}", _lengths(rng, 1200, 0.5, 200, 4000)) for i in range(4)]
+    events: list[tuple[float, int, int]] = []  # (arrival_s, session, turn)
+    t = 0.0
+    sessions: list[tuple[int, int]] = []  # (system index, number of turns)
+    total = 0
+    while total < n:
+        t += rng.exponential(1.0 / cfg.rate_per_s)
+        turns = int(min(rng.geometric(0.25), 30))
+        sessions.append((int(rng.integers(len(systems))), turns))
+        s_id = len(sessions) - 1
+        at = t
+        for turn in range(turns):
+            events.append((at, s_id, turn))
+            at += 10.0 + rng.exponential(90.0)  # reading + typing time
+        total += turns
+    events.sort()
+    events = events[:n]
+    prompts: dict[int, _Prompt] = {}
+    out: list[Request] = []
+    for at, s_id, turn in events:
+        sys_i, _ = sessions[s_id]
+        p = prompts.get(s_id)
+        if p is None:
+            p = prompts[s_id] = _Prompt(cfg.block_tokens, tenant)
+            p.append(*systems[sys_i])
+        p.append(f"{tenant}.u{s_id}.{turn}", _lengths(rng, 150, 1.0, 5, 4000))
+        answer = _lengths(rng, 300, 0.7, 10, 2000)
+        out.append(Request(at, p.tokens, answer, p.block_keys(), tenant, f"{tenant}.c{s_id}"))
+        p.append(f"{tenant}.a{s_id}.{turn}", answer)
+    return out
+
+
+def _rag(cfg: WorkloadConfig, rng: np.random.Generator, n: int, tenant: str) -> list[Request]:
+    """Queries over a document pool with Zipf(1.1) popularity; documents are prefix-ordered."""
+    pool_docs, docs_per_request = 3000, 3
+    doc_tokens = [_lengths(rng, 1500, 0.5, 200, 6000) for _ in range(pool_docs)]
+    ranks = np.arange(1, pool_docs + 1, dtype=np.float64)
+    popularity = ranks**-1.1
+    popularity /= popularity.sum()
+    system = (f"{tenant}.sys", 600)
+    base = _Prompt(cfg.block_tokens, tenant)
+    base.append(*system)
+    out: list[Request] = []
+    t = 0.0
+    for i in range(n):
+        t += rng.exponential(1.0 / cfg.rate_per_s)
+        docs = rng.choice(pool_docs, size=docs_per_request, replace=False, p=popularity)
+        p = base.copy()
+        for d in docs:
+            p.append(f"{tenant}.doc{d}", doc_tokens[d])
+        p.append(f"{tenant}.q{i}", _lengths(rng, 60, 0.6, 5, 500))
+        out.append(Request(t, p.tokens, _lengths(rng, 200, 0.6, 10, 1500), p.block_keys(), tenant, None))
+    return out
+
+
+def _agentic(cfg: WorkloadConfig, rng: np.random.Generator, n: int, tenant: str) -> list[Request]:
+    """Agent loops: long shared tool prompt + task, then a tool output per step, seconds apart."""
+    systems = [(f"{tenant}.tools{i}", _lengths(rng, 6000, 0.3, 2000, 16000)) for i in range(2)]
+    events: list[tuple[float, int, int]] = []
+    tasks: list[tuple[int, int]] = []
+    t = 0.0
+    total = 0
+    while total < n:
+        t += rng.exponential(2.0 / cfg.rate_per_s)
+        steps = int(np.clip(rng.geometric(0.08), 2, 60))
+        tasks.append((int(rng.integers(len(systems))), steps))
+        at = t
+        for step in range(steps):
+            events.append((at, len(tasks) - 1, step))
+            at += 1.0 + rng.exponential(6.0)  # decode + tool latency
+        total += steps
+    events.sort()
+    events = events[:n]
+    prompts: dict[int, _Prompt] = {}
+    out: list[Request] = []
+    for at, a_id, step in events:
+        p = prompts.get(a_id)
+        if p is None:
+            p = prompts[a_id] = _Prompt(cfg.block_tokens, tenant)
+            p.append(*systems[tasks[a_id][0]])
+            p.append(f"{tenant}.task{a_id}", _lengths(rng, 300, 0.8, 20, 3000))
+        else:
+            p.append(f"{tenant}.obs{a_id}.{step}", _lengths(rng, 700, 1.0, 20, 8000))
+        action = _lengths(rng, 120, 0.6, 10, 1000)
+        out.append(Request(at, p.tokens, action, p.block_keys(), tenant, f"{tenant}.a{a_id}"))
+        p.append(f"{tenant}.act{a_id}.{step}", action)
+    return out
+
+
+def _mix(cfg: WorkloadConfig, rng: np.random.Generator, n: int, tenant: str) -> list[Request]:
+    third = n // 3
+    parts = [
+        _chat(cfg, rng, third, "chat"),
+        _rag(cfg, rng, third, "rag"),
+        _agentic(cfg, rng, n - 2 * third, "agent"),
+    ]
+    merged = [r for part in parts for r in part]
+    merged.sort(key=lambda r: r.arrival_s)  # stable: equal times keep generator order
+    return merged
+
+
+WORKLOADS = {"chat": _chat, "rag": _rag, "agentic": _agentic, "mix": _mix}
+
+
+def generate(name: str, config: WorkloadConfig | None = None) -> Trace:
+    """Generate workload ``name`` (one of :data:`WORKLOADS`) as a trace; same config, same trace."""
+    cfg = config or WorkloadConfig()
+    try:
+        gen = WORKLOADS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown workload {name!r}; choose one of: {', '.join(WORKLOADS)}"
+        ) from None
+    rng = np.random.default_rng(cfg.seed)
+    requests = gen(cfg, rng, cfg.requests, name)
+    t0 = requests[0].arrival_s if requests else 0.0
+    for r in requests:
+        r.arrival_s -= t0
+    return Trace(name=f"{name}(seed={cfg.seed},n={cfg.requests})", block_tokens=cfg.block_tokens, requests=requests)
