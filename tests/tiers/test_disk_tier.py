@@ -1,0 +1,354 @@
+"""Disk-tier specifics: file format and permissions, corruption, restart, eviction, faults, sharing."""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing as mp
+import os
+import stat
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from radixkv.errors import CapacityError, ConfigError, InputError
+from radixkv.tiers import disk as disk_mod
+from radixkv.tiers.disk import DiskTier
+from radixkv.tiers.framing import HEADER_BYTES, decode_header, payload_checksum
+from radixkv.tiers.registry import make_tier
+
+KiB = 1 << 10
+NS = "0123456789abcdef0123456789abcdef"
+
+
+def pl(seed: int, nbytes: int = 8 * KiB) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
+
+
+def frame_bytes(key: str, nbytes: int = 8 * KiB) -> int:
+    return HEADER_BYTES + len(NS) + len(key) + nbytes
+
+
+def buf(nbytes: int = 8 * KiB) -> torch.Tensor:
+    return torch.zeros(nbytes, dtype=torch.uint8)
+
+
+@pytest.fixture
+def root(tmp_path) -> str:
+    return str(tmp_path / "disk")
+
+
+@pytest.fixture
+def tier(root) -> DiskTier:
+    t = DiskTier(root=root, capacity_bytes=1 << 20)
+    yield t
+    t.check_integrity()
+    t.close()
+
+
+def _mount_tmpfs(path: str, opts: str) -> bool:
+    os.makedirs(path, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", path], capture_output=True)
+    return r.returncode == 0
+
+
+def _umount(path: str) -> None:
+    subprocess.run(["umount", "-l", path], capture_output=True)
+
+
+class TestFormat:
+    def test_layout_permissions_and_header(self, tier, root):
+        """root/<ns>/<2 hex>/<2 hex>/<key>.kv, file 0600, dirs 0700, a valid header before the payload."""
+        p = pl(1)
+        tier.put_many(NS, ["abc"], [p])
+        path = tier._path(NS, "abc")
+        rel = os.path.relpath(path, root).split(os.sep)
+        assert rel[0] == NS and len(rel[1]) == 2 and len(rel[2]) == 2 and rel[3] == "abc.kv"
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        for d in (root, os.path.join(root, NS), os.path.dirname(path)):
+            assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
+        raw = open(path, "rb").read()
+        h = decode_header(raw)
+        assert (h.namespace, h.key, h.payload_bytes) == (NS, "abc", 8 * KiB)
+        assert h.checksum == payload_checksum(p.numpy())
+        assert raw[h.payload_offset :] == p.numpy().tobytes()
+        assert tier.usage_bytes() == len(raw) == frame_bytes("abc")
+        assert not [f for f in os.listdir(os.path.dirname(path)) if f.endswith(".tmp")]
+
+    def test_fsync_option_round_trips(self, root):
+        t = make_tier(f"file://{root}?capacity=1MiB&fsync=1&io_threads=2")
+        assert t.config.fsync and t.config.io_threads == 2
+        assert t.put_many(NS, ["a", "b"], [pl(1), pl(2)]) == [True, True]
+        out = [buf(), buf()]
+        assert t.get_many(NS, ["a", "b"], out) == [True, True] and torch.equal(out[1], pl(2))
+        t.check_integrity()
+        t.close()
+
+    @pytest.mark.parametrize("key", ["../x", "a/b", "", "k.kv", "\u00e9"])
+    def test_unsafe_keys_rejected(self, tier, key):
+        """Keys become file names: anything outside [A-Za-z0-9_-] is an InputError."""
+        with pytest.raises(InputError, match="key"):
+            tier.put_many(NS, [key], [pl(1)])
+
+    def test_namespace_size_fixed(self, tier):
+        tier.put_many(NS, ["a"], [pl(1)])
+        with pytest.raises(InputError, match=r"4096 bytes.*8192-byte"):
+            tier.put_many(NS, ["b"], [pl(2, 4 * KiB)])
+        with pytest.raises(InputError, match=r"4096 bytes.*8192-byte"):
+            tier.get_many(NS, ["a"], [buf(4 * KiB)])
+
+
+class TestCorruption:
+    @pytest.mark.parametrize("where", ["payload", "header", "identity"])
+    def test_flipped_byte_is_a_miss_and_removed(self, tier, where):
+        """One flipped bit anywhere: miss, checksum_failures counted, file removed, never served."""
+        tier.put_many(NS, ["a", "b"], [pl(1), pl(2)])
+        path = tier._path(NS, "a")
+        offset = {"payload": HEADER_BYTES + len(NS) + 1 + 1000, "header": 20, "identity": HEADER_BYTES + 3}[where]
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            byte = f.read(1)[0]
+            f.seek(offset)
+            f.write(bytes([byte ^ 0x10]))
+        out = [buf(), buf()]
+        assert tier.get_many(NS, ["a", "b"], out) == [False, True]
+        assert torch.equal(out[1], pl(2))
+        assert tier.stats().checksum_failures == 1
+        assert not os.path.exists(path)
+        assert tier.contains_many(NS, ["a"]) == 0
+
+    @pytest.mark.parametrize("cut", [1, 8 * KiB, 8 * KiB + 60])
+    def test_truncated_file_is_a_miss(self, tier, cut):
+        tier.put_many(NS, ["a"], [pl(1)])
+        path = tier._path(NS, "a")
+        os.truncate(path, os.path.getsize(path) - cut)
+        assert tier.get_many(NS, ["a"], [buf()]) == [False]
+        assert tier.stats().checksum_failures == 1 and not os.path.exists(path)
+
+    def test_extended_file_is_a_miss(self, tier):
+        tier.put_many(NS, ["a"], [pl(1)])
+        with open(tier._path(NS, "a"), "ab") as f:
+            f.write(b"junk")
+        assert tier.get_many(NS, ["a"], [buf()]) == [False]
+
+    def test_file_swapped_for_another_key_is_a_miss(self, tier):
+        """A well-formed frame of key b copied over key a is rejected by the identity check."""
+        tier.put_many(NS, ["a", "b"], [pl(1), pl(2)])
+        with open(tier._path(NS, "b"), "rb") as f:
+            data = f.read()
+        with open(tier._path(NS, "a"), "wb") as f:
+            f.write(data)
+        assert tier.get_many(NS, ["a"], [buf()]) == [False]
+
+    def test_deleted_behind_our_back_is_a_miss(self, tier):
+        tier.put_many(NS, ["a"], [pl(1)])
+        os.unlink(tier._path(NS, "a"))
+        assert tier.get_many(NS, ["a"], [buf()]) == [False]
+        assert tier.usage_bytes() == 0
+
+
+class TestRestart:
+    def test_index_rebuilt_by_scan(self, root):
+        """A new tier on the same directory sees the old chunks; bad files and stale temps are removed."""
+        t = DiskTier(root=root, capacity_bytes=1 << 20)
+        keys = [f"k{i}" for i in range(5)]
+        t.put_many(NS, keys, [pl(i) for i in range(5)])
+        usage = t.usage_bytes()
+        t.close()
+        with open(t._path(NS, "k4"), "r+b") as f:  # corrupt k4's header
+            f.write(b"XXXX")
+        d = os.path.dirname(t._path(NS, "k0"))
+        stale, fresh = os.path.join(d, ".k0.1.2.dead.tmp"), os.path.join(d, ".k0.1.3.live.tmp")
+        for p in (stale, fresh):
+            open(p, "wb").write(b"partial")
+        os.utime(stale, (time.time() - 3600, time.time() - 3600))
+        t2 = DiskTier(root=root, capacity_bytes=1 << 20)
+        assert t2.contains_many(NS, keys) == 4
+        assert t2.usage_bytes() == usage - frame_bytes("k4")
+        st = t2.stats().extra
+        assert (st["scan_indexed"], st["scan_skipped"], st["temp_removed"]) == (4, 1, 1)
+        assert not os.path.exists(stale) and os.path.exists(fresh)
+        out = [buf() for _ in range(4)]
+        assert t2.get_many(NS, keys[:4], out) == [True] * 4
+        assert all(torch.equal(o, pl(i)) for i, o in enumerate(out))
+        with pytest.raises(InputError, match="8192"):  # namespace size recovered from headers
+            t2.put_many(NS, ["z"], [pl(9, 4 * KiB)])
+        t2.check_integrity()
+        t2.close()
+
+    def test_scan_over_capacity_evicts_oldest(self, root):
+        t = DiskTier(root=root, capacity_bytes=1 << 20)
+        t.put_many(NS, ["old"], [pl(1)])
+        os.utime(t._path(NS, "old"), (time.time() - 100, time.time() - 100))
+        t.put_many(NS, ["new"], [pl(2)])
+        t.close()
+        t2 = DiskTier(root=root, capacity_bytes=frame_bytes("new") + 10)
+        assert t2.contains_many(NS, ["new"]) == 1 and t2.contains_many(NS, ["old"]) == 0
+        assert t2.drain_evicted() == [(NS, "old")]
+        t2.check_integrity()
+        t2.close()
+
+
+class TestCapacity:
+    def test_lru_eviction_and_drain(self, root):
+        """Room for 3 frames: a hit refreshes recency; the least recently used file is evicted."""
+        t = DiskTier(root=root, capacity_bytes=3 * frame_bytes("a"))
+        t.put_many(NS, ["a", "b", "c"], [pl(1), pl(2), pl(3)])
+        assert t.get_many(NS, ["a"], [buf()]) == [True]
+        assert t.put_many(NS, ["d"], [pl(4)]) == [True]
+        assert t.contains_many(NS, ["a"]) == 1 and t.contains_many(NS, ["b"]) == 0
+        assert t.drain_evicted() == [(NS, "b")] and t.drain_evicted() == []
+        st = t.stats().extra
+        assert st["evictions"] == 1 and st["evicted_bytes"] == frame_bytes("b")
+        assert not os.path.exists(t._path(NS, "b"))
+        assert t.usage_bytes() <= t.capacity_bytes
+        t.check_integrity()
+        t.close()
+
+    def test_capacity_smaller_than_one_chunk(self, root):
+        t = DiskTier(root=root, capacity_bytes=4 * KiB)
+        with pytest.raises(CapacityError, match=r"8192-byte chunk.*4096"):
+            t.put_many(NS, ["a"], [pl(1)])
+        t.check_integrity()
+        t.close()
+
+
+class TestConstructionErrors:
+    def test_root_under_a_regular_file(self, tmp_path):
+        f = tmp_path / "file"
+        f.write_bytes(b"x")
+        with pytest.raises(ConfigError, match="not writable"):
+            DiskTier(root=str(f / "sub"), capacity_bytes=1 << 20)
+        with pytest.raises(ConfigError, match="not writable"):
+            DiskTier(root=str(f), capacity_bytes=1 << 20)
+
+    def test_read_only_directory(self, tmp_path):
+        """A read-only filesystem (root ignores mode bits, so mount one read-only)."""
+        d = str(tmp_path / "ro")
+        if os.geteuid() != 0:
+            os.makedirs(d)
+            os.chmod(d, 0o500)
+        elif not _mount_tmpfs(d, "ro,size=1m"):
+            pytest.skip("cannot mount a read-only tmpfs here")
+        try:
+            with pytest.raises(ConfigError, match=r"not writable \(E(ROFS|ACCES)"):
+                DiskTier(root=d, capacity_bytes=1 << 20)
+        finally:
+            if os.geteuid() == 0:
+                _umount(d)
+
+    @pytest.mark.parametrize("url", ["file://relative/dir?capacity=1MiB", "file:///tmp/x", "file:///tmp/x?capacity=1MiB&bogus=1"])
+    def test_bad_urls(self, url):
+        with pytest.raises(ConfigError):
+            make_tier(url)
+
+
+class TestDiskFull:
+    def test_enospc_from_writev_degrades_to_failed_put(self, tier, monkeypatch):
+        """ENOSPC mid-write: put returns False, no temp file left, accounting restored, later puts work."""
+        tier.put_many(NS, ["ok"], [pl(0)])
+        real = os.writev
+
+        def full(fd, bufs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(disk_mod.os, "writev", full)
+        assert tier.put_many(NS, ["a", "b"], [pl(1), pl(2)]) == [False, False]
+        st = tier.stats()
+        assert st.put_failures == 2 and st.errors == 2
+        assert tier.usage_bytes() == frame_bytes("ok")
+        tier.check_integrity()
+        for dirpath, _d, files in os.walk(tier.root):
+            assert not [f for f in files if f.endswith(".tmp")], files
+        monkeypatch.setattr(disk_mod.os, "writev", real)
+        assert tier.put_many(NS, ["a"], [pl(1)]) == [True]
+
+    def test_real_enospc_on_tiny_tmpfs(self, tmp_path):
+        """A 1 MiB tmpfs under a 64 MiB capacity: the filesystem fills first; puts fail, data stays exact."""
+        d = str(tmp_path / "tiny")
+        if os.geteuid() != 0 or not _mount_tmpfs(d, "size=1m"):
+            pytest.skip("cannot mount a tmpfs here (needs root)")
+        try:
+            t = DiskTier(root=d, capacity_bytes=64 << 20)
+            keys = [f"k{i}" for i in range(8)]
+            ok = [t.put_many(NS, [k], [pl(i, 256 * KiB)])[0] for i, k in enumerate(keys)]
+            assert 1 <= sum(ok) < 8, ok
+            assert t.stats().put_failures == 8 - sum(ok)
+            out = [buf(256 * KiB) for _ in keys]
+            hits = t.get_many(NS, keys, out)
+            assert hits == ok
+            assert all(torch.equal(o, pl(i, 256 * KiB)) for i, (o, h) in enumerate(zip(out, hits)) if h)
+            t.check_integrity()
+            t.close()
+        finally:
+            _umount(d)
+
+
+class TestShared:
+    def test_shared_tier_reads_files_other_writers_made(self, root):
+        """shared=True: a chunk written through another tier object is found, verified and adopted."""
+        writer = DiskTier(root=root, capacity_bytes=1 << 20, shared=True)
+        reader = DiskTier(root=root, capacity_bytes=1 << 20, shared=True)
+        writer.put_many(NS, ["a", "b"], [pl(1), pl(2)])
+        assert reader.contains_many(NS, ["a", "b", "c"]) == 2
+        out = [buf()]
+        assert reader.get_many(NS, ["b"], out) == [True] and torch.equal(out[0], pl(2))
+        assert reader.stats().extra["adopted"] == 1
+        private = DiskTier(root=root, capacity_bytes=1 << 20)  # non-shared scans at open only
+        assert private.contains_many(NS, ["a"]) == 1
+        for t in (writer, reader, private):
+            t.check_integrity()
+            t.close()
+
+    def test_two_processes_writing_one_key(self, root):
+        """Two processes rewrite one key with different bytes while this one reads: every hit is one of
+        the two payloads, whole and verified."""
+        DiskTier(root=root, capacity_bytes=64 << 20, shared=True).close()
+        # fork: the children only do file I/O and numpy (no torch thread pools), and start in ms
+        ctx = mp.get_context("fork")
+        start = ctx.Event()
+        procs = [ctx.Process(target=_writer, args=(root, seed, start, 1.5)) for seed in (11, 22)]
+        for p in procs:
+            p.start()
+        reader = DiskTier(root=root, capacity_bytes=64 << 20, shared=True)
+        expected = {s: _np_payload(s) for s in (11, 22)}
+        start.set()
+        hits, seen, bad = 0, set(), 0
+        deadline = time.time() + 60
+        while any(p.is_alive() for p in procs) and time.time() < deadline:
+            out = buf(1 << 20)
+            if reader.get_many(NS, ["shared"], [out]) == [True]:
+                hits += 1
+                match = [s for s, e in expected.items() if torch.equal(out, e)]
+                seen.update(match)
+                bad += not match
+        for p in procs:
+            p.join(timeout=30)
+            assert p.exitcode == 0
+        assert bad == 0
+        assert hits > 0, "the reader never saw the key"
+        assert seen, "no hit matched a writer's payload"
+        out = buf(1 << 20)
+        assert reader.get_many(NS, ["shared"], [out]) == [True]
+        assert any(torch.equal(out, e) for e in expected.values())
+        reader.check_integrity()
+        reader.close()
+
+
+def _np_payload(seed: int) -> torch.Tensor:
+    return torch.from_numpy(np.random.default_rng(seed).integers(0, 256, 1 << 20, dtype=np.uint8))
+
+
+def _writer(root: str, seed: int, start, seconds: float) -> None:
+    t = DiskTier(root=root, capacity_bytes=64 << 20, shared=True, io_threads=1)
+    p = _np_payload(seed)
+    start.wait(30)
+    end = time.time() + seconds
+    while time.time() < end:
+        t.delete_many(NS, ["shared"])
+        t.put_many(NS, ["shared"], [p])
+    t.put_many(NS, ["shared"], [p])
+    t.close()
