@@ -11,7 +11,10 @@ needs per-ancestor state derives it when it matters: ancestors are evicted only 
 match O(log n) instead of O(path length).
 
 A policy may yield candidates that are not evictable right now (pinned, or interior in its tier):
-the tree skips them. ``candidates()`` must not be resumed after the tree mutates the policy.
+the tree skips them. By default ``candidates()`` is not resumed after the tree mutates the policy; a
+policy that sets ``live_candidates = True`` promises its iterator tolerates the tree evicting each
+yielded node (``on_remove`` / ``on_leaf``) before the next step, which lets ``RadixTree.evict`` run
+one iterator for a whole batch while staying exact.
 """
 
 from __future__ import annotations
@@ -107,13 +110,14 @@ class LRUPolicy:
     def __init__(self) -> None:
         self._order: OrderedDict[int, None] = OrderedDict()
         self._parked: set[int] = set()
+        self._aside: list[int] = []  # skipped candidates, only during one candidates() run
         self._is_leaf: Callable[[int], bool] = lambda _n: True
 
     def bind(self, tree: RadixTree, tier_index: int) -> None:
         self._is_leaf = tree.tier_leaf_predicate(tier_index)
 
     def __len__(self) -> int:
-        return len(self._order) + len(self._parked)
+        return len(self._order) + len(self._parked) + len(self._aside)
 
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         self._order.update(dict.fromkeys(node_ids))
@@ -136,24 +140,35 @@ class LRUPolicy:
         for n in node_ids:
             if n in order:
                 del order[n]
-            else:
+            elif n in parked:
                 parked.discard(n)
+            elif n in self._aside:
+                self._aside.remove(n)
+
+    live_candidates = True
 
     def candidates(self) -> Iterator[int]:
-        is_leaf = self._is_leaf
-        to_park: list[int] = []
+        # Always look at the current oldest entry, so the tree may evict what we yield (and
+        # on_leaf may put a parent in front) between steps. A yielded node the tree skipped
+        # (pinned) is set aside and put back in front when iteration ends.
+        order, parked, is_leaf = self._order, self._parked, self._is_leaf
+        aside = self._aside
         try:
-            for n in self._order:
-                if is_leaf(n):
-                    yield n
-                else:
-                    to_park.append(n)
+            while order:
+                n = next(iter(order))
+                if not is_leaf(n):
+                    del order[n]
+                    parked.add(n)
+                    continue
+                yield n
+                if n in order and next(iter(order)) == n:
+                    del order[n]
+                    aside.append(n)
         finally:
-            # Parking mutates the dict, so it waits until iteration is over.
-            for n in to_park:
-                if n in self._order and not is_leaf(n):
-                    del self._order[n]
-                    self._parked.add(n)
+            while aside:
+                n = aside.pop()
+                order[n] = None
+                order.move_to_end(n, last=False)
 
     def check_integrity(self) -> None:
         both = self._parked.intersection(self._order)

@@ -549,19 +549,71 @@ class RadixTree:
 
     def evict(self, tier: str, n_chunks: int) -> DropResult:
         """Drop up to ``n_chunks`` chunks from ``tier`` one at a time in exact policy order (each
-        eviction may make a parent the next victim). Chunks other tiers hold stay in the tree."""
+        eviction may make a parent the next victim). Chunks other tiers hold stay in the tree.
+
+        Policies that declare ``live_candidates = True`` tolerate evictions between the steps of one
+        ``candidates()`` iterator, so the whole loop runs on one iterator (the fast path the
+        simulator uses); for other policies a fresh iterator is taken per eviction."""
+        t = self.tier_index(tier)
+        pol = self._policies[t]
         removed: list[int] = []
-        orphans: list[int] = []
+        if not getattr(pol, "live_candidates", False):
+            orphans: list[int] = []
+            for _ in range(n_chunks):
+                victims = self.evict_candidates(tier, 1, drop=True)
+                if not victims:
+                    break
+                r = self.clear_resident(victims, tier)
+                removed.extend(r.removed_node_ids)
+                orphans.extend(r.orphaned_node_ids)
+            return DropResult(tuple(removed), tuple(orphans))
+        if n_chunks <= 0:
+            return DropResult()
+        bit, mask, nchild, tchild, pins = 1 << t, self._mask, self._nchild, self._tchild[t], self._pins
         evicted = 0
-        while evicted < n_chunks:
-            victims = self.evict_candidates(tier, 1, drop=True)
-            if not victims:
-                break
-            r = self.clear_resident(victims, tier)
-            removed.extend(r.removed_node_ids)
-            orphans.extend(r.orphaned_node_ids)
-            evicted += 1
-        return DropResult(tuple(removed), tuple(orphans))
+        gen = pol.candidates()
+        try:
+            for n in gen:
+                if not mask[n] & bit or tchild[n]:
+                    continue
+                if pins and n in pins and self.is_pinned(n):
+                    continue
+                if nchild[n] and mask[n] == bit:
+                    continue
+                self._evict_one(n, t, removed)
+                evicted += 1
+                if evicted >= n_chunks:
+                    break
+        finally:
+            gen.close()
+        self.stats.removed_chunks += len(removed)
+        return DropResult(tuple(removed), ())
+
+    def _evict_one(self, n: int, t: int, removed: list[int]) -> None:
+        """Lean path of clear_resident + _remove_nodes for one tier-leaf that orphans nothing."""
+        bit, mask = 1 << t, self._mask
+        pol = self._policies[t]
+        pol.on_remove((n,))
+        m = mask[n] = mask[n] & ~bit
+        size = self._size[n]
+        self._tier_bytes[t] -= size
+        self._tier_chunks[t] -= 1
+        p = self._parent[n]
+        if p != _NO_PARENT:
+            tchild = self._tchild[t]
+            tchild[p] -= 1
+            if m == 0:
+                self._nchild[p] -= 1
+            if tchild[p] == 0 and mask[p] & bit:
+                pol.on_leaf(p)
+        if m == 0:
+            del self._index[self._ns[n]][self._key[n]]  # type: ignore[index]
+            if self._pins:
+                self._pins.pop(n, None)
+            self._key[n] = None
+            self._ns[n] = None
+            self._free.append(n)
+            removed.append(n)
 
     # ------------------------------------------------------------------ pins
 
