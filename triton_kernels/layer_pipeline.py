@@ -91,8 +91,12 @@ class LayerPipeline:
     def _issue_loads_through(self, last_layer: int) -> None:
         while len(self._load_events) <= last_layer:
             job = self._load_jobs[len(self._load_events)]
-            self._load_events.append(self._issue(job) if job is not None else None)
-            self.loads_issued_total += job is not None
+            # Count the layer as issued before running it: a job that raises is not retried by a later
+            # wait (the caller reports the failed load); its error propagates from this call.
+            self._load_events.append(None)
+            if job is not None:
+                self.loads_issued_total += 1
+                self._load_events[-1] = self._issue(job)
 
     # --- saves ----------------------------------------------------------------------------------
 

@@ -62,9 +62,11 @@ def _paged_chunk_copy_kernel(
         view_idx = layer_start * num_components + slot  # absolute (layer, component) index
         view_base = tl.load(page_table_ptr + view_idx).to(elem_ptr_ty)
         chunk_base = tl.load(meta_ptr + chunk_page // pages_per_chunk).to(elem_ptr_ty)
+        # Integer arguments equal to 1 arrive as constexprs (Triton specialises them): tl.cast, not
+        # .to(), turns such products into tensors. int64 everywhere: engine pools and chunk batches
+        # exceed 2**31 elements.
         rows = page_tokens * num_heads
-        page_elems = rows.to(tl.int64) * head_dim
-        # int64 everywhere: engine pools and chunk batches exceed 2**31 elements.
+        page_elems = tl.cast(rows, tl.int64) * head_dim
         page_ptr = view_base + page.to(tl.int64) * stride_page
         slab = view_idx.to(tl.int64) * pages_per_chunk + chunk_page % pages_per_chunk
         chunk_ptr = chunk_base + slab * page_elems

@@ -41,56 +41,60 @@ def _page(p: int, ps: int = PAGE_TOKENS) -> slice:
     return slice(p * ps, (p + 1) * ps)
 
 
-def make_case(name: str, dtype: torch.dtype, seed: int = 0) -> Case:
+def make_case(name: str, dtype: torch.dtype, seed: int = 0, device: str = "cpu") -> Case:
     g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return random_bits(shape, dtype, g).to(device)
+
     L, H, D, N, P = LAYERS, HEADS, DIM, PAGE_TOKENS, PAGES
     size = P * N
     if name == "vllm_lbnhc":  # physical [L, B, N, H, 2D], per-layer view [B, H, N, 2D]
-        s = random_bits((L, P, N, H, 2 * D), dtype, g)
+        s = rand(L, P, N, H, 2 * D)
         lay = PagedLayout.from_vllm({f"model.layers.{i}.attn": s[i].permute(0, 2, 1, 3) for i in range(L)})
         return Case(name, lay, lambda l, c, p: s[l, p, :, :, c * D : (c + 1) * D], s)
     if name == "vllm_lbhnc":  # physical [L, B, H, N, 2D], contiguous per-layer view
-        s = random_bits((L, P, H, N, 2 * D), dtype, g)
+        s = rand(L, P, H, N, 2 * D)
         lay = PagedLayout.from_vllm([s[i] for i in range(L)])
         return Case(name, lay, lambda l, c, p: s[l, p, :, :, c * D : (c + 1) * D].transpose(0, 1), s)
     if name == "vllm_mla":  # [B, 1, N, latent]
-        s = random_bits((L, P, 1, N, MLA_DIM), dtype, g)
+        s = rand(L, P, 1, N, MLA_DIM)
         lay = PagedLayout.from_vllm([s[i] for i in range(L)], mla=True)
         return Case(name, lay, lambda l, c, p: s[l, p].transpose(0, 1), s)
     if name == "sglang_device":  # per-layer K and V [tokens, H, D]; 2 tail tokens beyond the last page
-        s = random_bits((2, L, size + 2, H, D), dtype, g)
+        s = rand(2, L, size + 2, H, D)
         lay = PagedLayout.from_sglang_device(list(s[0]), list(s[1]), page_tokens=N)
         return Case(name, lay, lambda l, c, p: s[c, l, _page(p)], s)
     if name == "sglang_device_mla":
-        s = random_bits((L, size, 1, MLA_DIM), dtype, g)
+        s = rand(L, size, 1, MLA_DIM)
         lay = PagedLayout.from_sglang_device(list(s), None, page_tokens=N)
         return Case(name, lay, lambda l, c, p: s[l, _page(p)], s)
     if name == "sglang_host_layer_first":  # (2, L, size, H, D)
-        s = random_bits((2, L, size, H, D), dtype, g)
+        s = rand(2, L, size, H, D)
         lay = PagedLayout.from_sglang_host(s, layout="layer_first", page_tokens=N)
         return Case(name, lay, lambda l, c, p: s[c, l, _page(p)], s)
     if name == "sglang_host_page_first":  # (2, size, L, H, D)
-        s = random_bits((2, size, L, H, D), dtype, g)
+        s = rand(2, size, L, H, D)
         lay = PagedLayout.from_sglang_host(s, layout="page_first", page_tokens=N)
         return Case(name, lay, lambda l, c, p: s[c, _page(p), l], s)
     if name == "sglang_host_page_first_direct":  # (2, page_num, L, page_size, H, D)
-        s = random_bits((2, P, L, N, H, D), dtype, g)
+        s = rand(2, P, L, N, H, D)
         lay = PagedLayout.from_sglang_host(s, layout="page_first_direct", page_tokens=N)
         return Case(name, lay, lambda l, c, p: s[c, p, l], s)
     if name == "sglang_host_mla_layer_first":  # (L, size, 1, D)
-        s = random_bits((L, size, 1, MLA_DIM), dtype, g)
+        s = rand(L, size, 1, MLA_DIM)
         lay = PagedLayout.from_sglang_host(s, layout="layer_first", page_tokens=N, mla=True)
         return Case(name, lay, lambda l, c, p: s[l, _page(p)], s)
     if name == "sglang_host_mla_page_first":  # (size, L, 1, D)
-        s = random_bits((size, L, 1, MLA_DIM), dtype, g)
+        s = rand(size, L, 1, MLA_DIM)
         lay = PagedLayout.from_sglang_host(s, layout="page_first", page_tokens=N, mla=True)
         return Case(name, lay, lambda l, c, p: s[_page(p), l], s)
     if name == "sglang_host_mla_page_first_direct":  # (page_num, L, page_size, 1, D)
-        s = random_bits((P, L, N, 1, MLA_DIM), dtype, g)
+        s = rand(P, L, N, 1, MLA_DIM)
         lay = PagedLayout.from_sglang_host(s, layout="page_first_direct", page_tokens=N, mla=True)
         return Case(name, lay, lambda l, c, p: s[p, l], s)
     if name == "strided_dim":  # every other element of the last dim: stride_dim = 2
-        s = random_bits((L, 2, P, N, H, 2 * D), dtype, g)
+        s = rand(L, 2, P, N, H, 2 * D)
         lay = PagedLayout.from_views([[s[i, c, ..., ::2] for c in range(2)] for i in range(L)])
         return Case(name, lay, lambda l, c, p: s[l, c, p, ..., ::2], s)
     raise KeyError(name)

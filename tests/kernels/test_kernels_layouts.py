@@ -1,0 +1,142 @@
+"""PagedLayout validation, engine layout builders and chunk-buffer helpers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _kernel_cases import CASE_NAMES, LAYERS, MLA_DIM, PAGES, make_case
+
+from radixkv.errors import InputError
+from radixkv.kernels import PagedLayout, alloc_chunks, chunk_from_payload, chunk_payload, word_dtype
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_builders_describe_every_page(name: str) -> None:
+    case = make_case(name, torch.bfloat16)
+    lay = case.layout
+    lay.check_integrity()
+    assert lay.num_layers == LAYERS and lay.num_pages == PAGES
+    assert lay.num_components == (1 if "mla" in name else 2)
+    assert lay.head_dim == (MLA_DIM if "mla" in name else 8)
+    for layer in range(lay.num_layers):
+        for comp in range(lay.num_components):
+            for page in range(lay.num_pages):
+                # the layout's view of a page aliases exactly the engine memory the oracle names
+                view = lay.views[layer][comp][page]
+                want = case.oracle(layer, comp, page)
+                assert view.data_ptr() == want.data_ptr() and view.stride() == want.stride()
+                assert view.shape == want.shape
+
+
+def test_sizes_llama_shaped() -> None:
+    """Llama-3.1-8B: 32 layers, 8 KV heads, dim 128, bf16 -> 128 KiB per token."""
+    pages = torch.empty(4, 32, 8, 16, 256, dtype=torch.bfloat16)  # [B, L, H, N, C] (BLHNC)
+    lay = PagedLayout.from_vllm([pages[:, i] for i in range(32)])
+    assert lay.page_bytes == 16 * 8 * 128 * 2
+    assert lay.chunk_bytes(16) == 256 * 128 * 1024  # 256 tokens
+    assert lay.chunk_shape(16) == (32, 2, 256, 8, 128)
+
+
+def test_from_views_rejects_inconsistent_views() -> None:
+    a = torch.zeros(4, 2, 2, 8, dtype=torch.float16)
+    cases = [
+        ([], "at least one layer"),
+        ([[a, a, a]], "2 components"),
+        ([[a[0]]], "4-D"),
+        ([[a, a], [a]], "layer 1 has 1 components"),
+        ([[a, a], [a, a.float()]], "dtype"),
+        ([[a, a], [a, a.transpose(1, 2).contiguous().transpose(1, 2)]], "strides"),
+        ([[a, a], [a, torch.zeros(5, 2, 2, 8, dtype=torch.float16)]], "shape"),
+        ([[a, a], [a, a.to("meta")]], "device"),
+        ([[a[:, :0], a[:, :0]]], "non-empty"),
+        ([[torch.zeros(2, 2, 2, 2, dtype=torch.complex128)] * 2], "16-byte"),
+    ]
+    for views, match in cases:
+        with pytest.raises(InputError, match=match):
+            PagedLayout.from_views(views)
+
+
+def test_vllm_builder_errors() -> None:
+    with pytest.raises(InputError, match="empty"):
+        PagedLayout.from_vllm({})
+    with pytest.raises(InputError, match="2\\*head_size"):
+        PagedLayout.from_vllm([torch.zeros(4, 2, 16, 24)], head_size=8)
+    with pytest.raises(InputError, match="1 KV head"):
+        PagedLayout.from_vllm([torch.zeros(4, 2, 16, 24)], mla=True)
+    with pytest.raises(InputError, match="4-D"):
+        PagedLayout.from_vllm([torch.zeros(4, 16, 24)])
+
+
+def test_sglang_builder_errors() -> None:
+    k = torch.zeros(10, 2, 8)
+    with pytest.raises(InputError, match="2 K buffers but 1 V"):
+        PagedLayout.from_sglang_device([k, k], [k], page_tokens=4)
+    with pytest.raises(InputError, match="fewer than one page"):
+        PagedLayout.from_sglang_device([k], None, page_tokens=16)
+    with pytest.raises(InputError, match="page_tokens must be a positive int"):
+        PagedLayout.from_sglang_device([k], [k], page_tokens=0)
+    with pytest.raises(InputError, match="unsupported SGLang host layout 'page_head'"):
+        PagedLayout.from_sglang_host(torch.zeros(2, 2, 8, 2, 8), layout="page_head", page_tokens=4)
+    with pytest.raises(InputError, match="5-D"):
+        PagedLayout.from_sglang_host(torch.zeros(2, 8, 2, 8), layout="layer_first", page_tokens=4)
+    with pytest.raises(InputError, match="page_size 4 but page_tokens=8"):
+        PagedLayout.from_sglang_host(
+            torch.zeros(2, 3, 2, 4, 2, 8), layout="page_first_direct", page_tokens=8
+        )
+
+
+def test_check_integrity_notices_moved_views() -> None:
+    case = make_case("sglang_device", torch.float16)
+    lay = case.layout
+    lay.page_table()
+    lay.check_integrity()
+    lay.views = ((lay.views[0][0].clone(), lay.views[0][1]),) + lay.views[1:]
+    with pytest.raises(RuntimeError, match="page table"):
+        lay.check_integrity()
+
+
+def test_page_table_holds_view_addresses() -> None:
+    lay = make_case("vllm_lbnhc", torch.bfloat16).layout
+    table = lay.page_table()
+    assert table.dtype == torch.int64 and table.shape == (LAYERS * 2,)
+    assert table.tolist() == [v.data_ptr() for layer in lay.views for v in layer]
+    assert lay.page_table() is table  # cached
+
+
+def test_alloc_and_payload_views_alias() -> None:
+    lay = make_case("vllm_lbnhc", torch.bfloat16).layout
+    chunks = alloc_chunks(lay, 3, 2)
+    assert chunks.shape == (3, *lay.chunk_shape(2)) and chunks.dtype == torch.bfloat16
+    payload = chunk_payload(chunks[1])
+    assert payload.dtype == torch.uint8 and payload.dim() == 1
+    assert payload.numel() == lay.chunk_bytes(2) and payload.data_ptr() == chunks[1].data_ptr()
+    typed = chunk_from_payload(payload, lay, 2)
+    assert typed.shape == lay.chunk_shape(2) and typed.data_ptr() == chunks[1].data_ptr()
+    typed[0, 1, 0, 0, 0] = 3.5
+    assert chunks[1, 0, 1, 0, 0, 0].item() == 3.5
+
+
+def test_payload_errors() -> None:
+    lay = make_case("vllm_lbnhc", torch.bfloat16).layout
+    good = torch.zeros(lay.chunk_bytes(2), dtype=torch.uint8)
+    with pytest.raises(InputError, match="has 10 bytes"):
+        chunk_from_payload(good[:10], lay, 2)
+    with pytest.raises(InputError, match="1-D torch.uint8"):
+        chunk_from_payload(good.view(torch.int16), lay, 2)
+    with pytest.raises(InputError, match="aligned"):
+        chunk_from_payload(torch.zeros(lay.chunk_bytes(2) + 1, dtype=torch.uint8)[1:], lay, 2)
+    with pytest.raises(InputError, match="pages_per_chunk"):
+        lay.chunk_bytes(0)
+    with pytest.raises(InputError, match="not contiguous"):
+        chunk_payload(alloc_chunks(lay, 2, 2).transpose(0, 1))
+    with pytest.raises(InputError, match="pin_memory=True needs a CPU"):
+        alloc_chunks(lay, 1, 1, device="meta", pin_memory=True)
+    with pytest.raises(InputError, match="num_chunks"):
+        alloc_chunks(lay, 0, 1)
+
+
+def test_word_dtype() -> None:
+    assert word_dtype(torch.bfloat16) == torch.int16
+    assert word_dtype(torch.float8_e4m3fn) == torch.int8
+    assert word_dtype(torch.float32) == torch.int32
+    assert word_dtype(torch.float64) == torch.int64

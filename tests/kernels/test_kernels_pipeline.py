@@ -1,0 +1,120 @@
+"""LayerPipeline protocol on CPU (synchronous, same issue order as on GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _kernel_cases import make_case, random_page_ids, same_bits
+
+from radixkv.errors import InputError
+from radixkv.kernels import LayerPipeline, alloc_chunks, gather_chunks, scatter_chunks
+
+
+def _recorder(log: list[str], name: str):
+    return lambda: log.append(name)
+
+
+@pytest.mark.parametrize("lookahead", [0, 1, 3])
+def test_loads_are_issued_ahead_by_lookahead(lookahead: int) -> None:
+    log: list[str] = []
+    pipe = LayerPipeline("cpu", lookahead_layers=lookahead)
+    assert not pipe.is_async
+    pipe.start_loads([_recorder(log, f"load{i}") for i in range(4)])
+    assert log == [f"load{i}" for i in range(min(lookahead + 1, 4))]
+    for layer in range(4):
+        pipe.wait_layer(layer)
+        log.append(f"compute{layer}")
+        pipe.check_integrity()
+        issued = min(layer + lookahead + 1, 4)
+        assert [x for x in log if x.startswith("load")] == [f"load{i}" for i in range(issued)]
+        # a layer's load always precedes its compute
+        assert log.index(f"load{layer}") < log.index(f"compute{layer}")
+    assert not pipe.loads_pending and pipe.loads_issued_total == 4
+
+
+def test_none_jobs_and_no_batch() -> None:
+    log: list[str] = []
+    pipe = LayerPipeline("cpu")
+    pipe.wait_layer(5)  # no loads this step: returns at once
+    pipe.start_loads([None, _recorder(log, "load1"), None])
+    for layer in range(3):
+        pipe.wait_layer(layer)
+    assert log == ["load1"] and pipe.loads_issued_total == 1
+    pipe.check_integrity()
+
+
+def test_start_loads_refuses_an_unfinished_batch_and_wait_all_finishes_it() -> None:
+    log: list[str] = []
+    pipe = LayerPipeline("cpu", lookahead_layers=0)
+    pipe.start_loads([_recorder(log, f"a{i}") for i in range(3)])
+    assert pipe.loads_pending
+    with pytest.raises(InputError, match="2 layers of the previous batch"):
+        pipe.start_loads([_recorder(log, "b0")])
+    pipe.wait_all()
+    assert log == ["a0", "a1", "a2"] and not pipe.loads_pending
+    pipe.start_loads([_recorder(log, "b0")])
+    assert log[-1] == "b0"
+
+
+def test_saves_run_in_order() -> None:
+    log: list[str] = []
+    pipe = LayerPipeline("cpu")
+    for layer in range(3):
+        log.append(f"compute{layer}")
+        pipe.save_layer(layer, _recorder(log, f"save{layer}"))
+    pipe.wait_all()
+    assert log == ["compute0", "save0", "compute1", "save1", "compute2", "save2"]
+    assert pipe.saves_issued_total == 3
+    pipe.check_integrity()
+
+
+def test_argument_errors() -> None:
+    with pytest.raises(InputError, match="lookahead_layers"):
+        LayerPipeline("cpu", lookahead_layers=-1)
+    pipe = LayerPipeline("cpu")
+    with pytest.raises(InputError, match="expected a callable or None"):
+        pipe.start_loads([lambda: None, 3])
+    pipe.start_loads([lambda: None, lambda: None])
+    with pytest.raises(InputError, match="outside the load batch 0..1"):
+        pipe.wait_layer(2)
+    with pytest.raises(InputError, match="expected a callable"):
+        pipe.save_layer(0, None)
+
+
+def test_job_errors_propagate_from_the_issuing_call() -> None:
+    def boom() -> None:
+        raise RuntimeError("transfer failed")
+
+    pipe = LayerPipeline("cpu", lookahead_layers=0)
+    log: list[str] = []
+    pipe.start_loads([lambda: None, boom, _recorder(log, "load2")])
+    pipe.wait_layer(0)  # lookahead 0: layer 1 is issued only when waited for
+    with pytest.raises(RuntimeError, match="transfer failed"):
+        pipe.wait_layer(1)
+    pipe.wait_layer(1)  # not retried
+    pipe.wait_layer(2)
+    assert log == ["load2"] and pipe.loads_issued_total == 3
+    pipe.check_integrity()
+
+
+def test_layerwise_load_and_save_with_kernels() -> None:
+    """The vLLM layer-wise flow: per-layer scatter (load) then per-layer gather (save)."""
+    src = make_case("vllm_lbnhc", torch.bfloat16, seed=1)
+    dst = make_case("vllm_lbnhc", torch.bfloat16, seed=2)
+    ids = random_page_ids(2, 3, seed=4)
+    chunks = alloc_chunks(src.layout, 2, 3)
+    gather_chunks(src.layout, ids, chunks)
+    pipe = LayerPipeline("cpu")
+    layers = src.layout.num_layers
+    pipe.start_loads(
+        [lambda l=l: scatter_chunks(dst.layout, ids, chunks, layers=l) for l in range(layers)]
+    )
+    saved = torch.zeros_like(chunks)
+    for l in range(layers):
+        pipe.wait_layer(l)
+        pipe.save_layer(l, lambda l=l: gather_chunks(dst.layout, ids, saved, layers=l))
+    pipe.wait_all()
+    pipe.check_integrity()
+    mask = (ids >= 0).repeat_interleave(src.layout.page_tokens, dim=1)  # [chunk, chunk_token]
+    for c in range(2):
+        assert same_bits(saved[c][:, :, mask[c]], chunks[c][:, :, mask[c]])
