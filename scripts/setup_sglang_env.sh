@@ -27,7 +27,7 @@ env_ok() {
 import importlib.metadata as md, sys
 assert md.version("sglang") == "$SGLANG_VERSION", md.version("sglang")
 assert md.version("torch").split("+")[0] == "$TORCH_VERSION", md.version("torch")
-import torch, radixkv, redis, pytest
+import torch, radixkv, redis, pytest, ninja
 import sglang.srt.mem_cache.hicache_storage
 import sglang.srt.managers.cache_controller
 import sglang.srt.mem_cache.storage.backend_factory
@@ -54,7 +54,7 @@ echo "torch==$TORCH_VERSION" >"$CONSTRAINTS"
   numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq \
   tqdm IPython aiohttp dill gguf partial_json_parser \
   "transformers==5.19.0" "apache-tvm-ffi==0.1.11" "sentencepiece==0.2.1" \
-  "compressed-tensors==0.18.0" "openai==2.8.0"
+  "compressed-tensors==0.18.0" "openai==2.8.0" ninja
 # radixkv itself (editable) with its test and Redis extras; this brings real triton.
 "${PIP[@]}" install -c "$CONSTRAINTS" -e "$REPO[test,redis]"
 
@@ -68,5 +68,14 @@ if ! env_ok; then
        "run: PYTHONPATH=$REPO/tests/_stubs $ENV_DIR/bin/python -c 'import sglang.srt.managers.cache_controller'" >&2
   exit 1
 fi
+# SGLang's page hash is a JIT-built C++ extension (g++, OpenSSL headers, ninja): build it once here,
+# into the env, so test runs do not pay ~35 s for it. tests/sglang/conftest.py points
+# TORCH_EXTENSIONS_DIR at the same folder.
+if [[ ! -f /usr/include/openssl/sha.h ]] || ! command -v g++ >/dev/null; then
+  echo "setup_sglang_env: installing g++ and libssl-dev for SGLang's native page hash"
+  apt-get install -y -q g++ libssl-dev >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q g++ libssl-dev >/dev/null; }
+fi
+TORCH_EXTENSIONS_DIR="$ENV_DIR/torch_extensions" PYTHONPATH="$REPO/tests/_stubs" "$ENV_DIR/bin/python" -W ignore -c \
+  "from sglang.srt.mem_cache.utils import get_hash_str; assert len(get_hash_str([1, 2], None, page_size=2)) == 1"
 echo "$SCRIPT_HASH" >"$MARKER"
 echo "setup_sglang_env: done ($ENV_DIR)"

@@ -1,0 +1,410 @@
+"""radixkv as SGLang 0.5.23's L3 storage backend (``--hicache-storage-backend dynamic``).
+
+    --hicache-storage-backend dynamic --hicache-storage-backend-extra-config \\
+      '{"backend_name":"radixkv","module_path":"radixkv.adapters.sglang","class_name":"RadixKVStore",
+        "interface_v1":1,"hicache_storage_pass_prefix_keys":true,
+        "tiers":[{"url":"mem://","capacity":"8GiB"},{"url":"file:///var/cache/radixkv","capacity":"200GiB"}]}'
+
+SGLang owns L1 (GPU) and L2 (its host pool); radixkv's :class:`~radixkv.store.HierarchicalStore`
+(radix tree over memory / disk / Redis tiers) is L3. SGLang page hashes are radixkv chunk keys; with
+``hicache_storage_pass_prefix_keys`` each page hangs under its parent, so the tree mirrors SGLang's
+prefix tree at page granularity. Contract (docs/sglang.md):
+
+* constructed as ``cls(storage_config, kwargs)``; host pools arrive via ``register_mem_pool_host``,
+  ``register_mem_host_pool_v2`` and ``on_host_pools_registered``;
+* ``batch_set_v1`` / ``batch_get_v1`` copy between the host pool and the tiers directly (see
+  :mod:`radixkv.adapters.sglang_pages`); ``batch_exists`` is one tree lookup (plus one probe of the
+  persistent/shared tiers on a miss, which adopts chunks written before a restart or by another
+  server); the copying ``get``/``set``/``batch_*``/``exists`` path works with ``interface_v1`` off;
+* ``batch_*_v2`` serve the KV pool plus sidecar pools (``all_pages`` and ``trailing_pages`` policies);
+* every storage identity carries model, dtype, layout, page size and the TP/PP/CP/DP shard; with MLA
+  only the storage-writer rank writes;
+* a batch call never raises: failures are per-page ``False`` with a logged reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, List, Optional
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+    PoolTransferResult,
+)
+
+from radixkv.adapters.sglang_config import RadixKVOptions, namespace_for
+from radixkv.adapters.sglang_pages import PagePlan, plan_for, segment_keys
+from radixkv.keys import Namespace
+from radixkv.store import HierarchicalStore
+
+__all__ = ["RadixKVStore"]
+
+logger = logging.getLogger("radixkv.sglang")
+
+try:  # SGLang's storage-metrics record (asserted by its collector)
+    from sglang.srt.observability.metrics_collector import StorageMetrics as _StorageMetrics
+except Exception:  # pragma: no cover - metrics module missing in a trimmed install
+    _StorageMetrics = None  # type: ignore[assignment]
+
+
+class _PoolBinding:
+    """One registered host pool: its page plan and namespace (v1/zero-copy and flat/copying)."""
+
+    __slots__ = ("name", "pool", "plan", "flat", "ns", "ns_flat")
+
+    def __init__(self, name: str, pool: Any, config: HiCacheStorageConfig, opts: RadixKVOptions) -> None:
+        self.name = name
+        self.pool = pool
+        self.plan: PagePlan = plan_for(pool, flat=name != str(PoolName.KV))
+        self.flat: PagePlan = self.plan if self.plan.mode == "flat" else plan_for(pool, flat=True)
+        self.ns: Namespace = namespace_for(config, opts, pool, name, self.plan.tag)
+        self.ns_flat: Namespace = namespace_for(config, opts, pool, name, self.flat.tag, layout="flat")
+
+
+class RadixKVStore(HiCacheStorage):
+    """SGLang ``HiCacheStorage`` over a radixkv hierarchical store. Thread-safe."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None) -> None:
+        self.storage_config = storage_config
+        self.options = RadixKVOptions.from_extra_config(storage_config.extra_config or {})
+        self.interface_v1 = self.options.interface_v1
+        self.is_writer = bool(storage_config.is_storage_writer)
+        self.store = HierarchicalStore(self.options.store_config())
+        self.registered_pools: dict[str, Any] = {}
+        self._bindings: dict[str, _PoolBinding] = {}
+        self._lock = threading.Lock()
+        self._metrics_lock = threading.Lock()
+        self._pending = self._empty_metrics()
+        self.counters = {"failed_calls": 0, "skipped_non_writer_pages": 0, "adopted_chunks": 0}
+        self._closed = False
+
+    # ------------------------------------------------------------------ registration
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        self.mem_pool_host = mem_pool_host
+        self._bind(str(PoolName.KV), mem_pool_host)
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        self._bind(str(host_pool_name), host_pool)
+
+    def on_host_pools_registered(self) -> None:
+        logger.info("radixkv: pools %s; namespaces %s", sorted(self._bindings),
+                    {n: str(b.ns) for n, b in self._bindings.items()})
+
+    def _bind(self, name: str, pool: Any) -> None:
+        with self._lock:
+            self._bindings[name] = _PoolBinding(name, pool, self.storage_config, self.options)
+
+    def _binding(self, name: str = "kv") -> _PoolBinding:
+        b = self._bindings.get(name)
+        if b is None:
+            raise RuntimeError(f"host pool {name!r} was never registered with the radixkv backend")
+        return b
+
+    # ------------------------------------------------------------------ chain helpers
+    def _parent(self, b: _PoolBinding, ns: Namespace, n_seg: int, extra_info: Any) -> Optional[str]:
+        prefix = getattr(extra_info, "prefix_keys", None) if extra_info is not None else None
+        if not prefix:
+            return None
+        return segment_keys([prefix[-1]], n_seg)[-1]
+
+    def _lookup(self, ns: Namespace, keys: List[str], parent: Optional[str], chunk_bytes: int) -> int:
+        """Leading run of ``keys`` available: the tree, then (on a miss) the persistent/shared tiers."""
+        n = self.store.lookup(ns, keys)
+        if n < len(keys) and self.options.probe_tiers:
+            n += self._adopt(ns, keys[n:], keys[n - 1] if n else parent, chunk_bytes)
+        return n
+
+    def _adopt(self, ns: Namespace, keys: List[str], parent: Optional[str], chunk_bytes: int) -> int:
+        """Chunks a lower tier holds that this store's tree does not know (written before a restart,
+        or by another server sharing the tier): add them to the tree as resident there."""
+        best, best_tier = 0, None
+        nsd = ns.digest
+        for t, tier in enumerate(self.store.tiers):
+            if t == 0 and len(self.store.tiers) > 1 and getattr(tier, "name", "").startswith("mem"):
+                continue  # a process-local memory tier cannot hold anything the tree does not know
+            try:
+                m = int(tier.contains_many(nsd, keys))
+            except Exception as e:  # a tier that cannot answer is a miss
+                logger.debug("radixkv: probe of tier %s failed: %s", getattr(tier, "name", t), e)
+                continue
+            if m > best:
+                best, best_tier = m, tier.name
+        if not best:
+            return 0
+        with self.store.lock:
+            tree = self.store.tree
+            p = parent if parent is not None and tree.lookup(nsd, parent) is not None else None
+            r = tree.insert(nsd, list(keys[:best]), tier=best_tier, chunk_tokens=ns.chunk_tokens,
+                            size_bytes=chunk_bytes, parent_key=p)
+            got = len(r.node_ids)
+        self.counters["adopted_chunks"] += got
+        return got
+
+    def _put(self, ns: Namespace, keys: List[str], payloads: List[torch.Tensor], parent: Optional[str]) -> List[bool]:
+        ok = self.store.put(ns, keys, payloads, parent_key=parent)
+        if parent is not None and keys and not ok[0]:
+            # The parent page is not in this store (evicted, or its write failed): the chunks still
+            # match by key, so hang them at the namespace root rather than dropping the write.
+            ok = self.store.put(ns, keys, payloads, parent_key=None)
+        return ok
+
+    @staticmethod
+    def _per_page(ok_chunks: List[bool], n_pages: int, per: int) -> List[bool]:
+        return [all(ok_chunks[i * per : (i + 1) * per]) for i in range(n_pages)]
+
+    # ------------------------------------------------------------------ page I/O (one pool)
+    def _write_pages(self, b: _PoolBinding, plan: PagePlan, ns: Namespace, keys: List[str],
+                     host_indices: torch.Tensor, extra_info: Any) -> List[bool]:
+        n = len(keys)
+        if not self.is_writer:
+            self.counters["skipped_non_writer_pages"] += n
+            return [True] * n  # MLA: the writer rank stores these exact bytes
+        starts = plan.page_starts(host_indices, n)
+        per = plan.chunks_per_page()
+        ckeys = segment_keys(keys, per)
+        payloads = plan.views(starts) if plan.mode == "direct" else plan.gather(starts)
+        return self._per_page(self._put(ns, ckeys, payloads, self._parent(b, ns, per, extra_info)), n, per)
+
+    def _read_pages(self, b: _PoolBinding, plan: PagePlan, ns: Namespace, keys: List[str],
+                    host_indices: torch.Tensor, extra_info: Any) -> List[bool]:
+        n = len(keys)
+        starts = plan.page_starts(host_indices, n)
+        per = plan.chunks_per_page()
+        ckeys = segment_keys(keys, per)
+        avail = self._lookup(ns, ckeys, self._parent(b, ns, per, extra_info), plan.chunk_bytes)
+        m = avail // per
+        if m == 0:
+            return [False] * n
+        if plan.mode == "direct":
+            got = self.store.get(ns, ckeys[: m * per], plan.views(starts[:m]))
+            pages = got // per
+        else:
+            bufs = plan.staging(m)
+            pages = self.store.get(ns, ckeys[:m], bufs)
+            plan.scatter(starts[:pages], bufs[:pages])
+        return [i < pages for i in range(n)]
+
+    def _guard(self, what: str, n: int, fn: Any, *args: Any) -> List[bool]:
+        try:
+            return fn(*args)
+        except Exception as e:  # never raise into SGLang's storage threads
+            self.counters["failed_calls"] += 1
+            logger.warning("radixkv: %s of %d pages failed: %s: %s", what, n, type(e).__name__, e)
+            return [False] * n
+
+    def _record(self, kind: str, pages: int, nbytes: int, t0: float) -> None:
+        dt = time.perf_counter() - t0
+        if self._pending is None:
+            return
+        with self._metrics_lock:
+            getattr(self._pending, f"{kind}_pgs").append(pages)
+            if dt > 0 and nbytes:
+                getattr(self._pending, f"{kind}_bandwidth").append(nbytes / dt / 1e9)
+
+    # ------------------------------------------------------------------ v1 (zero-copy)
+    def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        t0 = time.perf_counter()
+        b = self._bindings.get("kv")
+        if b is None:
+            return [False] * len(keys)
+        ok = self._guard("batch_set_v1", len(keys), self._write_pages, b, b.plan, b.ns, keys, host_indices, extra_info)
+        self._record("backup", sum(ok), sum(ok) * b.flat.chunk_bytes, t0)
+        return ok
+
+    def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        t0 = time.perf_counter()
+        b = self._bindings.get("kv")
+        if b is None:
+            return [False] * len(keys)
+        ok = self._guard("batch_get_v1", len(keys), self._read_pages, b, b.plan, b.ns, keys, host_indices, extra_info)
+        self._record("prefetch", sum(ok), sum(ok) * b.flat.chunk_bytes, t0)
+        return ok
+
+    def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+        try:
+            b = self._binding("kv")
+            plan, ns = (b.plan, b.ns) if self.interface_v1 else (b.flat, b.ns_flat)
+            per = plan.chunks_per_page()
+            return self._lookup(ns, segment_keys(keys, per), self._parent(b, ns, per, extra_info),
+                                plan.chunk_bytes) // per
+        except Exception as e:
+            self.counters["failed_calls"] += 1
+            logger.warning("radixkv: batch_exists of %d pages failed: %s: %s", len(keys), type(e).__name__, e)
+            return 0
+
+    # ------------------------------------------------------------------ copying path (interface_v1 off)
+    def _u8(self, t: Any) -> torch.Tensor:
+        return t.reshape(-1).view(torch.uint8) if t.is_contiguous() else t.contiguous().reshape(-1).view(torch.uint8)
+
+    def batch_set(self, keys: List[str], values: Optional[Any] = None, target_locations: Optional[Any] = None,
+                  target_sizes: Optional[Any] = None) -> bool:
+        def run() -> List[bool]:
+            b = self._binding("kv")
+            if not self.is_writer:
+                self.counters["skipped_non_writer_pages"] += len(keys)
+                return [True] * len(keys)
+            payloads = [self._u8(v) for v in values]
+            return self._put(b.ns_flat, list(keys), payloads, None)
+
+        t0 = time.perf_counter()
+        ok = self._guard("batch_set", len(keys), run)
+        b = self._bindings.get("kv")
+        self._record("backup", sum(ok), sum(ok) * (b.flat.chunk_bytes if b else 0), t0)
+        return bool(keys) and all(ok)
+
+    def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
+                  target_sizes: Optional[Any] = None) -> List[torch.Tensor | None]:
+        t0 = time.perf_counter()
+        b = self._bindings.get("kv")
+        got, targets = 0, None
+        try:
+            b = self._binding("kv")
+            targets = list(target_locations) if target_locations is not None else b.flat.staging(len(keys))
+            n = self._lookup(b.ns_flat, list(keys), None, b.flat.chunk_bytes)
+            got = self.store.get(b.ns_flat, list(keys[:n]), [self._u8(t) for t in targets[:n]]) if n else 0
+        except Exception as e:  # never raise into SGLang's storage threads
+            self.counters["failed_calls"] += 1
+            logger.warning("radixkv: batch_get of %d pages failed: %s: %s", len(keys), type(e).__name__, e)
+            got = 0
+        self._record("prefetch", got, got * (b.flat.chunk_bytes if b else 0), t0)
+        return [targets[i] if i < got and targets is not None else None for i in range(len(keys))]
+
+    def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None):
+        return self.batch_get([key], [target_location] if target_location is not None else None)[0]
+
+    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
+            target_sizes: Optional[Any] = None) -> bool:
+        return self.batch_set([key], [value])
+
+    def exists(self, key: str) -> bool:
+        try:
+            b = self._binding("kv")
+            return self._lookup(b.ns_flat, [key], None, b.flat.chunk_bytes) == 1
+        except Exception as e:
+            logger.warning("radixkv: exists failed: %s: %s", type(e).__name__, e)
+            return False
+
+    # ------------------------------------------------------------------ v2 (KV + sidecar pools)
+    def _io_v2(self, transfers: List[PoolTransfer], extra_info: Any, write: bool) -> dict[str, List[bool]]:
+        out: dict[str, List[bool]] = {}
+        for tr in transfers:
+            name = str(tr.name)
+            keys = list(tr.keys or [])
+            what = f"batch_{'set' if write else 'get'}_v2[{name}]"
+
+            def run(tr: PoolTransfer = tr, name: str = name, keys: List[str] = keys) -> List[bool]:
+                b = self._binding(name)
+                plan, ns = (b.plan, b.ns) if name == str(PoolName.KV) else (b.flat, b.ns_flat)
+                info = extra_info if name == str(PoolName.KV) else None  # sidecars: no parent chain
+                fn = self._write_pages if write else self._read_pages
+                return fn(b, plan, ns, keys, tr.host_indices, info)
+
+            out[name] = self._guard(what, len(keys), run) if keys else []
+        return out
+
+    def batch_set_v2(self, transfers: List[PoolTransfer],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict[str, List[bool]]:
+        return self._io_v2(transfers, extra_info, write=True)
+
+    def batch_get_v2(self, transfers: List[PoolTransfer],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict[str, List[bool]]:
+        return self._io_v2(transfers, extra_info, write=False)
+
+    def _present(self, name: str, keys: List[str]) -> List[bool]:
+        """Per-key presence of a sidecar pool's pages (they need not form a chain from the root)."""
+        b = self._binding(name)
+        return [self._lookup(b.ns_flat, [k], None, b.flat.chunk_bytes) == 1 for k in keys]
+
+    def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
+                        extra_info: Optional[HiCacheStorageExtraInfo] = None) -> PoolTransferResult:
+        """KV prefix, then each sidecar pool's verdict (SGLang's HiCacheFile semantics): ``all_pages``
+        needs every page of the prefix, ``trailing_pages`` only the last ``len(transfer.keys)`` pages
+        before a prefix end, ``block_groups`` reports its leading complete groups without gating."""
+        try:
+            kv_pages = self.batch_exists(keys, extra_info)
+            hits: dict[str, int] = {str(PoolName.KV): kv_pages} if kv_pages else {}
+            restorable = set(range(1, kv_pages + 1))
+            for tr in pool_transfers or []:
+                if not restorable:
+                    break
+                name = str(tr.name)
+                have = self._present(name, keys[:kv_pages])
+                if tr.hit_policy == PoolHitPolicy.ALL_PAGES:
+                    boundary = have.index(False) if False in have else kv_pages
+                    pool_ok = set(range(1, boundary + 1))
+                elif tr.hit_policy == PoolHitPolicy.TRAILING_PAGES:
+                    trailing = max(1, len(tr.keys) if tr.keys else 1)
+                    pool_ok = {p for p in range(1, kv_pages + 1) if all(have[max(0, p - trailing) : p])}
+                    boundary = max(pool_ok, default=0)
+                else:  # BLOCK_GROUPS: own verdict only
+                    g = max(1, tr.group_pages or 1)
+                    lead = have.index(False) if False in have else kv_pages
+                    if lead // g:
+                        hits[name] = (lead // g) * g
+                    continue
+                if boundary:
+                    hits[name] = boundary
+                restorable &= pool_ok
+            final = max(restorable, default=0)
+            return PoolTransferResult(final, hits, sorted(restorable))
+        except Exception as e:
+            self.counters["failed_calls"] += 1
+            logger.warning("radixkv: batch_exists_v2 of %d pages failed: %s: %s", len(keys), type(e).__name__, e)
+            return PoolTransferResult.empty()
+
+    # ------------------------------------------------------------------ lifecycle / metrics
+    def clear(self) -> None:
+        """Drop every page of this backend's namespaces from every tier (other servers' untouched)."""
+        try:
+            for b in list(self._bindings.values()):
+                self.store.clear(b.ns)
+                self.store.clear(b.ns_flat)
+        except Exception as e:
+            logger.warning("radixkv: clear failed: %s: %s", type(e).__name__, e)
+
+    def close(self) -> None:
+        """Flush background writes and close the tiers (SGLang calls this on detach). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.store.close()
+        except Exception as e:
+            logger.warning("radixkv: close failed: %s: %s", type(e).__name__, e)
+
+    def _empty_metrics(self) -> Any:
+        if _StorageMetrics is None:
+            return None
+        m = _StorageMetrics()
+        return m
+
+    def get_stats(self) -> Any:
+        """SGLang's ``StorageMetrics`` (pages and GB/s per backup/prefetch call since the last call)
+        with radixkv's own numbers attached as ``.radixkv`` (per-tier stats, tree, adapter counters)."""
+        with self._metrics_lock:
+            m, self._pending = self._pending, self._empty_metrics()
+        try:
+            detail = self.store.stats()
+        except Exception as e:
+            detail = {"error": f"{type(e).__name__}: {e}"}
+        detail["adapter"] = dict(self.counters)
+        if m is None:
+            return detail
+        m.radixkv = detail
+        return m
+
+    def check_integrity(self) -> None:
+        self.store.check_integrity()
+        for name, b in self._bindings.items():
+            assert b.plan.chunk_bytes > 0, f"pool {name}: empty page plan"

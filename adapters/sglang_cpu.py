@@ -1,0 +1,241 @@
+"""CPU harness around SGLang 0.5.23's own HiCache classes (used by tests/sglang and the benchmark).
+
+Builds SGLang's real device pool (``MHATokenToKVPool`` / ``MLATokenToKVPool`` on ``cpu``), its real
+host pool (L2, ``MHATokenToKVPoolHost`` / ``MLATokenToKVPoolHost``) in a chosen layout and its real
+``HiCacheController`` with the four storage threads, then drives the L2<->L3 path the way the
+scheduler does: ``write_storage`` -> backup thread -> backend; ``prefetch`` -> hit query ->
+host-slot allocation -> io-aux thread -> backend -> acks. Nothing here is a fake: the only code of
+ours on that path is the storage backend under test. (L1<->L2 kernels need CUDA and are not used.)
+
+Requires ``sglang==0.5.23``; imported only by tests and ``radixkv.bench.sglang``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from queue import Empty
+from typing import Any
+
+import torch
+
+__all__ = [
+    "PoolSpec",
+    "ControllerHarness",
+    "PrefetchResult",
+    "build_pools",
+    "set_parallel_context",
+]
+
+LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+
+
+def set_parallel_context(tp_rank: int = 0, tp_size: int = 1, pp_rank: int = 0, pp_size: int = 1) -> None:
+    """Publish the parallel widths HiCacheController reads (a launched server does this itself)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    get_parallel().override_permanently(
+        attn_dcp_size=1, attn_dcp_rank=0, tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size
+    )
+
+
+@dataclass(slots=True)
+class PoolSpec:
+    """Geometry of one model's KV cache. ``kind``: "mha" or "mla"; token counts are capacities."""
+
+    kind: str = "mha"
+    layout: str = "page_first"
+    page_size: int = 4
+    layers: int = 2
+    heads: int = 2
+    head_dim: int = 8
+    kv_lora_rank: int = 16
+    rope_dim: int = 8
+    dtype: torch.dtype = torch.bfloat16
+    device_tokens: int = 64
+    host_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("mha", "mla"):
+            raise ValueError(f"PoolSpec.kind={self.kind!r} must be 'mha' or 'mla'")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"PoolSpec.layout={self.layout!r} must be one of {LAYOUTS}")
+        if self.host_tokens % self.page_size or self.device_tokens % self.page_size:
+            raise ValueError("PoolSpec token capacities must be multiples of page_size")
+
+    @property
+    def page_bytes(self) -> int:
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        if self.kind == "mha":
+            return 2 * self.layers * self.page_size * self.heads * self.head_dim * itemsize
+        return self.layers * self.page_size * (self.kv_lora_rank + self.rope_dim) * itemsize
+
+
+@dataclass(slots=True)
+class Pools:
+    allocator: Any
+    device_pool: Any
+    host_pool: Any
+
+
+def build_pools(spec: PoolSpec) -> Pools:
+    """SGLang's own CPU device pool, allocator and host pool for ``spec``."""
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+    common = dict(
+        size=spec.device_tokens, page_size=spec.page_size, dtype=spec.dtype, layer_num=spec.layers,
+        device="cpu", enable_memory_saver=False,
+    )
+    if spec.kind == "mha":
+        device_pool = MHATokenToKVPool(
+            head_num=spec.heads, head_dim=spec.head_dim, enable_alt_stream=False, **common
+        )
+        host_pool = MHATokenToKVPoolHost(
+            device_pool._mha_buffer_info(), 2.0, 0, spec.page_size, spec.layout, pin_memory=False,
+            device="cpu", device_capacity_tokens=spec.device_tokens, start_layer=0,
+            end_layer=spec.layers, host_token_capacity=spec.host_tokens,
+        )
+    else:
+        device_pool = MLATokenToKVPool(
+            kv_lora_rank=spec.kv_lora_rank, qk_rope_head_dim=spec.rope_dim, **common
+        )
+        host_pool = MLATokenToKVPoolHost(
+            device_pool._mla_buffer_info(), 2.0, 0, spec.page_size, spec.layout, pin_memory=False,
+            device="cpu", device_capacity_tokens=spec.device_tokens, start_layer=0,
+            end_layer=spec.layers, target_layer_num=spec.layers, host_token_capacity=spec.host_tokens,
+        )
+    allocator = TokenToKVPoolAllocator(spec.device_tokens, spec.dtype, "cpu", device_pool, False)
+    return Pools(allocator=allocator, device_pool=device_pool, host_pool=host_pool)
+
+
+@dataclass(slots=True)
+class PrefetchResult:
+    hit_tokens: int          # what the hit query promised (storage_hit_count)
+    loaded_tokens: int       # leading tokens actually read into host_indices
+    host_indices: torch.Tensor | None
+    hash_values: list[str] = field(default_factory=list)
+
+
+class ControllerHarness:
+    """SGLang's HiCacheController with a storage backend attached, on CPU pools."""
+
+    def __init__(
+        self,
+        spec: PoolSpec,
+        backend: str = "dynamic",
+        extra_config: dict | None = None,
+        model_name: str = "test-model",
+        pools: Pools | None = None,
+    ) -> None:
+        from sglang.srt.managers.cache_controller import HiCacheController
+
+        self.spec = spec
+        self.pools = pools or build_pools(spec)
+        self.host_pool = self.pools.host_pool
+        self.controller = HiCacheController(
+            self.pools.allocator,
+            self.host_pool,
+            page_size=spec.page_size,
+            tp_group=None,
+            load_cache_event=threading.Event(),
+            write_policy="write_through",
+            storage_backend=backend,
+            storage_backend_extra_config=dict(extra_config or {}),
+            model_name=model_name,
+            prefetch_threshold=spec.page_size,
+        )
+        self._rid = 0
+
+    @property
+    def backend(self) -> Any:
+        return self.controller.storage_backend
+
+    def page_keys(self, tokens: list[int], last_hash: str | None = None) -> list[str]:
+        from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+        return get_storage_hash_str(tokens, last_hash, page_size=self.spec.page_size)
+
+    def alloc(self, n_tokens: int) -> torch.Tensor:
+        idx = self.host_pool.alloc(n_tokens)
+        if idx is None:
+            raise RuntimeError(f"host pool full: cannot allocate {n_tokens} tokens")
+        return idx
+
+    def fill_random(self, host_indices: torch.Tensor, seed: int) -> None:
+        """Write deterministic random bytes into the pages at ``host_indices`` (via SGLang's API)."""
+        gen = torch.Generator().manual_seed(seed)
+        ps = self.spec.page_size
+        for i in range(0, len(host_indices), ps):
+            page = self.host_pool.get_dummy_flat_data_page()
+            raw = torch.randint(0, 256, (page.numel() * page.element_size(),), dtype=torch.uint8, generator=gen)
+            self.host_pool.set_from_flat_data_page(int(host_indices[i]), raw.view(page.dtype))
+
+    def page_bytes_at(self, host_indices: torch.Tensor) -> list[bytes]:
+        """The flat bytes of every page at ``host_indices`` (SGLang's own flat-page view)."""
+        ps = self.spec.page_size
+        out = []
+        for i in range(0, len(host_indices), ps):
+            page = self.host_pool.get_data_page(int(host_indices[i]), flat=True).contiguous()
+            out.append(page.view(torch.uint8).numpy().tobytes())
+        return out
+
+    def backup(
+        self, tokens: list[int], host_indices: torch.Tensor, hashes: list[str] | None = None,
+        prefix_keys: list[str] | None = None, timeout_s: float = 60.0,
+    ) -> int:
+        """Queue a storage write of the full pages and wait for its ack; returns completed tokens."""
+        ps = self.spec.page_size
+        n_pages = len(tokens) // ps
+        hashes = hashes if hashes is not None else self.page_keys(tokens[: n_pages * ps])
+        op_id = self.controller.write_storage(
+            host_indices[: n_pages * ps], tokens[: n_pages * ps], hash_value=hashes, prefix_keys=prefix_keys
+        )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                op = self.controller.ack_backup_queue.get(timeout=max(0.01, deadline - time.monotonic()))
+            except Empty:
+                raise TimeoutError(f"backup op {op_id} not acked within {timeout_s}s") from None
+            if op.id == op_id:
+                return op.completed_tokens
+
+    def prefetch(
+        self, tokens: list[int], last_hash: str | None = None, prefix_keys: list[str] | None = None,
+        timeout_s: float = 60.0,
+    ) -> PrefetchResult:
+        """Hit query + read into freshly allocated host slots, as the scheduler drives it."""
+        self._rid += 1
+        rid = f"req-{self._rid}"
+        c = self.controller
+        op = c.prefetch(rid, tokens, last_hash, prefix_keys)
+        got = c.prefetch_hit_queue.get(timeout=timeout_s)
+        assert got is op, "prefetch hit queue returned another request's operation"
+        hit = op.storage_hit_count
+        if hit == 0:
+            return PrefetchResult(0, 0, None, [])
+        host_indices = self.alloc(hit)
+        op.host_indices = host_indices
+        c.prefetch_buffer.put(op)
+        loaded = 0
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ack = c.ack_prefetch_queue.get(timeout=max(0.01, deadline - time.monotonic()))
+            except Empty:
+                raise TimeoutError(f"prefetch {rid} not completed within {timeout_s}s") from None
+            if ack.rid != rid:
+                continue
+            if ack.completed_tokens is not None:
+                loaded = ack.completed_tokens
+            if ack.completed_req:
+                break
+        return PrefetchResult(hit, loaded, host_indices, list(op.hash_value))
+
+    def close(self) -> None:
+        """Detach the backend (stops the storage threads and calls the backend's close())."""
+        if self.controller.enable_storage or self.controller.storage_backend is not None:
+            self.controller.detach_storage_backend()

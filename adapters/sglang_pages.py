@@ -1,0 +1,154 @@
+"""Where a page's bytes live in an SGLang host pool (L2), as uint8 views the store reads and writes.
+
+A host page is one or more *segments*: contiguous byte ranges of the pool's ``kv_buffer`` that
+SGLang's own ``get_page_buffer_meta`` reports (the same pointers zero-copy backends such as Mooncake
+register). For ``page_first`` / ``page_first_direct`` / ``page_head`` an MHA page is 2 segments
+(K block, V block) and an MLA page 1; ``layer_first`` scatters a page over ``2·layers`` (MHA) or
+``layers`` (MLA) small segments. Plans:
+
+* ``direct`` (at most :data:`MAX_DIRECT_SEGMENTS` segments per page): each segment is its own chunk
+  (chunk key ``page_key`` for segment 0, ``page_key.s`` for segment ``s``), so the store copies
+  straight between its tiers and the host pool: no intermediate buffer in either direction.
+* ``gather`` (more segments, i.e. ``layer_first``): the segments are packed into one staging chunk
+  per page (one gather copy on write, one scatter copy on read).
+* ``flat`` (a pool without usable buffer metadata, the copying interface, and sidecar pools): SGLang's
+  flat data page (``get_data_page`` / ``set_from_flat_data_page``), the layout-independent format.
+
+A plan's ``mode`` and segment count are part of the storage namespace, so chunks written under one
+plan are never read under another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from radixkv.errors import InputError
+
+__all__ = ["PagePlan", "plan_for", "segment_keys", "MAX_DIRECT_SEGMENTS"]
+
+MAX_DIRECT_SEGMENTS = 2
+
+
+def segment_keys(page_keys: Sequence[str], n_segments: int) -> list[str]:
+    """Chunk keys of every segment, page by page: ``[k0, k0.1, ..., k1, k1.1, ...]`` (one chain)."""
+    if n_segments == 1:
+        return list(page_keys)
+    out: list[str] = []
+    for k in page_keys:
+        out.append(k)
+        out.extend(f"{k}.{s}" for s in range(1, n_segments))
+    return out
+
+
+def _u8(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+@dataclass(slots=True)
+class PagePlan:
+    """How pages of one host pool map to chunk payloads. ``chunk_bytes`` is one chunk's size."""
+
+    pool: Any
+    mode: str                 # "direct", "gather" or "flat"
+    n_segments: int           # chunks per page (direct) -- 1 for gather and flat
+    segment_bytes: int        # bytes of one host segment (direct/gather) or of the flat page
+    chunk_bytes: int
+    page_size: int
+    _base: torch.Tensor | None = None   # the pool's kv_buffer as flat uint8
+    _base_ptr: int = 0
+
+    @property
+    def tag(self) -> str:
+        return f"{self.mode}{self.n_segments}x{self.chunk_bytes}"
+
+    def chunks_per_page(self) -> int:
+        return self.n_segments if self.mode == "direct" else 1
+
+    def page_starts(self, host_indices: torch.Tensor, n_pages: int) -> list[int]:
+        """Token index of each page's first slot (SGLang passes token indices, page-aligned)."""
+        if host_indices is None or host_indices.numel() < n_pages * self.page_size:
+            got = 0 if host_indices is None else host_indices.numel()
+            raise InputError(f"host_indices has {got} entries for {n_pages} pages of {self.page_size} tokens")
+        return host_indices[: n_pages * self.page_size : self.page_size].tolist()
+
+    def _segments(self, starts: Sequence[int]) -> list[torch.Tensor]:
+        """Uint8 views of every segment of the pages starting at ``starts`` (SGLang's pointer order)."""
+        ps = self.page_size
+        idx = torch.tensor([s + j for s in starts for j in range(ps)], dtype=torch.int64)
+        ptrs, sizes = self.pool.get_page_buffer_meta(idx)
+        base, base_ptr, n = self._base, self._base_ptr, self._base.numel()  # type: ignore[union-attr]
+        out = []
+        for p, sz in zip(ptrs, sizes):
+            off = int(p) - base_ptr
+            if sz != self.segment_bytes or off < 0 or off + sz > n:
+                raise InputError(f"host pool segment at offset {off} (+{sz} bytes) is outside its kv_buffer")
+            out.append(base[off : off + sz])
+        return out
+
+    def views(self, starts: Sequence[int]) -> list[torch.Tensor]:
+        """Direct plan: one uint8 view per chunk (aliasing the host pool)."""
+        return self._segments(starts)
+
+    def gather(self, starts: Sequence[int]) -> list[torch.Tensor]:
+        """Payloads copied out of the pool: one contiguous uint8 tensor per page."""
+        if self.mode == "flat":
+            return [_u8(self.pool.get_data_page(s, flat=True).contiguous()) for s in starts]
+        segs = self._segments(starts)
+        per = len(segs) // len(starts) if starts else 0
+        return [torch.cat(segs[i * per : (i + 1) * per]) for i in range(len(starts))]
+
+    def staging(self, n_pages: int) -> list[torch.Tensor]:
+        return [torch.empty(self.chunk_bytes, dtype=torch.uint8) for _ in range(n_pages)]
+
+    def scatter(self, starts: Sequence[int], payloads: Sequence[torch.Tensor]) -> None:
+        """Write packed payloads (gather/flat plans) back into the pool pages at ``starts``."""
+        if not starts:
+            return
+        if self.mode == "flat":
+            dummy = self.pool.get_dummy_flat_data_page()
+            for s, p in zip(starts, payloads):
+                self.pool.set_from_flat_data_page(s, p.view(dummy.dtype))
+            return
+        segs = self._segments(starts)
+        per = len(segs) // len(starts)
+        sb = self.segment_bytes
+        for i, p in enumerate(payloads):
+            for j in range(per):
+                segs[i * per + j].copy_(p[j * sb : (j + 1) * sb])
+
+
+def _flat_plan(pool: Any, page_size: int) -> PagePlan:
+    dummy = pool.get_dummy_flat_data_page()
+    nbytes = dummy.numel() * dummy.element_size()
+    return PagePlan(pool=pool, mode="flat", n_segments=1, segment_bytes=nbytes, chunk_bytes=nbytes,
+                    page_size=page_size)
+
+
+def plan_for(pool: Any, flat: bool = False) -> PagePlan:
+    """The best plan SGLang's host pool allows (``flat=True`` forces the flat data-page format)."""
+    page_size = int(getattr(pool, "page_size", 1) or 1)
+    if flat:
+        return _flat_plan(pool, page_size)
+    kv = getattr(pool, "kv_buffer", None)
+    meta = getattr(pool, "get_page_buffer_meta", None)
+    if not isinstance(kv, torch.Tensor) or meta is None or not kv.is_contiguous() or kv.device.type != "cpu":
+        return _flat_plan(pool, page_size)
+    try:
+        ptrs, sizes = meta(torch.arange(page_size, dtype=torch.int64))
+    except Exception:  # layouts without metadata (page_first_kv_split, ...) use SGLang's flat page
+        return _flat_plan(pool, page_size)
+    if not ptrs or len(set(sizes)) != 1:
+        return _flat_plan(pool, page_size)
+    seg_bytes, n_seg = int(sizes[0]), len(ptrs)
+    base = _u8(kv)
+    plan = PagePlan(pool=pool, mode="direct" if n_seg <= MAX_DIRECT_SEGMENTS else "gather",
+                    n_segments=n_seg if n_seg <= MAX_DIRECT_SEGMENTS else 1, segment_bytes=seg_bytes,
+                    chunk_bytes=seg_bytes if n_seg <= MAX_DIRECT_SEGMENTS else seg_bytes * n_seg,
+                    page_size=page_size, _base=base, _base_ptr=kv.data_ptr())
+    flat_bytes = _flat_plan(pool, page_size).chunk_bytes
+    if seg_bytes * n_seg != flat_bytes:  # metadata does not cover the page: do not trust it
+        return _flat_plan(pool, page_size)
+    return plan

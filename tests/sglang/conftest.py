@@ -1,0 +1,42 @@
+"""SGLang 0.5.23 integration tests: run inside the SGLang env (scripts/setup_sglang_env.sh).
+
+Without an importable ``sglang`` (the main /work/venv suite) every test module here is skipped by
+its own ``pytest.importorskip`` and nothing SGLang-specific happens. With it, this conftest:
+
+* puts the test-only import stubs (tests/_stubs) on ``sys.path`` for packages SGLang imports but
+  never uses on the storage path, only when the real package is absent (GPU runners have them);
+* points TORCH_EXTENSIONS_DIR at the env's prebuilt native page-hash extension;
+* sets SGLang's parallel runtime context (one rank) that HiCacheController needs outside a server.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+_STUBS = Path(__file__).resolve().parents[1] / "_stubs"
+HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
+
+if HAVE_SGLANG:
+    if importlib.util.find_spec("torchvision") is None and str(_STUBS) not in sys.path:
+        sys.path.append(str(_STUBS))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sglang_parallel_context():
+    """One-rank parallel context (TP=PP=DCP=1), as a launched server would publish it."""
+    if not HAVE_SGLANG:
+        yield None
+        return
+    from radixkv.adapters.sglang_cpu import set_parallel_context
+
+    set_parallel_context()
+    # SGLang logs every prefetch miss at WARNING; keep test output readable.
+    logging.getLogger("sglang").setLevel(logging.ERROR)
+    yield None

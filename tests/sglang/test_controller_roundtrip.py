@@ -1,0 +1,61 @@
+"""radixkv under SGLang's own HiCacheController storage threads, on CPU host pools (all layouts)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("sglang", reason="needs sglang==0.5.23 (run inside .envs/sglang)")
+
+from radixkv.adapters.sglang_cpu import LAYOUTS, ControllerHarness, PoolSpec  # noqa: E402
+
+from _helpers import disk_tier, extra_config, mem_tier, tokens, unwrap  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.mark.parametrize("interface_v1", [1, 0], ids=["v1", "copy"])
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_backup_then_prefetch_bytes_identical(tmp_path, layout, kind, interface_v1):
+    spec = PoolSpec(kind=kind, layout=layout, page_size=4, layers=3, host_tokens=256)
+    h = ControllerHarness(spec, extra_config=extra_config([mem_tier(), disk_tier(tmp_path)], interface_v1))
+    try:
+        toks = tokens(6 * 4 + 3, seed=1)  # 6 full pages + a partial one (never stored)
+        src = h.alloc(24)
+        h.fill_random(src, seed=7)
+        want = h.page_bytes_at(src)
+        assert h.backup(toks, src) == 24
+        res = h.prefetch(toks)
+        assert res.hit_tokens == 24 and res.loaded_tokens == 24
+        assert not set(res.host_indices.tolist()) & set(src.tolist())  # fresh slots
+        assert h.page_bytes_at(res.host_indices) == want
+        # A different prompt misses; a shared prefix hits exactly its pages.
+        assert h.prefetch(tokens(24, seed=2)).hit_tokens == 0
+        branch = toks[:8] + tokens(16, seed=3)
+        res2 = h.prefetch(branch)
+        assert res2.hit_tokens == 8 and res2.loaded_tokens == 8
+        assert h.page_bytes_at(res2.host_indices) == want[:2]
+        backend = unwrap(h.backend)
+        backend.check_integrity()
+        stats = backend.get_stats()
+        assert sum(stats.backup_pgs) == 6 and sum(stats.prefetch_pgs) >= 8
+        assert stats.radixkv["adapter"]["failed_calls"] == 0
+    finally:
+        h.close()
+
+
+def test_plans_are_zero_copy_where_the_layout_allows():
+    expect = {("mha", "layer_first"): "gather", ("mha", "page_first"): "direct",
+              ("mha", "page_first_direct"): "direct", ("mla", "layer_first"): "gather",
+              ("mla", "page_first"): "direct", ("mla", "page_first_direct"): "direct"}
+    for (kind, layout), mode in expect.items():
+        h = ControllerHarness(PoolSpec(kind=kind, layout=layout, layers=3), extra_config=extra_config([mem_tier()]))
+        try:
+            b = unwrap(h.backend)._bindings["kv"]
+            assert b.plan.mode == mode, (kind, layout, b.plan)
+            assert b.flat.mode == "flat"
+            # Namespaces carry dtype, layout and page size; v1 and copy formats never mix.
+            assert b.ns.dtype == "bfloat16" and b.ns.layout == layout and b.ns.chunk_tokens == 4
+            assert b.ns_flat.layout == "flat" and b.ns.digest != b.ns_flat.digest
+        finally:
+            h.close()
