@@ -155,19 +155,32 @@ class HierarchicalStore:
                     pid = s.tree.lookup(nsd, parent_key)
                     if pid is None:
                         return [False] * len(keys)  # the chain's prefix is gone: nothing is reachable
-                    # Pinned so that making room for this chain cannot evict the chunk it hangs from.
-                    parent = s.pin_locked([s.ref_locked(pid)], owner)
+                    # Making room for this chain must not *drop* the chunk it hangs from (a demotion
+                    # keeps it reachable): pin it while only the last tier holds it.
+                    if s.tree.node_tier_mask(pid) == 1 << s.last:
+                        parent = s.pin_locked([s.ref_locked(pid)], owner)
                 have = [_has(s.tree, nsd, k, 0) for k in keys]
             todo = [i for i, h in enumerate(have) if not h]
             charges = [s.charge(0, size)] * len(todo)
-            granted = s.reserve(0, charges)
+            granted = s.reserve(0, charges, wait_for_transfers=True)
             wrote = todo[:granted]
-            ok_w = s.tier_put(0, nsd, [keys[i] for i in wrote], [payloads[i] for i in wrote])
-            written = dict(zip(wrote, ok_w))
-            run = 0
-            while run < len(keys) and (have[run] or written.get(run, False)):
-                run += 1
+            wkeys = [keys[i] for i in wrote]
             with s.cond:
+                s.begin_write_locked(0, nsd, wkeys)
+            try:
+                ok_w = s.tier_put(0, nsd, wkeys, [payloads[i] for i in wrote])
+            except BaseException:
+                with s.cond:
+                    s.end_write_locked(0, nsd, wkeys)
+                    s.release_locked(0, sum(charges[:granted]))
+                    s.unpin_locked(parent, owner)
+                raise
+            written = dict(zip(wrote, ok_w))
+            with s.cond:
+                s.end_write_locked(0, nsd, wkeys)
+                run = 0  # chunks already in the top tier count only if still there now
+                while run < len(keys) and (written.get(run, False) or _has(s.tree, nsd, keys[run], 0)):
+                    run += 1
                 r = s.tree.insert(nsd, list(keys[:run]), tier=s.names[0], chunk_tokens=ns.chunk_tokens,
                                   size_bytes=size, parent_key=parent_key) if run else None
                 if r is not None and not r.node_ids:
@@ -179,7 +192,9 @@ class HierarchicalStore:
                     full = (1 << len(s.tiers)) - 1
                     refs = [s.ref_locked(n) for n in r.node_ids if s.tree.node_tier_mask(n) != full]  # type: ignore[union-attr]
                     refs = s.pin_locked(refs, owner)
-            s.delete_entries([(0, nsd, keys[i]) for i, o in written.items() if o and i >= run])
+                    s.transfers_inflight += bool(refs)
+                leaked = s.mark_deleting_locked([(0, nsd, keys[i]) for i, o in written.items() if o and i >= run])
+            s.delete_entries(leaked)
         if refs:
             self._submit_write(lambda job: self._write_through(refs, owner), refs, owner)
         return [i < run for i in range(len(keys))]
@@ -202,6 +217,7 @@ class HierarchicalStore:
         finally:
             with s.cond:
                 s.unpin_locked(refs, owner)
+                s.end_transfer_locked()
 
     def _submit_write(self, fn: Any, refs: list[ChunkRef], owner: str) -> None:
         # Blocks while the queue is full (backpressure on writers); after close it runs inline.
@@ -338,6 +354,7 @@ class HierarchicalStore:
                 held = [n for n in ids if _alive(s.tree, n) and s.tree.node_tier_mask(n) & (1 << t)]
                 entries += [(t, nsd, s.tree.node_key(n)) for n in held]
                 entries += s.clear_locked(held, t)
+            entries = s.mark_deleting_locked(entries)
         s.delete_entries(entries)
         return found
 

@@ -68,6 +68,12 @@ class TierStack:
         n = len(self.tiers)
         self.reserved = [0] * n
         self.claimed = [0] * n
+        self.transfers_inflight = 0  # background copies holding pins (a writer may wait for them)
+        # (tier, namespace, key) with a put or a delete in flight on the medium. A delete skips keys
+        # being written (the writer will make them resident again) and a writer waits for deletes of
+        # its keys, so the tree never says "resident" for bytes a racing delete removed.
+        self._writing: dict[tuple[int, str, str], int] = defaultdict(int)
+        self._deleting: dict[tuple[int, str, str], int] = defaultdict(int)
         self.max_key_chars = 64
         # Tiers that persist frames count header + identity per chunk against their capacity.
         self._framed = [not hasattr(t, "lease") for t in self.tiers]
@@ -159,13 +165,46 @@ class TierStack:
             except Exception:  # best effort: a dead server keeps nothing we would serve (tree forgot it)
                 pass
 
+    def begin_write_locked(self, t: int, ns: str, keys: Sequence[str]) -> None:
+        """Announce puts of ``keys`` into tier ``t`` (waits for deletes of them in flight)."""
+        idents = [(t, ns, k) for k in keys]
+        while any(i in self._deleting for i in idents):
+            self.cond.wait(0.05)
+        for i in idents:
+            self._writing[i] += 1
+
+    def end_write_locked(self, t: int, ns: str, keys: Sequence[str]) -> None:
+        for k in keys:
+            i = (t, ns, k)
+            self._writing[i] -= 1
+            if not self._writing[i]:
+                del self._writing[i]
+        self.cond.notify_all()
+
+    def mark_deleting_locked(self, entries: Sequence[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+        """The entries to delete from their tiers (those not being rewritten right now), marked as
+        in flight; pass the result to :meth:`delete_entries` after leaving the lock."""
+        out = [e for e in dict.fromkeys(entries) if e not in self._writing]
+        for e in out:
+            self._deleting[e] += 1
+        return out
+
     def delete_entries(self, entries: Sequence[tuple[int, str, str]]) -> None:
-        """Delete ``(tier, namespace, key)`` bytes, batched per tier and namespace."""
+        """Delete marked ``(tier, namespace, key)`` bytes, batched per tier and namespace."""
         groups: dict[tuple[int, str], list[str]] = defaultdict(list)
         for t, ns, key in entries:
             groups[(t, ns)].append(key)
-        for (t, ns), keys in groups.items():
-            self.tier_delete(t, ns, keys)
+        try:
+            for (t, ns), keys in groups.items():
+                self.tier_delete(t, ns, keys)
+        finally:
+            if entries:
+                with self.cond:
+                    for e in entries:
+                        self._deleting[e] -= 1
+                        if not self._deleting[e]:
+                            del self._deleting[e]
+                    self.cond.notify_all()
 
     def _absorb_tier_evictions(self, t: int) -> None:
         """A tier that evicted on its own (disk over budget) tells us what; forget it in the tree."""
@@ -176,7 +215,7 @@ class TierStack:
         if gone:
             with self.cond:
                 ids = [n for ns, key in gone if (n := self.tree.lookup(ns, key)) is not None]
-                entries = self.clear_locked(ids, t)
+                entries = self.mark_deleting_locked(self.clear_locked(ids, t))
             self.delete_entries(entries)
 
     # ------------------------------------------------------------------ residency changes
@@ -196,10 +235,14 @@ class TierStack:
         return entries
 
     # ------------------------------------------------------------------ room-making
-    def reserve(self, t: int, charges: Sequence[int]) -> int:
+    def reserve(self, t: int, charges: Sequence[int], wait_for_transfers: bool = False) -> int:
         """Reserve room in tier ``t`` for the leading chunks of ``charges`` (bytes each, frame overhead
         included), evicting as needed. Returns how many leading chunks got room; the caller releases
-        ``sum(charges[:k])`` with :meth:`release_locked` once those chunks are resident (or failed)."""
+        ``sum(charges[:k])`` with :meth:`release_locked` once those chunks are resident (or failed).
+
+        With ``wait_for_transfers`` (foreground writers only, never background workers, so nothing
+        waits on itself) a writer that finds every candidate pinned by a background copy waits up to
+        a bound for those copies to finish instead of giving up at once."""
         cap = self.capacity(t)
         k = len(charges)
         if k == 0:
@@ -214,63 +257,83 @@ class TierStack:
                     self.reserved[t] += need
                     return k
                 deficit = used + need - cap - self.claimed[t]
-                victims: list[ChunkRef] = []
-                claim = 0
+                victim, claim, freed, pending, entries = None, 0, 0, 0, []
                 if deficit > 0:
-                    victims, claim = self._claim_locked(t, deficit, owner)
-                if not victims:
-                    if self.claimed[t] > 0 and time.monotonic() < deadline:
-                        self.cond.wait(0.05)  # another thread's eviction will free room
+                    victim, claim, freed, pending, entries = self._claim_locked(t, deficit, owner)
+                if victim is None and not freed:
+                    busy = self.claimed[t] > 0 or (wait_for_transfers and self.transfers_inflight > 0)
+                    if busy and time.monotonic() < deadline:
+                        self.cond.wait(0.05)  # another thread's eviction or copy will free room
                         continue
-                    while k > 0 and used + sum(charges[:k]) > cap:
-                        k -= 1
-                    self.reserved[t] += sum(charges[:k])
-                    return k
-            freed = self._evict(t, victims, owner, claim)
-            if freed == 0 and time.monotonic() >= deadline:
+                    return self._shrink_locked(t, charges, k, used, cap)
+            if entries:
+                self.delete_entries(entries)
                 with self.cond:
-                    used = self.used_locked(t)
-                    while k > 0 and used + sum(charges[:k]) > cap:
-                        k -= 1
-                    self.reserved[t] += sum(charges[:k])
-                    return k
+                    self.release_locked(t, pending)
+            if victim is not None and self._evict(t, [victim], owner, claim) == 0 and not freed:
+                with self.cond:  # the victim could not leave (its demotion failed): take what fits
+                    return self._shrink_locked(t, charges, k, self.used_locked(t), cap)
+
+    def _shrink_locked(self, t: int, charges: Sequence[int], k: int, used: int, cap: int) -> int:
+        while k > 0 and used + sum(charges[:k]) > cap:
+            k -= 1
+        self.reserved[t] += sum(charges[:k])
+        return k
+
+    def end_transfer_locked(self) -> None:
+        self.transfers_inflight -= 1
+        self.cond.notify_all()
 
     def release_locked(self, t: int, nbytes: int) -> None:
         self.reserved[t] -= nbytes
         self.cond.notify_all()
 
-    def _claim_locked(self, t: int, deficit: int, owner: str) -> tuple[list[ChunkRef], int]:
-        name = self.names[t]
-        # Candidates exclude interior nodes of this tier, so one call yields at most the current
-        # leaves; ask for a few and loop (each eviction may expose a parent).
-        want = max(1, min(256, deficit // max(1, self._min_chunk_bytes(t)) + 1))
-        ids = self.tree.evict_candidates(name, want, drop=(t == self.last))
-        victims: list[ChunkRef] = []
-        claim = 0
-        for n in ids:
-            if claim >= deficit:
-                break
-            ref = self.ref_locked(n)
-            victims.append(ref)
-            claim += self.charge(t, ref.size_bytes)
-        if victims:
-            self.tree.pin([v.node_id for v in victims], owner, self.lease_s)
-            self.claimed[t] += claim
-        return victims, claim
-
-    def _min_chunk_bytes(self, t: int) -> int:
-        name = self.names[t]
-        chunks = self.tree.tier_chunks(name)
-        return self.tree.tier_bytes(name) // chunks if chunks else 1
+    def _claim_locked(self, t: int, deficit: int, owner: str
+                      ) -> tuple[ChunkRef | None, int, int, int, list[tuple[int, str, str]]]:
+        """Free room in exact policy order, one candidate at a time (each eviction may expose a
+        parent as the next victim). Chunks that need no copy (the next tier holds them, or ``t`` is
+        the last tier) leave the tree at once; their bytes stay counted as reserved until deleted.
+        Stops at the first chunk that must be demoted: it is pinned and returned as the victim.
+        Returns (victim, its charge, chunks freed now, bytes pending deletion, bytes to delete)."""
+        name, tree = self.names[t], self.tree
+        next_bit = 1 << (t + 1) if t < self.last else 0
+        freed = pending = 0
+        entries: list[tuple[int, str, str]] = []
+        released = dropped = 0
+        try:
+            while deficit > 0:
+                ids = tree.evict_candidates(name, 1, drop=(t == self.last))
+                if not ids:
+                    return None, 0, freed, pending, entries
+                ref = self.ref_locked(ids[0])
+                charge = self.charge(t, ref.size_bytes)
+                if next_bit and not tree.node_tier_mask(ref.node_id) & next_bit:
+                    tree.pin([ref.node_id], owner, self.lease_s)
+                    self.claimed[t] += charge
+                    return ref, charge, freed, pending, entries
+                entries += self.mark_deleting_locked([(t, ref.namespace, ref.key)]
+                                                     + self.clear_locked([ref.node_id], t))
+                self.reserved[t] += charge  # still on the medium until deleted outside the lock
+                pending += charge
+                deficit -= charge
+                freed += 1
+                released += bool(next_bit)
+                dropped += not next_bit
+            return None, 0, freed, pending, entries
+        finally:
+            self.metrics.evictions(name, "release", released)
+            self.metrics.evictions(name, "drop", dropped)
 
     def _evict(self, t: int, victims: list[ChunkRef], owner: str, claim: int) -> int:
         """Demote (or drop, from the last tier) the claimed victims; returns how many left tier t."""
         name = self.names[t]
         demoted: set[int] = set()
+        below: set[int] = set()
         try:
             if t < self.last:
                 with self.cond:
                     move = [v for v in victims if not self.mask_locked(v) & (1 << (t + 1))]
+                    below = {v.node_id for v in victims if self.mask_locked(v) & (1 << (t + 1))}
                 if move:
                     ok = self.copy(t, t + 1, move)
                     demoted = {v.node_id for v, o in zip(move, ok) if o}
@@ -285,11 +348,14 @@ class TierStack:
                         continue  # dropping it would orphan its descendants: keep it
                     out.append(v)
                 entries = self.clear_locked([v.node_id for v in out], t)
+                entries = self.mark_deleting_locked([(t, v.namespace, v.key) for v in out] + entries)
                 self.unpin_locked(victims, owner)
-            self.delete_entries([(t, v.namespace, v.key) for v in out] + entries)
+            self.delete_entries(entries)
             n_demoted = sum(v.node_id in demoted for v in out)
+            n_below = sum(v.node_id in below for v in out)
             self.metrics.evictions(name, "demote", n_demoted)
-            self.metrics.evictions(name, "drop", len(out) - n_demoted)
+            self.metrics.evictions(name, "release", n_below)  # the next tier already held it
+            self.metrics.evictions(name, "drop", len(out) - n_demoted - n_below)
             return len(out)
         finally:
             with self.cond:
@@ -324,10 +390,20 @@ class TierStack:
         ns = refs[0].namespace
         charges = [self.charge(t, r.size_bytes) for r in refs]
         k = self.reserve(t, charges)
-        ok = self.tier_put(t, ns, [r.key for r in refs[:k]], payloads[:k]) if k else []
+        keys = [r.key for r in refs[:k]]
+        with self.cond:
+            self.begin_write_locked(t, ns, keys)
+        try:
+            ok = self.tier_put(t, ns, keys, payloads[:k]) if k else []
+        except BaseException:
+            with self.cond:
+                self.end_write_locked(t, ns, keys)
+                self.release_locked(t, sum(charges[:k]))
+            raise
         leaked: list[tuple[int, str, str]] = []
         result = [False] * len(refs)
         with self.cond:
+            self.end_write_locked(t, ns, keys)
             keep = []
             for i in range(k):
                 if not ok[i]:
@@ -340,6 +416,7 @@ class TierStack:
             if keep:
                 self.tree.set_resident(keep, self.names[t])
             self.release_locked(t, sum(charges[:k]))
+            leaked = self.mark_deleting_locked(leaked)
         self.delete_entries(leaked)
         return result
 
@@ -395,6 +472,7 @@ class TierStack:
                 entries += self.clear_locked(ids, t)
             for i, _t in failed:  # what the tree still knows (another thread may have added a tier)
                 masks[i] &= self.mask_locked(refs[i])
+            entries = self.mark_deleting_locked(entries)
         self.delete_entries(entries)
 
 
