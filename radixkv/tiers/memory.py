@@ -38,13 +38,16 @@ _MiB = 1 << 20
 class MemoryTierConfig:
     """capacity_bytes: size of the one preallocated buffer (the hard bound).
     unit_bytes: allocation granule of slabs; slab_target_bytes: preferred slab size (a slab is never
-    smaller than one slot). pin: page-lock the buffer; None = pin when CUDA is available."""
+    smaller than one slot). pin: page-lock the buffer; None = pin when CUDA is available.
+    prefault: touch every page at construction, so the capacity is really committed (no overcommit
+    surprise under load) and first puts do not pay page faults (pinned memory is always resident)."""
 
     capacity_bytes: int
     name: str = "mem"
     unit_bytes: int = 2 * _MiB
     slab_target_bytes: int = 64 * _MiB
     pin: bool | None = None
+    prefault: bool = True
 
     def __post_init__(self) -> None:
         for attr in ("capacity_bytes", "unit_bytes", "slab_target_bytes"):
@@ -135,6 +138,8 @@ class MemoryTier:
                               "allocation) and none is available; use pin=None (auto) or pin=False")
         self.pinned = bool(pin)
         self._buffer = torch.empty(config.capacity_bytes, dtype=torch.uint8, pin_memory=self.pinned)
+        if config.prefault and not self.pinned:
+            self._buffer.zero_()
         self._unit = config.unit_bytes
         self._unit_owner: list[int] = [-1] * (config.capacity_bytes // self._unit)  # slab id or -1
         self._slabs: dict[int, _Slab] = {}

@@ -2,7 +2,7 @@
 
 Schemes::
 
-    mem://[?capacity=SIZE&pin=auto|true|false&unit=SIZE&slab=SIZE]          MemoryTier (pinned if CUDA)
+    mem://[?capacity=SIZE&pin=auto|true|false&unit=SIZE&slab=SIZE&prefault=1]   MemoryTier (pinned if CUDA)
     memory://...                                                           alias of mem://
     file:///abs/dir[?capacity=SIZE&io_threads=N&fsync=0|1&shared=0|1&stale_temp_s=S]   DiskTier
     redis://host[:port][/db]   rediss://...                                RedisTier, one server
@@ -131,7 +131,8 @@ def make_tier(spec: str, *, capacity_bytes: int | str | None = None, name: str |
 
         opts = _merge(spec, query, options,
                       {"capacity_bytes": parse_bytes, "pin": _pin, "unit_bytes": parse_bytes,
-                       "slab_target_bytes": parse_bytes, "name": lambda v, w: str(v)},
+                       "slab_target_bytes": parse_bytes, "prefault": _parse_bool,
+                       "name": lambda v, w: str(v)},
                       {"capacity": "capacity_bytes", "unit": "unit_bytes", "slab": "slab_target_bytes"})
         _need_capacity(spec, opts)
         return MemoryTier(MemoryTierConfig(**opts))
