@@ -18,9 +18,10 @@ read checks magic, version, header checksum, namespace, key, length and the payl
 mismatch is a miss counted in ``checksum_failures``. Nothing read from Redis is ever unpickled.
 
 Batches: each call sends pipelines (no MULTI) of at most ``batch_bytes`` of payload, so a batch costs one
-round trip per pipeline. Puts write ``SET key frame [PX ttl]`` (overwriting: a put repairs a corrupted
-value) and send the payload straight from the tensor's memory; gets copy each verified payload once,
-from redis-py's reply into the caller's buffer.
+round trip per pipeline (per node in a cluster). Puts write ``SET key frame [PX ttl]`` (overwriting: a
+put repairs a corrupted value) and send the payload straight from the tensor's memory (no copy in
+Python). Gets parse the replies themselves (:mod:`radixkv.tiers.redis_direct`): the header is checked
+first and the payload is received straight into the caller's buffer, then checksummed there.
 
 Faults: a connection error or a timeout (``socket_timeout_s``/``socket_connect_timeout_s``, never
 retried) turns the call's remaining keys into misses (or failed puts), counts ``errors`` and opens a
@@ -50,9 +51,10 @@ from redis.exceptions import RedisClusterException
 
 from radixkv.errors import CapacityError, ConfigError, InputError
 from radixkv.tiers.base import TierStats
-from radixkv.tiers.framing import HEADER_BYTES, decode_header, encode_header, payload_checksum
+from radixkv.tiers.framing import HEADER_BYTES, encode_header
 from radixkv.tiers.redis_accounting import ByteLedger
-from radixkv.tiers.redis_client import FramedValue, parse_redis_url, make_client
+from radixkv.tiers.redis_client import FramedValue, make_client, parse_redis_url
+from radixkv.tiers.redis_direct import Reply, get_frames_into
 
 __all__ = ["RedisTier", "RedisTierConfig", "UNBOUNDED_BYTES"]
 
@@ -210,20 +212,53 @@ class RedisTier:
                 else:
                     self._stats.extra[name] = self._stats.extra.get(name, 0) + n
 
-    def _run(self, build: Callable[[Any], None]) -> list[Any] | None:
-        """Run one pipeline built by ``build``; None after a medium fault (counted, window opened)."""
+    def _guard(self, action: Callable[[Any], Any]) -> Any:
+        """``action(client)``, or None after a medium fault (counted, fail-fast window opened) or
+        while the window is open."""
         if self._closed:
             raise RuntimeError(f"RedisTier {self.name!r} is closed; open a new one")
         if time.monotonic() < self._down_until:
             self._count(fast_fail_calls=1)
             return None
         try:
-            pipe = self._get_client().pipeline(transaction=False)
-            build(pipe)
-            return pipe.execute(raise_on_error=False)
+            return action(self._get_client())
         except _DOWN_ERRORS as exc:
             self._mark_down(exc)
             return None
+
+    def _run(self, build: Callable[[Any], None]) -> list[Any] | None:
+        """Run one pipeline (no MULTI) built by ``build``; None after a medium fault."""
+
+        def action(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            build(pipe)
+            return pipe.execute(raise_on_error=False)
+
+        return self._guard(action)
+
+    def _get_direct(self, namespace: str, keys: Sequence[str], dsts: Sequence[np.ndarray]) -> list[Any] | None:
+        """GET ``keys`` into ``dsts`` (see redis_direct), one connection per cluster node."""
+        rkeys = [self._rkey(namespace, k) for k in keys]
+
+        def action(client: Any) -> list[tuple[Reply, str]]:
+            if not self._url.cluster:
+                return get_frames_into(client.connection_pool, rkeys, namespace, keys, dsts)
+            groups: dict[str, list[int]] = {}
+            nodes = {}
+            for i, rk in enumerate(rkeys):
+                node = client.get_node_from_key(rk)
+                groups.setdefault(node.name, []).append(i)
+                nodes[node.name] = node
+            out: list[tuple[Reply, str]] = [(Reply.ERROR, "")] * len(rkeys)
+            for name, idx in groups.items():
+                pool = client.get_redis_connection(nodes[name]).connection_pool
+                got = get_frames_into(pool, [rkeys[i] for i in idx], namespace, [keys[i] for i in idx],
+                                      [dsts[i] for i in idx])
+                for i, reply in zip(idx, got):
+                    out[i] = reply
+            return out
+
+        return self._guard(action)
 
     def _mark_down(self, exc: BaseException) -> None:
         backoff_s = self.config.down_backoff_s
@@ -312,20 +347,22 @@ class RedisTier:
         dsts = [_byte_view(b, f"buffers[{i}]") for i, b in enumerate(buffers)]
         ok = [False] * len(keys)
         gone: list[str] = []
-        bad = 0
+        bad = moved = 0
         for batch in self._batches([d.nbytes for d in dsts]):
-            replies = self._run(lambda pipe, batch=batch: [pipe.get(self._rkey(namespace, keys[i])) for i in batch])
+            replies = self._get_direct(namespace, [keys[i] for i in batch], [dsts[i] for i in batch])
             if replies is None:
                 continue
-            for i, value in zip(batch, replies):
-                if value is None:
+            for i, (reply, error) in zip(batch, replies):
+                ok[i] = reply is Reply.HIT
+                if reply is Reply.ABSENT:
                     gone.append(keys[i])
-                elif isinstance(value, Exception):
-                    self._count(errors=1)
-                elif self._accept(namespace, keys[i], value, dsts[i]):
-                    ok[i] = True
-                else:
+                elif reply is Reply.BAD:
                     bad += 1
+                elif reply is Reply.ERROR:
+                    moved += error.startswith(("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN"))
+                    self._count(errors=1)
+        if moved:
+            self._refresh_topology()
         if gone:
             self._ledger.forget(namespace, gone)
         hits = sum(ok)
@@ -333,18 +370,12 @@ class RedisTier:
                     bytes_out=sum(d.nbytes for d, s in zip(dsts, ok) if s))
         return ok
 
-    @staticmethod
-    def _accept(namespace: str, key: str, value: bytes, dst: np.ndarray) -> bool:
-        """Verify one frame against what was asked for and copy its payload into ``dst``."""
-        header = decode_header(value)
-        if (header is None or header.namespace != namespace or header.key != key
-                or header.payload_bytes != dst.nbytes or header.frame_bytes != len(value)):
-            return False
-        payload = memoryview(value)[header.payload_offset:]
-        if payload_checksum(payload) != header.checksum:
-            return False
-        memoryview(dst)[:] = payload  # the one copy: reply bytes -> caller's buffer
-        return True
+    def _refresh_topology(self) -> None:
+        """Drop the cluster client so the next call rediscovers slots (after MOVED/ASK replies)."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
     def contains_many(self, namespace: str, keys: Sequence[str]) -> int:
         """Length of the leading run of keys that exist (existence only; reads verify the bytes)."""
