@@ -7,7 +7,7 @@ register). For ``page_first`` / ``page_first_direct`` / ``page_head`` an MHA pag
 ``layers`` (MLA) small segments. Plans:
 
 * ``direct`` (at most :data:`MAX_DIRECT_SEGMENTS` segments per page): each segment is its own chunk
-  (chunk key ``page_key`` for segment 0, ``page_key.s`` for segment ``s``), so the store copies
+  (chunk key ``page_key`` for segment 0, ``page_key-s`` for segment ``s``: tier key alphabet), so the store copies
   straight between its tiers and the host pool: no intermediate buffer in either direction.
 * ``gather`` (more segments, i.e. ``layer_first``): the segments are packed into one staging chunk
   per page (one gather copy on write, one scatter copy on read).
@@ -33,13 +33,13 @@ MAX_DIRECT_SEGMENTS = 2
 
 
 def segment_keys(page_keys: Sequence[str], n_segments: int) -> list[str]:
-    """Chunk keys of every segment, page by page: ``[k0, k0.1, ..., k1, k1.1, ...]`` (one chain)."""
+    """Chunk keys of every segment, page by page: ``[k0, k0-1, ..., k1, k1-1, ...]`` (one chain)."""
     if n_segments == 1:
         return list(page_keys)
     out: list[str] = []
     for k in page_keys:
         out.append(k)
-        out.extend(f"{k}.{s}" for s in range(1, n_segments))
+        out.extend(f"{k}-{s}" for s in range(1, n_segments))
     return out
 
 

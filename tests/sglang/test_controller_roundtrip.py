@@ -36,8 +36,13 @@ def test_backup_then_prefetch_bytes_identical(tmp_path, layout, kind, interface_
         assert res2.hit_tokens == 8 and res2.loaded_tokens == 8
         assert h.page_bytes_at(res2.host_indices) == want[:2]
         backend = unwrap(h.backend)
+        assert backend.store.flush(timeout_s=30)
         backend.check_integrity()
         stats = backend.get_stats()
+        # Write-through reached the disk tier: every chunk of the 6 pages is resident there too.
+        per_page = backend._bindings["kv"].plan.chunks_per_page() if interface_v1 else 1
+        disk = stats.radixkv["tiers"]["disk"]
+        assert disk["tree_chunks"] == 6 * per_page and disk["put_failures"] == 0 and disk["errors"] == 0
         assert sum(stats.backup_pgs) == 6 and sum(stats.prefetch_pgs) >= 8
         assert stats.radixkv["adapter"]["failed_calls"] == 0
     finally:

@@ -1,0 +1,125 @@
+"""MLA storage-writer rank, TP shards in the namespace, and SGLang's failure injector."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("sglang", reason="needs sglang==0.5.23 (run inside .envs/sglang)")
+
+from radixkv.adapters.sglang_cpu import ControllerHarness, PoolSpec, set_parallel_context  # noqa: E402
+
+from _helpers import disk_tier, extra_config, mem_tier, tokens, unwrap  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture
+def rank():
+    """Switch SGLang's parallel context to another TP rank for one harness; restore rank 0 after."""
+    def use(tp_rank: int, tp_size: int) -> None:
+        set_parallel_context(tp_rank=tp_rank, tp_size=tp_size)
+
+    yield use
+    set_parallel_context()
+
+
+def _shared_disk(path):
+    t = disk_tier(path)
+    t["options"] = {"shared": True}
+    return t
+
+
+def test_mla_only_the_writer_rank_writes_and_every_rank_reads(tmp_path, rank):
+    spec = PoolSpec(kind="mla", layout="page_first", page_size=4, host_tokens=256)
+    cfg = extra_config([mem_tier(), _shared_disk(tmp_path / "l3")])
+    toks = tokens(32, seed=31)
+
+    rank(1, 2)
+    r1 = ControllerHarness(spec, extra_config=cfg)
+    rank(0, 2)
+    r0 = ControllerHarness(spec, extra_config=cfg)
+    try:
+        assert unwrap(r0.backend).is_writer and not unwrap(r1.backend).is_writer
+        # Same MLA bytes on both ranks (replicated KV).
+        src0, src1 = r0.alloc(32), r1.alloc(32)
+        r0.fill_random(src0, seed=4)
+        r1.fill_random(src1, seed=4)
+        want = r0.page_bytes_at(src0)
+        assert r1.page_bytes_at(src1) == want
+        # The non-writer's backup is skipped by SGLang (backup_skip) and writes nothing.
+        assert r1.backup(toks, src1) == 0
+        assert unwrap(r1.backend).store.stats()["tree"]["chunks"] == 0
+        # A direct call on the non-writer is accepted without writing (the writer stores it).
+        keys = r1.page_keys(toks)
+        assert unwrap(r1.backend).batch_set_v1(keys, src1) == [True] * 8
+        assert unwrap(r1.backend).store.stats()["tree"]["chunks"] == 0
+        assert unwrap(r1.backend).counters["skipped_non_writer_pages"] == 8
+        # The writer writes; the non-writer reads the writer's pages through the shared tier.
+        assert r0.backup(toks, src0) == 32
+        assert unwrap(r0.backend).store.flush(timeout_s=30)
+        res = r1.prefetch(toks)
+        assert res.hit_tokens == 32 and res.loaded_tokens == 32
+        assert r1.page_bytes_at(res.host_indices) == want
+        # MLA namespaces do not depend on the TP rank.
+        assert unwrap(r0.backend)._bindings["kv"].ns == unwrap(r1.backend)._bindings["kv"].ns
+    finally:
+        r0.close()
+        r1.close()
+
+
+def test_mha_tp_ranks_never_read_each_others_pages(tmp_path, rank):
+    spec = PoolSpec(kind="mha", layout="page_first", page_size=4, host_tokens=256)
+    cfg = extra_config([mem_tier(), _shared_disk(tmp_path / "l3")])
+    toks = tokens(16, seed=41)
+    rank(0, 2)
+    r0 = ControllerHarness(spec, extra_config=cfg)
+    rank(1, 2)
+    r1 = ControllerHarness(spec, extra_config=cfg)
+    try:
+        src = r0.alloc(16)
+        r0.fill_random(src, seed=1)
+        assert r0.backup(toks, src) == 16
+        assert unwrap(r0.backend).store.flush(timeout_s=30)
+        assert r0.prefetch(toks).hit_tokens == 16
+        assert r1.prefetch(toks).hit_tokens == 0  # other heads: another namespace
+        assert unwrap(r0.backend)._bindings["kv"].ns.shard.startswith("tp0of2")
+        assert unwrap(r1.backend)._bindings["kv"].ns.shard.startswith("tp1of2")
+    finally:
+        r0.close()
+        r1.close()
+
+
+@pytest.mark.parametrize("interface_v1", [1, 0], ids=["v1", "copy"])
+def test_failure_injector_no_exception_no_wrong_bytes(tmp_path, monkeypatch, interface_v1):
+    """SGLang's own HiCacheStorageFailureInjector wraps the backend: calls fail or stall at random.
+    Whatever the backend reports as loaded must be byte-identical; nothing may raise."""
+    monkeypatch.setenv("SGLANG_TEST_HICACHE_BACKEND_RANDOM_FAILURE", "0.3")
+    monkeypatch.setenv("SGLANG_TEST_HICACHE_BACKEND_RANDOM_DELAY", "0.002")
+    spec = PoolSpec(layout="page_first", page_size=4, host_tokens=1024)
+    h = ControllerHarness(spec, extra_config=extra_config([mem_tier(), disk_tier(tmp_path)], interface_v1))
+    try:
+        assert type(h.backend).__name__ == "HiCacheStorageFailureInjector"
+        prompts = []
+        for i in range(12):
+            toks = tokens(24, seed=100 + i)
+            src = h.alloc(24)
+            h.fill_random(src, seed=200 + i)
+            prompts.append((toks, h.page_bytes_at(src)))
+            done = h.backup(toks, src)
+            assert done % 4 == 0 and 0 <= done <= 24
+            h.host_pool.free(src)
+        loaded_pages = 0
+        for toks, want in prompts * 2:
+            res = h.prefetch(toks)
+            assert 0 <= res.loaded_tokens <= res.hit_tokens <= 24
+            if res.host_indices is not None:
+                n = res.loaded_tokens // 4
+                assert h.page_bytes_at(res.host_indices)[:n] == want[:n]
+                loaded_pages += n
+                h.host_pool.free(res.host_indices)
+        backend = unwrap(h.backend)
+        assert backend.counters["failed_calls"] == 0  # injected failures never reach our code
+        assert loaded_pages > 0  # the test exercised real hits, not only failures
+        backend.check_integrity()
+    finally:
+        h.close()
