@@ -1,0 +1,200 @@
+"""radixkv behind vLLM 0.33's KV connector API (``radixkv.adapters.vllm.RadixKVConnector``).
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "RadixKVConnector",
+        "kv_connector_module_path": "radixkv.adapters.vllm", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"chunk_tokens": 256}}'
+
+vLLM imports this module in its API-server/config process, in the EngineCore (scheduler role) and in
+every worker (worker role). Importing it loads vLLM's connector base classes only: torch's CUDA state,
+radixkv.kernels and the store are touched first in ``register_kv_caches`` of a worker. The class is a
+thin switchboard: the scheduler half is :mod:`radixkv.adapters.vllm_scheduler`, the worker half
+:mod:`radixkv.adapters.vllm_worker`, the messages between them :mod:`radixkv.adapters.vllm_meta`.
+See docs/vllm.md for the design, every option and the limits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    KVConnectorWorkerMetadata,
+    SupportsHMA,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from radixkv.adapters.vllm_meta import RadixKVMetadata
+from radixkv.adapters.vllm_options import (
+    VllmConnectorOptions,
+    geometries_from_kv_cache_config,
+    resolve_chunk_tokens,
+)
+from radixkv.adapters.vllm_scheduler import SchedulerSide
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+    from radixkv.adapters.vllm_worker import WorkerSide
+
+__all__ = ["RadixKVConnector"]
+
+logger = logging.getLogger(__name__)
+
+
+def _parallel_ranks(vllm_config: VllmConfig) -> tuple[int, int, int, int]:
+    pc = vllm_config.parallel_config
+    tp_size, pp_size = int(pc.tensor_parallel_size), int(pc.pipeline_parallel_size)
+    tp_rank = pp_rank = 0
+    if tp_size > 1 or pp_size > 1:
+        from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
+
+        tp_rank, pp_rank = get_tensor_model_parallel_rank(), get_pp_group().rank_in_group
+    return tp_rank, tp_size, pp_rank, pp_size
+
+
+class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
+    """A best-effort hierarchical KV cache: a miss is never an error (``requires_kv_delivery`` False)."""
+
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.options = VllmConnectorOptions.from_extra_config(self._kv_transfer_config.kv_connector_extra_config)
+        cache = vllm_config.cache_config
+        self.groups = geometries_from_kv_cache_config(kv_cache_config)
+        self.hash_block_size = int(getattr(cache, "hash_block_size", None) or self.groups[0].block_size)
+        self.chunk_tokens = resolve_chunk_tokens(
+            self.options.chunk_tokens, [g.block_size for g in self.groups], self.hash_block_size
+        )
+        algo = str(getattr(cache, "prefix_caching_hash_algo", "sha256"))
+        if algo.startswith("xxhash") and "PYTHONHASHSEED" not in os.environ:
+            logger.warning(
+                "radixkv: prefix_caching_hash_algo=%s seeds block hashes per process; chunks stored by "
+                "another vLLM process will not be found. Set PYTHONHASHSEED or use sha256.",
+                algo,
+            )
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = SchedulerSide(self.options, self.groups, self.chunk_tokens, self.hash_block_size)
+        else:
+            from radixkv.adapters.vllm_worker import WorkerSide
+
+            tp_rank, tp_size, pp_rank, pp_size = _parallel_ranks(vllm_config)
+            model = self.options.model_name or str(vllm_config.model_config.model)
+            layout = str(getattr(cache, "kv_cache_layout", None) or "default")
+            self._worker = WorkerSide(
+                self.options, self.groups, self.chunk_tokens, model, layout, tp_rank, tp_size, pp_rank, pp_size
+            )
+
+    # ---- class-level hooks ---------------------------------------------------------------------
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a cache: a preempted request never waits for a save
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        # Layer-wise loads need the per-layer hooks, which full CUDA graphs skip.
+        return bool((extra_config or {}).get("layerwise", False))
+
+    # ==== scheduler side ========================================================================
+    def bind_kv_cache_manager(self, kv_cache_manager: KVCacheManager) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        if self._scheduler is not None:
+            self._scheduler.bind_kv_cache_manager(kv_cache_manager)
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        assert self._scheduler is not None
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        assert self._scheduler is not None
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        assert self._scheduler is not None
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        if self._scheduler is not None:
+            self._scheduler.update_connector_output(connector_output)
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        assert self._scheduler is not None
+        return self._scheduler.request_finished(request)
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        assert self._scheduler is not None
+        return self._scheduler.request_finished(request)
+
+    # ==== worker side ===========================================================================
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        assert self._worker is not None
+        self._worker.register_kv_caches(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None:
+            assert isinstance(connector_metadata, RadixKVMetadata), type(connector_metadata)
+            self._worker.bind(connector_metadata)
+
+    def clear_connector_metadata(self) -> None:
+        super().clear_connector_metadata()
+        if self._worker is not None:
+            self._worker.clear()
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        assert self._worker is not None
+        self._worker.start_load_kv()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        assert self._worker is not None
+        self._worker.wait_for_layer_load(layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        assert self._worker is not None
+        self._worker.save_kv_layer(layer_name)
+
+    def wait_for_save(self) -> None:
+        assert self._worker is not None
+        self._worker.wait_for_save()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return None, (self.get_transfer_results(finished_req_ids).finished_recving or None)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        assert self._worker is not None
+        recving, failed = self._worker.get_finished()
+        return KVConnectorTransferResults(finished_sending=set(), finished_recving=recving, failed_recving=failed)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        assert self._worker is not None
+        return self._worker.take_load_errors()
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        assert self._worker is not None
+        return self._worker.build_worker_meta()
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+
+    def check_integrity(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.check_integrity()
+        if self._worker is not None:
+            self._worker.check_integrity()

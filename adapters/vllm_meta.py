@@ -1,0 +1,99 @@
+"""The messages between the connector's scheduler side and its workers: plain data only.
+
+vLLM pickles the scheduler output (with :class:`RadixKVMetadata`) to every worker when it runs more
+than one, and sends each worker's :class:`RadixKVWorkerMeta` back through ``ModelRunnerOutput``. So
+every field here is an int, bool, str, or a list/tuple/dict of them: no tensors, no handles, no vLLM
+objects. Page ids are ``[chunk][page]`` lists per KV-cache group, ``-1`` = leave this page alone
+(already computed locally, or a sliding-window group's skipped block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorMetadata,
+    KVConnectorWorkerMetadata,
+)
+
+__all__ = ["LookupOp", "LoadOp", "SaveOp", "RadixKVMetadata", "LookupReport", "RadixKVWorkerMeta"]
+
+PageIds = list[list[int]]  # [chunk][page] for one KV-cache group
+
+
+@dataclass(slots=True)
+class LookupOp:
+    """Find how many leading chunks of ``keys`` the store holds and fetch ``keys[first_chunk:hit]``
+    into the worker's staging buffers (the later :class:`LoadOp` copies from there)."""
+
+    req_id: str
+    seq: int
+    keys: list[str]
+    first_chunk: int
+
+
+@dataclass(slots=True)
+class LoadOp:
+    """Copy staged chunks ``first_chunk .. first_chunk + len(page_ids[g]) - 1`` into engine blocks."""
+
+    req_id: str
+    seq: int
+    first_chunk: int
+    page_ids: list[PageIds]  # one per KV-cache group
+    is_async: bool
+
+
+@dataclass(slots=True)
+class SaveOp:
+    """Copy the engine blocks of chunks ``keys`` (whose tokens are computed by the end of this step)
+    out and store them; ``parent_key`` is the key of the chunk before ``keys[0]`` (None = first)."""
+
+    req_id: str
+    keys: list[str]
+    parent_key: str | None
+    page_ids: list[PageIds]  # one per KV-cache group
+
+
+@dataclass
+class RadixKVMetadata(KVConnectorMetadata):
+    """Scheduler -> workers, once per step."""
+
+    lookups: list[LookupOp] = field(default_factory=list)
+    loads: list[LoadOp] = field(default_factory=list)
+    saves: list[SaveOp] = field(default_factory=list)
+    releases: list[str] = field(default_factory=list)  # req ids whose staged chunks can be dropped
+
+    def is_empty(self) -> bool:
+        return not (self.lookups or self.loads or self.saves or self.releases)
+
+
+@dataclass(slots=True)
+class LookupReport:
+    """One worker's answer to a :class:`LookupOp`: ``hit_chunks`` leading chunks found (counted from
+    chunk 0), and whether the staged ones were already read (``ready``: a synchronous load can use them
+    in the next step; otherwise the scheduler asks for an asynchronous load)."""
+
+    seq: int
+    hit_chunks: int
+    ready: bool
+
+
+@dataclass
+class RadixKVWorkerMeta(KVConnectorWorkerMetadata):
+    """Workers -> scheduler, once per step; vLLM aggregates one per TP/PP worker with :meth:`aggregate`."""
+
+    lookups: dict[str, LookupReport] = field(default_factory=dict)
+    failed_loads: set[str] = field(default_factory=set)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> RadixKVWorkerMeta:
+        """A chunk is a hit only where every worker holds its shard: take the minimum, AND the ready flags."""
+        assert isinstance(other, RadixKVWorkerMeta), type(other)
+        merged = dict(self.lookups)
+        for req_id, rep in other.lookups.items():
+            mine = merged.get(req_id)
+            if mine is None or mine.seq != rep.seq:
+                # A worker that did not answer this lookup cannot serve it: treat as a miss.
+                merged[req_id] = LookupReport(rep.seq, 0, True) if mine is not None else rep
+            else:
+                merged[req_id] = LookupReport(rep.seq, min(mine.hit_chunks, rep.hit_chunks), mine.ready and rep.ready)
+        return RadixKVWorkerMeta(lookups=merged, failed_loads=self.failed_loads | other.failed_loads)

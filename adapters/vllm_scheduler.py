@@ -1,0 +1,271 @@
+"""Scheduler side of the vLLM connector: hit accounting and the per-step load/save plan.
+
+Runs in vLLM's EngineCore process, which holds no KV bytes and (in real deployments) no store: a worker
+process owns the store. So a lookup is a round trip through vLLM's own per-step channels:
+
+1. ``get_num_new_matched_tokens`` for a request that could hit: returns ``None`` ("ask again") and
+   queues a :class:`LookupOp` (request keys = its block hashes grouped into chunks);
+2. ``build_connector_meta`` sends it; each worker does one store lookup per KV-cache group, fetches the
+   hit chunks into staging buffers and answers in ``build_connector_worker_meta`` (min over workers);
+3. ``update_connector_output`` records the answer; the next ``get_num_new_matched_tokens`` returns the
+   hit beyond the local prefix-cache hit: ``(n, False)`` when the worker already read the chunks (the
+   copy into blocks is synchronous, before the forward), ``(n, True)`` when they are still coming
+   from a slow tier (vLLM parks the request until the worker reports it in ``finished_recving``);
+4. ``update_state_after_alloc`` turns the hit into a :class:`LoadOp` on the allocated blocks;
+5. every step, chunks that become fully computed (prompt chunks; generated ones with
+   ``save_generated``) and are not yet stored become :class:`SaveOp` s.
+
+A failed load is reported by the worker (block ids to vLLM, request id to us); the request is then never
+offered an external hit again (vLLM's "recompute" policy recomputes it; a stale hit would loop).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from radixkv.adapters.vllm_meta import LoadOp, LookupOp, RadixKVMetadata, RadixKVWorkerMeta, SaveOp
+from radixkv.adapters.vllm_options import (
+    NULL_BLOCK_ID,
+    GroupGeometry,
+    VllmConnectorOptions,
+    chunk_keys_from_block_hashes,
+)
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+__all__ = ["SchedulerSide"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _RequestState:
+    request: Any
+    keys: list[str] = field(default_factory=list)
+    lookup_seq: int | None = None  # the lookup in flight or answered
+    lookup_first_chunk: int = 0
+    hit_chunks: int | None = None  # the answer (leading chunks found, from chunk 0)
+    hit_ready: bool = False
+    matched_from_tokens: int = 0  # num_computed_tokens of the call that returned the hit
+    failed: bool = False  # a load failed: never offer an external hit again
+    stored_chunks: int = 0  # chunks known to be in the store (hit, or saved by us)
+    stored_known: bool = False
+    async_inflight: bool = False
+
+
+class SchedulerSide:
+    """The scheduler half; one per engine. Not thread-safe (vLLM calls it from its scheduler loop)."""
+
+    def __init__(
+        self,
+        options: VllmConnectorOptions,
+        groups: list[GroupGeometry],
+        chunk_tokens: int,
+        hash_block_size: int,
+    ) -> None:
+        self.options = options
+        self.groups = groups
+        self.chunk_tokens = chunk_tokens
+        self.hash_block_size = hash_block_size
+        self._requests: dict[str, _RequestState] = {}
+        self._seq = itertools.count(1)
+        self._pending_lookups: list[LookupOp] = []
+        self._pending_loads: list[LoadOp] = []
+        self._pending_releases: list[str] = []
+        self._kv_cache_manager: Any = None
+        self.stats = {"lookups": 0, "hit_tokens": 0, "loads": 0, "async_loads": 0, "saved_chunks": 0,
+                      "failed_loads": 0}
+
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        self._kv_cache_manager = kv_cache_manager
+
+    # ---- hits ----------------------------------------------------------------------------------
+    def _usable_chunks(self, request: Request) -> int:
+        """Whole chunks strictly before the last prompt token (vLLM must compute at least one token)
+        that have block hashes."""
+        by_tokens = (request.num_tokens - 1) // self.chunk_tokens
+        by_hashes = len(request.block_hashes) * self.hash_block_size // self.chunk_tokens
+        return max(0, min(by_tokens, by_hashes))
+
+    def _state(self, request: Request) -> _RequestState:
+        st = self._requests.get(request.request_id)
+        if st is None:
+            st = self._requests[request.request_id] = _RequestState(request)
+        return st
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        st = self._state(request)
+        if st.failed:
+            return 0, False
+        usable = self._usable_chunks(request)
+        first = num_computed_tokens // self.chunk_tokens
+        if usable - first < self.options.lookup_min_chunks:
+            if not st.stored_known:
+                # Nothing to look up: the local prefix cache holds these chunks, so whoever computed
+                # them saved them (a store eviction since then only costs a later miss).
+                st.stored_chunks, st.stored_known = min(first, usable), True
+            return 0, False
+        if st.hit_chunks is None:
+            if st.lookup_seq is None:
+                if len(st.keys) < usable:
+                    st.keys = chunk_keys_from_block_hashes(
+                        request.block_hashes, self.hash_block_size, self.chunk_tokens, usable
+                    )
+                st.lookup_seq = next(self._seq)
+                st.lookup_first_chunk = first
+                self._pending_lookups.append(LookupOp(request.request_id, st.lookup_seq, st.keys[:usable], first))
+                self.stats["lookups"] += 1
+            return None, False
+        hit_tokens = min(st.hit_chunks, usable) * self.chunk_tokens
+        if hit_tokens <= num_computed_tokens or num_computed_tokens < st.lookup_first_chunk * self.chunk_tokens:
+            return 0, False
+        st.matched_from_tokens = num_computed_tokens
+        return hit_tokens - num_computed_tokens, self._load_is_async(st)
+
+    def _load_is_async(self, st: _RequestState) -> bool:
+        # With several KV-cache groups (HMA), vLLM 0.33 can only recover a failed load by request
+        # (failed_recving), which it honours for requests waiting on an asynchronous load.
+        return not st.hit_ready or len(self.groups) > 1
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        st = self._requests.get(request.request_id)
+        if st is None:
+            return
+        if num_external_tokens == 0:
+            if st.async_inflight:
+                return  # the second call of an async load, after the worker finished it
+            if st.hit_chunks is not None:
+                self._pending_releases.append(request.request_id)
+                # The store's leading run: chunks past it (held by the local prefix cache) get saved.
+                st.stored_chunks, st.stored_known = max(st.stored_chunks, st.hit_chunks), True
+                st.hit_chunks, st.lookup_seq = None, None  # consumed; a preempted request looks up again
+            return
+        start = st.matched_from_tokens
+        end = start + num_external_tokens
+        first_chunk = start // self.chunk_tokens
+        last_chunk = -(-end // self.chunk_tokens)  # exclusive
+        page_ids: list[list[list[int]]] = []
+        for g, blocks_g in zip(self.groups, blocks.blocks):
+            bs = g.block_size
+            per_chunk = self.chunk_tokens // bs
+            rows = []
+            for c in range(first_chunk, last_chunk):
+                row = []
+                for b in range(c * per_chunk, (c + 1) * per_chunk):
+                    inside = start // bs <= b < end // bs and b < len(blocks_g)
+                    blk = blocks_g[b] if inside else None
+                    row.append(-1 if blk is None or blk.is_null else blk.block_id)
+                rows.append(row)
+            page_ids.append(rows)
+        is_async = self._load_is_async(st)
+        self._pending_loads.append(LoadOp(request.request_id, st.lookup_seq or 0, first_chunk, page_ids, is_async))
+        self.stats["loads"] += 1
+        self.stats["async_loads"] += int(is_async)
+        self.stats["hit_tokens"] += num_external_tokens
+        st.async_inflight = is_async
+        st.stored_chunks = max(st.stored_chunks, st.hit_chunks or 0)
+        st.stored_known = True
+        st.hit_chunks, st.lookup_seq = None, None
+
+    # ---- per-step plan -------------------------------------------------------------------------
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> RadixKVMetadata:
+        meta = RadixKVMetadata(
+            lookups=self._pending_lookups,
+            loads=self._pending_loads,
+            releases=self._pending_releases,
+        )
+        self._pending_lookups, self._pending_loads, self._pending_releases = [], [], []
+        block_state = getattr(scheduler_output, "kv_connector_block_state", None)
+        for req_id, n_sched in scheduler_output.num_scheduled_tokens.items():
+            st = self._requests.get(req_id)
+            if st is None or not st.stored_known:
+                continue
+            op = self._plan_save(st, n_sched, block_state)
+            if op is not None:
+                meta.saves.append(op)
+        return meta
+
+    def _plan_save(self, st: _RequestState, num_scheduled_tokens: int, block_state: Any) -> SaveOp | None:
+        request = st.request
+        computed_after = request.num_computed_tokens + num_scheduled_tokens
+        limit = request.num_tokens if self.options.save_generated else request.num_prompt_tokens
+        limit = min(limit, len(request.block_hashes) * self.hash_block_size, computed_after)
+        end_chunk = limit // self.chunk_tokens
+        if end_chunk <= st.stored_chunks:
+            return None
+        block_ids = block_state.get_block_ids(request.request_id) if block_state is not None else None
+        if block_ids is None and self._kv_cache_manager is not None:
+            block_ids = self._kv_cache_manager.get_block_ids(request.request_id)
+        if block_ids is None:
+            return None
+        first = st.stored_chunks
+        page_ids: list[list[list[int]]] = []
+        for g, ids in zip(self.groups, block_ids):
+            per_chunk = self.chunk_tokens // g.block_size
+            rows = []
+            for c in range(first, end_chunk):
+                row = ids[c * per_chunk : (c + 1) * per_chunk]
+                if len(row) < per_chunk or NULL_BLOCK_ID in row:
+                    # A skipped (sliding-window) or missing block: this chunk cannot be stored whole,
+                    # and chunks are stored as an unbroken chain, so stop here.
+                    end_chunk = c
+                    break
+                rows.append(list(row))
+            page_ids.append(rows)
+        if end_chunk <= first:
+            return None
+        page_ids = [rows[: end_chunk - first] for rows in page_ids]
+        if len(st.keys) < end_chunk:
+            st.keys = chunk_keys_from_block_hashes(
+                request.block_hashes, self.hash_block_size, self.chunk_tokens, end_chunk
+            )
+        st.stored_chunks = end_chunk
+        self.stats["saved_chunks"] += end_chunk - first
+        return SaveOp(
+            request.request_id,
+            st.keys[first:end_chunk],
+            st.keys[first - 1] if first else None,
+            page_ids,
+        )
+
+    # ---- worker feedback and request end -------------------------------------------------------
+    def update_connector_output(self, connector_output: Any) -> None:
+        wm = getattr(connector_output, "kv_connector_worker_meta", None)
+        if isinstance(wm, RadixKVWorkerMeta):
+            for req_id, rep in wm.lookups.items():
+                st = self._requests.get(req_id)
+                if st is not None and st.lookup_seq == rep.seq:
+                    st.hit_chunks, st.hit_ready = rep.hit_chunks, rep.ready
+            for req_id in wm.failed_loads:
+                st = self._requests.get(req_id)
+                if st is not None:
+                    st.failed = True
+                    # What we thought was stored may not be: let this request save its chunks again.
+                    st.stored_chunks = min(st.stored_chunks, st.matched_from_tokens // self.chunk_tokens)
+                    self.stats["failed_loads"] += 1
+        for req_id in getattr(connector_output, "finished_recving", None) or ():
+            st = self._requests.get(req_id)
+            if st is not None:
+                st.async_inflight = False
+
+    def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
+        """Saves are copied out within the step that computed them and loads write only blocks vLLM
+        already holds back for in-flight receives, so blocks can always be freed now."""
+        st = self._requests.pop(request.request_id, None)
+        if st is not None and (st.lookup_seq is not None or st.hit_chunks is not None):
+            self._pending_releases.append(request.request_id)
+        return False, None
+
+    def check_integrity(self) -> None:
+        for req_id, st in self._requests.items():
+            assert st.request.request_id == req_id, (req_id, st.request.request_id)
+            assert st.stored_chunks >= 0 and (st.hit_chunks is None or st.hit_chunks >= 0), (req_id, st)
+            assert not (st.async_inflight and st.failed and st.hit_chunks), (req_id, st)
+        seqs = [op.seq for op in self._pending_lookups]
+        assert len(seqs) == len(set(seqs)), seqs

@@ -1,0 +1,409 @@
+"""Worker side of the vLLM connector: owns the store and moves bytes between it and vLLM's KV blocks.
+
+One instance per vLLM worker process (one per TP/PP rank). Per step, with the bound
+:class:`RadixKVMetadata`:
+
+* lookups: one ``store.lookup`` per KV-cache group over the request's chunk keys, then ``prefetch`` of
+  the hit chunks beyond the local hit into staging buffers (background reads from slow tiers);
+* loads: staged chunks -> blocks with ``radixkv.kernels.scatter_chunks``; synchronous loads run in
+  ``start_load_kv`` through a :class:`LayerPipeline` per group, so on GPU layer ``i`` is copied on a
+  side stream while layer ``i - 1`` computes and ``wait_for_layer_load`` only orders the streams;
+  asynchronous loads (chunks still coming from a slow tier) are copied once their reads finish, polled
+  in ``get_finished``, which then reports them in ``finished_recving``;
+* saves: blocks -> fresh chunk buffers with ``gather_chunks``, layer by layer in ``save_kv_layer``
+  (overlapping the forward on GPU); ``wait_for_save`` gathers the layers whose hook did not run (full
+  CUDA graphs skip the per-layer hooks), waits for the copies and ``put`` s the chunks.
+
+A chunk that cannot be read (evicted between lookup and load, checksum mismatch, tier down) is a failed
+load: its block ids go to ``get_block_ids_with_load_errors`` (vLLM's ``kv_load_failure_policy``
+recomputes them) and the request id goes back to the scheduler side, which stops offering hits for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from radixkv.adapters.vllm_meta import LoadOp, LookupOp, LookupReport, RadixKVMetadata, RadixKVWorkerMeta, SaveOp
+from radixkv.adapters.vllm_options import GroupGeometry, VllmConnectorOptions, group_namespace
+from radixkv.errors import ConfigError
+
+__all__ = ["WorkerSide", "open_store"]
+
+logger = logging.getLogger(__name__)
+
+
+def open_store(options: VllmConnectorOptions) -> Any:
+    """The worker's :class:`radixkv.store.HierarchicalStore` for ``options`` (see VllmConnectorOptions)."""
+    import os
+
+    from radixkv.config import StoreConfig
+    from radixkv.store import HierarchicalStore
+
+    if options.store is not None:
+        cfg = StoreConfig.from_dict(options.store)
+    elif options.store_config_file is not None:
+        cfg = StoreConfig.from_yaml(options.store_config_file)
+    elif any(k.startswith("RADIXKV_TIER") or k == "RADIXKV_CONFIG" for k in os.environ):
+        cfg = StoreConfig.from_env()
+    else:
+        cfg = StoreConfig.from_dict({"tiers": [{"url": "mem://", "capacity_bytes": 4 << 30}]})
+    return HierarchicalStore(cfg)
+
+
+@dataclass(slots=True)
+class _Staged:
+    """Chunks ``first_chunk .. first_chunk + len(buffers[g]) - 1`` of one request, being read."""
+
+    seq: int
+    first_chunk: int
+    hit_chunks: int
+    buffers: list[list[torch.Tensor]]  # [group][chunk] 1-D uint8 payloads
+    handles: list[Any]  # one prefetch handle per group (None: nothing to read)
+    nbytes: int
+
+    def done(self) -> bool:
+        return all(h is None or h.done() for h in self.handles)
+
+    def readable_chunks(self) -> int:
+        """Chunks actually read (blocks until every read finished): the leading run over all groups."""
+        counts = [len(b) if h is None else int(h.wait()) for h, b in zip(self.handles, self.buffers)]
+        return min(counts) if counts else 0
+
+
+@dataclass(slots=True)
+class _Group:
+    geometry: GroupGeometry
+    layout: Any  # radixkv.kernels.PagedLayout over the group's distinct layer tensors
+    layer_index: dict[str, int]  # layer name -> index in layout (shared-KV layers share an index)
+    namespace: Any
+    pipeline: Any
+    pages_per_chunk: int
+    chunk_bytes: int
+
+
+@dataclass(slots=True)
+class _PendingSave:
+    op: SaveOp
+    buffers: list[list[torch.Tensor]]  # [group][chunk]
+    layers_done: list[set[int]] = field(default_factory=list)
+
+
+class WorkerSide:
+    """The worker half. Driven from the model-runner thread only (not thread-safe)."""
+
+    def __init__(
+        self,
+        options: VllmConnectorOptions,
+        groups: list[GroupGeometry],
+        chunk_tokens: int,
+        model: str,
+        kv_cache_layout: str,
+        tp_rank: int,
+        tp_size: int,
+        pp_rank: int = 0,
+        pp_size: int = 1,
+        store: Any = None,
+    ) -> None:
+        self.options = options
+        self.geometries = groups
+        self.chunk_tokens = chunk_tokens
+        self.model = model
+        self.kv_cache_layout = kv_cache_layout
+        self.ranks = (tp_rank, tp_size, pp_rank, pp_size)
+        self.store = store
+        self.groups: list[_Group] = []
+        self._meta: RadixKVMetadata | None = None
+        self._staged: dict[str, _Staged] = {}
+        self._staged_bytes = 0
+        self._reports: dict[str, LookupReport] = {}
+        self._new_lookups: list[str] = []
+        self._sync_loads_started = False
+        self._sync_load_keepalive: list[Any] = []
+        self._async_loads: list[LoadOp] = []
+        self._finished_recving: set[str] = set()
+        self._failed_recving: set[str] = set()
+        self._load_errors: set[int] = set()
+        self._failed_loads: set[str] = set()
+        self._saves: list[_PendingSave] = []
+        self.stats = {"lookups": 0, "loaded_chunks": 0, "failed_chunks": 0, "saved_chunks": 0, "put_failures": 0}
+
+    # ---- setup ---------------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        from radixkv.kernels import LayerPipeline, PagedLayout
+
+        if self.store is None:
+            self.store = open_store(self.options)
+        self.groups = []
+        for g in self.geometries:
+            names = [n for n in g.layer_names if n in kv_caches]
+            if not names:
+                raise ConfigError(
+                    f"none of KV-cache group {g.group_id}'s layers {list(g.layer_names)[:4]}... were "
+                    f"registered (got {list(kv_caches)[:4]}...); is this a pipeline stage without them?"
+                )
+            distinct: list[torch.Tensor] = []
+            index: dict[str, int] = {}
+            for n in names:
+                t = kv_caches[n]
+                for i, d in enumerate(distinct):  # KV-sharing layers alias one tensor: copy it once
+                    if d.data_ptr() == t.data_ptr() and d.shape == t.shape and d.stride() == t.stride():
+                        index[n] = i
+                        break
+                else:
+                    index[n] = len(distinct)
+                    distinct.append(t)
+            layout = PagedLayout.from_vllm(distinct, head_size=None if g.mla else g.head_size, mla=g.mla)
+            if layout.page_tokens != g.block_size:
+                raise ConfigError(
+                    f"group {g.group_id}: registered KV views hold {layout.page_tokens} tokens per block, "
+                    f"the KV-cache config says {g.block_size}"
+                )
+            tp_rank, tp_size, pp_rank, pp_size = self.ranks
+            ns = group_namespace(
+                self.model, g, self.chunk_tokens, self.kv_cache_layout, tp_rank, tp_size, pp_rank, pp_size
+            )
+            ppc = g.blocks_per_chunk(self.chunk_tokens)
+            self.groups.append(
+                _Group(g, layout, index, ns, LayerPipeline(layout.device), ppc, layout.chunk_bytes(ppc))
+            )
+        self._pin = self.groups[0].layout.device.type == "cuda"
+
+    def _alloc_payload(self, group: _Group) -> torch.Tensor:
+        return torch.empty(group.chunk_bytes, dtype=torch.uint8, pin_memory=self._pin)
+
+    # ---- per step: metadata, lookups, loads ----------------------------------------------------
+    def bind(self, meta: RadixKVMetadata) -> None:
+        self._meta = meta
+        self._sync_loads_started = False
+        for req_id in meta.releases:
+            self._drop_staged(req_id)
+        for op in meta.lookups:
+            self._lookup(op)
+
+    def _drop_staged(self, req_id: str) -> None:
+        st = self._staged.pop(req_id, None)
+        if st is not None:
+            for h in st.handles:
+                if h is not None and not h.done():
+                    h.cancel()
+            self._staged_bytes -= st.nbytes
+
+    def _lookup(self, op: LookupOp) -> None:
+        self._drop_staged(op.req_id)
+        self.stats["lookups"] += 1
+        hit = len(op.keys)
+        for grp in self.groups:
+            hit = min(hit, int(self.store.lookup(grp.namespace, op.keys)))
+            if hit <= op.first_chunk:
+                break
+        to_read = max(0, hit - op.first_chunk)
+        per_chunk_bytes = sum(g.chunk_bytes for g in self.groups)
+        budget = self.options.max_staging_bytes - self._staged_bytes
+        if to_read * per_chunk_bytes > budget:
+            to_read = max(0, budget // per_chunk_bytes)
+            hit = op.first_chunk + to_read
+        buffers: list[list[torch.Tensor]] = [[] for _ in self.groups]
+        handles: list[Any] = [None] * len(self.groups)
+        if to_read:
+            keys = op.keys[op.first_chunk : hit]
+            for gi, grp in enumerate(self.groups):
+                buffers[gi] = [self._alloc_payload(grp) for _ in range(to_read)]
+                handles[gi] = self.store.prefetch(grp.namespace, keys, buffers[gi])
+        nbytes = to_read * per_chunk_bytes
+        self._staged[op.req_id] = _Staged(op.seq, op.first_chunk, hit, buffers, handles, nbytes)
+        self._staged_bytes += nbytes
+        self._new_lookups.append(op.req_id)
+
+    def start_load_kv(self) -> None:
+        """Start this step's synchronous loads (layer-wise on GPU) and register its async loads."""
+        if self._meta is None or self._sync_loads_started:
+            return
+        self._sync_loads_started = True
+        sync_loads = [op for op in self._meta.loads if not op.is_async]
+        self._async_loads.extend(op for op in self._meta.loads if op.is_async)
+        if sync_loads:
+            self._run_loads(sync_loads, layerwise=self.options.layerwise)
+
+    def _plan_copies(self, ops: list[LoadOp]) -> list[tuple[list[list[int]], list[torch.Tensor]]]:
+        """Per group, the (page_ids, chunk buffers) of every chunk that can be loaded; the blocks of
+        chunks that cannot be are recorded as load errors."""
+        plan: list[tuple[list[list[int]], list[torch.Tensor]]] = [([], []) for _ in self.groups]
+        for op in ops:
+            st = self._staged.get(op.req_id)
+            readable_end = -1
+            if st is not None and st.seq == op.seq:
+                readable_end = st.first_chunk + st.readable_chunks()
+            failed = False
+            for gi, rows in enumerate(op.page_ids):
+                for k, row in enumerate(rows):
+                    c = op.first_chunk + k
+                    if st is not None and st.first_chunk <= c < readable_end:
+                        plan[gi][0].append(row)
+                        plan[gi][1].append(st.buffers[gi][c - st.first_chunk])
+                        self.stats["loaded_chunks"] += gi == 0
+                    else:
+                        failed = True
+                        if len(self.groups) == 1:
+                            self._load_errors.update(b for b in row if b >= 0)
+                        self.stats["failed_chunks"] += gi == 0
+            if failed:
+                self._failed_loads.add(op.req_id)
+                if len(self.groups) > 1:
+                    # Block ids are unique only within a group: vLLM 0.33 takes hybrid-layout failures
+                    # by request (failed_recving; every such load is asynchronous, see SchedulerSide).
+                    self._failed_recving.add(op.req_id)
+                logger.warning("radixkv: load of request %s failed for some chunks; vLLM recomputes them", op.req_id)
+        return plan
+
+    def _run_loads(self, ops: list[LoadOp], layerwise: bool) -> None:
+        from radixkv.kernels import scatter_chunks
+
+        plan = self._plan_copies(ops)
+        for grp, (page_ids, bufs) in zip(self.groups, plan):
+            if not page_ids:
+                continue
+            self._sync_load_keepalive.append(bufs)
+            jobs = [
+                (lambda layout=grp.layout, p=page_ids, b=bufs, i=i: scatter_chunks(layout, p, b, layers=i))
+                for i in range(grp.layout.num_layers)
+            ]
+            grp.pipeline.start_loads(jobs)
+            if not layerwise:
+                # Whole-step load: the compute stream waits for every layer now, so the result is right
+                # even when vLLM skips the per-layer hooks (full CUDA graphs).
+                for i in range(len(jobs)):
+                    grp.pipeline.wait_layer(i)
+        for op in ops:
+            self._drop_staged(op.req_id)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if self._meta is not None and not self._sync_loads_started:
+            # Model Runner V2 without sync loads starts loads after the forward; with sync loads both
+            # runners start them before it. Starting lazily here keeps either order correct.
+            self.start_load_kv()
+        for grp in self.groups:
+            i = grp.layer_index.get(layer_name)
+            if i is not None:
+                grp.pipeline.wait_layer(i)
+
+    def _poll_async_loads(self) -> None:
+        still: list[LoadOp] = []
+        ready: list[LoadOp] = []
+        for op in self._async_loads:
+            st = self._staged.get(op.req_id)
+            (ready if st is None or st.done() else still).append(op)
+        self._async_loads = still
+        if ready:
+            self._run_loads(ready, layerwise=False)
+            self._finished_recving.update(op.req_id for op in ready)
+
+    # ---- saves ---------------------------------------------------------------------------------
+    def _ensure_saves(self) -> None:
+        if self._saves or self._meta is None or not self._meta.saves:
+            return
+        for op in self._meta.saves:
+            bufs = [[self._alloc_payload(grp) for _ in op.keys] for grp in self.groups]
+            self._saves.append(_PendingSave(op, bufs, [set() for _ in self.groups]))
+
+    def save_kv_layer(self, layer_name: str) -> None:
+        self._ensure_saves()
+        if not self._saves:
+            return
+        for gi, grp in enumerate(self.groups):
+            i = grp.layer_index.get(layer_name)
+            if i is not None:
+                self._gather_layer(gi, i)
+
+    def _gather_layer(self, gi: int, layer: int) -> None:
+        from radixkv.kernels import gather_chunks
+
+        grp = self.groups[gi]
+        page_ids: list[list[int]] = []
+        bufs: list[torch.Tensor] = []
+        for ps in self._saves:
+            if layer in ps.layers_done[gi]:
+                continue
+            ps.layers_done[gi].add(layer)
+            page_ids.extend(ps.op.page_ids[gi])
+            bufs.extend(ps.buffers[gi])
+        if page_ids:
+            grp.pipeline.save_layer(layer, lambda: gather_chunks(grp.layout, page_ids, bufs, layers=layer))
+
+    def wait_for_save(self) -> None:
+        self._ensure_saves()
+        if self._saves:
+            for gi, grp in enumerate(self.groups):
+                for layer in range(grp.layout.num_layers):
+                    self._gather_layer(gi, layer)  # layers whose save_kv_layer hook did not run
+        for grp in self.groups:
+            grp.pipeline.wait_all()
+        self._sync_load_keepalive.clear()
+        for ps in self._saves:
+            for gi, grp in enumerate(self.groups):
+                try:
+                    ok = self.store.put(grp.namespace, ps.op.keys, ps.buffers[gi], parent_key=ps.op.parent_key)
+                    self.stats["saved_chunks"] += sum(bool(x) for x in ok) if gi == 0 else 0
+                except Exception:  # a store fault must not fail the step: the chunks are just not cached
+                    self.stats["put_failures"] += 1
+                    logger.exception("radixkv: storing %d chunks of %s failed", len(ps.op.keys), ps.op.req_id)
+        self._saves = []
+
+    # ---- results back to vLLM ------------------------------------------------------------------
+    def get_finished(self) -> tuple[set[str], set[str]]:
+        """(finished_recving, failed_recving) since the last call; failed ones are in both."""
+        self._poll_async_loads()
+        out, self._finished_recving = self._finished_recving, set()
+        failed, self._failed_recving = self._failed_recving, set()
+        return out, failed
+
+    def take_load_errors(self) -> set[int]:
+        out, self._load_errors = self._load_errors, set()
+        return out
+
+    def build_worker_meta(self) -> RadixKVWorkerMeta | None:
+        if self._new_lookups:
+            deadline = time.monotonic() + self.options.sync_load_wait_s
+            for req_id in self._new_lookups:
+                st = self._staged.get(req_id)
+                if st is None:
+                    continue
+                for h in st.handles:
+                    if h is not None and not h.done():
+                        try:
+                            h.wait(timeout_s=max(0.0, deadline - time.monotonic()))
+                        except TimeoutError:
+                            break  # still reading from a slow tier: an asynchronous load
+                ready = st.done()
+                # Once read, report what was really read (a chunk can fail its checksum).
+                hit = st.first_chunk + st.readable_chunks() if ready and st.hit_chunks > st.first_chunk else st.hit_chunks
+                self._reports[req_id] = LookupReport(st.seq, hit, ready)
+            self._new_lookups = []
+        if not self._reports and not self._failed_loads:
+            return None
+        meta = RadixKVWorkerMeta(lookups=self._reports, failed_loads=self._failed_loads)
+        self._reports, self._failed_loads = {}, set()
+        return meta
+
+    def clear(self) -> None:
+        self._meta = None
+
+    def shutdown(self) -> None:
+        for req_id in list(self._staged):
+            self._drop_staged(req_id)
+        if self.store is not None and hasattr(self.store, "close"):
+            self.store.close()
+
+    def check_integrity(self) -> None:
+        total = sum(st.nbytes for st in self._staged.values())
+        assert total == self._staged_bytes, (total, self._staged_bytes)
+        assert self._staged_bytes <= max(self.options.max_staging_bytes, 0), self._staged_bytes
+        for grp in self.groups:
+            grp.pipeline.check_integrity()
+            grp.layout.check_integrity()
+        if self.store is not None and hasattr(self.store, "check_integrity"):
+            self.store.check_integrity()
