@@ -1,0 +1,251 @@
+"""``python -m radixkv.bench tiers``: put/get throughput and latency of each tier beside its raw baseline.
+
+For payloads of 1, 8 and 32 MiB (``--sizes-mib``) and calls of one chunk and of ``--batch-mib`` worth
+of chunks, each tier is timed beside the plain way of moving the same bytes, alternating call by call
+so machine noise hits both alike:
+
+* memory tier vs a plain ``torch`` ``copy_`` of the same bytes into/out of preallocated tensors;
+* disk tier (framing + xxh3 checksum + temp file + rename; verified ``preadv`` into the caller's
+  tensor) vs plain sequential ``open/write`` and ``open/readinto`` of the same bytes in the same
+  directory (``--disk-dir``, default a fresh temp dir under /tmp);
+* Redis tier vs redis-py pipelined ``SET``/``GET`` on the same server, via
+  :func:`radixkv.bench._redis_tier.bench_redis` (``--redis-url``; without it a private redis-server is
+  started when ``redis-server`` is on PATH; ``--tiers`` drops it).
+
+Deleting between repetitions is untimed (a put of a present key is a no-op). Disk numbers are page-cache
+numbers: files are fresh but never forced to the device (``fsync`` off, the tier's default), and reads
+hit the page cache (dropping caches needs privileges a benchmark should not use). GB/s = bytes per call
+/ median call time; p50/p99 are per-call latencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from radixkv.tiers.disk import DiskTier
+from radixkv.tiers.memory import MemoryTier
+
+__all__ = ["main"]
+
+_MiB = 1 << 20
+TARGETS = {"memory": 0.90, "disk": 0.80, "redis": 0.80}
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def _time_pair(tier_fn: Callable[[], Any], base_fn: Callable[[], Any], reset: Callable[[], Any] | None,
+               reps: int) -> tuple[list[float], list[float]]:
+    tier_s: list[float] = []
+    base_s: list[float] = []
+    for i in range(reps + 1):  # the first round warms up both sides and is dropped
+        for fn, out in ((tier_fn, tier_s), (base_fn, base_s)) if i % 2 else ((base_fn, base_s), (tier_fn, tier_s)):
+            if reset is not None:
+                reset()
+            t0 = time.perf_counter()
+            fn()
+            if i:
+                out.append(time.perf_counter() - t0)
+    return tier_s, base_s
+
+
+def _row(tier: str, size: int, batch: int, op: str, t: list[float], b: list[float]) -> dict:
+    call_bytes = size * batch
+    tier_gbps = call_bytes / statistics.median(t) / 1e9
+    base_gbps = call_bytes / statistics.median(b) / 1e9
+    return {"tier": tier, "size_bytes": size, "batch": batch, "op": op, "tier_gbps": tier_gbps,
+            "base_gbps": base_gbps, "ratio": tier_gbps / base_gbps,
+            "tier_p50_ms": _pct(t, 0.5) * 1e3, "tier_p99_ms": _pct(t, 0.99) * 1e3,
+            "base_p50_ms": _pct(b, 0.5) * 1e3, "base_p99_ms": _pct(b, 0.99) * 1e3}
+
+
+def _payloads(size: int, batch: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(size + batch)
+    return [torch.randint(0, 256, (size,), dtype=torch.uint8, generator=g) for _ in range(batch)]
+
+
+def bench_memory(size: int, batch: int, reps: int) -> list[dict]:
+    payloads = _payloads(size, batch)
+    outs = [torch.empty(size, dtype=torch.uint8) for _ in range(batch)]
+    for o in outs:
+        o.zero_()  # fault the pages in, for both sides alike
+    tier = MemoryTier(capacity_bytes=size * batch + 64 * _MiB, pin=None)
+    raw = torch.zeros(size * batch, dtype=torch.uint8)  # the baseline's "slots"
+    raw_slots = [raw[i * size : (i + 1) * size] for i in range(batch)]
+    keys = [f"{i:064x}" for i in range(batch)]
+    ns = "bench"
+
+    def tier_put() -> None:
+        assert all(tier.put_many(ns, keys, payloads))
+
+    def base_put() -> None:
+        for s, p in zip(raw_slots, payloads):
+            s.copy_(p)
+
+    def tier_get() -> None:
+        assert all(tier.get_many(ns, keys, outs))
+
+    def base_get() -> None:
+        for o, s in zip(outs, raw_slots):
+            o.copy_(s)
+
+    put_t, put_b = _time_pair(tier_put, base_put, lambda: tier.delete_many(ns, keys), reps)
+    tier_put()
+    get_t, get_b = _time_pair(tier_get, base_get, None, reps)
+    tier_get()
+    assert all(torch.equal(p, o) for p, o in zip(payloads, outs)), "memory tier returned wrong bytes"
+    tier.check_integrity()
+    tier.close()
+    return [_row("memory", size, batch, "put", put_t, put_b), _row("memory", size, batch, "get", get_t, get_b)]
+
+
+def bench_disk(size: int, batch: int, reps: int, root: str, io_threads: int) -> list[dict]:
+    payloads = _payloads(size, batch)
+    outs = [torch.zeros(size, dtype=torch.uint8) for _ in range(batch)]
+    tier_dir = os.path.join(root, f"tier-{uuid.uuid4().hex[:8]}")
+    raw_dir = os.path.join(root, f"raw-{uuid.uuid4().hex[:8]}")
+    os.makedirs(raw_dir, mode=0o700)
+    tier = DiskTier(root=tier_dir, capacity_bytes=size * batch * 2 + 64 * _MiB, io_threads=io_threads)
+    keys = [f"{i:064x}" for i in range(batch)]
+    raw_paths = [os.path.join(raw_dir, f"{k}.bin") for k in keys]
+    ns = "bench"
+
+    def tier_put() -> None:
+        assert all(tier.put_many(ns, keys, payloads))
+
+    def base_put() -> None:
+        for path, p in zip(raw_paths, payloads):
+            with open(path, "wb") as f:
+                f.write(memoryview(p.numpy()))
+
+    def reset() -> None:
+        tier.delete_many(ns, keys)
+        for path in raw_paths:
+            if os.path.exists(path):
+                os.unlink(path)
+
+    def tier_get() -> None:
+        assert all(tier.get_many(ns, keys, outs))
+
+    def base_get() -> None:
+        for path, o in zip(raw_paths, outs):
+            with open(path, "rb", buffering=0) as f:
+                f.readinto(memoryview(o.numpy()))
+
+    put_t, put_b = _time_pair(tier_put, base_put, reset, reps)
+    tier_put()
+    base_put()
+    get_t, get_b = _time_pair(tier_get, base_get, None, reps)
+    tier_get()
+    assert all(torch.equal(p, o) for p, o in zip(payloads, outs)), "disk tier returned wrong bytes"
+    tier.check_integrity()
+    tier.close()
+    shutil.rmtree(tier_dir, ignore_errors=True)
+    shutil.rmtree(raw_dir, ignore_errors=True)
+    return [_row("disk", size, batch, "put", put_t, put_b), _row("disk", size, batch, "get", get_t, get_b)]
+
+
+def bench_redis_rows(sizes: list[int], url: str | None, reps: int, batch_bytes: int) -> tuple[list[dict], str]:
+    """Rows from the Redis engineer's helper, renamed to this table's columns; and a note."""
+    try:
+        from radixkv.bench._redis_tier import bench_redis
+    except ImportError as e:
+        return [], f"redis rows skipped: {e}"
+    server = None
+    if url is None:
+        if shutil.which("redis-server") is None:
+            return [], "redis rows skipped: no --redis-url and no redis-server on PATH"
+        from radixkv.testing_redis import RedisServerProcess
+
+        server = RedisServerProcess(Path(tempfile.mkdtemp(prefix="radixkv-bench-redis-"))).start()
+        url = server.url
+    try:
+        rows = bench_redis(sizes, url, reps=reps, batch_bytes=batch_bytes)
+    finally:
+        if server is not None:
+            server.stop()
+    out = [{"tier": "redis", **{k: v for k, v in r.items() if not k.startswith("raw_")},
+            "base_gbps": r["raw_gbps"], "base_p50_ms": r["raw_p50_ms"], "base_p99_ms": r["raw_p99_ms"]}
+           for r in rows]
+    return out, "redis baseline: redis-py pipelined SET/GET of the same payloads on the same server" + (
+        " (temporary redis-server)" if server is not None else "")
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = ["| tier | payload | chunks/call | op | tier GB/s | baseline GB/s | ratio | target | tier p50 ms "
+             "| tier p99 ms | base p50 ms | base p99 ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['tier']} | {r['size_bytes'] / _MiB:g} MiB | {r['batch']} | {r['op']} | {r['tier_gbps']:.2f} "
+            f"| {r['base_gbps']:.2f} | {r['ratio']:.2f} | {TARGETS[r['tier']]:.2f} | {r['tier_p50_ms']:.2f} "
+            f"| {r['tier_p99_ms']:.2f} | {r['base_p50_ms']:.2f} | {r['base_p99_ms']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m radixkv.bench tiers", description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes-mib", default="1,8,32", help="comma-separated payload sizes in MiB")
+    ap.add_argument("--batch-mib", type=int, default=64, help="bytes per batched call, MiB (also 1 chunk/call)")
+    ap.add_argument("--reps", type=int, default=10, help="timed calls per (tier, size, batch, op, side)")
+    ap.add_argument("--tiers", default="memory,disk,redis", help="comma-separated subset of memory,disk,redis")
+    ap.add_argument("--disk-dir", default=None, help="directory for disk files (default: a temp dir in /tmp)")
+    ap.add_argument("--io-threads", type=int, default=4, help="disk tier I/O threads")
+    ap.add_argument("--redis-url", default=None, help="Redis URL (default: start a temporary redis-server)")
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="torch intra-op threads for both sides' copies (default 1: on a shared, loaded "
+                         "machine a multi-threaded copy of one chunk mostly measures thread wake-ups)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.torch_threads)
+    sizes = [int(float(s) * _MiB) for s in args.sizes_mib.split(",")]
+    tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
+    unknown = set(tiers) - set(TARGETS)
+    if unknown:
+        ap.error(f"unknown tiers {sorted(unknown)}; choose from {sorted(TARGETS)}")
+    batch_bytes = args.batch_mib * _MiB
+    started = time.perf_counter()
+    rows: list[dict] = []
+    notes: list[str] = []
+    disk_root = args.disk_dir or tempfile.mkdtemp(prefix="radixkv-bench-disk-", dir="/tmp")
+    try:
+        for size in sizes:
+            for batch in sorted({1, max(1, batch_bytes // size)}):
+                if "memory" in tiers:
+                    rows += bench_memory(size, batch, args.reps)
+                if "disk" in tiers:
+                    rows += bench_disk(size, batch, args.reps, disk_root, args.io_threads)
+    finally:
+        if args.disk_dir is None:
+            shutil.rmtree(disk_root, ignore_errors=True)
+    if "redis" in tiers:
+        redis_rows, note = bench_redis_rows(sizes, args.redis_url, args.reps, batch_bytes)
+        rows += redis_rows
+        notes.append(note)
+    rows.sort(key=lambda r: (list(TARGETS).index(r["tier"]), r["size_bytes"], r["batch"], r["op"] != "put"))
+    print(f"radixkv tiers benchmark: sizes {args.sizes_mib} MiB, batch {args.batch_mib} MiB, reps {args.reps}, "
+          f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}, load avg {os.getloadavg()[0]:.1f}, "
+          f"disk dir {args.disk_dir or '/tmp (temp)'} (page cache, fsync off)")
+    for n in notes:
+        print(n)
+    print(format_table(rows))
+    for tier in tiers:
+        mine = [r for r in rows if r["tier"] == tier]
+        if mine:
+            worst = min(mine, key=lambda r: r["ratio"])
+            verdict = "meets" if worst["ratio"] >= TARGETS[tier] else "BELOW"
+            print(f"{tier}: worst ratio {worst['ratio']:.2f} ({worst['op']} {worst['size_bytes'] / _MiB:g} MiB x "
+                  f"{worst['batch']}), target >= {TARGETS[tier]:.2f}: {verdict}")
+    print(f"elapsed {time.perf_counter() - started:.0f} s")
+    return 0
