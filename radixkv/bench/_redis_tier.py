@@ -25,7 +25,7 @@ import redis
 import torch
 
 from radixkv.tiers.redis import RedisTier
-from radixkv.tiers.redis_client import make_client, parse_redis_url
+from radixkv.tiers.redis_client import parse_redis_url
 
 __all__ = ["bench_redis", "main"]
 

@@ -41,7 +41,7 @@ import logging
 import re
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -49,11 +49,11 @@ import redis
 import torch
 from redis.exceptions import RedisClusterException
 
-from radixkv.errors import CapacityError, ConfigError, InputError
+from radixkv.errors import CapacityError, InputError
 from radixkv.tiers.base import TierStats
 from radixkv.tiers.framing import HEADER_BYTES, encode_header
 from radixkv.tiers.redis_accounting import ByteLedger
-from radixkv.tiers.redis_client import FramedValue, make_client, parse_redis_url
+from radixkv.tiers.redis_client import FramedValue, RedisTierConfig, NAME_RE, build_config, make_client, parse_redis_url
 from radixkv.tiers.redis_direct import Reply, get_frames_into
 
 __all__ = ["RedisTier", "RedisTierConfig", "UNBOUNDED_BYTES"]
@@ -61,74 +61,14 @@ __all__ = ["RedisTier", "RedisTierConfig", "UNBOUNDED_BYTES"]
 log = logging.getLogger(__name__)
 
 UNBOUNDED_BYTES = (1 << 63) - 1
-_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 _KEY_RE = re.compile(r"[\x21-\x7e]{1,256}")
 # Faults of the medium: these open the fail-fast window. Per-command errors (OOM, WRONGTYPE) do not.
 _DOWN_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                 redis.exceptions.ClusterError, RedisClusterException, OSError)
 
 
-@dataclass(slots=True)
-class RedisTierConfig:
-    """Options of a :class:`RedisTier` (validated; see the module docstring for their meaning)."""
-
-    url: str
-    capacity_bytes: int | None = None
-    ttl_s: float | None = None
-    socket_timeout_s: float = 1.0
-    socket_connect_timeout_s: float = 0.5
-    down_backoff_s: float = 1.0
-    batch_bytes: int = 64 << 20
-    max_connections: int = 64
-    key_prefix: str = "radixkv"
-    name: str = "redis"
-
-    def __post_init__(self) -> None:
-        parse_redis_url(self.url)  # raises ConfigError with the reason
-        if self.capacity_bytes is not None and (
-            not isinstance(self.capacity_bytes, int) or self.capacity_bytes <= 0
-        ):
-            raise ConfigError(f"capacity_bytes={self.capacity_bytes!r} must be a positive int or None (unbounded)")
-        if self.ttl_s is not None and not (isinstance(self.ttl_s, (int, float)) and self.ttl_s >= 0.001):
-            raise ConfigError(f"ttl_s={self.ttl_s!r} must be None (no expiry) or a number of seconds >= 0.001")
-        for name in ("socket_timeout_s", "socket_connect_timeout_s"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0 < value <= 600:
-                raise ConfigError(f"{name}={value!r} must be a number of seconds in (0, 600]")
-        if not isinstance(self.down_backoff_s, (int, float)) or not 0 <= self.down_backoff_s <= 600:
-            raise ConfigError(f"down_backoff_s={self.down_backoff_s!r} must be in [0, 600] seconds")
-        if not isinstance(self.batch_bytes, int) or self.batch_bytes < 1 << 16:
-            raise ConfigError(f"batch_bytes={self.batch_bytes!r} must be an int >= 65536")
-        if not isinstance(self.max_connections, int) or self.max_connections < 1:
-            raise ConfigError(f"max_connections={self.max_connections!r} must be a positive int")
-        if not _NAME_RE.fullmatch(self.key_prefix):
-            raise ConfigError(f"key_prefix={self.key_prefix!r} must match {_NAME_RE.pattern}")
-
-
-def _url_options(url: str) -> dict[str, Any]:
-    """Tier options from the URL query, converted to RedisTierConfig field types."""
-    from radixkv.tiers.registry import parse_bytes  # registry imports this module lazily: no cycle
-
-    out: dict[str, Any] = {}
-    for field_name, raw in parse_redis_url(url).tier_options:
-        try:
-            if field_name in ("capacity_bytes", "batch_bytes"):
-                out[field_name] = parse_bytes(raw, field_name)
-            elif field_name == "max_connections":
-                out[field_name] = int(raw)
-            elif field_name == "key_prefix":
-                out[field_name] = raw
-            else:
-                out[field_name] = float(raw)
-        except ConfigError:
-            raise
-        except ValueError:
-            raise ConfigError(f"URL option {field_name}={raw!r} is not a number") from None
-    return out
-
-
 def _check_namespace(namespace: str) -> None:
-    if not isinstance(namespace, str) or not _NAME_RE.fullmatch(namespace):
+    if not isinstance(namespace, str) or not NAME_RE.fullmatch(namespace):
         raise InputError(
             f"namespace={namespace!r} must be 1-128 characters of [A-Za-z0-9_.-] (pass Namespace.digest)"
         )
@@ -156,17 +96,7 @@ class RedisTier:
     """A :class:`~radixkv.tiers.base.Tier` over Redis/Valkey (standalone or cluster); thread-safe."""
 
     def __init__(self, url: str, **options: Any) -> None:
-        unknown = sorted(set(options) - set(RedisTierConfig.__dataclass_fields__) - {"url"})
-        if unknown:
-            raise ConfigError(f"RedisTier got unknown option(s) {unknown}; "
-                              f"known: {sorted(set(RedisTierConfig.__dataclass_fields__) - {'url'})}")
-        merged = _url_options(url)
-        for field_name, value in options.items():
-            if field_name in merged and merged[field_name] != value:
-                raise ConfigError(f"{field_name} is {merged[field_name]!r} in the URL but {value!r} as a "
-                                  "keyword; give it one way")
-            merged[field_name] = value
-        self._init(RedisTierConfig(url=url, **merged))
+        self._init(build_config(url, options))
 
     @classmethod
     def from_config(cls, config: RedisTierConfig) -> RedisTier:

@@ -1,4 +1,4 @@
-"""Redis connection plumbing for :mod:`radixkv.tiers.redis`: URL parsing and zero-copy clients.
+"""Configuration and connections of :mod:`radixkv.tiers.redis`: URL, options, zero-copy clients.
 
 URL scheme (parsed here, errors are :class:`~radixkv.errors.ConfigError`)::
 
@@ -27,6 +27,7 @@ still parsed by hiredis.
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +40,7 @@ from redis.retry import Retry
 
 from radixkv.errors import ConfigError
 
-__all__ = ["RedisUrl", "parse_redis_url", "FramedValue", "make_client"]
+__all__ = ["RedisUrl", "RedisTierConfig", "build_config", "parse_redis_url", "FramedValue", "make_client"]
 
 _SCHEMES = {"redis": (False, False), "rediss": (False, True),
             "redis+cluster": (True, False), "rediss+cluster": (True, True)}
@@ -50,6 +51,7 @@ TIER_OPTIONS = {"capacity": "capacity_bytes", "capacity_bytes": "capacity_bytes"
                 "down_backoff_s": "down_backoff_s", "batch_bytes": "batch_bytes",
                 "max_connections": "max_connections", "key_prefix": "key_prefix"}
 _DEFAULT_PORT = 6379
+NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,128}")  # namespaces and key prefixes
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +147,80 @@ def parse_redis_url(url: str) -> RedisUrl:
     parsed = RedisUrl(cluster, tls, hosts, username, password, db, tuple(tls_options), tuple(tier_options))
     _tls_kwargs(parsed)  # validates the TLS option values now rather than at first connect
     return parsed
+
+
+@dataclass(slots=True)
+class RedisTierConfig:
+    """Options of a :class:`~radixkv.tiers.redis.RedisTier` (validated here; semantics there)."""
+
+    url: str
+    capacity_bytes: int | None = None  # None: no client-side bound (the server's maxmemory still is)
+    ttl_s: float | None = None  # expiry of every chunk written; None: never
+    socket_timeout_s: float = 1.0  # per socket read/write, never retried
+    socket_connect_timeout_s: float = 0.5
+    down_backoff_s: float = 1.0  # after a fault, calls fail fast as misses for this long
+    batch_bytes: int = 64 << 20  # payload bytes per pipeline (one round trip each)
+    max_connections: int = 64  # per server/node connection pool
+    key_prefix: str = "radixkv"  # Redis keys are <key_prefix>:<namespace>:<chunk key>
+    name: str = "redis"
+
+    def __post_init__(self) -> None:
+        parse_redis_url(self.url)  # raises ConfigError with the reason
+        if self.capacity_bytes is not None and (
+            not isinstance(self.capacity_bytes, int) or self.capacity_bytes <= 0
+        ):
+            raise ConfigError(f"capacity_bytes={self.capacity_bytes!r} must be a positive int or None (unbounded)")
+        if self.ttl_s is not None and not (isinstance(self.ttl_s, (int, float)) and self.ttl_s >= 0.001):
+            raise ConfigError(f"ttl_s={self.ttl_s!r} must be None (no expiry) or a number of seconds >= 0.001")
+        for name in ("socket_timeout_s", "socket_connect_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 < value <= 600:
+                raise ConfigError(f"{name}={value!r} must be a number of seconds in (0, 600]")
+        if not isinstance(self.down_backoff_s, (int, float)) or not 0 <= self.down_backoff_s <= 600:
+            raise ConfigError(f"down_backoff_s={self.down_backoff_s!r} must be in [0, 600] seconds")
+        if not isinstance(self.batch_bytes, int) or self.batch_bytes < 1 << 16:
+            raise ConfigError(f"batch_bytes={self.batch_bytes!r} must be an int >= 65536")
+        if not isinstance(self.max_connections, int) or self.max_connections < 1:
+            raise ConfigError(f"max_connections={self.max_connections!r} must be a positive int")
+        if not NAME_RE.fullmatch(self.key_prefix):
+            raise ConfigError(f"key_prefix={self.key_prefix!r} must match {NAME_RE.pattern}")
+
+
+def _url_options(url: str) -> dict[str, Any]:
+    """Tier options from the URL query, converted to RedisTierConfig field types."""
+    from radixkv.tiers.registry import parse_bytes  # registry imports this module lazily: no cycle
+
+    out: dict[str, Any] = {}
+    for field_name, raw in parse_redis_url(url).tier_options:
+        try:
+            if field_name in ("capacity_bytes", "batch_bytes"):
+                out[field_name] = parse_bytes(raw, field_name)
+            elif field_name == "max_connections":
+                out[field_name] = int(raw)
+            elif field_name == "key_prefix":
+                out[field_name] = raw
+            else:
+                out[field_name] = float(raw)
+        except ConfigError:
+            raise
+        except ValueError:
+            raise ConfigError(f"URL option {field_name}={raw!r} is not a number") from None
+    return out
+
+
+def build_config(url: str, options: dict[str, Any]) -> RedisTierConfig:
+    """Merge URL query options and keyword options (they must agree) into a validated config."""
+    known = set(RedisTierConfig.__dataclass_fields__) - {"url"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"RedisTier got unknown option(s) {unknown}; known: {sorted(known)}")
+    merged = _url_options(url)
+    for field_name, value in options.items():
+        if field_name in merged and merged[field_name] != value:
+            raise ConfigError(f"{field_name} is {merged[field_name]!r} in the URL but {value!r} as a "
+                              "keyword; give it one way")
+        merged[field_name] = value
+    return RedisTierConfig(url=url, **merged)
 
 
 class FramedValue:

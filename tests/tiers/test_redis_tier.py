@@ -118,12 +118,13 @@ def test_ttl_expires_chunks_and_their_bytes(make, redis_url):
 # ------------------------------------------------------------------------------------------ integrity
 
 def test_corrupted_values_are_counted_misses_and_a_put_repairs(make, redis_url):
-    """Bit flip in payload, bit flip in header, truncation, garbage: each a miss + checksum failure."""
+    """Bit flip in payload, bit flip in header, truncation, garbage: each a miss + checksum failure;
+    good chunks around them in the same batch still hit (the reply stream stays aligned)."""
     tier = make(redis_url)
     ns, r = fresh_ns(), raw_client(redis_url)
-    keys = ["flip", "head", "short", "junk"]
+    keys = ["flip", "good1", "head", "short", "junk", "good2"]
     payloads = [payload(k) for k in keys]
-    assert tier.put_many(ns, keys, payloads) == [True] * 4
+    assert tier.put_many(ns, keys, payloads) == [True] * 6
     rk = {k: f"radixkv:{ns}:{k}" for k in keys}
     frame = bytearray(r.get(rk["flip"]))
     frame[-100] ^= 0x01
@@ -134,12 +135,26 @@ def test_corrupted_values_are_counted_misses_and_a_put_repairs(make, redis_url):
     r.set(rk["short"], r.get(rk["short"])[:-1])
     r.set(rk["junk"], b"\x80\x04not a frame, and never unpickled")
     before = tier.stats().checksum_failures
-    assert tier.get_many(ns, keys, empty(4)) == [False] * 4
+    outs = empty(6)
+    assert tier.get_many(ns, keys, outs) == [False, True, False, False, False, True]
+    assert torch.equal(outs[1], payloads[1]) and torch.equal(outs[5], payloads[5])
     assert tier.stats().checksum_failures - before == 4
-    assert tier.put_many(ns, keys, payloads) == [True] * 4  # overwrite repairs
-    outs = empty(4)
-    assert tier.get_many(ns, keys, outs) == [True] * 4
+    assert tier.put_many(ns, keys, payloads) == [True] * 6  # overwrite repairs
+    outs = empty(6)
+    assert tier.get_many(ns, keys, outs) == [True] * 6
     assert all(torch.equal(p, o) for p, o in zip(payloads, outs))
+
+
+def test_wrong_type_under_our_key_is_a_miss(make, redis_url):
+    """A hash stored under the tier's key: WRONGTYPE is an error reply, a miss, and the batch goes on."""
+    tier = make(redis_url)
+    ns, r = fresh_ns(), raw_client(redis_url)
+    tier.put_many(ns, ["ok"], [payload("ok")])
+    r.hset(f"radixkv:{ns}:h", "field", "value")
+    outs = empty(3)
+    assert tier.get_many(ns, ["h", "ok", "absent"], outs) == [False, True, False]
+    assert torch.equal(outs[1], payload("ok"))
+    assert tier.stats().errors == 1 and tier.stats().misses == 2
 
 
 def test_value_of_another_namespace_or_key_under_our_name_is_a_miss(make, redis_url):
@@ -206,7 +221,7 @@ def test_unresponsive_server_times_out_into_misses(make, redis_server):
         second_s = time.monotonic() - t1
     finally:
         redis_server.resume()
-    assert 0.25 <= first_s < 1.0, first_s
+    assert 0.25 <= first_s < 1.2, first_s  # socket_timeout_s plus scheduling slack
     assert second_s < 0.05, second_s
     assert tier.stats().extra["fast_fail_calls"] >= 1
     time.sleep(0.55)
