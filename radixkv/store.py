@@ -432,6 +432,27 @@ class HierarchicalStore:
                     n_tree = s.tree.tier_chunks(tier.name)
                     assert counted == n_tree, f"tier {tier.name!r} holds {counted} chunks, tree places {n_tree} there"
 
+    def reconcile(self) -> int:
+        """Ask every tier whether it still holds each chunk the tree places there, and forget the
+        residencies it lost (a restarted Redis, files removed by hand); returns how many were
+        forgotten. One ``contains`` per chunk: for tests, tools and small stores; normal reads
+        discover such losses lazily."""
+        s = self._stack
+        with s.cond:
+            placed = [(t, nsd, key) for nsd in s.tree.namespaces()
+                      for key, n in list(s.tree._index[nsd].items())  # noqa: SLF001 - read-only walk
+                      for t in range(len(s.tiers)) if s.tree.node_tier_mask(n) >> t & 1]
+        lost = [(t, nsd, key) for t, nsd, key in placed if s.tiers[t].contains_many(nsd, [key]) != 1]
+        with s.cond:
+            entries: list[tuple[int, str, str]] = []
+            for t, nsd, key in lost:
+                n = s.tree.lookup(nsd, key)
+                if n is not None:
+                    entries += s.clear_locked([n], t)
+            entries = s.mark_deleting_locked(entries)
+        s.delete_entries(entries)
+        return len(lost)
+
     def close(self, flush: bool | None = None) -> None:
         """Finish background work (``flush``, default ``config.flush_on_close``) or cancel what has
         not started, join every store thread, close the tiers. Idempotent."""

@@ -1,0 +1,201 @@
+"""Faults and bad input through the hierarchical store: corrupted disk files, a Redis server killed
+mid-run and restarted, a Redis Cluster lower tier, tiny capacities, wrong payloads. Each ends in a
+clear error or a clean degradation to misses; every byte returned is checked."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixkv.config import StoreConfig, TierConfig
+from radixkv.errors import CapacityError, ConfigError, InputError
+from radixkv.store import HierarchicalStore
+from store_helpers import (
+    CHUNK_BYTES,
+    assert_exact,
+    assert_within_capacity,
+    buffers,
+    chain,
+    new_namespace,
+    payload_for,
+)
+
+
+def put_chain(store, ns, keys, parent_key=None):
+    ok = store.put(ns, keys, [payload_for(k) for k in keys], parent_key=parent_key)
+    assert_within_capacity(store)
+    return ok
+
+
+def corrupt_disk_file(root: str, key: str) -> None:
+    """Flip the last payload byte of the chunk's file (the header stays valid)."""
+    files = list(Path(root).rglob(f"{key}.kv"))
+    assert len(files) == 1, files
+    raw = bytearray(files[0].read_bytes())
+    raw[-1] ^= 0xFF
+    files[0].write_bytes(bytes(raw))
+
+
+def disk_root(store: HierarchicalStore) -> str:
+    tier = next(t for t in store.tiers if t.name == "disk")
+    return tier.root
+
+
+class TestCorruptedDisk:
+    def test_corrupted_file_ends_the_run(self, make_store):
+        """disk only below mem (write_back, evicted): a corrupted file is a miss, never data."""
+        store = make_store(("disk",), chunks={"disk": 16})
+        ns = new_namespace()
+        _, keys = chain(20, 5)
+        put_chain(store, ns, keys)
+        corrupt_disk_file(disk_root(store), keys[2])
+        bufs = buffers(5)
+        assert store.get(ns, keys, bufs) == 2
+        assert_exact(keys, bufs, 2)
+        assert store.lookup(ns, keys) == 2
+        st = store.stats()
+        assert st["tiers"]["disk"]["checksum_failures"] == 1
+        assert st["store"]["disk.read_failures"] == 1
+        assert st["tree"]["orphan_drops"] == 2
+        store.check_integrity()
+
+    def test_corrupted_file_falls_back_to_redis(self, make_store):
+        """disk -> redis (write_through): the corrupted chunk is served from Redis, exactly."""
+        store = make_store(("disk", "redis"))
+        ns = new_namespace()
+        _, keys = chain(21, 5)
+        put_chain(store, ns, keys)
+        store.flush()
+        corrupt_disk_file(disk_root(store), keys[1])
+        bufs = buffers(5)
+        assert store.get(ns, keys, bufs) == 5
+        assert_exact(keys, bufs, 5)
+        st = store.stats()
+        assert st["store"]["redis.hit_chunks"] == 1 and st["store"]["disk.hit_chunks"] == 4
+        store.flush()
+        with store.lock:  # disk residency of the bad chunk was cleared (and maybe re-promoted)
+            n = store.tree.lookup(ns.digest, keys[1])
+            assert "redis" in store.tree.node_tiers(n)
+        store.check_integrity()
+
+
+class TestRedisDown:
+    def test_killed_mid_run_then_restarted(self, make_store, redis_server_factory):
+        """mem -> redis: killing the server turns Redis reads into misses within the timeouts;
+        after a restart (empty: no persistence) stale residency is dropped on the first failed read
+        and new writes reach Redis again."""
+        server = redis_server_factory()
+        store = make_store(("mem", "redis"), urls={"redis": server.url}, chunks={"mem": 4})
+        ns = new_namespace()
+        chains = [chain(30 + i, 4)[1] for i in range(3)]
+        for keys in chains:
+            put_chain(store, ns, keys)
+        store.flush()
+        # The first chain now lives only in Redis (the 4-chunk memory tier holds the last one).
+        server.stop()
+        t0 = time.monotonic()
+        bufs = buffers(4)
+        n = store.get(ns, chains[0], bufs)
+        assert n == 0
+        assert time.monotonic() - t0 < 5, "a dead server must degrade to a miss within bounded time"
+        bufs = buffers(4)
+        n = store.get(ns, chains[2], bufs)  # still in memory: unaffected
+        assert n == 4
+        assert_exact(chains[2], bufs, 4)
+        more = chain(40, 4)[1]
+        assert put_chain(store, ns, more) == [True] * 4  # the top tier keeps working
+        store.flush()
+        server.start()
+        bufs = buffers(4)
+        assert store.get(ns, chains[1], bufs) == 0  # restarted empty: a miss, never wrong bytes
+        late = chain(41, 4)[1]
+        deadline = time.monotonic() + 10
+        while True:
+            put_chain(store, ns, late)
+            store.flush()
+            if store.tiers[1].contains_many(ns.digest, late) == 4:
+                break
+            assert time.monotonic() < deadline, "writes did not reach Redis after it came back"
+            store.delete(ns, late)
+            time.sleep(0.2)
+        bufs = buffers(4)
+        assert store.tiers[1].get_many(ns.digest, late, bufs) == [True] * 4
+        assert_exact(late, bufs, 4)
+        # Chunks the tree still places in the restarted (empty) server are found and forgotten.
+        assert store.reconcile() > 0
+        assert store.reconcile() == 0
+        store.check_integrity()
+
+    def test_cluster_as_lower_tier(self, make_store, redis_cluster_url):
+        store = make_store(("mem", "redis"), urls={"redis": redis_cluster_url}, chunks={"mem": 4},
+                           write_policy="write_back")
+        ns = new_namespace()
+        chains = [chain(50 + i, 4)[1] for i in range(3)]
+        for keys in chains:
+            put_chain(store, ns, keys)
+        for keys in chains:
+            bufs = buffers(4)
+            assert store.get(ns, keys, bufs) == 4
+            assert_exact(keys, bufs, 4)
+        store.flush()
+        store.check_integrity()
+
+
+class TestBadInput:
+    def test_capacity_smaller_than_one_chunk(self, tmp_path):
+        store = HierarchicalStore(StoreConfig(tiers=[TierConfig("mem://", CHUNK_BYTES * 4),
+                                                     TierConfig(f"file://{tmp_path}/d", CHUNK_BYTES)]))
+        try:
+            ns = new_namespace()
+            _, keys = chain(60, 1)
+            with pytest.raises(CapacityError, match="disk.*capacity_bytes=4096"):
+                store.put(ns, keys, [payload_for(keys[0])])
+        finally:
+            store.close()
+
+    def test_wrong_payload_size_and_type(self, make_store):
+        store = make_store("mem")
+        ns = new_namespace()
+        _, keys = chain(61, 2)
+        put_chain(store, ns, keys[:1])
+        with pytest.raises(InputError, match="4096-byte chunks"):
+            store.put(ns, keys[1:], [torch.zeros(100, dtype=torch.uint8)], parent_key=keys[0])
+        with pytest.raises(InputError, match="torch.uint8"):
+            store.put(ns, keys[1:], [torch.zeros(CHUNK_BYTES, dtype=torch.float32)], parent_key=keys[0])
+        with pytest.raises(InputError, match="one payload per key"):
+            store.put(ns, keys, [payload_for(keys[0])])
+        with pytest.raises(InputError, match="4096-byte chunks"):
+            store.get(ns, keys, [torch.zeros(8, dtype=torch.uint8)] * 2)
+        with pytest.raises(InputError, match="sequence of str"):
+            store.lookup(ns, keys[0])
+        store.check_integrity()
+
+    def test_unknown_tier_url(self):
+        with pytest.raises(ConfigError, match="unknown scheme 'ftp'"):
+            StoreConfig(tiers=[TierConfig("ftp://host/x", 1 << 20)])
+
+    def test_unwritable_directory(self, tmp_path):
+        """A disk tier under a path that cannot be a directory (works even as root): ConfigError
+        naming the path, and the already-opened memory tier is closed again."""
+        (tmp_path / "afile").write_bytes(b"")
+        cfg = StoreConfig(tiers=[TierConfig("mem://", 1 << 20), TierConfig(f"file://{tmp_path}/afile/sub", 1 << 20)])
+        with pytest.raises(ConfigError, match="afile/sub.*not writable"):
+            HierarchicalStore(cfg)
+
+    def test_disk_full_small_cap_never_exceeded(self, make_store):
+        """A disk tier of 3 chunks under write_through: capacity holds after every operation."""
+        store = make_store(("mem", "disk"), chunks={"mem": 2, "disk": 3})
+        ns = new_namespace()
+        for i in range(6):
+            keys = chain(70 + i, 3)[1]
+            put_chain(store, ns, keys)
+            store.flush()
+            assert_within_capacity(store)
+            bufs = buffers(3)
+            n = store.get(ns, keys, bufs)
+            assert_exact(keys, bufs, n)
+        store.flush()
+        store.check_integrity()
