@@ -33,9 +33,9 @@ __all__ = [
 @triton.jit
 def _paged_chunk_copy_kernel(
     # Pointers
-    page_table_ptr,  # int64 [layers * components]: base address of each (layer, component) view
-    meta_ptr,  # int64 [num_chunks + num_chunks * pages_per_chunk]: chunk addresses, then page ids
-    word_ptr,  # any tensor of the copied integer word type (gives the element type)
+    base_ptr,  # the layout's first view: every address below is an element offset from it
+    view_offsets_ptr,  # int64 [layers * components]: offset of each (layer, component) view
+    meta_ptr,  # int64 [num_chunks + num_chunks * pages_per_chunk]: chunk offsets, then page ids
     # Engine view strides, in elements
     stride_page,
     stride_token,
@@ -51,6 +51,7 @@ def _paged_chunk_copy_kernel(
     head_dim,
     # Meta-parameters
     TO_CHUNK: tl.constexpr,
+    ALIGNED: tl.constexpr,  # every view and chunk offset is a multiple of 16 elements
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -58,18 +59,20 @@ def _paged_chunk_copy_kernel(
     slot = tl.program_id(1)  # selected layer * num_components + component
     page = tl.load(meta_ptr + num_chunks + chunk_page)
     if page >= 0:  # -1 = skip this page
-        elem_ptr_ty = tl.pointer_type(word_ptr.dtype.element_ty)
         view_idx = layer_start * num_components + slot  # absolute (layer, component) index
-        view_base = tl.load(page_table_ptr + view_idx).to(elem_ptr_ty)
-        chunk_base = tl.load(meta_ptr + chunk_page // pages_per_chunk).to(elem_ptr_ty)
+        view_off = tl.load(view_offsets_ptr + view_idx)
+        chunk_off = tl.load(meta_ptr + chunk_page // pages_per_chunk)
+        if ALIGNED:  # offsets read from memory carry no alignment: state it, so accesses vectorise
+            view_off = tl.multiple_of(view_off, 16)
+            chunk_off = tl.multiple_of(chunk_off, 16)
         # Integer arguments equal to 1 arrive as constexprs (Triton specialises them): tl.cast, not
         # .to(), turns such products into tensors. int64 everywhere: engine pools and chunk batches
         # exceed 2**31 elements.
         rows = page_tokens * num_heads
         page_elems = tl.cast(rows, tl.int64) * head_dim
-        page_ptr = view_base + page.to(tl.int64) * stride_page
+        page_ptr = base_ptr + view_off + page.to(tl.int64) * stride_page
         slab = view_idx.to(tl.int64) * pages_per_chunk + chunk_page % pages_per_chunk
-        chunk_ptr = chunk_base + slab * page_elems
+        chunk_ptr = base_ptr + chunk_off + slab * page_elems
         for r0 in range(0, rows, BLOCK_R):
             r = r0 + tl.arange(0, BLOCK_R)
             r_mask = r < rows
@@ -81,12 +84,12 @@ def _paged_chunk_copy_kernel(
                 d = (d0 + tl.arange(0, BLOCK_D)).to(tl.int64)
                 mask = r_mask[:, None] & (d < head_dim)[None, :]
                 page_off = page_row[:, None] + d[None, :] * stride_dim
-                chunk_off = chunk_row[:, None] + d[None, :]
+                chunk_off2 = chunk_row[:, None] + d[None, :]
                 if TO_CHUNK:
                     words = tl.load(page_ptr + page_off, mask=mask)
-                    tl.store(chunk_ptr + chunk_off, words, mask=mask)
+                    tl.store(chunk_ptr + chunk_off2, words, mask=mask)
                 else:
-                    words = tl.load(chunk_ptr + chunk_off, mask=mask)
+                    words = tl.load(chunk_ptr + chunk_off2, mask=mask)
                     tl.store(page_ptr + page_off, words, mask=mask)
 
 
@@ -209,22 +212,28 @@ def _kernel(interpret: bool):
 
 
 def _launch(layout: PagedLayout, plan: _Plan, *, to_chunk: bool, interpret: bool) -> CopyResult:
+    grid, args, meta_params = _launch_args(layout, plan, to_chunk=to_chunk)
+    _kernel(interpret)[grid](*args, **meta_params)
+    return _result(layout, plan, "triton-interpreter" if interpret else "triton", launches=1)
+
+
+def _launch_args(layout: PagedLayout, plan: _Plan, *, to_chunk: bool) -> tuple[tuple, list, dict]:
+    """Grid, positional arguments and meta-parameters of one launch (tests compile from these)."""
     num_chunks, pages_per_chunk = plan.page_ids.shape
-    meta = torch.cat(
-        [torch.tensor([c.data_ptr() for c in plan.chunks], dtype=torch.int64), plan.page_ids.reshape(-1)]
-    )
-    # One small host->device copy carries chunk addresses and page ids (pageable source: the copy is
+    chunk_offsets = [layout.element_offset(c.data_ptr()) for c in plan.chunks]
+    aligned = all(o % 16 == 0 for o in chunk_offsets) and layout.views_aligned
+    meta = torch.cat([torch.tensor(chunk_offsets, dtype=torch.int64), plan.page_ids.reshape(-1)])
+    # One small host->device copy carries chunk offsets and page ids (pageable source: the copy is
     # staged by the driver before returning, so `meta` may die right after).
     meta = meta.to(layout.device, non_blocking=True)
-    word_view = layout.views[0][0].view(word_dtype(layout.dtype))
     block_d = min(128, triton.next_power_of_2(layout.head_dim))
     rows = layout.page_tokens * layout.num_heads
     block_r = min(triton.next_power_of_2(rows), max(1, 4096 // block_d))
     grid = (num_chunks * pages_per_chunk, len(plan.layers) * layout.num_components)
-    _kernel(interpret)[grid](
-        layout.page_table(),
+    args = [
+        layout.views[0][0].view(word_dtype(layout.dtype)),
+        layout.view_offsets(),
         meta,
-        word_view,
         *layout.page_strides,
         num_chunks,
         pages_per_chunk,
@@ -233,11 +242,9 @@ def _launch(layout: PagedLayout, plan: _Plan, *, to_chunk: bool, interpret: bool
         layout.page_tokens,
         layout.num_heads,
         layout.head_dim,
-        TO_CHUNK=to_chunk,
-        BLOCK_R=block_r,
-        BLOCK_D=block_d,
-    )
-    return _result(layout, plan, "triton-interpreter" if interpret else "triton", launches=1)
+    ]
+    meta_params = dict(TO_CHUNK=to_chunk, ALIGNED=aligned, BLOCK_R=block_r, BLOCK_D=block_d)
+    return grid, args, meta_params
 
 
 def _result(layout: PagedLayout, plan: _Plan, backend: str, *, launches: int) -> CopyResult:

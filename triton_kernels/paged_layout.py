@@ -56,7 +56,7 @@ class PagedLayout:
     dtype: torch.dtype = field(init=False)
     device: torch.device = field(init=False)
     page_strides: tuple[int, int, int, int] = field(init=False)
-    _page_tables: dict = field(init=False, repr=False)
+    _view_offsets: dict = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         views = tuple(tuple(layer) for layer in self.views)
@@ -93,7 +93,7 @@ class PagedLayout:
         self.dtype = ref.dtype
         self.device = ref.device
         self.page_strides = tuple(int(s) for s in ref.stride())  # type: ignore[assignment]
-        self._page_tables = {}
+        self._view_offsets = {}
 
     # --- builders -------------------------------------------------------------------------------
 
@@ -164,18 +164,39 @@ class PagedLayout:
         _check_positive(pages_per_chunk, "pages_per_chunk")
         return self.num_layers * self.num_components * pages_per_chunk * self.page_bytes
 
-    def page_table(self) -> torch.Tensor:
-        """int64 ``[num_layers * num_components]`` base addresses of the views, on the layout's device.
+    def element_offset(self, address: int) -> int:
+        """Offset of ``address`` from ``views[0][0]``, in elements (the kernels address everything so).
 
-        Cached: the views are fixed for the layout's lifetime.
+        Any address works (another allocation, pinned host memory: one unified address space on
+        CUDA); it must be aligned to the element size.
+        """
+        delta = address - self.views[0][0].data_ptr()
+        if delta % self.itemsize:
+            raise InputError(
+                f"address {address:#x} is not aligned to the {self.itemsize}-byte elements of "
+                f"{self.dtype}; allocate buffers with torch.empty"
+            )
+        return delta // self.itemsize
+
+    def view_offsets(self) -> torch.Tensor:
+        """int64 ``[num_layers * num_components]`` element offsets of the views from ``views[0][0]``.
+
+        On the layout's device; cached, since the views are fixed for the layout's lifetime.
         """
         key = str(self.device)
-        table = self._page_tables.get(key)
+        table = self._view_offsets.get(key)
         if table is None:
-            ptrs = [view.data_ptr() for layer in self.views for view in layer]
-            table = torch.tensor(ptrs, dtype=torch.int64).to(self.device)
-            self._page_tables[key] = table
+            offsets = [self.element_offset(v.data_ptr()) for layer in self.views for v in layer]
+            table = torch.tensor(offsets, dtype=torch.int64).to(self.device)
+            self._view_offsets[key] = table
         return table
+
+    @property
+    def views_aligned(self) -> bool:
+        """True when every view offset is a multiple of 16 elements (lets the kernel vectorise)."""
+        return all(
+            self.element_offset(v.data_ptr()) % 16 == 0 for layer in self.views for v in layer
+        )
 
     def check_integrity(self) -> None:
         """Re-check the invariants (the engine tensors must not have been resized or moved)."""
@@ -188,11 +209,12 @@ class PagedLayout:
         expected = (self.num_pages, self.page_tokens, self.num_heads, self.head_dim)
         if tuple(ref.shape) != expected or tuple(ref.stride()) != self.page_strides:
             raise RuntimeError(f"views changed: shape {tuple(ref.shape)} vs recorded {expected}")
-        table = self._page_tables.get(str(self.device))
+        table = self._view_offsets.get(str(self.device))
         if table is not None:
-            ptrs = [view.data_ptr() for layer in self.views for view in layer]
-            if table.cpu().tolist() != ptrs:
-                raise RuntimeError("cached page table no longer matches the views' addresses")
+            base = ref.data_ptr()
+            offsets = [(v.data_ptr() - base) // self.itemsize for layer in self.views for v in layer]
+            if table.cpu().tolist() != offsets:
+                raise RuntimeError("cached view offsets no longer match the views' addresses")
 
 
 def _check_like(view: object, ref: torch.Tensor, what: str) -> None:

@@ -88,19 +88,31 @@ def test_sglang_builder_errors() -> None:
 def test_check_integrity_notices_moved_views() -> None:
     case = make_case("sglang_device", torch.float16)
     lay = case.layout
-    lay.page_table()
+    lay.view_offsets()
     lay.check_integrity()
     lay.views = ((lay.views[0][0].clone(), lay.views[0][1]),) + lay.views[1:]
-    with pytest.raises(RuntimeError, match="page table"):
+    with pytest.raises(RuntimeError, match="cached view offsets"):
         lay.check_integrity()
 
 
-def test_page_table_holds_view_addresses() -> None:
+def test_view_offsets_are_element_offsets_from_the_first_view() -> None:
     lay = make_case("vllm_lbnhc", torch.bfloat16).layout
-    table = lay.page_table()
+    table = lay.view_offsets()
+    base = lay.views[0][0].data_ptr()
     assert table.dtype == torch.int64 and table.shape == (LAYERS * 2,)
-    assert table.tolist() == [v.data_ptr() for layer in lay.views for v in layer]
-    assert lay.page_table() is table  # cached
+    assert table.tolist() == [(v.data_ptr() - base) // 2 for layer in lay.views for v in layer]
+    assert table.tolist()[:2] == [0, 8]  # V starts head_dim=8 elements after K
+    assert lay.view_offsets() is table  # cached
+    assert not lay.views_aligned  # 8-element offsets: the kernel must not promise 16
+    other = torch.zeros(4, dtype=torch.bfloat16)
+    assert lay.element_offset(other.data_ptr()) == (other.data_ptr() - base) // 2
+    with pytest.raises(InputError, match="not aligned"):
+        lay.element_offset(base + 1)
+
+
+def test_views_aligned_when_offsets_are_multiples_of_16() -> None:
+    s = torch.zeros(2, 4, 4, 2, 32, dtype=torch.float16)  # [L, B, N, H, 2D], D = 16
+    assert PagedLayout.from_vllm([s[i].permute(0, 2, 1, 3) for i in range(2)]).views_aligned
 
 
 def test_alloc_and_payload_views_alias() -> None:
