@@ -20,7 +20,7 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from radixkv.errors import ConfigError
 
@@ -28,7 +28,8 @@ __all__ = ["TierConfig", "StoreConfig", "parse_bytes", "WRITE_POLICIES", "TIER_S
 
 WRITE_POLICIES = ("write_through", "write_back")
 # Schemes the store knows how to name; the tier registry decides which ones it can actually open.
-TIER_SCHEMES = {"mem": "mem", "file": "disk", "redis": "redis", "rediss": "redis", "redis+cluster": "redis"}
+TIER_SCHEMES = {"mem": "mem", "memory": "mem", "file": "disk", "redis": "redis", "rediss": "redis",
+                "redis+cluster": "redis", "rediss+cluster": "redis"}
 _ENV_PREFIX = "RADIXKV_"
 
 _UNITS = {
@@ -140,13 +141,23 @@ class TierConfig:
                 f"tier url={self.url!r} has unknown scheme {self.scheme!r}; "
                 f"use one of {sorted(s + '://' for s in TIER_SCHEMES)}"
             )
-        if self.scheme == "file" and not urlsplit(self.url).path.startswith("/"):
-            raise ConfigError(f"tier url={self.url!r} must name an absolute directory: file:///abs/path")
+        if self.scheme == "file":
+            parts = urlsplit(self.url)
+            if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+                raise ConfigError(f"tier url={self.url!r} must name an absolute directory: file:///abs/path "
+                                  "(three slashes)")
         self.capacity_bytes = parse_bytes(self.capacity_bytes, f"capacity_bytes of tier {self.url!r}")
-        if self.scheme == "mem" and self.capacity_bytes == 0:
+        query = dict(parse_qsl(urlsplit(self.url).query))
+        if "capacity" in query:  # the registry's URL form: mem://?capacity=8GiB
+            in_url = parse_bytes(query["capacity"], f"capacity in tier URL {self.url!r}")
+            if self.capacity_bytes not in (0, in_url):
+                raise ConfigError(f"tier {self.url!r} gives capacity {in_url} in the URL and capacity_bytes="
+                                  f"{self.capacity_bytes}; give it once")
+            self.capacity_bytes = in_url
+        if self.kind in ("mem", "disk") and self.capacity_bytes == 0:
             raise ConfigError(
-                f"capacity_bytes of tier {self.url!r} is 0 (unbounded), which a memory tier cannot be: "
-                "give it a size such as '4GiB'"
+                f"capacity_bytes of tier {self.url!r} is 0 (unbounded), which a {self.kind} tier cannot be: "
+                "give it a size such as '4GiB' (only remote tiers such as Redis may be unbounded)"
             )
         if self.name is not None and (not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name)):
             raise ConfigError(f"tier name={self.name!r} must be a non-empty word of [A-Za-z0-9_.-]")
