@@ -208,20 +208,16 @@ class MemoryTier:
             raise InputError(f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key")
         outs = [_byte_view(b, f"buffers[{i}]") for i, b in enumerate(buffers)]
         lease = self._lease(namespace, keys, [o.numel() for o in outs])
+        hits = [v is not None for v in lease.views]
         try:
-            hits = []
             for out, view in zip(outs, lease.views):
                 if view is not None:
                     out.copy_(view)
-                hits.append(view is not None)
         finally:
-            lease.release()
-        with self._lock:
+            lease._released = True
             n_hit = sum(hits)
-            self._stats.gets += len(keys)
-            self._stats.hits += n_hit
-            self._stats.misses += len(keys) - n_hit
-            self._stats.bytes_out += sum(o.numel() for o, h in zip(outs, hits) if h)
+            self._release(lease._slots, gets=len(keys), hits=n_hit,
+                          bytes_out=sum(o.numel() for o, h in zip(outs, hits) if h))
         return hits
 
     def lease(self, namespace: str, keys: Sequence[str]) -> MemoryLease:
@@ -373,8 +369,12 @@ class MemoryTier:
                 views.append(self._slot_view(slot))
             return MemoryLease(views=views, _tier=self, _slots=held)
 
-    def _release(self, slots: list[_Slot]) -> None:
+    def _release(self, slots: list[_Slot], gets: int = 0, hits: int = 0, bytes_out: int = 0) -> None:
         with self._lock:
+            self._stats.gets += gets
+            self._stats.hits += hits
+            self._stats.misses += gets - hits
+            self._stats.bytes_out += bytes_out
             for slot in slots:
                 slot.readers -= 1
                 if slot.dead and slot.readers == 0:
