@@ -119,6 +119,8 @@ class HierarchicalStore:
                                   on_depth=lambda d: self.metrics.queue_depth("write", d))
         self._reader = WorkerPool("prefetch", config.prefetch_threads, config.queue_depth,
                                   on_depth=lambda d: self.metrics.queue_depth("prefetch", d))
+        for q in ("write", "prefetch"):
+            self.metrics.queue_depth(q, 0)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -286,13 +288,18 @@ class HierarchicalStore:
             self._unpin(refs, owner)
 
     def _account(self, ns: Namespace, refs: list[ChunkRef], served: list[int], n: int, asked: int) -> None:
-        per_tier: dict[int, int] = defaultdict(int)
+        """Cascading per-tier counts: chunk i is a hit in the tier that served it and a miss in every
+        faster tier; chunks no tier served are misses everywhere."""
+        per_tier = [0] * len(self._stack.tiers)
         for t in served[:n]:
             per_tier[t] += 1
         size = refs[0].size_bytes if refs else 0
-        for t, c in per_tier.items():
-            self.metrics.hits(self._stack.names[t], c, c * ns.chunk_tokens, c * size)
-        self.metrics.misses("any", asked - n, (asked - n) * ns.chunk_tokens)
+        missing = asked
+        for t, c in enumerate(per_tier):
+            name = self._stack.names[t]
+            self.metrics.hits(name, c, c * ns.chunk_tokens, c * size)
+            missing -= c
+            self.metrics.misses(name, missing, missing * ns.chunk_tokens)
 
     def _promote(self, refs: list[ChunkRef], served: list[int], buffers: Sequence[torch.Tensor]) -> None:
         """Queue copies of chunks served below the top tier (hit often enough) into the top tier.
