@@ -55,3 +55,130 @@ def test_first_request_saves_second_hits(model_dir):
     assert req2.status == RequestStatus.FINISHED_LENGTH_CAPPED
     conn.check_integrity()
     eng.worker.check_integrity()
+
+
+def file_store(path) -> dict:
+    return {"tiers": [{"url": f"file://{path}", "capacity_bytes": 1 << 26}]}
+
+
+def _warm_then_gate(tmp_path, model_dir, policy="recompute"):
+    """r1 stores two chunks in a disk tier; then reads are gated, the local cache and KV are wiped."""
+    from vllm_harness import GatedStore
+
+    cfg = make_vllm_config(model_dir, {"chunk_tokens": CHUNK, "store": file_store(tmp_path / "kv")}, policy=policy)
+    eng = Engine(cfg, make_kv_cache_config())
+    toks = prompt(70)
+    eng.add("r1", toks)
+    eng.run_until_idle()
+    assert eng.worker._worker.stats["saved_chunks"] == 2
+    assert eng.sched.reset_prefix_cache()
+    eng.clear_kv()
+    gated = GatedStore(eng.worker._worker.store)
+    eng.worker._worker.store = gated
+    return eng, toks, gated
+
+
+def test_async_load_from_slow_tier(tmp_path, model_dir):
+    eng, toks, gated = _warm_then_gate(tmp_path, model_dir)
+    conn = eng.connector
+    toks2 = toks[:64] + prompt(20, seed=7)
+    req = eng.add("r2", toks2)
+    assert eng.step().scheduled == {}  # lookup round trip
+    rep = eng.log[-1].worker_meta.lookups["r2"]
+    assert (rep.hit_chunks, rep.ready) == (2, False)  # found, but still being read
+    assert eng.step().scheduled == {}
+    assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert conn._scheduler.stats["async_loads"] == 1
+    assert eng.step().finished_recving == set()  # the read is still held back
+    gated.open()
+    assert eng.step().finished_recving == {"r2"}
+    log = eng.step()
+    assert log.scheduled == {"r2": len(toks2) - 64}
+    assert_blocks_match(eng, toks2, eng.sched.kv_cache_manager.get_block_ids("r2")[0], range(4))
+    eng.run_until_idle()
+    assert req.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    conn.check_integrity()
+    eng.worker.check_integrity()
+
+
+def _corrupt_chunk(root, key: str) -> None:
+    (path,) = list(root.rglob(f"{key}.kv"))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # a flipped payload byte: the frame checksum must catch it
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_failed_load(tmp_path, model_dir, policy):
+    from radixkv.adapters.vllm_options import chunk_keys_from_block_hashes
+
+    eng, toks, gated = _warm_then_gate(tmp_path, model_dir, policy=policy)
+    conn = eng.connector
+    toks2 = toks[:64] + prompt(20, seed=9)
+    req = eng.add("r2", toks2)
+    eng.step()
+    eng.step()
+    assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    keys = chunk_keys_from_block_hashes(req.block_hashes, BLOCK, CHUNK, 2)
+    _corrupt_chunk(tmp_path / "kv", keys[1])
+    gated.open()
+    log = eng.step()
+    blocks = eng.sched.kv_cache_manager.get_block_ids("r2")[0] if policy == "recompute" else None
+    assert log.finished_recving == {"r2"}
+    assert log.invalid_block_ids and log.invalid_block_ids <= set(range(64))
+    assert eng.worker._worker.stats["failed_chunks"] == 1
+    if policy == "fail":
+        assert req.status == RequestStatus.FINISHED_ERROR
+        return
+    # recompute: vLLM rolls back to the failed chunk (32 tokens kept) and recomputes the rest
+    assert req.num_computed_tokens == CHUNK
+    assert conn._scheduler._requests["r2"].failed
+    log = eng.step()
+    assert log.scheduled == {"r2": len(toks2) - CHUNK}
+    assert conn.get_num_new_matched_tokens(req, 0) == (0, False)  # never offered again
+    blocks = eng.sched.kv_cache_manager.get_block_ids("r2")[0]
+    assert_blocks_match(eng, toks2, blocks, range(len(toks2) // BLOCK))
+    eng.run_until_idle()
+    assert req.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    conn.check_integrity()
+
+
+def test_hma_sliding_window_groups(model_dir):
+    """Two KV-cache groups (full + sliding window), as vLLM builds them with HMA on (GPU): both groups'
+    chunks are stored; a hit is loaded asynchronously (vLLM 0.33 recovers hybrid failures by request)
+    into the full group's blocks and the sliding-window group's in-window blocks."""
+    kcc = make_kv_cache_config(sliding_window=32)
+    eng = Engine(make_vllm_config(model_dir, {"chunk_tokens": CHUNK, "store": mem_store()}), kcc)
+    conn = eng.connector
+    assert len(conn._scheduler.groups) == 2
+    toks = prompt(70)
+    eng.add("r1", toks)
+    eng.run_until_idle()
+    w = eng.worker._worker
+    assert w.stats["saved_chunks"] == 2
+    ns_full, ns_sw = (g.namespace for g in w.groups)
+    assert ns_full.digest != ns_sw.digest and "sliding_window32" in ns_sw.extra
+    assert eng.sched.reset_prefix_cache()
+    eng.clear_kv()
+    toks2 = toks[:64] + prompt(20, seed=3)
+    req = eng.add("r2", toks2)
+    eng.step()
+    log = eng.step()
+    assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS  # async even though the bytes are staged
+    assert log.scheduled == {} and log.finished_recving == {"r2"}  # copied in the same step
+    log = eng.step()
+    assert log.scheduled == {"r2": len(toks2) - 64}
+    full_ids, sw_ids = eng.sched.kv_cache_manager.get_block_ids("r2")
+    for b in range(4):
+        assert torch.equal(eng.block_bytes("layers.0", full_ids[b]),
+                           eng.expected_block("layers.0", toks2, b).contiguous().view(torch.uint8))
+    in_window = [b for b in range(4) if sw_ids[b] != 0]
+    assert in_window and in_window[-1] == 3  # the window before token 64 is loaded
+    for b in in_window:
+        assert torch.equal(eng.block_bytes("layers.1", sw_ids[b]),
+                           eng.expected_block("layers.1", toks2, b).contiguous().view(torch.uint8))
+    eng.run_until_idle()
+    assert req.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert "r2" not in conn._scheduler._requests  # request_finished_all_groups ran
+    conn.check_integrity()
+    eng.worker.check_integrity()

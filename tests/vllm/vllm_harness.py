@@ -268,3 +268,50 @@ class Engine:
     def clear_kv(self) -> None:
         for t in self.kv.values():
             t.zero_()
+
+
+class GatedStore:
+    """The real store, with reads held back until :meth:`open` (a slow tier whose timing a test sets).
+
+    Only *when* a prefetch runs is controlled; lookups, reads, checksums and puts are the real store's.
+    """
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.gate_open = False
+
+    def open(self) -> None:
+        self.gate_open = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def prefetch(self, ns: Any, keys: Any, buffers: Any) -> Any:
+        return _GatedHandle(self, ns, list(keys), list(buffers))
+
+
+class _GatedHandle:
+    def __init__(self, gs: GatedStore, ns: Any, keys: list[str], buffers: list[Any]) -> None:
+        self.gs, self.ns, self.keys, self.buffers = gs, ns, keys, buffers
+        self.result: int | None = None
+        self.cancelled = False
+
+    def _run(self) -> None:
+        if self.result is None and self.gs.gate_open and not self.cancelled:
+            self.result = self.gs.store.get(self.ns, self.keys, self.buffers)
+
+    def done(self) -> bool:
+        self._run()
+        return self.result is not None or self.cancelled
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        self._run()
+        if self.cancelled:
+            return 0
+        if self.result is None:
+            raise TimeoutError("gated read not released")
+        return self.result
+
+    def cancel(self) -> bool:
+        self.cancelled = self.result is None
+        return self.cancelled
