@@ -9,11 +9,14 @@ then joins every thread, so a closed pool leaves no thread behind.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from typing import Any, Callable, Generic, TypeVar
 
 __all__ = ["Job", "WorkerPool"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -77,8 +80,9 @@ class Job(Generic[T]):
             self._state = _RUNNING
         try:
             self._result = self._fn(self)
-        except BaseException as e:  # noqa: BLE001 - handed to whoever waits
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits, and logged
             self._error = e
+            log.warning("background job %r failed: %r", self.name, e, exc_info=True)
         finally:
             with self._lock:
                 self._state = _DONE

@@ -394,7 +394,7 @@ class TierStack:
         with self.cond:
             self.begin_write_locked(t, ns, keys)
         try:
-            ok = self.tier_put(t, ns, keys, payloads[:k]) if k else []
+            ok = self.put_refit(t, ns, keys, payloads[:k], charges[:k])
         except BaseException:
             with self.cond:
                 self.end_write_locked(t, ns, keys)
@@ -419,6 +419,22 @@ class TierStack:
             leaked = self.mark_deleting_locked(leaked)
         self.delete_entries(leaked)
         return result
+
+    def put_refit(self, t: int, ns: str, keys: Sequence[str], payloads: Sequence[torch.Tensor],
+                  charges: Sequence[int]) -> list[bool]:
+        """Put with room already reserved. A memory tier can refuse a put the byte count allows (slab
+        slots leave a remainder per slab): then evict that many bytes more and retry once."""
+        ok = self.tier_put(t, ns, keys, payloads)
+        failed = [i for i, o in enumerate(ok) if not o]
+        if failed and self.capacity(t) and not self._framed[t]:
+            extra = sum(charges[i] for i in failed)
+            if self.reserve(t, [extra]) == 1:
+                with self.cond:
+                    self.release_locked(t, extra)
+                again = self.tier_put(t, ns, [keys[i] for i in failed], [payloads[i] for i in failed])
+                for i, o in zip(failed, again):
+                    ok[i] = o
+        return ok
 
     # ------------------------------------------------------------------ reads with fallback
     def read_run(self, refs: Sequence[ChunkRef], masks: list[int], buffers: Sequence[torch.Tensor],
