@@ -19,7 +19,7 @@ def extra_config(tiers, interface_v1=1, **more):
     return cfg
 
 
-def mem_tier(capacity="64MiB"):
+def mem_tier(capacity="256MiB"):
     return {"url": "mem://", "capacity": capacity}
 
 

@@ -1,0 +1,136 @@
+"""v2 (KV + sidecar pools, hit policies), construction through SGLang's factory, options."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("sglang", reason="needs sglang==0.5.23 (run inside .envs/sglang)")
+
+from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
+    HiCacheStorageConfig,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+)
+from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
+
+from radixkv.adapters.sglang import RadixKVStore  # noqa: E402
+from radixkv.adapters.sglang_cpu import ControllerHarness, PoolSpec, build_pools  # noqa: E402
+from radixkv.errors import ConfigError  # noqa: E402
+
+from _helpers import extra_config, mem_tier, tokens, unwrap  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+
+def _config(extra, **kw):
+    base = dict(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                is_mla_model=False, enable_storage_metrics=True, is_page_first_layout=True,
+                model_name="m", extra_config=extra)
+    base.update(kw)
+    return HiCacheStorageConfig(**base)
+
+
+def test_factory_builds_radixkv_and_registers_the_pool():
+    pools = build_pools(PoolSpec())
+    backend = StorageBackendFactory.create_backend("dynamic", _config(extra_config([mem_tier()])), pools.host_pool)
+    try:
+        assert isinstance(unwrap(backend), RadixKVStore)
+        backend.register_mem_pool_host(pools.host_pool)
+        backend.on_host_pools_registered()
+        assert "kv" in unwrap(backend)._bindings
+    finally:
+        backend.close()
+
+
+def test_bad_options_fail_at_construction_with_the_fix():
+    with pytest.raises(ConfigError, match="unknown"):
+        RadixKVStore(_config(extra_config([mem_tier()], store={"no_such_option": 1})), {})
+    with pytest.raises(ConfigError, match="tier url"):
+        RadixKVStore(_config(extra_config(["not-a-url"])), {})
+    with pytest.raises(ConfigError, match="probe_tiers"):
+        RadixKVStore(_config(extra_config([mem_tier()], probe_tiers="maybe")), {})
+
+
+def test_config_file_and_defaults(tmp_path, monkeypatch):
+    for k in ("RADIXKV_TIERS", "RADIXKV_CONFIG", "RADIXKV_TIER0_URL"):
+        monkeypatch.delenv(k, raising=False)
+    y = tmp_path / "radixkv.yaml"
+    y.write_text(f"tiers:\n  - url: mem://\n    capacity: 8MiB\n  - url: file://{tmp_path}/d\n    capacity: 16MiB\npolicy: lru\n")
+    s = RadixKVStore(_config({"config_file": str(y), "write_policy": "write_back"}), {})
+    try:
+        assert [t.name for t in s.store.tiers] == ["mem", "disk"]
+        assert s.store.config.write_policy == "write_back"
+    finally:
+        s.close()
+    d = RadixKVStore(_config({}), {})  # nothing given: one memory tier
+    try:
+        assert [t.name for t in d.store.tiers] == ["mem"]
+    finally:
+        d.close()
+
+
+def test_v2_kv_plus_trailing_sidecar_pool():
+    spec = PoolSpec(layout="page_first", page_size=4, host_tokens=256)
+    h = ControllerHarness(spec, extra_config=extra_config([mem_tier()]))
+    side = build_pools(PoolSpec(layout="layer_first", page_size=4, layers=1, heads=1, host_tokens=256)).host_pool
+    backend = unwrap(h.backend)
+    backend.register_mem_host_pool_v2(side, PoolName.SWA)
+    try:
+        toks = tokens(24, seed=61)
+        keys = h.page_keys(toks)  # 6 pages
+        kv_src = h.alloc(24)
+        h.fill_random(kv_src, seed=1)
+        sw_src = side.alloc(8)  # the sidecar keeps only the last 2 pages (a window)
+        gen_pages = []
+        for i in range(0, 8, 4):
+            page = side.get_dummy_flat_data_page()
+            page.view(-1).copy_((i + 1) * 3 + page.new_zeros(page.numel()).to(page.dtype))
+            side.set_from_flat_data_page(int(sw_src[i]), page)
+            gen_pages.append(side.get_data_page(int(sw_src[i]), flat=True).clone())
+        res = backend.batch_set_v2([
+            PoolTransfer(name=PoolName.KV, host_indices=kv_src, keys=keys),
+            PoolTransfer(name=PoolName.SWA, host_indices=sw_src, keys=keys[4:], hit_policy=PoolHitPolicy.TRAILING_PAGES),
+        ])
+        assert res == {"kv": [True] * 6, "swa": [True, True]}
+        # Trailing window of 2: only prefix length 6 has both of its last 2 sidecar pages.
+        q = [PoolTransfer(name=PoolName.SWA, keys=keys[4:], hit_policy=PoolHitPolicy.TRAILING_PAGES)]
+        r = backend.batch_exists_v2(keys, q)
+        assert r.kv_hit_pages == 6 and r.restorable_prefix_pages == [6] and r.extra_pool_hit_pages["swa"] == 6
+        # All-pages policy on the same pool: page 0 is missing, so nothing is restorable.
+        r2 = backend.batch_exists_v2(keys, [PoolTransfer(name=PoolName.SWA, keys=keys, hit_policy=PoolHitPolicy.ALL_PAGES)])
+        assert r2.kv_hit_pages == 0 and "swa" not in r2.extra_pool_hit_pages
+        # Read both pools back into fresh slots.
+        kv_dst, sw_dst = h.alloc(24), side.alloc(8)
+        got = backend.batch_get_v2([
+            PoolTransfer(name=PoolName.KV, host_indices=kv_dst, keys=keys),
+            PoolTransfer(name=PoolName.SWA, host_indices=sw_dst, keys=keys[4:]),
+        ])
+        assert got == {"kv": [True] * 6, "swa": [True, True]}
+        assert h.page_bytes_at(kv_dst) == h.page_bytes_at(kv_src)
+        for j, i in enumerate(range(0, 8, 4)):
+            assert side.get_data_page(int(sw_dst[i]), flat=True).equal(gen_pages[j])
+        # A sidecar that was never registered fails per page, without raising.
+        bad = backend.batch_get_v2([PoolTransfer(name=PoolName.MAMBA, host_indices=sw_dst, keys=keys[4:])])
+        assert bad == {"mamba": [False, False]}
+        assert backend.counters["failed_calls"] == 1
+    finally:
+        h.close()
+
+
+def test_batch_calls_never_raise_on_bad_input():
+    h = ControllerHarness(PoolSpec(), extra_config=extra_config([mem_tier()]))
+    b = unwrap(h.backend)
+    try:
+        keys = h.page_keys(tokens(8, seed=3))
+        import torch
+
+        short = torch.arange(0, 4)  # 1 page of indices for 2 keys
+        assert b.batch_set_v1(keys, short) == [False, False]
+        assert b.batch_get_v1(keys, short) == [False, False]
+        assert b.batch_exists(["not/ascii\u00e9"]) == 0
+        assert b.batch_set(keys, [None, None]) is False
+        assert b.batch_get(keys, None) == [None, None]
+        assert b.counters["failed_calls"] >= 3
+    finally:
+        h.close()
