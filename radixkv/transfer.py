@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
+from radixkv import eviction, reads
 from radixkv.errors import CapacityError, InputError, PinError
 from radixkv.metrics import StoreMetrics
 from radixkv.tiers.framing import HEADER_BYTES
@@ -40,7 +40,6 @@ from radixkv.tree import RadixTree
 __all__ = ["TierStack", "ChunkRef"]
 
 _UNBOUNDED_BYTES = 1 << 62
-_ROOM_WAIT_S = 2.0  # how long a writer waits for other threads' evictions before giving up
 _NS_DIGEST_CHARS = 32
 
 
@@ -237,48 +236,11 @@ class TierStack:
     # ------------------------------------------------------------------ room-making
     def reserve(self, t: int, charges: Sequence[int], wait_for_transfers: bool = False) -> int:
         """Reserve room in tier ``t`` for the leading chunks of ``charges`` (bytes each, frame overhead
-        included), evicting as needed. Returns how many leading chunks got room; the caller releases
-        ``sum(charges[:k])`` with :meth:`release_locked` once those chunks are resident (or failed).
-
-        With ``wait_for_transfers`` (foreground writers only, never background workers, so nothing
-        waits on itself) a writer that finds every candidate pinned by a background copy waits up to
-        a bound for those copies to finish instead of giving up at once."""
-        cap = self.capacity(t)
-        k = len(charges)
-        if k == 0:
-            return 0
-        deadline = time.monotonic() + _ROOM_WAIT_S
-        owner = self.owner("evict")
-        while True:
-            with self.cond:
-                need = sum(charges[:k])
-                used = self.used_locked(t)
-                if cap == 0 or used + need <= cap:
-                    self.reserved[t] += need
-                    return k
-                deficit = used + need - cap - self.claimed[t]
-                victim, claim, freed, pending, entries = None, 0, 0, 0, []
-                if deficit > 0:
-                    victim, claim, freed, pending, entries = self._claim_locked(t, deficit, owner)
-                if victim is None and not freed:
-                    busy = self.claimed[t] > 0 or (wait_for_transfers and self.transfers_inflight > 0)
-                    if busy and time.monotonic() < deadline:
-                        self.cond.wait(0.05)  # another thread's eviction or copy will free room
-                        continue
-                    return self._shrink_locked(t, charges, k, used, cap)
-            if entries:
-                self.delete_entries(entries)
-                with self.cond:
-                    self.release_locked(t, pending)
-            if victim is not None and self._evict(t, [victim], owner, claim) == 0 and not freed:
-                with self.cond:  # the victim could not leave (its demotion failed): take what fits
-                    return self._shrink_locked(t, charges, k, self.used_locked(t), cap)
-
-    def _shrink_locked(self, t: int, charges: Sequence[int], k: int, used: int, cap: int) -> int:
-        while k > 0 and used + sum(charges[:k]) > cap:
-            k -= 1
-        self.reserved[t] += sum(charges[:k])
-        return k
+        included), evicting as needed (see :mod:`radixkv.eviction`). Returns how many leading chunks
+        got room; the caller releases ``sum(charges[:k])`` with :meth:`release_locked` once those
+        chunks are resident (or failed). With ``wait_for_transfers`` (foreground writers only) a
+        writer whose candidates are all pinned by background copies waits a bounded time for them."""
+        return eviction.reserve(self, t, charges, wait_for_transfers)
 
     def end_transfer_locked(self) -> None:
         self.transfers_inflight -= 1
@@ -287,80 +249,6 @@ class TierStack:
     def release_locked(self, t: int, nbytes: int) -> None:
         self.reserved[t] -= nbytes
         self.cond.notify_all()
-
-    def _claim_locked(self, t: int, deficit: int, owner: str
-                      ) -> tuple[ChunkRef | None, int, int, int, list[tuple[int, str, str]]]:
-        """Free room in exact policy order, one candidate at a time (each eviction may expose a
-        parent as the next victim). Chunks that need no copy (the next tier holds them, or ``t`` is
-        the last tier) leave the tree at once; their bytes stay counted as reserved until deleted.
-        Stops at the first chunk that must be demoted: it is pinned and returned as the victim.
-        Returns (victim, its charge, chunks freed now, bytes pending deletion, bytes to delete)."""
-        name, tree = self.names[t], self.tree
-        next_bit = 1 << (t + 1) if t < self.last else 0
-        freed = pending = 0
-        entries: list[tuple[int, str, str]] = []
-        released = dropped = 0
-        try:
-            while deficit > 0:
-                ids = tree.evict_candidates(name, 1, drop=(t == self.last))
-                if not ids:
-                    return None, 0, freed, pending, entries
-                ref = self.ref_locked(ids[0])
-                charge = self.charge(t, ref.size_bytes)
-                if next_bit and not tree.node_tier_mask(ref.node_id) & next_bit:
-                    tree.pin([ref.node_id], owner, self.lease_s)
-                    self.claimed[t] += charge
-                    return ref, charge, freed, pending, entries
-                entries += self.mark_deleting_locked([(t, ref.namespace, ref.key)]
-                                                     + self.clear_locked([ref.node_id], t))
-                self.reserved[t] += charge  # still on the medium until deleted outside the lock
-                pending += charge
-                deficit -= charge
-                freed += 1
-                released += bool(next_bit)
-                dropped += not next_bit
-            return None, 0, freed, pending, entries
-        finally:
-            self.metrics.evictions(name, "release", released)
-            self.metrics.evictions(name, "drop", dropped)
-
-    def _evict(self, t: int, victims: list[ChunkRef], owner: str, claim: int) -> int:
-        """Demote (or drop, from the last tier) the claimed victims; returns how many left tier t."""
-        name = self.names[t]
-        demoted: set[int] = set()
-        below: set[int] = set()
-        try:
-            if t < self.last:
-                with self.cond:
-                    move = [v for v in victims if not self.mask_locked(v) & (1 << (t + 1))]
-                    below = {v.node_id for v in victims if self.mask_locked(v) & (1 << (t + 1))}
-                if move:
-                    ok = self.copy(t, t + 1, move)
-                    demoted = {v.node_id for v, o in zip(move, ok) if o}
-            with self.cond:
-                out: list[ChunkRef] = []
-                for v in victims:
-                    mask = self.mask_locked(v)
-                    if not mask & (1 << t):
-                        continue
-                    failed_demotion = t < self.last and v.node_id not in demoted and mask & (1 << (t + 1)) == 0
-                    if failed_demotion and mask == 1 << t and self.tree.node_children_alive(v.node_id):
-                        continue  # dropping it would orphan its descendants: keep it
-                    out.append(v)
-                entries = self.clear_locked([v.node_id for v in out], t)
-                entries = self.mark_deleting_locked([(t, v.namespace, v.key) for v in out] + entries)
-                self.unpin_locked(victims, owner)
-            self.delete_entries(entries)
-            n_demoted = sum(v.node_id in demoted for v in out)
-            n_below = sum(v.node_id in below for v in out)
-            self.metrics.evictions(name, "demote", n_demoted)
-            self.metrics.evictions(name, "release", n_below)  # the next tier already held it
-            self.metrics.evictions(name, "drop", len(out) - n_demoted - n_below)
-            return len(out)
-        finally:
-            with self.cond:
-                self.claimed[t] -= claim
-                self.cond.notify_all()
 
     # ------------------------------------------------------------------ copies
     def copy(self, src: int, dst: int, refs: Sequence[ChunkRef]) -> list[bool]:
@@ -379,8 +267,13 @@ class TierStack:
                 out[idx[j]] = o
         return out
 
-    def read_payloads(self, t: int, ns: str, refs: Sequence[ChunkRef]) -> _Payloads:
-        return _Payloads(self, t, ns, refs)
+    def read_payloads(self, t: int, ns: str, refs: Sequence[ChunkRef]) -> reads.Payloads:
+        return reads.Payloads(self, t, ns, refs)
+
+    def read_run(self, refs: Sequence[ChunkRef], masks: list[int], buffers: Sequence[torch.Tensor],
+                 cancelled: Callable[[], bool] = lambda: False) -> tuple[int, list[int]]:
+        """See :func:`radixkv.reads.read_run`."""
+        return reads.read_run(self, refs, masks, buffers, cancelled)
 
     def write(self, t: int, refs: Sequence[ChunkRef], payloads: Sequence[torch.Tensor]) -> list[bool]:
         """Write pinned chunks (one namespace) into tier ``t``: reserve room, put, make resident.
@@ -435,92 +328,6 @@ class TierStack:
                 for i, o in zip(failed, again):
                     ok[i] = o
         return ok
-
-    # ------------------------------------------------------------------ reads with fallback
-    def read_run(self, refs: Sequence[ChunkRef], masks: list[int], buffers: Sequence[torch.Tensor],
-                 cancelled: Callable[[], bool] = lambda: False) -> tuple[int, list[int]]:
-        """Fill ``buffers`` with the pinned chunks (one namespace), each from the fastest tier holding
-        it, falling back down the hierarchy on a failed read. Returns (leading run read, tier that
-        served each chunk or -1)."""
-        n = len(refs)
-        served = [-1] * n
-        limit = n
-        ns = refs[0].namespace if refs else ""
-        while True:
-            groups: dict[int, list[int]] = defaultdict(list)
-            for i in range(limit):
-                if served[i] >= 0:
-                    continue
-                if not masks[i]:
-                    limit = i  # no tier can deliver chunk i: the run ends before it
-                    break
-                groups[(masks[i] & -masks[i]).bit_length() - 1].append(i)
-            if not groups or cancelled():
-                break
-            failed: list[tuple[int, int]] = []
-            for t in sorted(groups):
-                idx = groups[t]
-                ok = self.tier_get(t, ns, [refs[i].key for i in idx], [buffers[i] for i in idx])
-                for i, o in zip(idx, ok):
-                    if o:
-                        served[i] = t
-                    else:
-                        failed.append((i, t))
-            if not failed:
-                continue
-            self._forget_failed(refs, masks, failed)
-        run = 0
-        while run < limit and served[run] >= 0:
-            run += 1
-        return run, served
-
-    def _forget_failed(self, refs: Sequence[ChunkRef], masks: list[int], failed: list[tuple[int, int]]) -> None:
-        by_tier: dict[int, list[int]] = defaultdict(list)
-        for i, t in failed:
-            by_tier[t].append(i)
-            masks[i] &= ~(1 << t)
-            self.metrics.read_failures(self.names[t], 1)
-        entries: list[tuple[int, str, str]] = []
-        with self.cond:
-            for t, idx in by_tier.items():
-                ids = [refs[i].node_id for i in idx if self.mask_locked(refs[i]) & (1 << t)]
-                entries += [(t, refs[i].namespace, refs[i].key) for i in idx]
-                entries += self.clear_locked(ids, t)
-            for i, _t in failed:  # what the tree still knows (another thread may have added a tier)
-                masks[i] &= self.mask_locked(refs[i])
-            entries = self.mark_deleting_locked(entries)
-        self.delete_entries(entries)
-
-
-class _Payloads:
-    """Context manager: the chunks' bytes from tier ``t`` (None where the read failed). Zero-copy
-    leased views for a memory tier, scratch tensors otherwise. Failed reads are forgotten in the tree."""
-
-    def __init__(self, stack: TierStack, t: int, ns: str, refs: Sequence[ChunkRef]) -> None:
-        self._stack, self._t, self._ns, self._refs = stack, t, ns, refs
-        self._lease: Any = None
-
-    def __enter__(self) -> list[torch.Tensor | None]:
-        s, t, refs = self._stack, self._t, self._refs
-        keys = [r.key for r in refs]
-        tier = s.tiers[t]
-        if hasattr(tier, "lease"):
-            self._lease = tier.lease(self._ns, keys)
-            views = list(self._lease.views)
-        else:
-            bufs = [torch.empty(r.size_bytes, dtype=torch.uint8) for r in refs]
-            ok = s.tier_get(t, self._ns, keys, bufs)
-            views = [b if o else None for b, o in zip(bufs, ok)]
-        bad = [(i, t) for i, v in enumerate(views) if v is None]
-        if bad:
-            masks = [1 << t] * len(refs)
-            s._forget_failed(refs, masks, bad)
-        return views
-
-    def __exit__(self, *exc: object) -> None:
-        if self._lease is not None:
-            self._lease.release()
-
 
 def _descendants(tree: RadixTree, roots: set[int]) -> list[int]:
     """Live descendants of ``roots`` (the tree's public ``descendants`` when it has one)."""
