@@ -46,7 +46,8 @@ def _redis_tier(request: pytest.FixtureRequest, fixture: str, name: str) -> Tier
     return make_tier(url, capacity_bytes=CAPACITY_BYTES, name=name)
 
 
-@pytest.fixture(params=["memory", "disk", "redis", "redis_cluster"])
+@pytest.fixture(params=["memory", "disk", pytest.param("redis", marks=pytest.mark.redis),
+                        pytest.param("redis_cluster", marks=pytest.mark.redis)])
 def tier(request: pytest.FixtureRequest, tmp_path) -> Tier:
     kind = request.param
     if kind == "memory":
