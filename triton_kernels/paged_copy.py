@@ -372,13 +372,16 @@ def _reference(layout: PagedLayout, plan: _Plan, *, to_chunk: bool) -> CopyResul
             for comp, typed_view in enumerate(layout.views[layer]):
                 view = typed_view.view(word)
                 pages = chunk[layer, comp].view(ids.numel(), n_tok, heads, dim)
-                if to_chunk:
-                    picked = view.index_select(0, src_ids).to(chunk.device)
+                if to_chunk and complete and view.device == pages.device:
+                    torch.index_select(view, 0, src_ids, out=pages)  # straight into the chunk
+                elif to_chunk:
+                    picked = view.index_select(0, src_ids).to(pages.device)
                     if complete:
                         pages.copy_(picked)
                     else:
                         pages.index_copy_(0, slots, picked)
                 else:
                     data = pages if complete else pages.index_select(0, slots)
-                    view.index_copy_(0, src_ids, data.to(layout.device))
+                    # index_put_ (page ids are unique): faster than index_copy_ on CPU.
+                    view.index_put_((src_ids,), data.to(view.device))
     return _result(layout, plan, "torch", launches=0)

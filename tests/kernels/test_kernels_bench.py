@@ -1,0 +1,69 @@
+"""The kernels benchmark script's CPU path (a script, not a timed test: only its output is checked)."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixkv.bench import kernels as bench
+
+
+@pytest.fixture(autouse=True)
+def _triton_interpret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Overrides the directory fixture: the CPU benchmark measures the torch path."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def test_cpu_run_prints_table_with_ratios_and_says_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--device", "cpu", "--layers", "2", "--page-tokens", "4,8", "--chunk-tokens", "16",
+            "--iters", "1", "--warmup", "0"]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "ran on CPU" in out and "torch reference path" in out
+    rows = [line for line in out.splitlines() if line.startswith("| gather") or line.startswith("| scatter")]
+    assert len(rows) == 4  # 2 page sizes x 1 chunk size x (gather, scatter); no host rows on CPU
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        kernel, ceiling, ratio = float(cells[4]), float(cells[5]), float(cells[6])
+        assert kernel > 0 and ceiling > 0
+        assert ratio == pytest.approx(kernel / ceiling, rel=0.1, abs=0.011)
+
+
+def test_dispatcher_lists_and_runs_kernels(capsys: pytest.CaptureFixture[str]) -> None:
+    from radixkv.bench.__main__ import available, main
+
+    assert "kernels" in available()
+    assert main(["kernels", "--device", "cpu", "--layers", "1", "--page-tokens", "4",
+                 "--chunk-tokens", "8", "--iters", "1"]) == 0
+    assert "| gather cpu | 4 | 8 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device", "cpu", "--page-tokens", "16", "--chunk-tokens", "24"], "not a multiple"),
+        (["--device", "cpu", "--page-tokens", "a"], "comma-separated integers"),
+        (["--device", "cpu", "--iters", "0"], "--iters must be >= 1"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_reason(argv, message, capsys) -> None:
+    assert bench.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cuda_requested_without_cuda(capsys) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    assert bench.main(["--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_gpu_run_has_host_rows_and_single_launches(capsys) -> None:
+    assert bench.main(["--layers", "2", "--chunks", "2", "--iters", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "zero-copy" in out and "targets:" in out
+    for line in out.splitlines():
+        if line.startswith("| gather") or line.startswith("| scatter"):
+            assert line.rstrip(" |").endswith("1")
