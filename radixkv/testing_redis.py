@@ -223,14 +223,17 @@ class RedisClusterProcesses:
                  "--cluster-replicas", "0", "--cluster-yes"],
                 check=True, capture_output=True, timeout=60,
             )
-            self._wait_ok(cli)
+            self.wait_ok()
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _wait_ok(self, cli: str) -> None:
-        deadline = time.monotonic() + 30.0
+    def wait_ok(self, timeout_s: float = 30.0) -> None:
+        """Block until every node reports cluster_state:ok with all 16384 slots served."""
+        cli = redis_cli_binary()
+        assert cli is not None, "redis-cli not on PATH"
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             infos = [subprocess.run([cli, "-p", str(n.port), "cluster", "info"], capture_output=True,
                                     text=True, timeout=5).stdout for n in self.nodes]

@@ -9,6 +9,8 @@ Fixtures
                                  port), ``.pause()``/``.resume()`` (SIGSTOP/SIGCONT); safe to kill.
 ``redis_server_factory`` (function)  ``factory(password=None, tls=False, extra_args=())`` starts more
                                  private servers; all are killed when the test ends.
+``redis_cluster`` (function)     A private 3-node :class:`~radixkv.testing_redis.RedisClusterProcesses`
+                                 (``.url``, ``.nodes``, ``.wait_ok()``) for tests that kill nodes.
 ``redis_tls_files`` (session)    A self-signed cert/key for 127.0.0.1 (generated with openssl).
 
 Shared servers are never flushed: tests isolate themselves with unique namespaces (``uuid4().hex``).
@@ -53,13 +55,25 @@ def redis_url(_redis_session_server: RedisServerProcess) -> str:
     return _redis_session_server.url
 
 
-@pytest.fixture(scope="session")
-def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def _require_cluster_tools() -> None:
     _require_server()
     if redis_cli_binary() is None:
         pytest.skip(f"redis-cli not on PATH (needed to create a cluster); {_INSTALL_HINT}")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    _require_cluster_tools()
     cluster = RedisClusterProcesses(tmp_path_factory.mktemp("redis-cluster"), n_nodes=3).start()
     yield cluster.url
+    cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster(tmp_path: Path) -> Iterator[RedisClusterProcesses]:
+    _require_cluster_tools()
+    cluster = RedisClusterProcesses(tmp_path / "cluster", n_nodes=3).start()
+    yield cluster
     cluster.stop()
 
 

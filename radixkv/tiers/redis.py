@@ -180,12 +180,19 @@ class RedisTier:
                 groups.setdefault(node.name, []).append(i)
                 nodes[node.name] = node
             out: list[tuple[Reply, str]] = [(Reply.ERROR, "")] * len(rkeys)
+            fault: BaseException | None = None
             for name, idx in groups.items():
-                pool = client.get_redis_connection(nodes[name]).connection_pool
-                got = get_frames_into(pool, [rkeys[i] for i in idx], namespace, [keys[i] for i in idx],
-                                      [dsts[i] for i in idx])
+                try:  # one dead node costs its own keys, not the hits already read from the others
+                    pool = client.get_redis_connection(nodes[name]).connection_pool
+                    got = get_frames_into(pool, [rkeys[i] for i in idx], namespace,
+                                          [keys[i] for i in idx], [dsts[i] for i in idx])
+                except _DOWN_ERRORS as exc:
+                    fault = exc
+                    continue
                 for i, reply in zip(idx, got):
                     out[i] = reply
+            if fault is not None:
+                self._mark_down(fault)
             return out
 
         return self._guard(action)

@@ -229,6 +229,40 @@ def test_unresponsive_server_times_out_into_misses(make, redis_server):
     assert tier.get_many(ns, ["k"], out) == [True] and torch.equal(out[0], payload("k"))
 
 
+def test_cluster_node_killed_degrades_then_recovers(make, redis_cluster):
+    """Kill one of 3 primaries: no exception, no wrong bytes, its keys miss within the time bound
+    while the other nodes' keys still hit;
+    restart it (same port and nodes.conf): the tier reconnects and stores again."""
+    tier = make(redis_cluster.url, socket_timeout_s=0.5, socket_connect_timeout_s=0.25, down_backoff_s=0.2)
+    ns, keys = fresh_ns(), [f"{i:064x}" for i in range(24)]
+    payloads = [payload(k) for k in keys]
+    assert tier.put_many(ns, keys, payloads) == [True] * 24
+    victim = redis_cluster.nodes[0]
+    client = tier._get_client()
+    on_victim = {k for k in keys if client.get_node_from_key(f"radixkv:{ns}:{k}").port == victim.port}
+    assert 0 < len(on_victim) < 24
+    victim.stop()
+    t0 = time.monotonic()
+    outs = empty(24)
+    hits = tier.get_many(ns, keys, outs)
+    assert time.monotonic() - t0 < 1.5
+    assert not any(h for k, h in zip(keys, hits) if k in on_victim)
+    assert all(h for k, h in zip(keys, hits) if k not in on_victim)  # live nodes still answered
+    assert all(torch.equal(o, p) for h, o, p in zip(hits, outs, payloads) if h)
+    assert tier.put_many(ns, ["new"], [payload("new")]) in ([False], [True])
+    assert tier.stats().errors >= 1
+    victim.start()
+    redis_cluster.wait_ok()
+    time.sleep(0.25)
+    deadline = time.monotonic() + 10
+    while tier.put_many(ns, keys, payloads) != [True] * 24:  # the client rediscovers the topology
+        assert time.monotonic() < deadline, tier.stats()
+        time.sleep(0.25)
+    outs = empty(24)
+    assert tier.get_many(ns, keys, outs) == [True] * 24
+    assert all(torch.equal(o, p) for o, p in zip(outs, payloads))
+
+
 def test_server_oom_is_a_failed_put_not_an_exception(make, redis_server_factory):
     """maxmemory + noeviction: once the server refuses (OOM), puts return False and count errors."""
     server = redis_server_factory(extra_args=["--maxmemory", "8mb", "--maxmemory-policy", "noeviction"])
