@@ -36,9 +36,10 @@ from typing import Any, Sequence
 
 import torch
 
+from radixkv import store_checks as checks
 from radixkv.background import Job, WorkerPool
 from radixkv.config import StoreConfig
-from radixkv.errors import CapacityError, ConfigError, InputError
+from radixkv.errors import ConfigError, InputError
 from radixkv.keys import Namespace
 from radixkv.metrics import StoreMetrics
 from radixkv.transfer import ChunkRef, TierStack
@@ -386,22 +387,7 @@ class HierarchicalStore:
     def stats(self) -> dict[str, Any]:
         """Plain numbers: per tier (capacity, usage, tree residency, the tier's own counters), the
         tree's counters, the store's counters and queue depths."""
-        s = self._stack
-        out: dict[str, Any] = {"tiers": {}, "tree": {}, "store": self.metrics.snapshot()}
-        with s.cond:
-            for t, tier in enumerate(s.tiers):
-                out["tiers"][tier.name] = {
-                    "capacity_bytes": tier.capacity_bytes, "tree_chunks": s.tree.tier_chunks(tier.name),
-                    "tree_bytes": s.tree.tier_bytes(tier.name), "reserved_bytes": s.reserved[t]}
-            st = s.tree.stats
-            out["tree"] = {"chunks": len(s.tree), "inserted_chunks": st.inserted_chunks,
-                           "removed_chunks": st.removed_chunks, "orphan_drops": st.orphan_drops,
-                           "expired_pins": st.expired_pins, "pinned_chunks": s.tree.pinned_count()}
-        for tier in s.tiers:
-            out["tiers"][tier.name]["usage_bytes"] = tier.usage_bytes()
-            out["tiers"][tier.name].update(tier.stats().as_dict())
-        out["queues"] = {"write": self._writer.depth, "prefetch": self._reader.depth}
-        return out
+        return checks.store_stats(self)
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until queued background writes (write-through, promotions) finished."""
@@ -410,60 +396,15 @@ class HierarchicalStore:
     def check_integrity(self, deep: bool = True) -> None:
         """Raise AssertionError/RuntimeError with numbers if an invariant is broken: the tree's own,
         each tier's own, no tier over capacity, and (``deep``, when no transfer is in flight) every
-        chunk the tree places in a tier is there, and a tier counting chunks holds exactly those.
+        chunk the tree places in a tier is there and a tier counting chunks holds no untracked ones.
         Deep checks cost one ``contains`` per chunk: meant for tests and small stores."""
-        s = self._stack
-        with s.cond:
-            s.tree.check_integrity()
-            assert all(r >= 0 for r in s.reserved), f"negative reservations {s.reserved}"
-            assert all(c >= 0 for c in s.claimed), f"negative eviction claims {s.claimed}"
-            quiet = not any(s.reserved) and not any(s.claimed) and not self._writer.depth
-            resident: dict[int, dict[str, list[str]]] = {t: defaultdict(list) for t in range(len(s.tiers))}
-            if deep and quiet:
-                for nsd in s.tree.namespaces():
-                    for key, n in list(s.tree._index[nsd].items()):  # noqa: SLF001 - read-only walk
-                        m = s.tree.node_tier_mask(n)
-                        for t in range(len(s.tiers)):
-                            if m >> t & 1:
-                                resident[t][nsd].append(key)
-            for t, tier in enumerate(s.tiers):
-                tier.check_integrity()
-                cap = s.capacity(t)
-                used = tier.usage_bytes()
-                assert not cap or used <= cap, f"tier {tier.name!r} holds {used} bytes > capacity {cap}"
-                if not (deep and quiet):
-                    continue
-                for nsd, keys in resident[t].items():
-                    for k in keys:
-                        assert tier.contains_many(nsd, [k]) == 1, (
-                            f"tree says chunk {k[:16]} of namespace {nsd} is in tier {tier.name!r}; the tier lacks it")
-                counted = tier.stats().extra.get("chunks")
-                if counted is not None and not _shared(tier):
-                    n_tree = s.tree.tier_chunks(tier.name)
-                    assert n_tree <= counted <= n_tree + self._foreign_chunks[t], (
-                        f"tier {tier.name!r} holds {counted} chunks, the tree places {n_tree} there "
-                        f"({self._foreign_chunks[t]} were there before the store opened it)")
+        checks.check_store(self, deep)
 
     def reconcile(self) -> int:
-        """Ask every tier whether it still holds each chunk the tree places there, and forget the
-        residencies it lost (a restarted Redis, files removed by hand); returns how many were
-        forgotten. One ``contains`` per chunk: for tests, tools and small stores; normal reads
-        discover such losses lazily."""
-        s = self._stack
-        with s.cond:
-            placed = [(t, nsd, key) for nsd in s.tree.namespaces()
-                      for key, n in list(s.tree._index[nsd].items())  # noqa: SLF001 - read-only walk
-                      for t in range(len(s.tiers)) if s.tree.node_tier_mask(n) >> t & 1]
-        lost = [(t, nsd, key) for t, nsd, key in placed if s.tiers[t].contains_many(nsd, [key]) != 1]
-        with s.cond:
-            entries: list[tuple[int, str, str]] = list(lost)  # lets a tier's own bookkeeping forget them
-            for t, nsd, key in lost:
-                n = s.tree.lookup(nsd, key)
-                if n is not None:
-                    entries += s.clear_locked([n], t)
-            entries = s.mark_deleting_locked(entries)
-        s.delete_entries(entries)
-        return len(lost)
+        """Ask every tier whether it still holds each chunk the tree places there and forget the
+        residencies it lost (a restarted Redis, files removed by hand); returns how many. One
+        ``contains`` per chunk: for tests, tools and small stores (reads find such losses lazily)."""
+        return checks.reconcile_store(self)
 
     def close(self, flush: bool | None = None) -> None:
         """Finish background work (``flush``, default ``config.flush_on_close``) or cancel what has
@@ -493,50 +434,11 @@ class HierarchicalStore:
             raise RuntimeError("the store is closed; create a new HierarchicalStore")
 
     def _check_chain(self, ns: Namespace, keys: Sequence[str]) -> str:
-        if not isinstance(ns, Namespace):
-            raise InputError(f"ns={ns!r} must be a radixkv.keys.Namespace")
-        if isinstance(keys, (str, bytes)):
-            raise InputError(f"keys={keys!r} must be a sequence of str chunk keys, not one str")
-        for k in keys:
-            if not isinstance(k, str) or not k or not k.isascii():
-                raise InputError(f"chunk key {k!r} must be a non-empty ASCII str (see radixkv.keys.chunk_keys)")
-            if len(k) > self._stack.max_key_chars:
-                with self._stack.cond:
-                    self._stack.max_key_chars = max(self._stack.max_key_chars, len(k))
-        return ns.digest
+        return checks.check_chain(self, ns, keys)
 
     def _check_tensors(self, ns: Namespace, tensors: Sequence[torch.Tensor], what: str,
                        register: bool = True) -> int:
-        nsd = ns.digest
-        fixed = self._ns_bytes.get(nsd)
-        for i, t in enumerate(tensors):
-            if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 1 \
-                    or t.device.type != "cpu" or not t.is_contiguous():
-                desc = (f"dtype={t.dtype}, shape={tuple(t.shape)}, device={t.device}"
-                        if isinstance(t, torch.Tensor) else type(t).__name__)
-                raise InputError(f"{what}[{i}] is {desc}; pass 1-D contiguous torch.uint8 CPU tensors "
-                                 "(x.view(torch.uint8).flatten().contiguous())")
-            n = t.numel()
-            if fixed is None and register:
-                fixed = self._register_ns(nsd, n, f"{what}[{i}]")
-            if fixed is not None and n != fixed:
-                raise InputError(f"{what}[{i}] has {n} bytes but namespace {ns} stores {fixed}-byte chunks; "
-                                 "every chunk of a namespace has one size (fixed by its first put)")
-        return fixed if fixed is not None else 0
-
-    def _register_ns(self, nsd: str, nbytes: int, what: str) -> int:
-        if nbytes <= 0:
-            raise InputError(f"{what} is empty; a chunk payload needs at least one byte")
-        s = self._stack
-        for t, tier in enumerate(s.tiers):
-            cap = s.capacity(t)
-            need = s.charge(t, nbytes)
-            if cap and cap < need:
-                raise CapacityError(
-                    f"tier {tier.name!r} has capacity_bytes={cap}, smaller than one {nbytes}-byte chunk "
-                    f"({need} bytes as stored); raise its capacity to at least {need} bytes")
-        with s.cond:
-            return self._ns_bytes.setdefault(nsd, nbytes)
+        return checks.check_tensors(self, ns, tensors, what, register)
 
     def _unpin(self, refs: list[ChunkRef], owner: str) -> None:
         with self._stack.cond:
@@ -554,8 +456,3 @@ def _alive(tree: RadixTree, n: int) -> bool:
         return True
     except InputError:
         return False
-
-
-def _shared(tier: Any) -> bool:
-    cfg = getattr(tier, "config", None)
-    return bool(getattr(cfg, "shared", False))
