@@ -35,7 +35,7 @@ from typing import Any
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
-from redis.connection import Connection, ConnectionPool, PythonRespSerializer, SSLConnection
+from redis.connection import BlockingConnectionPool, Connection, PythonRespSerializer, SSLConnection
 from redis.retry import Retry
 
 from radixkv.errors import ConfigError
@@ -267,6 +267,9 @@ class FrameSSLConnection(SSLConnection):
         return packer if packer is not None else _FramePacker(self._buffer_cutoff, self.encoder.encode)
 
 
+# More threads than max_connections wait for a free connection (blocking pool) instead of failing,
+# which the tier would otherwise take for a dead server.
+_POOL_WAIT_S = 30.0
 _CERT_REQS = {"none": "none", "optional": "optional", "required": "required"}
 
 
@@ -307,7 +310,8 @@ def make_client(
         host, port = parsed.hosts[0]
         klass = FrameSSLConnection if parsed.tls else FrameConnection
         extra = _tls_kwargs(parsed) if parsed.tls else {}
-        pool = ConnectionPool(connection_class=klass, host=host, port=port, db=parsed.db, **common, **extra)
+        pool = BlockingConnectionPool(connection_class=klass, host=host, port=port, db=parsed.db,
+                                      timeout=_POOL_WAIT_S, **common, **extra)
         return redis.Redis(connection_pool=pool)
     # RedisCluster hands ``connection_class`` to the node pools only in its from-URL mode, so the
     # first seed goes in as a plain redis:// URL (TLS is configured by the connection class).
@@ -316,6 +320,7 @@ def make_client(
     extra = _tls_kwargs(parsed) if parsed.tls else {}
     client = RedisCluster(
         url=f"redis://{host0}:{port0}", startup_nodes=[ClusterNode(h, p) for h, p in others],
-        connection_class=klass, **common, **extra,
+        connection_class=klass, connection_pool_class=BlockingConnectionPool, timeout=_POOL_WAIT_S,
+        **common, **extra,
     )
     return client

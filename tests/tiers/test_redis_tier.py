@@ -330,6 +330,35 @@ def test_capacity_bound_holds_under_eight_threads(make, redis_url):
     tier.clear(ns)
 
 
+@pytest.mark.parametrize("which", ["redis_url", "redis_cluster_url"])
+def test_more_threads_than_connections_wait_instead_of_failing(make, request, which):
+    """8 threads on max_connections=2: every call succeeds (a full pool is not a dead server)."""
+    tier = make(request.getfixturevalue(which), max_connections=2)
+    ns = fresh_ns()
+    errors: list[BaseException] = []
+    results: list[bool] = []
+
+    def worker(t: int) -> None:
+        try:
+            for i in range(6):
+                key = f"t{t}i{i}"
+                results.extend(tier.put_many(ns, [key], [payload(key)]))
+                out = empty(1)
+                results.extend(tier.get_many(ns, [key], out))
+                results.append(torch.equal(out[0], payload(key)))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not errors and all(results) and len(results) == 8 * 6 * 3, errors
+    assert tier.stats().errors == 0
+    tier.clear(ns)
+
+
 # ------------------------------------------------------------------------------------------ auth, TLS
 
 def test_password_auth(make, redis_server_factory):
