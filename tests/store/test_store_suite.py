@@ -360,3 +360,51 @@ class TestShutdown:
 
 def test_chunk_bytes_constant() -> None:
     assert payload_for("a").numel() == CHUNK_BYTES
+
+
+class TestDifferential:
+    def test_random_ops_match_reference_model(self, make_store, stack):
+        """Seeded random puts (branching chains), deletes and lookups against a brute-force model of
+        prefix-closed presence, with capacities large enough that nothing is evicted."""
+        store = make_store(stack, chunks={"mem": 256, "disk": 256, "redis": 256})
+        ns = new_namespace()
+        rng = random.Random(7)
+        parent_of: dict[str, str | None] = {}
+        present: set[str] = set()
+        roots = [chain(1000 + i, 6) for i in range(4)]
+        for step in range(150):
+            tokens, keys = rng.choice(roots)
+            if rng.random() < 0.3:  # branch: continue a random prefix with new tokens
+                cut = rng.randrange(0, 6)
+                tokens, keys = chain(5000 + step, 2, prefix=tokens[: cut * 16])
+            op = rng.random()
+            if op < 0.5:
+                start = rng.randrange(len(keys))
+                parent = keys[start - 1] if start else None
+                ok = store.put(ns, keys[start:], [payload_for(k) for k in keys[start:]], parent_key=parent)
+                expect = parent is None or parent in present
+                assert ok == [expect] * (len(keys) - start), (step, ok)
+                if expect:
+                    for i in range(start, len(keys)):
+                        parent_of[keys[i]] = keys[i - 1] if i else None
+                        present.add(keys[i])
+            elif op < 0.65:
+                k = rng.choice(keys)
+                assert store.delete(ns, [k]) == (k in present)
+                gone = {k}
+                changed = True
+                while changed:  # the model: every descendant of a deleted chunk goes too
+                    new = {x for x in present if parent_of.get(x) in gone} - gone
+                    gone |= new
+                    changed = bool(new)
+                present -= gone
+            else:
+                want = 0
+                while want < len(keys) and keys[want] in present:
+                    want += 1
+                assert store.lookup(ns, keys) == want, step
+                bufs = buffers(len(keys))
+                assert store.get(ns, keys, bufs) == want
+                assert_exact(keys, bufs, want)
+        store.flush()
+        store.check_integrity()
