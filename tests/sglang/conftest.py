@@ -20,7 +20,19 @@ from pathlib import Path
 import pytest
 
 _STUBS = Path(__file__).resolve().parents[1] / "_stubs"
-HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
+
+
+
+def _have_sglang() -> bool:
+    # Not find_spec("sglang"): with pytest's rootdir on sys.path this very folder (tests/sglang, no
+    # __init__.py) is a namespace package named "sglang". The real one has sglang.srt.
+    try:
+        return importlib.util.find_spec("sglang.srt") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+HAVE_SGLANG = _have_sglang()
 
 if HAVE_SGLANG:
     if importlib.util.find_spec("torchvision") is None and str(_STUBS) not in sys.path:

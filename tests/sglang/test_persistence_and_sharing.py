@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("sglang", reason="needs sglang==0.5.23 (run inside .envs/sglang)")
+pytest.importorskip("sglang.srt.mem_cache.hicache_storage", reason="needs sglang==0.5.23 (run inside .envs/sglang)")
 
 from radixkv.adapters.sglang_cpu import ControllerHarness, PoolSpec  # noqa: E402
 
