@@ -77,6 +77,7 @@ class _Slot:
     index: int
     offset_bytes: int
     nbytes: int
+    view: torch.Tensor  # the slot's bytes in the buffer, made once (slicing per access costs us)
     readers: int = 0
     dead: bool = False  # deleted while leased: freed when readers reaches 0
 
@@ -111,7 +112,7 @@ def _byte_view(t: object, what: str) -> torch.Tensor:
             f"{what} is dtype={t.dtype}, device={t.device}, contiguous={t.is_contiguous()}; pass a "
             "contiguous torch.uint8 CPU tensor (use .view(torch.uint8).contiguous().cpu())"
         )
-    return t.view(-1)
+    return t if t.dim() == 1 else t.view(-1)
 
 
 def _check_ident(namespace: object, keys: object) -> None:
@@ -345,7 +346,7 @@ class MemoryTier:
             )
 
     def _slot_view(self, slot: _Slot) -> torch.Tensor:
-        return self._buffer[slot.offset_bytes : slot.offset_bytes + slot.nbytes]
+        return slot.view
 
     def _lease(self, namespace: str, keys: Sequence[str], sizes: list[int] | None) -> MemoryLease:
         with self._lock:
@@ -406,7 +407,8 @@ class MemoryTier:
         slab.used += 1
         if not slab.free:
             partial.discard(sid)
-        return _Slot(sid, idx, slab.offset_bytes + idx * slot_bytes, slot_bytes)
+        offset = slab.offset_bytes + idx * slot_bytes
+        return _Slot(sid, idx, offset, slot_bytes, self._buffer[offset : offset + slot_bytes])
 
     def _free(self, slot: _Slot) -> None:
         slab = self._slabs[slot.slab_id]
