@@ -32,6 +32,17 @@ __all__ = [
 _READY_TIMEOUT_S = 10.0
 
 
+def _die_with_parent() -> None:
+    """In the child: ask Linux to SIGKILL it when the thread that started it dies, so a crashed test
+    run leaves no redis-server behind (no-op elsewhere)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass
+
+
 def redis_server_binary() -> str | None:
     """Path of ``redis-server`` (or ``valkey-server``) on PATH, or None."""
     return shutil.which("redis-server") or shutil.which("valkey-server")
@@ -136,7 +147,8 @@ class RedisServerProcess:
         """Start (or restart) the server on the same port; returns once it answers PING."""
         if self.running:
             return self
-        self._proc = subprocess.Popen(self._argv(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._proc = subprocess.Popen(self._argv(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      preexec_fn=_die_with_parent)
         deadline = time.monotonic() + _READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -245,3 +257,36 @@ class RedisClusterProcesses:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m radixkv.testing_redis [--cluster] [--password PW] [--tls]``: start servers in a temp
+    dir, print the URL, and keep them up until Ctrl-C."""
+    import argparse
+    import tempfile
+
+    ap = argparse.ArgumentParser(prog="python -m radixkv.testing_redis", description=main.__doc__)
+    ap.add_argument("--cluster", action="store_true", help="3-node Redis Cluster instead of one server")
+    ap.add_argument("--password", default=None, help="--requirepass for a single server")
+    ap.add_argument("--tls", action="store_true", help="TLS-only single server with a self-signed cert")
+    args = ap.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="radixkv-redis-"))
+    procs: RedisClusterProcesses | RedisServerProcess
+    if args.cluster:
+        procs = RedisClusterProcesses(workdir).start()
+    else:
+        tls = make_tls_files(workdir / "tls") if args.tls else None
+        procs = RedisServerProcess(workdir / "server", password=args.password, tls=tls).start()
+    print(procs.url, flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        procs.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
