@@ -1,0 +1,87 @@
+"""Options, chunk geometry and keys; connector creation through vLLM's factory; a cheap import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from vllm_harness import make_kv_cache_config, make_vllm_config
+
+from radixkv.adapters.vllm_options import (
+    VllmConnectorOptions,
+    chunk_keys_from_block_hashes,
+    resolve_chunk_tokens,
+)
+from radixkv.errors import ConfigError
+
+pytestmark = pytest.mark.vllm
+
+
+def test_options_validate():
+    assert VllmConnectorOptions.from_extra_config({}) == VllmConnectorOptions()
+    with pytest.raises(ConfigError, match="unknown radixkv option.*chunk_token"):
+        VllmConnectorOptions.from_extra_config({"chunk_token": 64})
+    with pytest.raises(ConfigError, match="chunk_tokens=0"):
+        VllmConnectorOptions(chunk_tokens=0)
+    with pytest.raises(ConfigError, match="either 'store' or 'store_config_file'"):
+        VllmConnectorOptions(store={"tiers": []}, store_config_file="x.yaml")
+    with pytest.raises(ConfigError, match="save_generated"):
+        VllmConnectorOptions(save_generated="yes")
+
+
+def test_chunk_geometry():
+    assert resolve_chunk_tokens(None, [16], 16) == 256
+    assert resolve_chunk_tokens(None, [16, 48], 16) == 288  # lcm 48, first multiple >= 256
+    assert resolve_chunk_tokens(None, [1024], 32) == 1024
+    assert resolve_chunk_tokens(64, [16], 16) == 64
+    with pytest.raises(ConfigError, match="multiple of 48"):
+        resolve_chunk_tokens(64, [16, 48], 16)
+
+
+def test_keys_name_the_prefix():
+    hashes = [bytes([i]) * 32 for i in range(8)]
+    keys = chunk_keys_from_block_hashes(hashes, 16, 64, 2)  # chunk i <- hash of its 4th block
+    assert len(keys) == 2 and all(len(k) == 64 for k in keys)
+    assert keys == chunk_keys_from_block_hashes(hashes[:4] + [b"x" * 32] * 3 + hashes[7:], 16, 64, 2)
+    with pytest.raises(ValueError):
+        chunk_keys_from_block_hashes(hashes, 16, 64, 3)
+
+
+def test_factory_builds_both_roles_and_hma(model_dir):
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole, supports_hma
+
+    cfg = make_vllm_config(model_dir, {"chunk_tokens": 32})
+    cfg.scheduler_config.disable_hybrid_kv_cache_manager = False  # HMA forced on: needs SupportsHMA
+    kcc = make_kv_cache_config(sliding_window=32)
+    sched = KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, kcc)
+    worker = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, kcc)
+    assert supports_hma(sched) and type(sched).__name__ == "RadixKVConnector"
+    assert not sched.requires_kv_delivery
+    assert sched._worker is None and worker._scheduler is None
+    assert [g.kind for g in sched.groups] == ["full", "sliding_window32"]
+    assert type(sched).requires_piecewise_for_cudagraph({"layerwise": True})
+    assert not type(sched).requires_piecewise_for_cudagraph({})
+
+
+def test_bad_option_fails_at_construction(model_dir):
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    cfg = make_vllm_config(model_dir, {"chunk_tokens": 24})
+    with pytest.raises(ConfigError, match="multiple of 16"):
+        KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, make_kv_cache_config())
+
+
+def test_import_is_cheap():
+    """The API server imports the module: no CUDA init, no kernels/Triton of ours, no store."""
+    code = (
+        "import sys, torch\n"
+        "import radixkv.adapters.vllm as m\n"
+        "assert m.RadixKVConnector\n"
+        "bad = [n for n in ('radixkv.kernels', 'radixkv.store', 'radixkv.adapters.vllm_worker') if n in sys.modules]\n"
+        "assert not bad, bad\n"
+        "assert not torch.cuda.is_initialized()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

@@ -1,0 +1,90 @@
+"""Worker side on CPU tensors in vLLM's own KV layouts, and the metadata's process-boundary contract."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from vllm_harness import BLOCK, Engine, make_kv_cache_config, make_vllm_config
+
+from radixkv.adapters.vllm_meta import LoadOp, LookupOp, LookupReport, RadixKVMetadata, RadixKVWorkerMeta, SaveOp
+
+pytestmark = pytest.mark.vllm
+
+CHUNK = 32
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    return [10 + (seed * 7919 + i * 53) % 30000 for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("layout", "layer_hooks"),
+    [("LBNHC", True), ("LBHNC", True), ("BLNHC", False), ("LBNHC", False)],
+)
+def test_saved_bytes_load_back_identically(model_dir, layout, layer_hooks):
+    """Save through vLLM-layout views, wipe, load into fresh blocks: byte-identical. Without per-layer
+    hooks (full CUDA graphs) saves still happen, in wait_for_save."""
+    extra = {"chunk_tokens": CHUNK, "store": {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24}]}}
+    eng = Engine(make_vllm_config(model_dir, extra), make_kv_cache_config(), layout=layout, layer_hooks=layer_hooks)
+    toks = tokens(100, 1)
+    eng.add("a", toks)
+    eng.run_until_idle()
+    w = eng.worker._worker
+    assert w.stats["saved_chunks"] == 3
+    saved = {name: view.clone() for name, view in eng.kv.items()}
+    blocks_a = list(range(1, 1 + 100 // BLOCK))  # r1's blocks in a fresh pool (block 0 is the null block)
+    for name in eng.kv:  # what was saved is what the model wrote
+        for b in range(6):
+            assert torch.equal(saved[name][blocks_a[b]], eng.expected_block(name, toks, b)), (name, b)
+
+    assert eng.sched.reset_prefix_cache()
+    eng.clear_kv()
+    toks_b = toks[:96] + tokens(10, 2)
+    eng.add("b", toks_b)
+    eng.step()
+    log = eng.step()
+    assert log.scheduled == {"b": len(toks_b) - 96}
+    ids = eng.sched.kv_cache_manager.get_block_ids("b")[0]
+    for name in eng.kv:
+        for b in range(96 // BLOCK):
+            got = eng.kv[name][ids[b]].contiguous().view(torch.uint8)
+            assert torch.equal(got, saved[name][blocks_a[b]].contiguous().view(torch.uint8)), (name, b)
+    eng.run_until_idle()
+    w.check_integrity()
+
+
+def test_namespace_separates_models(model_dir):
+    from radixkv.adapters.vllm_options import chunk_keys_from_block_hashes
+
+    extra = {"chunk_tokens": CHUNK, "store": {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24}]}}
+    eng = Engine(make_vllm_config(model_dir, extra), make_kv_cache_config())
+    req = eng.add("a", tokens(70, 1))
+    eng.run_until_idle()
+    w = eng.worker._worker
+    ns = w.groups[0].namespace
+    assert ns.model == str(model_dir) and ns.dtype == "float32" and ns.chunk_tokens == CHUNK
+    assert ns.shard == "tp0of1.pp0of1" and "LBNHC" in ns.layout and "bs16" in ns.layout
+    keys = chunk_keys_from_block_hashes(req.block_hashes, BLOCK, CHUNK, 2)
+    assert w.store.lookup(ns, keys) == 2
+    for change in ({"model": "another-model"}, {"dtype": "bfloat16"}, {"shard": "tp1of2.pp0of1"},
+                   {"layout": ns.layout.replace("LBNHC", "LBHNC")}, {"extra": "g1-full"}):
+        fields = {f: getattr(ns, f) for f in ("model", "dtype", "layout", "chunk_tokens", "shard", "extra")}
+        assert w.store.lookup(type(ns)(**{**fields, **change}), keys) == 0, change
+
+
+def test_metadata_is_plain_data_and_aggregates():
+    meta = RadixKVMetadata(
+        lookups=[LookupOp("r", 3, ["a" * 64, "b" * 64], 1)],
+        loads=[LoadOp("r", 3, 1, [[[5, 6]], [[-1, 7]]], True)],
+        saves=[SaveOp("s", ["c" * 64], None, [[[1, 2]]])],
+        releases=["x"],
+    )
+    assert pickle.loads(pickle.dumps(meta)) == meta
+    a = RadixKVWorkerMeta({"r": LookupReport(3, 4, True), "q": LookupReport(1, 2, True)}, {"f"})
+    b = RadixKVWorkerMeta({"r": LookupReport(3, 2, False), "q": LookupReport(9, 5, True)}, {"g"})
+    m = pickle.loads(pickle.dumps(a.aggregate(b)))
+    assert m.lookups["r"] == LookupReport(3, 2, False)  # a chunk hits only where every rank has it
+    assert m.lookups["q"].hit_chunks == 0  # ranks disagree on the lookup: no hit
+    assert m.failed_loads == {"f", "g"}
