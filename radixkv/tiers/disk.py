@@ -51,6 +51,10 @@ _IDENT_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
 _SUFFIX = ".kv"
 _TMP_SUFFIX = ".tmp"
 _READ_BLOCK_BYTES = 512 << 10  # fits L2: a block is hashed right after it is read
+# From this payload size on, a put hashes the payload while a helper thread writes it, and a get
+# hashes block i while a helper thread reads block i+1 (xxhash and pread/pwrite release the GIL).
+_OVERLAP_MIN_BYTES = 4 << 20
+_OVERLAP_BLOCK_BYTES = 2 << 20
 
 
 @dataclass(slots=True)
@@ -103,6 +107,22 @@ def _check_ident(namespace: object, keys: object) -> None:
             raise InputError(f"key {k!r} must be 1-128 chars of [A-Za-z0-9_-] (a hex chunk key)")
 
 
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    done = 0
+    while done < data.nbytes:
+        done += os.pwritev(fd, [data[done:]], offset + done)
+
+
+def _pread_all(fd: int, data: memoryview, offset: int) -> bool:
+    done = 0
+    while done < data.nbytes:
+        n = os.preadv(fd, [data[done:]], offset + done)
+        if n <= 0:
+            return False  # end of file: truncated
+        done += n
+    return True
+
+
 def _write_all(fd: int, header: bytes, payload: memoryview) -> None:
     parts: list[memoryview] = [memoryview(header), payload]
     while parts:
@@ -138,6 +158,8 @@ class DiskTier:
                                  temp_removed=0, size_mismatches=0, adopted=0)
         self._prepare_root()
         self._pool = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"radixkv-{self.name}-io")
+        # Helpers of the overlapped paths; only _pool's tasks submit here, so neither pool can deadlock.
+        self._aux = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"radixkv-{self.name}-aux")
         self._closed = False
         self._scan()
 
@@ -257,6 +279,7 @@ class DiskTier:
                 return
             self._closed = True
         self._pool.shutdown(wait=True)
+        self._aux.shutdown(wait=True)
 
     def check_integrity(self) -> None:
         with self._lock:
@@ -297,11 +320,13 @@ class DiskTier:
         tmp = None
         committed = False
         try:
-            header = encode_header(ns, key, payload, payload_checksum(payload))
             tmp = self._temp_path(path)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
-                _write_all(fd, header, payload)
+                if payload.nbytes >= _OVERLAP_MIN_BYTES:
+                    self._write_overlapped(fd, ns, key, payload)
+                else:
+                    _write_all(fd, encode_header(ns, key, payload, payload_checksum(payload)), payload)
                 if self.config.fsync:
                     os.fsync(fd)
             finally:
@@ -328,6 +353,35 @@ class DiskTier:
                 except OSError:
                     pass
             return False
+
+    def _write_overlapped(self, fd: int, ns: str, key: str, payload: memoryview) -> None:
+        """Payload written by a helper while this thread hashes it; the header (which needs the
+        checksum) goes last. Safe: the temp file is invisible until the commit rename."""
+        write = self._aux.submit(_pwrite_all, fd, payload, HEADER_BYTES + len(ns) + len(key))
+        try:
+            header = encode_header(ns, key, payload, payload_checksum(payload))
+            _pwrite_all(fd, memoryview(header), 0)
+        finally:
+            write.result()  # always wait (and re-raise its OSError) before the caller closes fd
+
+    def _read_overlapped(self, fd: int, offset: int, out: memoryview) -> int | None:
+        """Read ``out`` from ``offset`` while hashing: block i is hashed as block i+1 is read.
+        Returns the xxh3-64 of the payload, or None if the file ended early."""
+        hasher = xxhash.xxh3_64()
+        blocks = [out[i : i + _OVERLAP_BLOCK_BYTES] for i in range(0, out.nbytes, _OVERLAP_BLOCK_BYTES)]
+        pending = self._aux.submit(_pread_all, fd, blocks[0], offset)
+        try:
+            for i, block in enumerate(blocks):
+                ok = pending.result()
+                if i + 1 < len(blocks):
+                    pending = self._aux.submit(_pread_all, fd, blocks[i + 1],
+                                               offset + (i + 1) * _OVERLAP_BLOCK_BYTES)
+                if not ok:
+                    return None
+                hasher.update(block)
+        finally:
+            pending.result() if not pending.done() else None  # never leave a read into `out` running
+        return hasher.intdigest()
 
     def _get_one(self, ns: str, key: str, out: memoryview) -> bool:
         ident = (ns, key)
@@ -370,6 +424,9 @@ class DiskTier:
             return "mismatch"
         if os.fstat(fd).st_size != header.frame_bytes:
             return "corrupt"  # truncated or extended
+        if out.nbytes >= _OVERLAP_MIN_BYTES:
+            digest = self._read_overlapped(fd, header_len, out)
+            return "ok" if digest == header.checksum else "corrupt"
         # Read in blocks and hash each block while it is still in cache: one pass over memory
         # instead of two (read, then checksum).
         hasher = xxhash.xxh3_64()

@@ -352,3 +352,54 @@ def _writer(root: str, seed: int, start, seconds: float) -> None:
         t.put_many(NS, ["shared"], [p])
     t.put_many(NS, ["shared"], [p])
     t.close()
+
+
+class TestOverlappedPaths:
+    """Large payloads: hashing overlaps the payload write / the next block's read (thresholds shrunk)."""
+
+    @pytest.fixture(autouse=True)
+    def small_thresholds(self, monkeypatch):
+        monkeypatch.setattr(disk_mod, "_OVERLAP_MIN_BYTES", 64 * KiB)
+        monkeypatch.setattr(disk_mod, "_OVERLAP_BLOCK_BYTES", 16 * KiB)
+
+    N = 100 * KiB + 7  # not a multiple of the block
+
+    def test_round_trip_and_file_identical_to_plain_path(self, tier, monkeypatch):
+        """Overlapped writes produce the same bytes on disk as the plain writev path."""
+        assert tier.put_many(NS, ["a", "b"], [pl(1, self.N), pl(2, self.N)]) == [True, True]
+        out = [buf(self.N), buf(self.N)]
+        assert tier.get_many(NS, ["a", "b"], out) == [True, True]
+        assert torch.equal(out[0], pl(1, self.N)) and torch.equal(out[1], pl(2, self.N))
+        overlapped = open(tier._path(NS, "a"), "rb").read()
+        tier.delete_many(NS, ["a"])
+        monkeypatch.setattr(disk_mod, "_OVERLAP_MIN_BYTES", 1 << 40)
+        tier.put_many(NS, ["a"], [pl(1, self.N)])
+        assert open(tier._path(NS, "a"), "rb").read() == overlapped
+
+    @pytest.mark.parametrize("where", ["first", "last"])
+    def test_flipped_byte_in_a_block_is_a_miss(self, tier, where):
+        tier.put_many(NS, ["a"], [pl(1, self.N)])
+        path = tier._path(NS, "a")
+        offset = HEADER_BYTES + len(NS) + 1 + (5 if where == "first" else self.N - 2)
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            b = f.read(1)[0]
+            f.seek(offset)
+            f.write(bytes([b ^ 1]))
+        assert tier.get_many(NS, ["a"], [buf(self.N)]) == [False]
+        assert tier.stats().checksum_failures == 1
+
+    def test_truncated_mid_block_is_a_miss(self, tier):
+        tier.put_many(NS, ["a"], [pl(1, self.N)])
+        os.truncate(tier._path(NS, "a"), 40 * KiB)
+        assert tier.get_many(NS, ["a"], [buf(self.N)]) == [False]
+
+    def test_enospc_in_helper_write_fails_the_put(self, tier, monkeypatch):
+        def full(fd, bufs, offset):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(disk_mod.os, "pwritev", full)
+        assert tier.put_many(NS, ["a", "b"], [pl(1, self.N), pl(2, self.N)]) == [False, False]
+        assert tier.usage_bytes() == 0 and tier.stats().put_failures == 2
+        for dirpath, _d, files in os.walk(tier.root):
+            assert not files, files
