@@ -111,13 +111,15 @@ def bench_memory(size: int, batch: int, reps: int) -> list[dict]:
     return [_row("memory", size, batch, "put", put_t, put_b), _row("memory", size, batch, "get", get_t, get_b)]
 
 
-def bench_disk(size: int, batch: int, reps: int, root: str, io_threads: int) -> list[dict]:
+def bench_disk(size: int, batch: int, reps: int, root: str, io_threads: int,
+               overlap_min_bytes: int | None = 4 * _MiB) -> list[dict]:
     payloads = _payloads(size, batch)
     outs = [torch.zeros(size, dtype=torch.uint8) for _ in range(batch)]
     tier_dir = os.path.join(root, f"tier-{uuid.uuid4().hex[:8]}")
     raw_dir = os.path.join(root, f"raw-{uuid.uuid4().hex[:8]}")
     os.makedirs(raw_dir, mode=0o700)
-    tier = DiskTier(root=tier_dir, capacity_bytes=size * batch * 2 + 64 * _MiB, io_threads=io_threads)
+    tier = DiskTier(root=tier_dir, capacity_bytes=size * batch * 2 + 64 * _MiB, io_threads=io_threads,
+                    overlap_min_bytes=overlap_min_bytes)
     keys = [f"{i:064x}" for i in range(batch)]
     raw_paths = [os.path.join(raw_dir, f"{k}.bin") for k in keys]
     ns = "bench"
@@ -203,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiers", default="memory,disk,redis", help="comma-separated subset of memory,disk,redis")
     ap.add_argument("--disk-dir", default=None, help="directory for disk files (default: a temp dir in /tmp)")
     ap.add_argument("--io-threads", type=int, default=4, help="disk tier I/O threads")
+    ap.add_argument("--disk-overlap-mib", type=float, default=4.0,
+                    help="disk tier overlap_min_bytes in MiB (hash while writing/reading); 0 = off")
     ap.add_argument("--redis-url", default=None, help="Redis URL (default: start a temporary redis-server)")
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="torch intra-op threads for both sides' copies (default 1: on a shared, loaded "
@@ -225,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                 if "memory" in tiers:
                     rows += bench_memory(size, batch, args.reps)
                 if "disk" in tiers:
-                    rows += bench_disk(size, batch, args.reps, disk_root, args.io_threads)
+                    overlap = int(args.disk_overlap_mib * _MiB) or None
+                    rows += bench_disk(size, batch, args.reps, disk_root, args.io_threads, overlap)
     finally:
         if args.disk_dir is None:
             shutil.rmtree(disk_root, ignore_errors=True)
@@ -236,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     rows.sort(key=lambda r: (list(TARGETS).index(r["tier"]), r["size_bytes"], r["batch"], r["op"] != "put"))
     print(f"radixkv tiers benchmark: sizes {args.sizes_mib} MiB, batch {args.batch_mib} MiB, reps {args.reps}, "
           f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}, load avg {os.getloadavg()[0]:.1f}, "
-          f"disk dir {args.disk_dir or '/tmp (temp)'} (page cache, fsync off)")
+          f"disk dir {args.disk_dir or '/tmp (temp)'} (page cache, fsync off, overlap from "
+          f"{args.disk_overlap_mib:g} MiB)")
     for n in notes:
         print(n)
     print(format_table(rows))

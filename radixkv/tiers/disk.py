@@ -51,10 +51,7 @@ _IDENT_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
 _SUFFIX = ".kv"
 _TMP_SUFFIX = ".tmp"
 _READ_BLOCK_BYTES = 512 << 10  # fits L2: a block is hashed right after it is read
-# From this payload size on, a put hashes the payload while a helper thread writes it, and a get
-# hashes block i while a helper thread reads block i+1 (xxhash and pread/pwrite release the GIL).
-_OVERLAP_MIN_BYTES = 4 << 20
-_OVERLAP_BLOCK_BYTES = 2 << 20
+_OVERLAP_BLOCK_BYTES = 2 << 20  # read-ahead unit of the overlapped get
 
 
 @dataclass(slots=True)
@@ -62,7 +59,10 @@ class DiskTierConfig:
     """root: directory (created 0700 if missing); capacity_bytes: bound on indexed frame bytes;
     io_threads: parallel reads/writes of one batch; fsync: fsync each file before its commit rename;
     shared: other processes use the same directory; stale_temp_s: age after which a leftover temp
-    file (a crashed writer's) is removed by the startup scan."""
+    file (a crashed writer's) is removed by the startup scan. overlap_min_bytes: from this payload
+    size on, a put hashes the payload while a helper thread writes it and a get hashes block i while a
+    helper reads block i+1 (xxh3 and pread/pwrite release the GIL); pays off with idle cores; None
+    turns it off."""
 
     root: str
     capacity_bytes: int
@@ -71,6 +71,7 @@ class DiskTierConfig:
     fsync: bool = False
     shared: bool = False
     stale_temp_s: float = 600.0
+    overlap_min_bytes: int | None = 4 << 20
 
     def __post_init__(self) -> None:
         self.root = os.fspath(self.root)
@@ -84,6 +85,11 @@ class DiskTierConfig:
             raise ConfigError(f"DiskTierConfig.stale_temp_s={self.stale_temp_s!r} must be >= 0 seconds")
         if not self.name:
             raise ConfigError("DiskTierConfig.name must be a non-empty tier name")
+        if self.overlap_min_bytes is not None and (
+            not isinstance(self.overlap_min_bytes, int) or self.overlap_min_bytes <= 0
+        ):
+            raise ConfigError(f"DiskTierConfig.overlap_min_bytes={self.overlap_min_bytes!r} must be a "
+                              "positive number of bytes or None (off)")
 
 
 def _byte_view(t: object, what: str) -> memoryview:
@@ -323,7 +329,7 @@ class DiskTier:
             tmp = self._temp_path(path)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
-                if payload.nbytes >= _OVERLAP_MIN_BYTES:
+                if self._overlap(payload.nbytes):
                     self._write_overlapped(fd, ns, key, payload)
                 else:
                     _write_all(fd, encode_header(ns, key, payload, payload_checksum(payload)), payload)
@@ -353,6 +359,10 @@ class DiskTier:
                 except OSError:
                     pass
             return False
+
+    def _overlap(self, nbytes: int) -> bool:
+        threshold = self.config.overlap_min_bytes
+        return threshold is not None and nbytes >= threshold
 
     def _write_overlapped(self, fd: int, ns: str, key: str, payload: memoryview) -> None:
         """Payload written by a helper while this thread hashes it; the header (which needs the
@@ -424,7 +434,7 @@ class DiskTier:
             return "mismatch"
         if os.fstat(fd).st_size != header.frame_bytes:
             return "corrupt"  # truncated or extended
-        if out.nbytes >= _OVERLAP_MIN_BYTES:
+        if self._overlap(out.nbytes):
             digest = self._read_overlapped(fd, header_len, out)
             return "ok" if digest == header.checksum else "corrupt"
         # Read in blocks and hash each block while it is still in cache: one pass over memory

@@ -4,7 +4,8 @@ Schemes::
 
     mem://[?capacity=SIZE&pin=auto|true|false&unit=SIZE&slab=SIZE&prefault=1]   MemoryTier (pinned if CUDA)
     memory://...                                                           alias of mem://
-    file:///abs/dir[?capacity=SIZE&io_threads=N&fsync=0|1&shared=0|1&stale_temp_s=S]   DiskTier
+    file:///abs/dir[?capacity=SIZE&io_threads=N&fsync=0|1&shared=0|1&stale_temp_s=S
+                    &overlap_min_bytes=SIZE|off]                                 DiskTier
     redis://host[:port][/db]   rediss://...                                RedisTier, one server
     redis+cluster://host:port[,host:port...]   rediss+cluster://...        RedisTier, Redis Cluster
 
@@ -92,6 +93,10 @@ def _merge(spec: str, query: dict[str, str], kwargs: dict[str, Any],
     return out
 
 
+def _size_or_off(value: Any, what: str) -> int | None:
+    return None if value is None or str(value).lower() in ("off", "none") else parse_bytes(value, what)
+
+
 def _pin(value: Any, what: str) -> bool | None:
     return None if str(value).lower() == "auto" or value is None else _parse_bool(value, what)
 
@@ -147,7 +152,8 @@ def make_tier(spec: str, *, capacity_bytes: int | str | None = None, name: str |
 
     opts = _merge(spec, query, options,
                   {"capacity_bytes": parse_bytes, "io_threads": _parse_int, "fsync": _parse_bool,
-                   "shared": _parse_bool, "stale_temp_s": _float, "name": lambda v, w: str(v)},
+                   "shared": _parse_bool, "stale_temp_s": _float, "overlap_min_bytes": _size_or_off,
+                   "name": lambda v, w: str(v)},
                   {"capacity": "capacity_bytes"})
     _need_capacity(spec, opts)
     return DiskTier(DiskTierConfig(root=path, **opts))

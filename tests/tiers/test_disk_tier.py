@@ -357,10 +357,14 @@ def _writer(root: str, seed: int, start, seconds: float) -> None:
 class TestOverlappedPaths:
     """Large payloads: hashing overlaps the payload write / the next block's read (thresholds shrunk)."""
 
-    @pytest.fixture(autouse=True)
-    def small_thresholds(self, monkeypatch):
-        monkeypatch.setattr(disk_mod, "_OVERLAP_MIN_BYTES", 64 * KiB)
+    @pytest.fixture
+    def tier(self, root, monkeypatch):
         monkeypatch.setattr(disk_mod, "_OVERLAP_BLOCK_BYTES", 16 * KiB)
+        t = make_tier(f"file://{root}?capacity=1MiB&overlap_min_bytes=64KiB")
+        assert t.config.overlap_min_bytes == 64 * KiB
+        yield t
+        t.check_integrity()
+        t.close()
 
     N = 100 * KiB + 7  # not a multiple of the block
 
@@ -372,9 +376,11 @@ class TestOverlappedPaths:
         assert torch.equal(out[0], pl(1, self.N)) and torch.equal(out[1], pl(2, self.N))
         overlapped = open(tier._path(NS, "a"), "rb").read()
         tier.delete_many(NS, ["a"])
-        monkeypatch.setattr(disk_mod, "_OVERLAP_MIN_BYTES", 1 << 40)
-        tier.put_many(NS, ["a"], [pl(1, self.N)])
+        plain = DiskTier(root=tier.root, capacity_bytes=1 << 20, overlap_min_bytes=None)
+        plain.put_many(NS, ["a"], [pl(1, self.N)])
         assert open(tier._path(NS, "a"), "rb").read() == overlapped
+        plain.close()
+        tier.put_many(NS, ["a"], [pl(1, self.N)])  # re-index it in `tier` for its integrity check
 
     @pytest.mark.parametrize("where", ["first", "last"])
     def test_flipped_byte_in_a_block_is_a_miss(self, tier, where):
