@@ -3,7 +3,7 @@
 Shapes follow docs/kernels.md §3 and the research notes (vllm-integration.md §8, sglang-integration.md
 §3.5): vLLM 0.33 per-layer ``[blocks, kv_heads, block_size, C]`` views with K||V in the last dim (any
 physical order, e.g. LBNHC or LBHNC), SGLang device pools (per-layer ``[tokens, heads, dim]``) and SGLang
-host pools (layer_first, page_first, page_first_direct; MHA and MLA).
+host pools (layer_first, page_first, page_first_direct for MHA and MLA; page_head for MHA).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ __all__ = ["vllm_views", "sglang_device_views", "sglang_host_views", "SGLANG_HOS
 
 Views = tuple[tuple[torch.Tensor, ...], ...]
 
-SGLANG_HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+SGLANG_HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 
 
 def _tensor(t: object, what: str, dims: int) -> torch.Tensor:
@@ -107,11 +107,24 @@ def sglang_host_views(
     layer_first               (2, L, size, H, D)                  (L, size, 1, D)
     page_first                (2, size, L, H, D)                  (size, L, 1, D)
     page_first_direct         (2, page_num, L, page_size, H, D)   (page_num, L, page_size, 1, D)
+    page_head                 (2, page_num, H, page_size, L, D)   not an MLA layout
     ========================  ==================================  =====================================
     """
-    if layout not in SGLANG_HOST_LAYOUTS:
+    if layout not in SGLANG_HOST_LAYOUTS or (mla and layout == "page_head"):
         raise InputError(
-            f"unsupported SGLang host layout {layout!r}; choose one of {', '.join(SGLANG_HOST_LAYOUTS)}"
+            f"unsupported SGLang host layout {layout!r}{' for MLA' if mla else ''}; choose one of "
+            f"{', '.join(x for x in SGLANG_HOST_LAYOUTS if not (mla and x == 'page_head'))}"
+        )
+    if layout == "page_head":
+        kv = _tensor(kv_buffer, "kv_buffer (page_head, MHA)", 6)
+        if kv.shape[3] != page_tokens:
+            raise InputError(
+                f"page_head kv_buffer has page_size {kv.shape[3]} but page_tokens={page_tokens}; "
+                "pass the pool's page_size"
+            )
+        # [2, page_num, H, page_size, L, D] -> per layer [page_num, page_size, H, D] views
+        return tuple(
+            tuple(kv[c, :, :, :, layer].transpose(1, 2) for c in range(2)) for layer in range(kv.shape[4])
         )
     direct = layout == "page_first_direct"
     dims = (5 if direct else 4) + (0 if mla else 1)

@@ -81,6 +81,10 @@ def make_case(name: str, dtype: torch.dtype, seed: int = 0, device: str = "cpu")
         s = rand(2, P, L, N, H, D)
         lay = PagedLayout.from_sglang_host(s, layout="page_first_direct", page_tokens=N)
         return Case(name, lay, lambda l, c, p: s[c, p, l], s)
+    if name == "sglang_host_page_head":  # (2, page_num, H, page_size, L, D)
+        s = rand(2, P, H, N, L, D)
+        lay = PagedLayout.from_sglang_host(s, layout="page_head", page_tokens=N)
+        return Case(name, lay, lambda l, c, p: s[c, p, :, :, l].transpose(0, 1), s)
     if name == "sglang_host_mla_layer_first":  # (L, size, 1, D)
         s = rand(L, size, 1, MLA_DIM)
         lay = PagedLayout.from_sglang_host(s, layout="layer_first", page_tokens=N, mla=True)
@@ -109,6 +113,7 @@ CASE_NAMES = [
     "sglang_host_layer_first",
     "sglang_host_page_first",
     "sglang_host_page_first_direct",
+    "sglang_host_page_head",
     "sglang_host_mla_layer_first",
     "sglang_host_mla_page_first",
     "sglang_host_mla_page_first_direct",

@@ -75,8 +75,12 @@ def test_sglang_builder_errors() -> None:
         PagedLayout.from_sglang_device([k], None, page_tokens=16)
     with pytest.raises(InputError, match="page_tokens must be a positive int"):
         PagedLayout.from_sglang_device([k], [k], page_tokens=0)
-    with pytest.raises(InputError, match="unsupported SGLang host layout 'page_head'"):
-        PagedLayout.from_sglang_host(torch.zeros(2, 2, 8, 2, 8), layout="page_head", page_tokens=4)
+    with pytest.raises(InputError, match="unsupported SGLang host layout 'page_unified'"):
+        PagedLayout.from_sglang_host(torch.zeros(2, 2, 8, 2, 8), layout="page_unified", page_tokens=4)
+    with pytest.raises(InputError, match="'page_head' for MLA"):
+        PagedLayout.from_sglang_host(torch.zeros(2, 2, 8, 2, 8), layout="page_head", page_tokens=4, mla=True)
+    with pytest.raises(InputError, match="page_head kv_buffer has page_size 4"):
+        PagedLayout.from_sglang_host(torch.zeros(2, 3, 2, 4, 2, 8), layout="page_head", page_tokens=8)
     with pytest.raises(InputError, match="5-D"):
         PagedLayout.from_sglang_host(torch.zeros(2, 8, 2, 8), layout="layer_first", page_tokens=4)
     with pytest.raises(InputError, match="page_size 4 but page_tokens=8"):
