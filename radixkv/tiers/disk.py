@@ -327,7 +327,12 @@ class DiskTier:
         committed = False
         try:
             tmp = self._temp_path(path)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            except FileNotFoundError:  # a cached directory was removed behind our back: recreate once
+                self._dirs.discard(os.path.dirname(path))
+                tmp = self._temp_path(path)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
                 if self._overlap(payload.nbytes):
                     self._write_overlapped(fd, ns, key, payload)

@@ -409,3 +409,15 @@ class TestOverlappedPaths:
         assert tier.usage_bytes() == 0 and tier.stats().put_failures == 2
         for dirpath, _d, files in os.walk(tier.root):
             assert not files, files
+
+
+def test_directory_removed_behind_the_tiers_back(tier):
+    """Someone wipes the tree (e.g. a cleanup job): misses, then puts recreate the directories."""
+    import shutil
+
+    tier.put_many(NS, ["a"], [pl(1)])
+    shutil.rmtree(os.path.join(tier.root, NS))
+    assert tier.get_many(NS, ["a"], [buf()]) == [False]
+    assert tier.put_many(NS, ["a"], [pl(1)]) == [True]
+    out = [buf()]
+    assert tier.get_many(NS, ["a"], out) == [True] and torch.equal(out[0], pl(1))
