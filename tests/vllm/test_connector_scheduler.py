@@ -182,3 +182,26 @@ def test_hma_sliding_window_groups(model_dir):
     assert "r2" not in conn._scheduler._requests  # request_finished_all_groups ran
     conn.check_integrity()
     eng.worker.check_integrity()
+
+
+@pytest.mark.parametrize("save_generated", [False, True])
+def test_chunked_prefill_saves_each_completed_chunk(model_dir, save_generated):
+    """A prompt prefilled over several steps saves each chunk in the step that completes it; generated
+    tokens' chunks are saved only with save_generated."""
+    extra = {"chunk_tokens": CHUNK, "store": mem_store(), "save_generated": save_generated}
+    cfg = make_vllm_config(model_dir, extra)
+    cfg.scheduler_config.max_num_batched_tokens = 40
+    cfg.scheduler_config.enable_chunked_prefill = True
+    eng = Engine(cfg, make_kv_cache_config())
+    toks = prompt(100)
+    eng.add("r1", toks, max_tokens=40)
+    eng.step()  # lookup
+    w = eng.worker._worker
+    saved_after_step = []
+    while eng.sched.has_requests():
+        eng.step()
+        saved_after_step.append(w.stats["saved_chunks"])
+    assert saved_after_step[:3] == [1, 2, 3]  # 40 tokens a step: one prompt chunk completes per step
+    # 100 prompt tokens -> 3 whole chunks; + 40 generated -> 139 tokens known -> 4 chunks
+    assert w.stats["saved_chunks"] == (4 if save_generated else 3)
+    assert eng.connector._scheduler.stats["saved_chunks"] == w.stats["saved_chunks"]
