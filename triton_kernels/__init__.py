@@ -18,6 +18,7 @@ from radixkv.kernels.paged_layout import (
     alloc_chunks,
     chunk_from_payload,
     chunk_payload,
+    pages_from_token_indices,
     word_dtype,
 )
 
@@ -30,6 +31,7 @@ __all__ = [
     "chunk_payload",
     "gather_chunks",
     "gather_chunks_reference",
+    "pages_from_token_indices",
     "scatter_chunks",
     "scatter_chunks_reference",
     "word_dtype",

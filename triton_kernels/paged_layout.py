@@ -20,6 +20,7 @@ __all__ = [
     "alloc_chunks",
     "chunk_payload",
     "chunk_from_payload",
+    "pages_from_token_indices",
     "word_dtype",
 ]
 
@@ -291,3 +292,26 @@ def chunk_from_payload(
             "allocate payloads with torch.empty"
         )
     return payload.view(layout.dtype).view(layout.chunk_shape(pages_per_chunk))
+
+
+def pages_from_token_indices(token_indices: torch.Tensor, page_tokens: int) -> torch.Tensor:
+    """Page ids of a token-index list that covers whole pages (SGLang ``host_indices``).
+
+    SGLang passes token indices, ``page_tokens`` per page, page ``i`` starting at
+    ``token_indices[i * page_tokens]``. Returns CPU int64 ``[num_pages]`` (``token // page_tokens``),
+    after checking that each page's indices are one aligned run of consecutive tokens.
+    """
+    _check_positive(page_tokens, "page_tokens")
+    idx = torch.as_tensor(token_indices).to("cpu", torch.int64).reshape(-1)
+    if idx.numel() == 0 or idx.numel() % page_tokens:
+        raise InputError(
+            f"{idx.numel()} token indices do not cover whole pages of {page_tokens} tokens"
+        )
+    pages = idx.view(-1, page_tokens)
+    starts = pages[:, 0]
+    if bool((starts % page_tokens != 0).any()) or bool((starts < 0).any()):
+        bad = int(starts[(starts % page_tokens != 0) | (starts < 0)][0])
+        raise InputError(f"token index {bad} does not start a page of {page_tokens} tokens")
+    if not torch.equal(pages - starts[:, None], torch.arange(page_tokens).expand_as(pages)):
+        raise InputError("token indices within a page must be consecutive (one page = one run)")
+    return starts // page_tokens

@@ -7,7 +7,14 @@ import torch
 from _kernel_cases import CASE_NAMES, LAYERS, MLA_DIM, PAGES, make_case
 
 from radixkv.errors import InputError
-from radixkv.kernels import PagedLayout, alloc_chunks, chunk_from_payload, chunk_payload, word_dtype
+from radixkv.kernels import (
+    PagedLayout,
+    alloc_chunks,
+    chunk_from_payload,
+    chunk_payload,
+    pages_from_token_indices,
+    word_dtype,
+)
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)
@@ -156,3 +163,18 @@ def test_word_dtype() -> None:
     assert word_dtype(torch.float8_e4m3fn) == torch.int8
     assert word_dtype(torch.float32) == torch.int32
     assert word_dtype(torch.float64) == torch.int64
+
+
+def test_pages_from_token_indices() -> None:
+    idx = torch.tensor([8, 9, 10, 11, 0, 1, 2, 3, 20, 21, 22, 23])
+    assert pages_from_token_indices(idx, 4).tolist() == [2, 0, 5]
+    assert pages_from_token_indices([5, 6], 1).tolist() == [5, 6]
+    for bad, match in [
+        ([8, 9, 10], "whole pages"),
+        ([], "whole pages"),
+        ([9, 10, 11, 12], "token index 9 does not start a page"),
+        ([8, 9, 11, 10], "consecutive"),
+        ([-4, -3, -2, -1], "token index -4"),
+    ]:
+        with pytest.raises(InputError, match=match):
+            pages_from_token_indices(torch.tensor(bad, dtype=torch.int64), 4)
