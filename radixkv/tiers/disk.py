@@ -160,7 +160,7 @@ class DiskTier:
         self._dirs: set[str] = set()
         self._evicted: collections.deque[tuple[str, str]] = collections.deque(maxlen=1 << 16)
         self._stats = TierStats()
-        self._stats.extra.update(evictions=0, evicted_bytes=0, scan_indexed=0, scan_skipped=0,
+        self._stats.extra.update(evictions=0, evicted_bytes=0, evictions_unreported=0, scan_indexed=0, scan_skipped=0,
                                  temp_removed=0, size_mismatches=0, adopted=0)
         self._prepare_root()
         self._pool = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"radixkv-{self.name}-io")
@@ -504,6 +504,8 @@ class DiskTier:
                 os.unlink(self._path(*ident))
             except OSError:
                 pass
+            if len(self._evicted) == self._evicted.maxlen:
+                self._stats.extra["evictions_unreported"] += 1  # drain_evicted was not called in time
             self._evicted.append(ident)
             self._stats.extra["evictions"] += 1
             self._stats.extra["evicted_bytes"] += victim
