@@ -187,8 +187,13 @@ class HierarchicalStore:
                 run = 0  # chunks already in the top tier count only if still there now
                 while run < len(keys) and (written.get(run, False) or _has(s.tree, nsd, keys[run], 0)):
                     run += 1
-                r = s.tree.insert(nsd, list(keys[:run]), tier=s.names[0], chunk_tokens=ns.chunk_tokens,
-                                  size_bytes=size, parent_key=parent_key) if run else None
+                r, error = None, None
+                if run:
+                    try:
+                        r = s.tree.insert(nsd, list(keys[:run]), tier=s.names[0], chunk_tokens=ns.chunk_tokens,
+                                          size_bytes=size, parent_key=parent_key)
+                    except InputError as e:  # the keys contradict the tree (not one chain): undo, re-raise
+                        run, error = 0, e
                 if r is not None and not r.node_ids:
                     run = 0  # the parent vanished between our check and the insert
                 s.release_locked(0, sum(charges[:granted]))
@@ -201,6 +206,8 @@ class HierarchicalStore:
                     s.transfers_inflight += bool(refs)
                 leaked = s.mark_deleting_locked([(0, nsd, keys[i]) for i, o in written.items() if o and i >= run])
             s.delete_entries(leaked)
+            if error is not None:
+                raise error
         if refs:
             self._submit_write(lambda job: self._write_through(refs, owner), refs, owner)
         return [i < run for i in range(len(keys))]

@@ -25,6 +25,8 @@ def check_chain(store: HierarchicalStore, ns: Namespace, keys: Sequence[str]) ->
         raise InputError(f"ns={ns!r} must be a radixkv.keys.Namespace")
     if isinstance(keys, (str, bytes)):
         raise InputError(f"keys={keys!r} must be a sequence of str chunk keys, not one str")
+    if len(set(keys)) != len(keys):
+        raise InputError("keys repeat a chunk key; pass one chain (each key once, root to leaf)")
     for k in keys:
         if not isinstance(k, str) or not k or not k.isascii():
             raise InputError(f"chunk key {k!r} must be a non-empty ASCII str (see radixkv.keys.chunk_keys)")

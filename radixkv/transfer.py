@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -41,6 +42,7 @@ __all__ = ["TierStack", "ChunkRef"]
 
 _UNBOUNDED_BYTES = 1 << 62
 _NS_DIGEST_CHARS = 32
+_DELETE_WAIT_S = 5.0  # bound on a writer's wait for a delete of its keys (a delete is one batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +169,8 @@ class TierStack:
     def begin_write_locked(self, t: int, ns: str, keys: Sequence[str]) -> None:
         """Announce puts of ``keys`` into tier ``t`` (waits for deletes of them in flight)."""
         idents = [(t, ns, k) for k in keys]
-        while any(i in self._deleting for i in idents):
+        deadline = time.monotonic() + _DELETE_WAIT_S
+        while any(i in self._deleting for i in idents) and time.monotonic() < deadline:
             self.cond.wait(0.05)
         for i in idents:
             self._writing[i] += 1

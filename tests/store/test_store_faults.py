@@ -199,3 +199,22 @@ class TestBadInput:
             assert_exact(keys, bufs, n)
         store.flush()
         store.check_integrity()
+
+
+def test_chain_contradicting_the_tree_is_an_error_and_leaks_nothing(make_store):
+    """Keys that contradict the tree (a key already stored under another parent) raise InputError;
+    the bytes written for them are deleted and no reservation or pin is left behind."""
+    store = make_store("mem-disk")
+    ns = new_namespace()
+    _, a = chain(80, 3)
+    _, b = chain(81, 2)
+    put_chain(store, ns, a)
+    with pytest.raises(InputError, match="not one chain"):
+        store.put(ns, [b[0], a[1]], [payload_for(b[0]), payload_for(a[1])], parent_key=a[0])
+    with pytest.raises(InputError, match="repeat"):
+        store.put(ns, [b[0], b[0]], [payload_for(b[0])] * 2)
+    store.flush()
+    st = store.stats()
+    assert st["tiers"]["mem"]["reserved_bytes"] == 0 and st["tree"]["pinned_chunks"] == 0
+    assert store.tiers[0].contains_many(ns.digest, [b[0]]) == 0
+    store.check_integrity()
