@@ -58,7 +58,8 @@ class PagePlan:
     chunk_bytes: int
     page_size: int
     _base: torch.Tensor | None = None   # the pool's kv_buffer as flat uint8
-    _base_ptr: int = 0
+    _limit: int = 0
+    _affine: tuple[tuple[int, int], ...] = ()  # per segment: (byte offset at token 0, bytes per token)
 
     @property
     def tag(self) -> str:
@@ -75,17 +76,18 @@ class PagePlan:
         return host_indices[: n_pages * self.page_size : self.page_size].tolist()
 
     def _segments(self, starts: Sequence[int]) -> list[torch.Tensor]:
-        """Uint8 views of every segment of the pages starting at ``starts`` (SGLang's pointer order)."""
-        ps = self.page_size
-        idx = torch.tensor([s + j for s in starts for j in range(ps)], dtype=torch.int64)
-        ptrs, sizes = self.pool.get_page_buffer_meta(idx)
-        base, base_ptr, n = self._base, self._base_ptr, self._base.numel()  # type: ignore[union-attr]
+        """Uint8 views of every segment of the pages starting at ``starts`` (SGLang's pointer order).
+
+        Offsets are affine in the page's token index (checked against ``get_page_buffer_meta`` when
+        the plan is made), so no per-call metadata walk is needed."""
+        base, n, sb = self._base, self._limit, self.segment_bytes
         out = []
-        for p, sz in zip(ptrs, sizes):
-            off = int(p) - base_ptr
-            if sz != self.segment_bytes or off < 0 or off + sz > n:
-                raise InputError(f"host pool segment at offset {off} (+{sz} bytes) is outside its kv_buffer")
-            out.append(base[off : off + sz])
+        for s in starts:
+            for off0, stride in self._affine:
+                off = off0 + s * stride
+                if off < 0 or off + sb > n:
+                    raise InputError(f"host page at token {s} maps outside the pool's kv_buffer ({off}+{sb} > {n})")
+                out.append(base[off : off + sb])  # type: ignore[index]
         return out
 
     def views(self, starts: Sequence[int]) -> list[torch.Tensor]:
@@ -136,19 +138,27 @@ def plan_for(pool: Any, flat: bool = False) -> PagePlan:
     meta = getattr(pool, "get_page_buffer_meta", None)
     if not isinstance(kv, torch.Tensor) or meta is None or not kv.is_contiguous() or kv.device.type != "cpu":
         return _flat_plan(pool, page_size)
+    base = _u8(kv)
+    base_ptr = kv.data_ptr()
+    n_pages = int(getattr(pool, "size", 0)) // page_size
     try:
-        ptrs, sizes = meta(torch.arange(page_size, dtype=torch.int64))
+        probes = {p: meta(torch.arange(p * page_size, (p + 1) * page_size, dtype=torch.int64))
+                  for p in sorted({0, min(1, n_pages - 1), max(0, n_pages - 1)})}
     except Exception:  # layouts without metadata (page_first_kv_split, ...) use SGLang's flat page
         return _flat_plan(pool, page_size)
-    if not ptrs or len(set(sizes)) != 1:
+    ptrs, sizes = probes[0]
+    if not ptrs or len(set(sizes)) != 1 or n_pages < 2:
         return _flat_plan(pool, page_size)
     seg_bytes, n_seg = int(sizes[0]), len(ptrs)
-    base = _u8(kv)
-    plan = PagePlan(pool=pool, mode="direct" if n_seg <= MAX_DIRECT_SEGMENTS else "gather",
-                    n_segments=n_seg if n_seg <= MAX_DIRECT_SEGMENTS else 1, segment_bytes=seg_bytes,
-                    chunk_bytes=seg_bytes if n_seg <= MAX_DIRECT_SEGMENTS else seg_bytes * n_seg,
-                    page_size=page_size, _base=base, _base_ptr=kv.data_ptr())
-    flat_bytes = _flat_plan(pool, page_size).chunk_bytes
-    if seg_bytes * n_seg != flat_bytes:  # metadata does not cover the page: do not trust it
+    if seg_bytes * n_seg != _flat_plan(pool, page_size).chunk_bytes:  # metadata does not cover the page
         return _flat_plan(pool, page_size)
-    return plan
+    p1 = probes[1][0]
+    affine = tuple((int(a) - base_ptr, (int(b) - int(a)) // page_size) for a, b in zip(ptrs, p1))
+    last = n_pages - 1
+    for (off0, stride), got in zip(affine, probes[last][0]):
+        if off0 + last * page_size * stride != int(got) - base_ptr:  # not affine: do not guess
+            return _flat_plan(pool, page_size)
+    direct = n_seg <= MAX_DIRECT_SEGMENTS
+    return PagePlan(pool=pool, mode="direct" if direct else "gather", n_segments=n_seg if direct else 1,
+                    segment_bytes=seg_bytes, chunk_bytes=seg_bytes if direct else seg_bytes * n_seg,
+                    page_size=page_size, _base=base, _limit=base.numel(), _affine=affine)
