@@ -19,6 +19,8 @@ one iterator for a whole batch while staying exact.
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence
 
@@ -173,3 +175,489 @@ class LRUPolicy:
     def check_integrity(self) -> None:
         both = self._parked.intersection(self._order)
         assert not both, f"lru: {len(both)} nodes both parked and ordered, e.g. {sorted(both)[:5]}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Priority-ordered policies. Each keeps a static priority per node in a lazily invalidated heap
+# (smallest first; ties deepest first), parks interior nodes until on_leaf, and folds a removed node's
+# statistics into its parent, which is how lazy path touches reach ancestors.
+
+_GONE = object()
+
+
+class _HeapPolicy:
+    """Base of the priority policies: subclasses define ``_prio(n)`` and the ``_admit`` / ``_touch`` /
+    ``_fold`` / ``_forget`` hooks on their own per-node statistics."""
+
+    name = "_heap"
+    live_candidates = True
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, int]] = []
+        self._entry: dict[int, tuple[float, int, int] | None] = {}  # None = parked (interior)
+        self._aside: list[tuple[float, int, int]] = []
+        self._is_leaf: Callable[[int], bool] = lambda _n: True
+        self._depth: list[int] = []
+        self._parent: list[int] = []
+        self._tokens: list[int] = []
+        self._keys: list[str | None] = []
+        self._ns: list[str | None] = []
+
+    def bind(self, tree: RadixTree, tier_index: int) -> None:
+        self._is_leaf = tree.tier_leaf_predicate(tier_index)
+        # Read-only views of the tree's node columns (struct of arrays, indexed by node id).
+        self._depth, self._parent, self._tokens = tree._depth, tree._parent, tree._tokens
+        self._keys, self._ns = tree._key, tree._ns
+
+    def __len__(self) -> int:
+        return len(self._entry)
+
+    # subclass hooks --------------------------------------------------------------------------
+    def _prio(self, n: int) -> float:
+        raise NotImplementedError
+
+    def _admit(self, node_ids: Sequence[int], now: int) -> None:
+        pass
+
+    def _touch(self, n: int, now: int) -> None:
+        pass
+
+    def _fold(self, child: int, parent: int) -> None:
+        pass
+
+    def _forget(self, n: int, entry: tuple[float, int, int] | None) -> None:
+        pass
+
+    # protocol ---------------------------------------------------------------------------------
+    def _push(self, n: int) -> None:
+        e = (self._prio(n), -self._depth[n], n)
+        self._entry[n] = e
+        heapq.heappush(self._heap, e)
+
+    def on_insert(self, node_ids: Sequence[int], now: int) -> None:
+        self._admit(node_ids, now)
+        is_leaf, entry = self._is_leaf, self._entry
+        for n in node_ids:
+            if is_leaf(n):
+                self._push(n)
+            else:
+                entry[n] = None  # interior: ordered when it becomes a leaf
+
+    def on_access(self, node_id: int, now: int) -> None:
+        self._touch(node_id, now)
+        self._push(node_id)
+
+    def on_leaf(self, node_id: int) -> None:
+        if node_id in self._entry:
+            self._push(node_id)
+
+    def on_remove(self, node_ids: Sequence[int]) -> None:
+        entry, parent = self._entry, self._parent
+        for n in node_ids:
+            e = entry.pop(n, _GONE)
+            if e is _GONE:
+                continue
+            p = parent[n]
+            if p >= 0 and p in entry:
+                self._fold(n, p)
+            self._forget(n, e)  # type: ignore[arg-type]
+        if len(self._heap) > 2 * len(entry) + 1024:
+            self._heap = [e for e in entry.values() if e is not None]
+            heapq.heapify(self._heap)
+
+    def candidates(self) -> Iterator[int]:
+        heap, entry, is_leaf, aside = self._heap, self._entry, self._is_leaf, self._aside
+        pop = heapq.heappop
+        try:
+            while heap:
+                e = heap[0]
+                n = e[2]
+                if entry.get(n) is not e:
+                    pop(heap)  # stale
+                    continue
+                if not is_leaf(n):
+                    pop(heap)
+                    entry[n] = None  # park until on_leaf
+                    continue
+                yield n
+                if heap and heap[0] is e and entry.get(n) is e:
+                    aside.append(pop(heap))  # the tree skipped it (pinned): keep it for later
+        finally:
+            while aside:
+                e = aside.pop()
+                if entry.get(e[2]) is e:
+                    heapq.heappush(heap, e)
+
+    def check_integrity(self) -> None:
+        live = {e[2] for e in self._heap if self._entry.get(e[2]) is e}
+        ordered = {n for n, e in self._entry.items() if e is not None}
+        assert live == ordered, f"{self.name}: {len(ordered - live)} ordered nodes missing from the heap"
+        assert not self._aside, f"{self.name}: {len(self._aside)} candidates left aside"
+
+
+@register_policy("lfu")
+class LFUPolicy(_HeapPolicy):
+    """Least frequently used leaf first, with dynamic aging (LFU-DA): priority = L + count, where L is
+    the priority of the last evicted chunk, so counts earned long ago lose their weight. A chunk's
+    count includes every access below it (folded in as its children leave)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._count: dict[int, int] = {}
+        self._age = 0.0
+
+    def _prio(self, n: int) -> float:
+        return self._age + self._count[n]
+
+    def _admit(self, node_ids: Sequence[int], now: int) -> None:
+        count = self._count
+        for n in node_ids:
+            count.setdefault(n, 0)
+
+    def _touch(self, n: int, now: int) -> None:
+        self._count[n] += 1
+
+    def _fold(self, child: int, parent: int) -> None:
+        self._count[parent] += self._count[child]
+
+    def _forget(self, n: int, entry: tuple[float, int, int] | None) -> None:
+        del self._count[n]
+        if entry is not None and entry[0] > self._age:
+            self._age = entry[0]
+
+
+@register_policy("cost")
+class CostPolicy(_HeapPolicy):
+    """Cost-aware (GreedyDual-Size-Frequency): priority = L + count * recompute_cost / size_bytes.
+
+    Recomputing a chunk costs its tokens times (1 + prefix_tokens / attention_tokens): the linear
+    layers cost the same per token, attention grows with the prefix in front of the chunk, so deep
+    chunks of long prompts are dearer to lose. ``attention_tokens`` is the context length at which
+    attention costs as much as the rest of the layer (~8k for 7-70B models). L (the priority of the
+    last eviction) ages old value away, as in LFU-DA."""
+
+    def __init__(self, attention_tokens: int = 8192) -> None:
+        super().__init__()
+        if not isinstance(attention_tokens, int) or attention_tokens <= 0:
+            raise ConfigError(f"cost policy: attention_tokens={attention_tokens!r} must be a positive int")
+        self._attn = float(attention_tokens)
+        self._count: dict[int, int] = {}
+        self._size: list[int] = []
+        self._age = 0.0
+
+    def bind(self, tree: RadixTree, tier_index: int) -> None:
+        super().bind(tree, tier_index)
+        self._size = tree._size
+
+    def _prio(self, n: int) -> float:
+        tokens = self._tokens[n]
+        prefix_tokens = (self._depth[n] - 1) * tokens
+        cost = tokens * (1.0 + prefix_tokens / self._attn)
+        return self._age + self._count[n] * cost / max(self._size[n], 1)
+
+    _admit = LFUPolicy._admit
+    _touch = LFUPolicy._touch
+    _fold = LFUPolicy._fold
+    _forget = LFUPolicy._forget
+
+
+@register_policy("agedref")
+class AgedRefPolicy(_HeapPolicy):
+    """Aged reference count with a ghost history: radixkv's own policy (see docs/simulator.md).
+
+    Signal: a chunk's references, each weighing 2^(-age / half_life), summed (an exponentially aged
+    reference count; LRFU's CRF). Ordering by it keeps chunks that many requests share (system
+    prompts, documents, a conversation's older turns) over the one-hit chunks that flood a small
+    cache, while the decay lets stale popularity go. Two more signals:
+
+    * ghost history: counts of recently evicted chunks are remembered by key (bounded to
+      ``ghost_factor`` x resident chunks) and restored when the chunk comes back, so a chunk that
+      keeps returning is recognized even when the cache is too small to hold it between uses;
+    * partial chunks (fewer tokens than a full chunk: a prompt's ragged end) go first: a longer prompt
+      extending the same text yields a different chunk, so they are almost never reused.
+
+    Time is counted in path touches (one per request), so ``half_life`` is in requests. The priority is
+    static between touches (``log2 sum 2^(t_i / half_life)``), so a heap orders it exactly. A parent's
+    aged count includes its children's, so eviction stays leaf-first.
+    """
+
+    _PARTIAL_PENALTY = 1e12
+
+    def __init__(self, half_life: float = 800.0, ghost_factor: float = 8.0) -> None:
+        super().__init__()
+        if not half_life > 0:
+            raise ConfigError(f"agedref: half_life={half_life!r} must be > 0 requests")
+        if not ghost_factor >= 0:
+            raise ConfigError(f"agedref: ghost_factor={ghost_factor!r} must be >= 0")
+        self._inv_h = 1.0 / float(half_life)
+        self._ghost_factor = float(ghost_factor)
+        self._score: dict[int, float] = {}  # log2 of the aged reference count, in clock units
+        self._restored: dict[int, float] = {}  # score a node came back with from the ghost history
+        self._ghost: dict[tuple[str | None, str | None], float] = {}
+        self._full_tokens = 0
+        self._clock = 0
+
+    def _partial(self, n: int) -> bool:
+        return self._tokens[n] < self._full_tokens
+
+    def _prio(self, n: int) -> float:
+        s = self._score[n]
+        return s - self._PARTIAL_PENALTY if self._tokens[n] < self._full_tokens else s
+
+    def _admit(self, node_ids: Sequence[int], now: int) -> None:
+        score, ghost, keys, ns, tokens = self._score, self._ghost, self._keys, self._ns, self._tokens
+        for n in node_ids:
+            if tokens[n] > self._full_tokens:
+                self._full_tokens = tokens[n]
+            g = ghost.pop((ns[n], keys[n]), None) if ghost else None
+            if g is None:
+                score[n] = -math.inf
+            else:
+                score[n] = self._restored[n] = g
+
+    def _touch(self, n: int, now: int) -> None:
+        if self._tokens[n] >= self._full_tokens:
+            self._clock += 1  # a partial tail touched right after its full prefix: same request
+        x = self._clock * self._inv_h
+        s = self._score[n]
+        self._score[n] = _log2_add(s, x)
+
+    def _fold(self, child: int, parent: int) -> None:
+        if self._tokens[child] < self._full_tokens:
+            return  # a partial tail's touch repeats its parent's (same request)
+        s = self._score[child]
+        base = self._restored.get(child)
+        if base is not None:
+            # The restored part was folded into the parent when the child left before: add only
+            # the references since it came back.
+            s = s + math.log2(1.0 - 2.0 ** (base - s)) if s > base else -math.inf
+        self._score[parent] = _log2_add(self._score[parent], s)
+
+    def _forget(self, n: int, entry: tuple[float, int, int] | None) -> None:
+        s = self._score.pop(n)
+        self._restored.pop(n, None)
+        if self._ghost_factor and s > -math.inf and self._tokens[n] >= self._full_tokens:
+            ghost = self._ghost
+            ghost[(self._ns[n], self._keys[n])] = s
+            if len(ghost) > self._ghost_factor * len(self._entry) + 64:
+                del ghost[next(iter(ghost))]
+
+
+def _log2_add(a: float, b: float) -> float:
+    """log2(2^a + 2^b) without overflow."""
+    if a < b:
+        a, b = b, a
+    if b == -math.inf:
+        return a
+    return a + math.log2(1.0 + 2.0 ** (b - a))
+
+
+@register_policy("s3fifo")
+class S3FIFOPolicy:
+    """S3-FIFO (SOSP'23) on leaves: a small FIFO for new chunks (``small_fraction`` of the tier), a main
+    FIFO with 2-bit frequencies, and a ghost FIFO of keys recently evicted from the small queue.
+
+    A new chunk enters the small queue, or the main queue if its key is in the ghost. At the small
+    queue's old end a chunk touched since insertion moves to main, otherwise it is the victim (its key
+    goes to the ghost); at the main queue's old end a touched chunk is reinserted with its frequency
+    decremented. Interior chunks are parked until their last child leaves (lazy path touches: a
+    parent's frequency is folded from its children as they leave)."""
+
+    live_candidates = True
+
+    def __init__(self, small_fraction: float = 0.1) -> None:
+        if not 0.0 < small_fraction < 1.0:
+            raise ConfigError(f"s3fifo: small_fraction={small_fraction!r} must be in (0, 1)")
+        self._small_fraction = small_fraction
+        self._small: OrderedDict[int, None] = OrderedDict()
+        self._main: OrderedDict[int, None] = OrderedDict()
+        self._parked: dict[int, bool] = {}  # node -> was in main
+        self._freq: dict[int, int] = {}
+        self._ghost: OrderedDict[tuple[str | None, str | None], None] = OrderedDict()
+        self._aside: list[tuple[int, bool]] = []
+        self._is_leaf: Callable[[int], bool] = lambda _n: True
+        self._parent: list[int] = []
+        self._keys: list[str | None] = []
+        self._ns: list[str | None] = []
+
+    def bind(self, tree: RadixTree, tier_index: int) -> None:
+        self._is_leaf = tree.tier_leaf_predicate(tier_index)
+        self._parent, self._keys, self._ns = tree._parent, tree._key, tree._ns
+
+    def __len__(self) -> int:
+        return len(self._small) + len(self._main) + len(self._parked) + len(self._aside)
+
+    def on_insert(self, node_ids: Sequence[int], now: int) -> None:
+        ghost, freq = self._ghost, self._freq
+        for n in node_ids:
+            k = (self._ns[n], self._keys[n])
+            freq[n] = 0
+            if k in ghost:
+                del ghost[k]
+                self._main[n] = None
+            else:
+                self._small[n] = None
+
+    def on_access(self, node_id: int, now: int) -> None:
+        f = self._freq
+        if f[node_id] < 3:
+            f[node_id] += 1
+
+    def on_leaf(self, node_id: int) -> None:
+        in_main = self._parked.pop(node_id, None)
+        if in_main is not None:
+            q = self._main if in_main else self._small
+            q[node_id] = None
+            q.move_to_end(node_id, last=False)  # its FIFO position is as old as it gets
+
+    def on_remove(self, node_ids: Sequence[int]) -> None:
+        freq, parent = self._freq, self._parent
+        for n in node_ids:
+            if n in self._small:
+                del self._small[n]
+                if freq[n] == 0:
+                    self._ghost[(self._ns[n], self._keys[n])] = None
+            elif n in self._main:
+                del self._main[n]
+            elif n in self._parked:
+                del self._parked[n]
+            else:
+                for i, (m, _) in enumerate(self._aside):
+                    if m == n:
+                        del self._aside[i]
+                        break
+            p = parent[n]
+            f = freq.pop(n)
+            if p >= 0 and p in freq and freq[p] < f:
+                freq[p] = f
+        while len(self._ghost) > max(len(self._main), 16):
+            self._ghost.popitem(last=False)
+
+    def candidates(self) -> Iterator[int]:
+        small, main, freq, is_leaf, parked, aside = (
+            self._small, self._main, self._freq, self._is_leaf, self._parked, self._aside,
+        )
+        try:
+            while small or main:
+                use_small = bool(small) and (not main or len(small) >= self._small_fraction * len(self))
+                q = small if use_small else main
+                n = next(iter(q))
+                if not is_leaf(n):
+                    del q[n]
+                    parked[n] = not use_small
+                    continue
+                if freq[n] > 0:
+                    del q[n]
+                    if use_small:
+                        freq[n] = 0
+                    else:
+                        freq[n] -= 1
+                    main[n] = None
+                    continue
+                yield n
+                if n in q and next(iter(q)) == n:
+                    del q[n]
+                    aside.append((n, not use_small))  # skipped by the tree (pinned)
+        finally:
+            while aside:
+                n, in_main = aside.pop()
+                q = main if in_main else small
+                q[n] = None
+                q.move_to_end(n, last=False)
+
+    def check_integrity(self) -> None:
+        s, m, p = set(self._small), set(self._main), set(self._parked)
+        assert not (s & m or s & p or m & p), "s3fifo: a node is in two queues"
+        assert set(self._freq) == s | m | p, "s3fifo: frequency table out of step with the queues"
+        assert not self._aside, "s3fifo: candidates left aside"
+
+
+@register_policy("sieve")
+class SIEVEPolicy:
+    """SIEVE (NSDI'24) on leaves: one FIFO and a hand that moves from the old end towards the new end,
+    clearing visited bits and stopping at the first unvisited evictable leaf. Retained chunks keep
+    their place (unlike CLOCK's reinsertion). Interior chunks are passed over; a removed child's
+    visited bit is folded into its parent (lazy path touches)."""
+
+    live_candidates = True
+
+    def __init__(self) -> None:
+        self._newer: dict[int, int] = {}  # node -> next newer node (-1 = none)
+        self._older: dict[int, int] = {}
+        self._head = -1  # newest
+        self._tail = -1  # oldest
+        self._hand = -1
+        self._visited: set[int] = set()
+        self._is_leaf: Callable[[int], bool] = lambda _n: True
+        self._parent: list[int] = []
+
+    def bind(self, tree: RadixTree, tier_index: int) -> None:
+        self._is_leaf = tree.tier_leaf_predicate(tier_index)
+        self._parent = tree._parent
+
+    def __len__(self) -> int:
+        return len(self._newer)
+
+    def on_insert(self, node_ids: Sequence[int], now: int) -> None:
+        newer, older = self._newer, self._older
+        for n in node_ids:
+            newer[n] = -1
+            older[n] = self._head
+            if self._head >= 0:
+                newer[self._head] = n
+            else:
+                self._tail = n
+            self._head = n
+
+    def on_access(self, node_id: int, now: int) -> None:
+        self._visited.add(node_id)
+
+    def on_leaf(self, node_id: int) -> None:
+        pass
+
+    def on_remove(self, node_ids: Sequence[int]) -> None:
+        newer, older, visited, parent = self._newer, self._older, self._visited, self._parent
+        for n in node_ids:
+            if n not in newer:
+                continue
+            nw, od = newer.pop(n), older.pop(n)
+            if self._hand == n:
+                self._hand = nw
+            if nw >= 0:
+                older[nw] = od
+            else:
+                self._head = od
+            if od >= 0:
+                newer[od] = nw
+            else:
+                self._tail = nw
+            if n in visited:
+                visited.discard(n)
+                p = parent[n]
+                if p >= 0 and p in newer:
+                    visited.add(p)
+
+    def candidates(self) -> Iterator[int]:
+        newer, visited, is_leaf = self._newer, self._visited, self._is_leaf
+        idle = 0  # steps since the last eviction; two full sweeps without one means none is possible
+        while newer and idle <= 2 * len(newer) + 2:
+            n = self._hand if self._hand >= 0 else self._tail
+            self._hand = newer[n]
+            idle += 1
+            if n in visited:
+                visited.discard(n)
+                continue
+            if not is_leaf(n):
+                continue
+            yield n
+            if n not in newer:
+                idle = 0
+
+    def check_integrity(self) -> None:
+        n, seen = self._tail, 0
+        while n >= 0:
+            seen += 1
+            assert seen <= len(self._newer), "sieve: cycle in the FIFO"
+            n = self._newer[n]
+        assert seen == len(self._newer) == len(self._older), "sieve: FIFO links broken"
+        assert self._visited <= set(self._newer), "sieve: visited bit on a node not in the tier"
