@@ -62,6 +62,8 @@ log = logging.getLogger(__name__)
 
 UNBOUNDED_BYTES = (1 << 63) - 1
 _KEY_RE = re.compile(r"[\x21-\x7e]{1,256}")
+_TOPOLOGY_ERRORS = ("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN")  # replies that call for a slot refresh
+_TOPOLOGY_EXC = (redis.exceptions.AskError, redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError)
 # Faults of the medium: these open the fail-fast window. Per-command errors (OOM, WRONGTYPE) do not.
 _DOWN_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                 redis.exceptions.ClusterError, RedisClusterException, OSError)
@@ -166,26 +168,23 @@ class RedisTier:
 
         return self._guard(action)
 
-    def _get_direct(self, namespace: str, keys: Sequence[str], dsts: Sequence[np.ndarray]) -> list[Any] | None:
-        """GET ``keys`` into ``dsts`` (see redis_direct), one connection per cluster node."""
-        rkeys = [self._rkey(namespace, k) for k in keys]
+    def _fan_out(self, rkeys: Sequence[str], call: Callable[[Any, list[int]], list[Any]]) -> list[Any] | None:
+        """``call(node_client, indices)`` once per server holding some of ``rkeys`` (once in all for a
+        standalone server); entries of a node that faulted stay None (and open the fail-fast window)
+        while the other nodes' replies are kept. None if nothing could be tried."""
 
-        def action(client: Any) -> list[tuple[Reply, str]]:
+        def action(client: Any) -> list[Any]:
             if not self._url.cluster:
-                return get_frames_into(client.connection_pool, rkeys, namespace, keys, dsts)
-            groups: dict[str, list[int]] = {}
-            nodes = {}
+                return call(client, list(range(len(rkeys))))
+            groups: dict[str, tuple[Any, list[int]]] = {}
             for i, rk in enumerate(rkeys):
                 node = client.get_node_from_key(rk)
-                groups.setdefault(node.name, []).append(i)
-                nodes[node.name] = node
-            out: list[tuple[Reply, str]] = [(Reply.ERROR, "")] * len(rkeys)
+                groups.setdefault(node.name, (node, []))[1].append(i)
+            out: list[Any] = [None] * len(rkeys)
             fault: BaseException | None = None
-            for name, idx in groups.items():
-                try:  # one dead node costs its own keys, not the hits already read from the others
-                    pool = client.get_redis_connection(nodes[name]).connection_pool
-                    got = get_frames_into(pool, [rkeys[i] for i in idx], namespace,
-                                          [keys[i] for i in idx], [dsts[i] for i in idx])
+            for node, idx in groups.values():
+                try:  # a dead node costs its own keys, not the replies of the others
+                    got = call(client.get_redis_connection(node), idx)
                 except _DOWN_ERRORS as exc:
                     fault = exc
                     continue
@@ -253,22 +252,30 @@ class RedisTier:
                 )
         granted = self._ledger.reserve(namespace, keys, frame_sizes)
         refused = len(keys) - sum(granted)
+        moved = False
         for batch in self._batches([v.nbytes for v in views]):
             idx = [i for i in batch if granted[i]]
             if not idx:
                 continue
+            rkeys = [self._rkey(namespace, keys[i]) for i in idx]
             frames = [FramedValue(encode_header(namespace, keys[i], views[i]), views[i]) for i in idx]
 
-            def build(pipe: Any, idx: list[int] = idx, frames: list[FramedValue] = frames) -> None:
-                for i, frame in zip(idx, frames):
-                    pipe.set(self._rkey(namespace, keys[i]), frame, px=self._ttl_ms)
+            def set_frames(node: Any, sub: list[int], rkeys: list[str] = rkeys,
+                           frames: list[FramedValue] = frames) -> list[Any]:
+                pipe = node.pipeline(transaction=False)
+                for j in sub:
+                    pipe.set(rkeys[j], frames[j], px=self._ttl_ms)
+                return pipe.execute(raise_on_error=False)
 
-            replies = self._run(build)
+            replies = self._fan_out(rkeys, set_frames)
             for j, i in enumerate(idx):
                 reply = None if replies is None else replies[j]
                 ok[i] = reply is True
                 if isinstance(reply, Exception):
                     self._count(errors=1)
+                    moved |= isinstance(reply, _TOPOLOGY_EXC) or str(reply).startswith(_TOPOLOGY_ERRORS)
+        if moved:
+            self._refresh_topology()
         self._ledger.settle(namespace, keys, frame_sizes, granted, ok)
         stored = sum(ok)
         self._count(puts=stored, put_failures=len(keys) - stored, capacity_refusals=refused,
@@ -286,17 +293,24 @@ class RedisTier:
         gone: list[str] = []
         bad = moved = 0
         for batch in self._batches([d.nbytes for d in dsts]):
-            replies = self._get_direct(namespace, [keys[i] for i in batch], [dsts[i] for i in batch])
-            if replies is None:
-                continue
-            for i, (reply, error) in zip(batch, replies):
-                ok[i] = reply is Reply.HIT
-                if reply is Reply.ABSENT:
+            rkeys = [self._rkey(namespace, keys[i]) for i in batch]
+
+            def get_frames(node: Any, sub: list[int], batch: range = batch, rkeys: list[str] = rkeys) -> list[Any]:
+                return get_frames_into(node.connection_pool, [rkeys[j] for j in sub], namespace,
+                                       [keys[batch[j]] for j in sub], [dsts[batch[j]] for j in sub])
+
+            replies = self._fan_out(rkeys, get_frames)
+            for i, reply in zip(batch, replies or ()):
+                if reply is None:  # its node faulted (counted once in errors)
+                    continue
+                kind, error = reply
+                ok[i] = kind is Reply.HIT
+                if kind is Reply.ABSENT:
                     gone.append(keys[i])
-                elif reply is Reply.BAD:
+                elif kind is Reply.BAD:
                     bad += 1
-                elif reply is Reply.ERROR:
-                    moved += error.startswith(("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN"))
+                elif kind is Reply.ERROR:
+                    moved += error.startswith(_TOPOLOGY_ERRORS)
                     self._count(errors=1)
         if moved:
             self._refresh_topology()

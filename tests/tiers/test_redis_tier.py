@@ -79,6 +79,31 @@ def test_cluster_round_trip_spreads_keys_over_every_node(make, redis_cluster_url
     assert tier.contains_many(ns, keys) == 0
 
 
+def test_stale_cluster_slot_map_is_a_miss_then_refreshed(make, redis_cluster_url):
+    """A client whose slot map points at the wrong node gets MOVED: a miss / failed put (never an
+    exception or wrong bytes), and the next call uses the rediscovered topology."""
+    tier = make(redis_cluster_url)
+    ns = fresh_ns()
+    assert tier.put_many(ns, ["k"], [payload("k")]) == [True]
+
+    def mislead() -> None:
+        client = tier._get_client()
+        slot = client.keyslot(f"radixkv:{ns}:k")
+        owner = client.get_node_from_key(f"radixkv:{ns}:k")
+        wrong = next(n for n in client.get_primaries() if n.name != owner.name)
+        client.nodes_manager.slots_cache[slot] = [wrong]
+
+    mislead()
+    assert tier.get_many(ns, ["k"], empty(1)) == [False]
+    out = empty(1)
+    assert tier.get_many(ns, ["k"], out) == [True] and torch.equal(out[0], payload("k"))
+    mislead()
+    assert tier.put_many(ns, ["k"], [payload("k", salt="v2")]) == [False]
+    assert tier.put_many(ns, ["k"], [payload("k", salt="v2")]) == [True]
+    assert tier.get_many(ns, ["k"], out) == [True] and torch.equal(out[0], payload("k", salt="v2"))
+    assert tier.stats().errors == 2
+
+
 @pytest.mark.parametrize("nbytes", [1, 3 << 20])
 def test_standalone_round_trip_sizes(make, redis_url, nbytes):
     """1 byte and 3 MiB chunks round-trip exactly; batch_bytes splits a call into several pipelines."""
