@@ -31,7 +31,17 @@ class Job(Generic[T]):
     raised by ``fn`` is re-raised by :meth:`wait`.
     """
 
-    __slots__ = ("_fn", "_cancel_result", "_state", "_result", "_error", "_done", "_lock", "_cancel", "name")
+    __slots__ = (
+        "_fn",
+        "_cancel_result",
+        "_state",
+        "_result",
+        "_error",
+        "_done",
+        "_lock",
+        "_cancel",
+        "name",
+    )
 
     def __init__(self, fn: Callable[[Job[T]], T], cancel_result: T, name: str = "") -> None:
         self._fn = fn
@@ -93,8 +103,13 @@ class Job(Generic[T]):
 class WorkerPool:
     """``n_threads`` daemon threads named ``radixkv-<name>-<i>`` over a queue of ``max_queue`` jobs."""
 
-    def __init__(self, name: str, n_threads: int, max_queue: int,
-                 on_depth: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        n_threads: int,
+        max_queue: int,
+        on_depth: Callable[[int], None] | None = None,
+    ) -> None:
         self.name = name
         self._queue: queue.Queue[Job[Any] | None] = queue.Queue(maxsize=max_queue)
         self._on_depth = on_depth
@@ -103,7 +118,8 @@ class WorkerPool:
         self._inflight = 0
         self._idle = threading.Condition()
         self._threads = [
-            threading.Thread(target=self._loop, name=f"radixkv-{name}-{i}", daemon=True) for i in range(n_threads)
+            threading.Thread(target=self._loop, name=f"radixkv-{name}-{i}", daemon=True)
+            for i in range(n_threads)
         ]
         for t in self._threads:
             t.start()
@@ -112,8 +128,15 @@ class WorkerPool:
     def depth(self) -> int:
         return self._queue.qsize()
 
-    def submit(self, fn: Callable[[Job[T]], T], cancel_result: T, *, block: bool = True,
-               timeout_s: float | None = None, name: str = "") -> Job[T] | None:
+    def submit(
+        self,
+        fn: Callable[[Job[T]], T],
+        cancel_result: T,
+        *,
+        block: bool = True,
+        timeout_s: float | None = None,
+        name: str = "",
+    ) -> Job[T] | None:
         """Queue ``fn``; None if the queue stayed full (``block=False`` or ``timeout_s`` elapsed).
         RuntimeError after :meth:`close`."""
         if self._closed:
@@ -150,7 +173,9 @@ class WorkerPool:
         if not flush or not ok:
             self._cancel_queued()
         for _ in self._threads:
-            self._queue.put(None)  # one stop marker per thread; threads exit after the jobs before it
+            self._queue.put(
+                None
+            )  # one stop marker per thread; threads exit after the jobs before it
         for t in self._threads:
             t.join(timeout_s)
             ok = ok and not t.is_alive()

@@ -28,15 +28,32 @@ __all__ = ["TierConfig", "StoreConfig", "parse_bytes", "WRITE_POLICIES", "TIER_S
 
 WRITE_POLICIES = ("write_through", "write_back")
 # Schemes the store knows how to name; the tier registry decides which ones it can actually open.
-TIER_SCHEMES = {"mem": "mem", "memory": "mem", "file": "disk", "redis": "redis", "rediss": "redis",
-                "redis+cluster": "redis", "rediss+cluster": "redis"}
+TIER_SCHEMES = {
+    "mem": "mem",
+    "memory": "mem",
+    "file": "disk",
+    "redis": "redis",
+    "rediss": "redis",
+    "redis+cluster": "redis",
+    "rediss+cluster": "redis",
+}
 _ENV_PREFIX = "RADIXKV_"
 
 _UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-    "t": 1000**4, "tb": 1000**4,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
@@ -44,7 +61,9 @@ _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 def parse_bytes(value: Any, what: str) -> int:
     """An int >= 0 from an int or a size string (``"8GiB"``); ConfigError naming ``what`` otherwise."""
     if isinstance(value, bool):
-        raise ConfigError(f"{what}={value!r} is not a size: give bytes as an integer or a string like '8GiB'")
+        raise ConfigError(
+            f"{what}={value!r} is not a size: give bytes as an integer or a string like '8GiB'"
+        )
     if isinstance(value, int):
         n = value
     elif isinstance(value, float) and value.is_integer():
@@ -59,7 +78,9 @@ def parse_bytes(value: Any, what: str) -> int:
             )
         n = int(float(m.group(1)) * _UNITS[unit])
     else:
-        raise ConfigError(f"{what}={value!r} is not a size: give bytes as an integer or a string like '8GiB'")
+        raise ConfigError(
+            f"{what}={value!r} is not a size: give bytes as an integer or a string like '8GiB'"
+        )
     if n < 0:
         raise ConfigError(f"{what}={value!r} must be >= 0 bytes")
     return n
@@ -80,7 +101,9 @@ def _parse_int(value: Any, what: str, minimum: int) -> int:
         try:
             value = int(value.strip())
         except ValueError:
-            raise ConfigError(f"{what}={value!r} is not an integer: give a whole number >= {minimum}") from None
+            raise ConfigError(
+                f"{what}={value!r} is not an integer: give a whole number >= {minimum}"
+            ) from None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{what}={value!r} must be an integer >= {minimum}")
     return value
@@ -91,8 +114,15 @@ def _parse_seconds(value: Any, what: str) -> float:
         try:
             value = float(value.strip().removesuffix("s"))
         except ValueError:
-            raise ConfigError(f"{what}={value!r} is not a number of seconds (for example 30 or '2.5')") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ConfigError(
+                f"{what}={value!r} is not a number of seconds (for example 30 or '2.5')"
+            ) from None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ConfigError(f"{what}={value!r} must be a positive, finite number of seconds")
     return float(value)
 
@@ -144,27 +174,37 @@ class TierConfig:
         if self.scheme == "file":
             parts = urlsplit(self.url)
             if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-                raise ConfigError(f"tier url={self.url!r} must name an absolute directory: file:///abs/path "
-                                  "(three slashes)")
-        self.capacity_bytes = parse_bytes(self.capacity_bytes, f"capacity_bytes of tier {self.url!r}")
+                raise ConfigError(
+                    f"tier url={self.url!r} must name an absolute directory: file:///abs/path "
+                    "(three slashes)"
+                )
+        self.capacity_bytes = parse_bytes(
+            self.capacity_bytes, f"capacity_bytes of tier {self.url!r}"
+        )
         query = dict(parse_qsl(urlsplit(self.url).query))
         if "capacity" in query:  # the registry's URL form: mem://?capacity=8GiB
             in_url = parse_bytes(query["capacity"], f"capacity in tier URL {self.url!r}")
             if self.capacity_bytes not in (0, in_url):
-                raise ConfigError(f"tier {self.url!r} gives capacity {in_url} in the URL and capacity_bytes="
-                                  f"{self.capacity_bytes}; give it once")
+                raise ConfigError(
+                    f"tier {self.url!r} gives capacity {in_url} in the URL and capacity_bytes="
+                    f"{self.capacity_bytes}; give it once"
+                )
             self.capacity_bytes = in_url
         if self.kind in ("mem", "disk") and self.capacity_bytes == 0:
             raise ConfigError(
                 f"capacity_bytes of tier {self.url!r} is 0 (unbounded), which a {self.kind} tier cannot be: "
                 "give it a size such as '4GiB' (only remote tiers such as Redis may be unbounded)"
             )
-        if self.name is not None and (not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name)):
+        if self.name is not None and (
+            not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name)
+        ):
             raise ConfigError(f"tier name={self.name!r} must be a non-empty word of [A-Za-z0-9_.-]")
         if self.policy is not None:
             _check_policy(self.policy, f"policy of tier {self.url!r}")
         if not isinstance(self.options, dict):
-            raise ConfigError(f"options of tier {self.url!r} must be a mapping, got {self.options!r}")
+            raise ConfigError(
+                f"options of tier {self.url!r} must be a mapping, got {self.options!r}"
+            )
 
     @property
     def scheme(self) -> str:
@@ -180,7 +220,9 @@ class TierConfig:
         if isinstance(d, str):
             return cls(url=d)
         if not isinstance(d, Mapping):
-            raise ConfigError(f"{where}={d!r} must be a mapping with at least 'url' (or a URL string)")
+            raise ConfigError(
+                f"{where}={d!r} must be a mapping with at least 'url' (or a URL string)"
+            )
         d = dict(d)
         if "capacity" in d:  # friendlier spelling in YAML
             if "capacity_bytes" in d:
@@ -189,9 +231,13 @@ class TierConfig:
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - allowed)
         if unknown:
-            raise ConfigError(f"{where} has unknown key(s) {unknown}; valid keys are {sorted(allowed | {'capacity'})}")
+            raise ConfigError(
+                f"{where} has unknown key(s) {unknown}; valid keys are {sorted(allowed | {'capacity'})}"
+            )
         if "url" not in d:
-            raise ConfigError(f"{where} has no 'url'; give one such as 'mem://' or 'file:///var/cache/radixkv'")
+            raise ConfigError(
+                f"{where} has no 'url'; give one such as 'mem://' or 'file:///var/cache/radixkv'"
+            )
         return cls(**d)
 
 
@@ -218,12 +264,16 @@ class StoreConfig:
                 f"tiers={self.tiers!r} must be a non-empty list of tiers, fastest first, e.g. "
                 "[TierConfig(url='mem://', capacity_bytes='4GiB')]"
             )
-        self.tiers = [t if isinstance(t, TierConfig) else TierConfig.from_dict(t, f"tiers[{i}]")
-                      for i, t in enumerate(self.tiers)]
+        self.tiers = [
+            t if isinstance(t, TierConfig) else TierConfig.from_dict(t, f"tiers[{i}]")
+            for i, t in enumerate(self.tiers)
+        ]
         _assign_names(self.tiers)
         _check_policy(self.policy, "policy")
         if self.write_policy not in WRITE_POLICIES:
-            raise ConfigError(f"write_policy={self.write_policy!r} must be one of {list(WRITE_POLICIES)}")
+            raise ConfigError(
+                f"write_policy={self.write_policy!r} must be one of {list(WRITE_POLICIES)}"
+            )
         self.promote_on_hit = _parse_bool(self.promote_on_hit, "promote_on_hit")
         self.promote_after_hits = _parse_int(self.promote_after_hits, "promote_after_hits", 1)
         self.queue_depth = _parse_int(self.queue_depth, "queue_depth", 1)
@@ -245,13 +295,19 @@ class StoreConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> StoreConfig:
         if not isinstance(d, Mapping):
-            raise ConfigError(f"store config must be a mapping of options, got {type(d).__name__}: {d!r}")
+            raise ConfigError(
+                f"store config must be a mapping of options, got {type(d).__name__}: {d!r}"
+            )
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - allowed)
         if unknown:
-            raise ConfigError(f"store config has unknown key(s) {unknown}; valid keys are {sorted(allowed)}")
+            raise ConfigError(
+                f"store config has unknown key(s) {unknown}; valid keys are {sorted(allowed)}"
+            )
         if "tiers" not in d:
-            raise ConfigError("store config has no 'tiers'; list at least one, e.g. tiers: [{url: 'mem://', capacity: 4GiB}]")
+            raise ConfigError(
+                "store config has no 'tiers'; list at least one, e.g. tiers: [{url: 'mem://', capacity: 4GiB}]"
+            )
         return cls(**dict(d))
 
     @classmethod
@@ -262,11 +318,17 @@ class StoreConfig:
             with open(path, encoding="utf-8") as f:
                 data = yaml.safe_load(f)
         except OSError as e:
-            raise ConfigError(f"cannot read store config file {os.fspath(path)!r}: {e.strerror}; check the path") from None
+            raise ConfigError(
+                f"cannot read store config file {os.fspath(path)!r}: {e.strerror}; check the path"
+            ) from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"store config file {os.fspath(path)!r} is not valid YAML: {e}") from None
+            raise ConfigError(
+                f"store config file {os.fspath(path)!r} is not valid YAML: {e}"
+            ) from None
         if data is None:
-            raise ConfigError(f"store config file {os.fspath(path)!r} is empty; it needs at least 'tiers'")
+            raise ConfigError(
+                f"store config file {os.fspath(path)!r} is empty; it needs at least 'tiers'"
+            )
         return cls.from_dict(data)
 
     @classmethod
@@ -284,7 +346,10 @@ class StoreConfig:
         if env.get(_ENV_PREFIX + "CONFIG"):
             base = cls.from_yaml(env[_ENV_PREFIX + "CONFIG"])
             data = {f.name: getattr(base, f.name) for f in fields(cls)}
-            data["tiers"] = [TierConfig(t.url, t.capacity_bytes, t.name, t.policy, dict(t.options)) for t in base.tiers]
+            data["tiers"] = [
+                TierConfig(t.url, t.capacity_bytes, t.name, t.policy, dict(t.options))
+                for t in base.tiers
+            ]
         for f in fields(cls):
             key = _ENV_PREFIX + f.name.upper()
             if f.name != "tiers" and key in env:
@@ -308,7 +373,10 @@ def _tiers_from_env(env: Mapping[str, str]) -> list[TierConfig] | None:
         m = pat.match(k)
         if m:
             indexed.setdefault(int(m.group(1)), {})[m.group(2).lower()] = v
-        elif k.startswith(_ENV_PREFIX + "TIER") and k not in (_ENV_PREFIX + "TIERS", _ENV_PREFIX + "TIER_CAPACITIES"):
+        elif k.startswith(_ENV_PREFIX + "TIER") and k not in (
+            _ENV_PREFIX + "TIERS",
+            _ENV_PREFIX + "TIER_CAPACITIES",
+        ):
             raise ConfigError(
                 f"environment variable {k} is not understood; tier variables are RADIXKV_TIERS, "
                 "RADIXKV_TIER_CAPACITIES and RADIXKV_TIER<i>_URL/_CAPACITY/_POLICY/_NAME"
@@ -324,7 +392,9 @@ def _tiers_from_env(env: Mapping[str, str]) -> list[TierConfig] | None:
                 f"RADIXKV_TIER_CAPACITIES={caps_raw!r} has {len(caps)} entries but RADIXKV_TIERS has "
                 f"{len(urls)} URLs; give one capacity per tier (0 = unbounded)"
             )
-        return [TierConfig(url=u, capacity_bytes=caps[i] if caps else 0) for i, u in enumerate(urls)]
+        return [
+            TierConfig(url=u, capacity_bytes=caps[i] if caps else 0) for i, u in enumerate(urls)
+        ]
     if not indexed:
         return None
     order = sorted(indexed)
@@ -335,7 +405,14 @@ def _tiers_from_env(env: Mapping[str, str]) -> list[TierConfig] | None:
         d = indexed[i]
         if "url" not in d:
             raise ConfigError(f"RADIXKV_TIER{i}_URL is missing; every indexed tier needs a URL")
-        out.append(TierConfig(url=d["url"], capacity_bytes=d.get("capacity", 0), name=d.get("name"), policy=d.get("policy")))
+        out.append(
+            TierConfig(
+                url=d["url"],
+                capacity_bytes=d.get("capacity", 0),
+                name=d.get("name"),
+                policy=d.get("policy"),
+            )
+        )
     return out
 
 
@@ -344,7 +421,9 @@ def _assign_names(tiers: list[TierConfig]) -> None:
     for t in tiers:
         if t.name is not None:
             if t.name in seen:
-                raise ConfigError(f"tier name {t.name!r} is used twice; give each tier a distinct name")
+                raise ConfigError(
+                    f"tier name {t.name!r} is used twice; give each tier a distinct name"
+                )
             seen.add(t.name)
     counts: dict[str, int] = {}
     for t in tiers:

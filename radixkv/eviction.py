@@ -23,7 +23,9 @@ __all__ = ["reserve"]
 _ROOM_WAIT_S = 2.0  # how long a writer waits for other threads' evictions before giving up
 
 
-def reserve(stack: TierStack, t: int, charges: Sequence[int], wait_for_transfers: bool = False) -> int:
+def reserve(
+    stack: TierStack, t: int, charges: Sequence[int], wait_for_transfers: bool = False
+) -> int:
     """Reserve room in tier ``t`` for the leading chunks of ``charges`` (bytes each, frame overhead
     included), evicting as needed. Returns how many leading chunks got room; the caller releases
     ``sum(charges[:k])`` with :meth:`release_locked` once those chunks are resident (or failed).
@@ -63,15 +65,18 @@ def reserve(stack: TierStack, t: int, charges: Sequence[int], wait_for_transfers
                 return _shrink_locked(stack, t, charges, k, stack.used_locked(t), cap)
 
 
-def _shrink_locked(stack: TierStack, t: int, charges: Sequence[int], k: int, used: int, cap: int) -> int:
+def _shrink_locked(
+    stack: TierStack, t: int, charges: Sequence[int], k: int, used: int, cap: int
+) -> int:
     while k > 0 and used + sum(charges[:k]) > cap:
         k -= 1
     stack.reserved[t] += sum(charges[:k])
     return k
 
 
-def _claim_locked(stack: TierStack, t: int, deficit: int, owner: str
-                  ) -> tuple[ChunkRef | None, int, int, int, list[tuple[int, str, str]]]:
+def _claim_locked(
+    stack: TierStack, t: int, deficit: int, owner: str
+) -> tuple[ChunkRef | None, int, int, int, list[tuple[int, str, str]]]:
     """Free room in exact policy order, one candidate at a time (each eviction may expose a
     parent as the next victim). Chunks that need no copy (the next tier holds them, or ``t`` is
     the last tier) leave the tree at once; their bytes stay counted as reserved until deleted.
@@ -93,8 +98,9 @@ def _claim_locked(stack: TierStack, t: int, deficit: int, owner: str
                 tree.pin([ref.node_id], owner, stack.lease_s)
                 stack.claimed[t] += charge
                 return ref, charge, freed, pending, entries
-            entries += stack.mark_deleting_locked([(t, ref.namespace, ref.key)]
-                                                 + stack.clear_locked([ref.node_id], t))
+            entries += stack.mark_deleting_locked(
+                [(t, ref.namespace, ref.key)] + stack.clear_locked([ref.node_id], t)
+            )
             stack.reserved[t] += charge  # still on the medium until deleted outside the lock
             pending += charge
             deficit -= charge
@@ -126,7 +132,9 @@ def _evict(stack: TierStack, t: int, victims: list[ChunkRef], owner: str, claim:
                 mask = stack.mask_locked(v)
                 if not mask & (1 << t):
                     continue
-                failed_demotion = t < stack.last and v.node_id not in demoted and mask & (1 << (t + 1)) == 0
+                failed_demotion = (
+                    t < stack.last and v.node_id not in demoted and mask & (1 << (t + 1)) == 0
+                )
                 if failed_demotion and mask == 1 << t and stack.tree.node_children_alive(v.node_id):
                     continue  # dropping it would orphan its descendants: keep it
                 out.append(v)

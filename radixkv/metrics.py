@@ -24,7 +24,24 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 __all__ = ["StoreMetrics"]
 
 # Latency buckets from 50 us (memory copies) to 10 s (a slow remote store).
-_LATENCY_BUCKETS_S = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+_LATENCY_BUCKETS_S = (
+    5e-5,
+    1e-4,
+    2.5e-4,
+    5e-4,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    1e-2,
+    2.5e-2,
+    5e-2,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    10.0,
+)
 
 
 class _TierStatsCollector:
@@ -40,10 +57,22 @@ class _TierStatsCollector:
         return self._families(self._tiers())
 
     def _families(self, tiers: Sequence[object] = ()) -> Iterator[object]:
-        checks = CounterMetricFamily("radixkv_tier_checksum_failures", "Payloads whose checksum or header did not verify", labels=["tier"])
-        errors = CounterMetricFamily("radixkv_tier_errors", "Medium errors of a tier (server down, I/O errors)", labels=["tier"])
-        usage = GaugeMetricFamily("radixkv_tier_usage_bytes", "Bytes the tier holds", labels=["tier"])
-        cap = GaugeMetricFamily("radixkv_tier_capacity_bytes", "Capacity of the tier (0 = unbounded)", labels=["tier"])
+        checks = CounterMetricFamily(
+            "radixkv_tier_checksum_failures",
+            "Payloads whose checksum or header did not verify",
+            labels=["tier"],
+        )
+        errors = CounterMetricFamily(
+            "radixkv_tier_errors",
+            "Medium errors of a tier (server down, I/O errors)",
+            labels=["tier"],
+        )
+        usage = GaugeMetricFamily(
+            "radixkv_tier_usage_bytes", "Bytes the tier holds", labels=["tier"]
+        )
+        cap = GaugeMetricFamily(
+            "radixkv_tier_capacity_bytes", "Capacity of the tier (0 = unbounded)", labels=["tier"]
+        )
         for tier in tiers:
             name = tier.name  # type: ignore[attr-defined]
             try:
@@ -60,8 +89,12 @@ class _TierStatsCollector:
 class StoreMetrics:
     """Thread-safe counters of one store, mirrored into a private Prometheus registry."""
 
-    def __init__(self, tier_names: Sequence[str], tiers: Callable[[], Sequence[object]] | None = None,
-                 prometheus: bool = True) -> None:
+    def __init__(
+        self,
+        tier_names: Sequence[str],
+        tiers: Callable[[], Sequence[object]] | None = None,
+        prometheus: bool = True,
+    ) -> None:
         self.tier_names = tuple(tier_names)
         self._lock = threading.Lock()
         self._counts: dict[str, int] = defaultdict(int)
@@ -72,20 +105,60 @@ class StoreMetrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         t = ["tier"]
         self._p_hit_chunks = Counter("radixkv_hit_chunks", "Chunks read from a tier", t, registry=r)
-        self._p_miss_chunks = Counter("radixkv_miss_chunks", "Chunks asked for and not served (tier: where the run stopped)", t, registry=r)
-        self._p_hit_tokens = Counter("radixkv_hit_tokens", "Tokens in chunks read from a tier", t, registry=r)
-        self._p_miss_tokens = Counter("radixkv_miss_tokens", "Tokens in chunks not served", t, registry=r)
-        self._p_bytes_in = Counter("radixkv_bytes_in", "Payload bytes written into a tier", t, registry=r)
-        self._p_bytes_out = Counter("radixkv_bytes_out", "Payload bytes read out of a tier", t, registry=r)
-        self._p_evictions = Counter("radixkv_evictions", "Chunks evicted from a tier", ["tier", "action"], registry=r)
-        self._p_promotions = Counter("radixkv_promotions", "Chunks promoted into a tier", t, registry=r)
-        self._p_read_failures = Counter("radixkv_read_failures", "Reads where the tree said present and the tier could not deliver", t, registry=r)
-        self._p_write_failures = Counter("radixkv_write_failures", "Chunks a tier refused to store", t, registry=r)
-        self._p_orphans = Counter("radixkv_orphan_drops", "Chunks dropped because their prefix became unrecoverable", registry=r)
-        self._p_dropped_jobs = Counter("radixkv_dropped_jobs", "Background jobs skipped (queue full or cancelled)", ["queue"], registry=r)
-        self._p_queue = Gauge("radixkv_queue_depth", "Background jobs waiting", ["queue"], registry=r)
-        self._p_latency = Histogram("radixkv_latency_seconds", "Latency of store operations and tier batches",
-                                    ["op", "tier"], buckets=_LATENCY_BUCKETS_S, registry=r)
+        self._p_miss_chunks = Counter(
+            "radixkv_miss_chunks",
+            "Chunks asked for and not served (tier: where the run stopped)",
+            t,
+            registry=r,
+        )
+        self._p_hit_tokens = Counter(
+            "radixkv_hit_tokens", "Tokens in chunks read from a tier", t, registry=r
+        )
+        self._p_miss_tokens = Counter(
+            "radixkv_miss_tokens", "Tokens in chunks not served", t, registry=r
+        )
+        self._p_bytes_in = Counter(
+            "radixkv_bytes_in", "Payload bytes written into a tier", t, registry=r
+        )
+        self._p_bytes_out = Counter(
+            "radixkv_bytes_out", "Payload bytes read out of a tier", t, registry=r
+        )
+        self._p_evictions = Counter(
+            "radixkv_evictions", "Chunks evicted from a tier", ["tier", "action"], registry=r
+        )
+        self._p_promotions = Counter(
+            "radixkv_promotions", "Chunks promoted into a tier", t, registry=r
+        )
+        self._p_read_failures = Counter(
+            "radixkv_read_failures",
+            "Reads where the tree said present and the tier could not deliver",
+            t,
+            registry=r,
+        )
+        self._p_write_failures = Counter(
+            "radixkv_write_failures", "Chunks a tier refused to store", t, registry=r
+        )
+        self._p_orphans = Counter(
+            "radixkv_orphan_drops",
+            "Chunks dropped because their prefix became unrecoverable",
+            registry=r,
+        )
+        self._p_dropped_jobs = Counter(
+            "radixkv_dropped_jobs",
+            "Background jobs skipped (queue full or cancelled)",
+            ["queue"],
+            registry=r,
+        )
+        self._p_queue = Gauge(
+            "radixkv_queue_depth", "Background jobs waiting", ["queue"], registry=r
+        )
+        self._p_latency = Histogram(
+            "radixkv_latency_seconds",
+            "Latency of store operations and tier batches",
+            ["op", "tier"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
         if tiers is not None:
             r.register(_TierStatsCollector(tiers))  # type: ignore[arg-type]
 

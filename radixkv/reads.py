@@ -19,8 +19,13 @@ if TYPE_CHECKING:
 __all__ = ["read_run", "forget_failed", "Payloads"]
 
 
-def read_run(stack: TierStack, refs: Sequence[ChunkRef], masks: list[int], buffers: Sequence[torch.Tensor],
-             cancelled: Callable[[], bool] = lambda: False) -> tuple[int, list[int]]:
+def read_run(
+    stack: TierStack,
+    refs: Sequence[ChunkRef],
+    masks: list[int],
+    buffers: Sequence[torch.Tensor],
+    cancelled: Callable[[], bool] = lambda: False,
+) -> tuple[int, list[int]]:
     """Fill ``buffers`` with the pinned chunks (one namespace), each from the fastest tier holding
     it, falling back down the hierarchy on a failed read. Returns (leading run read, tier that
     served each chunk or -1)."""
@@ -57,7 +62,9 @@ def read_run(stack: TierStack, refs: Sequence[ChunkRef], masks: list[int], buffe
     return run, served
 
 
-def forget_failed(stack: TierStack, refs: Sequence[ChunkRef], masks: list[int], failed: list[tuple[int, int]]) -> None:
+def forget_failed(
+    stack: TierStack, refs: Sequence[ChunkRef], masks: list[int], failed: list[tuple[int, int]]
+) -> None:
     by_tier: dict[int, list[int]] = defaultdict(list)
     for i, t in failed:
         by_tier[t].append(i)

@@ -31,12 +31,12 @@ cannot hold one chunk raises :class:`~radixkv.errors.CapacityError` at the first
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from typing import Any, Sequence
 
 import torch
 
 from radixkv import store_checks as checks
+from radixkv import store_jobs as jobs
 from radixkv.background import Job, WorkerPool
 from radixkv.config import StoreConfig
 from radixkv.errors import ConfigError, InputError
@@ -46,8 +46,6 @@ from radixkv.transfer import ChunkRef, TierStack
 from radixkv.tree import RadixTree
 
 __all__ = ["HierarchicalStore", "PrefetchHandle", "open_tier"]
-
-_PROMOTE_COUNTS_MAX = 1 << 16
 
 
 def open_tier(tc: Any) -> Any:
@@ -92,7 +90,9 @@ class HierarchicalStore:
 
     def __init__(self, config: StoreConfig, tiers: Sequence[Any] | None = None) -> None:
         if not isinstance(config, StoreConfig):
-            raise ConfigError(f"config={config!r} must be a StoreConfig (see StoreConfig.from_yaml/from_env)")
+            raise ConfigError(
+                f"config={config!r} must be a StoreConfig (see StoreConfig.from_yaml/from_env)"
+            )
         self.config = config
         opened: list[Any] = []
         try:
@@ -102,8 +102,10 @@ class HierarchicalStore:
             else:
                 opened = list(tiers)
                 if [t.name for t in opened] != list(config.tier_names):
-                    raise ConfigError(f"tier objects are named {[t.name for t in opened]} but the config "
-                                      f"names {list(config.tier_names)}; pass one per config tier, in order")
+                    raise ConfigError(
+                        f"tier objects are named {[t.name for t in opened]} but the config "
+                        f"names {list(config.tier_names)}; pass one per config tier, in order"
+                    )
         except BaseException:
             if tiers is None:
                 for t in opened:
@@ -111,18 +113,28 @@ class HierarchicalStore:
             raise
         names = config.tier_names
         tree = RadixTree(tiers=names, policy={tc.name: config.policy_of(tc) for tc in config.tiers})
-        self.metrics = StoreMetrics(names, tiers=lambda: self._stack.tiers, prometheus=config.metrics)
+        self.metrics = StoreMetrics(
+            names, tiers=lambda: self._stack.tiers, prometheus=config.metrics
+        )
         self._stack = TierStack(opened, tree, self.metrics, config.lease_s)
         self._ns_bytes: dict[str, int] = {}
         # Chunks a tier already held when the store opened it (a disk tier's restart scan): not in
         # the tree, evicted by the tier itself as it fills. check_integrity allows for them.
         self._foreign_chunks = [int(t.stats().extra.get("chunks", 0)) for t in opened]
-        self._promote_counts: dict[tuple[str, str], int] = {}
         self._closed = False
-        self._writer = WorkerPool("write", config.io_threads, config.queue_depth,
-                                  on_depth=lambda d: self.metrics.queue_depth("write", d))
-        self._reader = WorkerPool("prefetch", config.prefetch_threads, config.queue_depth,
-                                  on_depth=lambda d: self.metrics.queue_depth("prefetch", d))
+        self._writer = WorkerPool(
+            "write",
+            config.io_threads,
+            config.queue_depth,
+            on_depth=lambda d: self.metrics.queue_depth("write", d),
+        )
+        self._reader = WorkerPool(
+            "prefetch",
+            config.prefetch_threads,
+            config.queue_depth,
+            on_depth=lambda d: self.metrics.queue_depth("prefetch", d),
+        )
+        self._promoter = jobs.Promoter(self._stack, self._writer, config.promote_after_hits)
         for q in ("write", "prefetch"):
             self.metrics.queue_depth(q, 0)
 
@@ -141,14 +153,21 @@ class HierarchicalStore:
         return self._stack.cond
 
     # ------------------------------------------------------------------ put
-    def put(self, ns: Namespace, keys: Sequence[str], payloads: Sequence[torch.Tensor],
-            parent_key: str | None = None) -> list[bool]:
+    def put(
+        self,
+        ns: Namespace,
+        keys: Sequence[str],
+        payloads: Sequence[torch.Tensor],
+        parent_key: str | None = None,
+    ) -> list[bool]:
         """Store one chain of chunks in the top tier (see the module docstring); returns per-key
         success, always a leading run of True. Keys already in the top tier are not rewritten."""
         self._check_open()
         nsd = self._check_chain(ns, keys)
         if len(payloads) != len(keys):
-            raise InputError(f"{len(keys)} keys but {len(payloads)} payloads; pass one payload per key")
+            raise InputError(
+                f"{len(keys)} keys but {len(payloads)} payloads; pass one payload per key"
+            )
         size = self._check_tensors(ns, payloads, "payloads")
         if not keys:
             return []
@@ -160,7 +179,9 @@ class HierarchicalStore:
                 if parent_key is not None:
                     pid = s.tree.lookup(nsd, parent_key)
                     if pid is None:
-                        return [False] * len(keys)  # the chain's prefix is gone: nothing is reachable
+                        return [False] * len(
+                            keys
+                        )  # the chain's prefix is gone: nothing is reachable
                     # Making room for this chain must not *drop* the chunk it hangs from (a demotion
                     # keeps it reachable): pin it while only the last tier holds it.
                     if s.tree.node_tier_mask(pid) == 1 << s.last:
@@ -185,14 +206,24 @@ class HierarchicalStore:
             with s.cond:
                 s.end_write_locked(0, nsd, wkeys)
                 run = 0  # chunks already in the top tier count only if still there now
-                while run < len(keys) and (written.get(run, False) or _has(s.tree, nsd, keys[run], 0)):
+                while run < len(keys) and (
+                    written.get(run, False) or _has(s.tree, nsd, keys[run], 0)
+                ):
                     run += 1
                 r, error = None, None
                 if run:
                     try:
-                        r = s.tree.insert(nsd, list(keys[:run]), tier=s.names[0], chunk_tokens=ns.chunk_tokens,
-                                          size_bytes=size, parent_key=parent_key)
-                    except InputError as e:  # the keys contradict the tree (not one chain): undo, re-raise
+                        r = s.tree.insert(
+                            nsd,
+                            list(keys[:run]),
+                            tier=s.names[0],
+                            chunk_tokens=ns.chunk_tokens,
+                            size_bytes=size,
+                            parent_key=parent_key,
+                        )
+                    except (
+                        InputError
+                    ) as e:  # the keys contradict the tree (not one chain): undo, re-raise
                         run, error = 0, e
                 if r is not None and not r.node_ids:
                     run = 0  # the parent vanished between our check and the insert
@@ -204,33 +235,15 @@ class HierarchicalStore:
                     refs = [s.ref_locked(n) for n in r.node_ids if s.tree.node_tier_mask(n) != full]  # type: ignore[union-attr]
                     refs = s.pin_locked(refs, owner)
                     s.transfers_inflight += bool(refs)
-                leaked = s.mark_deleting_locked([(0, nsd, keys[i]) for i, o in written.items() if o and i >= run])
+                leaked = s.mark_deleting_locked(
+                    [(0, nsd, keys[i]) for i, o in written.items() if o and i >= run]
+                )
             s.delete_entries(leaked)
             if error is not None:
                 raise error
         if refs:
-            self._submit_write(lambda job: self._write_through(refs, owner), refs, owner)
+            self._submit_write(lambda job: jobs.write_through(s, refs, owner), refs, owner)
         return [i < run for i in range(len(keys))]
-
-    def _write_through(self, refs: list[ChunkRef], owner: str) -> int:
-        """Copy pinned chunks from the fastest tier holding them to every lower tier lacking them."""
-        s = self._stack
-        try:
-            copied = 0
-            for dst in range(1, len(s.tiers)):
-                by_src: dict[int, list[ChunkRef]] = defaultdict(list)
-                with s.cond:  # source: the fastest tier above dst that holds the chunk
-                    for r in refs:
-                        m = s.mask_locked(r)
-                        if m and not m & (1 << dst) and (m & -m).bit_length() - 1 < dst:
-                            by_src[(m & -m).bit_length() - 1].append(r)
-                for src, group in by_src.items():
-                    copied += sum(s.copy(src, dst, group))
-            return copied
-        finally:
-            with s.cond:
-                s.unpin_locked(refs, owner)
-                s.end_transfer_locked()
 
     def _submit_write(self, fn: Any, refs: list[ChunkRef], owner: str) -> None:
         # Blocks while the queue is full (backpressure on writers); after close it runs inline.
@@ -254,22 +267,28 @@ class HierarchicalStore:
         refs, masks, owner = self._match_and_pin(ns, keys, buffers)
         return self._read(ns, refs, masks, owner, buffers, None)
 
-    def prefetch(self, ns: Namespace, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> PrefetchHandle:
+    def prefetch(
+        self, ns: Namespace, keys: Sequence[str], buffers: Sequence[torch.Tensor]
+    ) -> PrefetchHandle:
         """Start :meth:`get` in the background. The chunks present now are pinned until the read
         ends (or the handle is cancelled), so they cannot be evicted in between."""
         self._check_open()
         refs, masks, owner = self._match_and_pin(ns, keys, buffers)
         if not refs:
             return PrefetchHandle(None)
-        job = self._reader.submit(lambda j: self._read(ns, refs, masks, owner, buffers, j), 0,
-                                  block=True, name=owner)
+        job = self._reader.submit(
+            lambda j: self._read(ns, refs, masks, owner, buffers, j), 0, block=True, name=owner
+        )
         return PrefetchHandle(job, on_cancel=lambda: self._unpin(refs, owner))
 
-    def _match_and_pin(self, ns: Namespace, keys: Sequence[str], buffers: Sequence[torch.Tensor]
-                       ) -> tuple[list[ChunkRef], list[int], str]:
+    def _match_and_pin(
+        self, ns: Namespace, keys: Sequence[str], buffers: Sequence[torch.Tensor]
+    ) -> tuple[list[ChunkRef], list[int], str]:
         nsd = self._check_chain(ns, keys)
         if len(buffers) != len(keys):
-            raise InputError(f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key")
+            raise InputError(
+                f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key"
+            )
         self._check_tensors(ns, buffers, "buffers", register=False)
         s = self._stack
         owner = s.owner("get")
@@ -282,8 +301,15 @@ class HierarchicalStore:
                 s.tree.pin(ids, owner, s.lease_s)
         return refs, masks, owner
 
-    def _read(self, ns: Namespace, refs: list[ChunkRef], masks: list[int], owner: str,
-              buffers: Sequence[torch.Tensor], job: Job[int] | None) -> int:
+    def _read(
+        self,
+        ns: Namespace,
+        refs: list[ChunkRef],
+        masks: list[int],
+        owner: str,
+        buffers: Sequence[torch.Tensor],
+        job: Job[int] | None,
+    ) -> int:
         s = self._stack
         try:
             cancelled = (lambda: job.cancel_requested) if job is not None else (lambda: False)
@@ -291,71 +317,12 @@ class HierarchicalStore:
                 n, served = s.read_run(refs, masks, buffers, cancelled)
             if job is not None and job.cancel_requested:
                 return 0
-            self._account(ns, refs, served, n, len(buffers))
+            jobs.account(s, ns, refs, served, n, len(buffers))
             if self.config.promote_on_hit and len(s.tiers) > 1:
-                self._promote(refs[:n], served[:n], buffers)
+                self._promoter.promote(refs[:n], served[:n], buffers)
             return n
         finally:
             self._unpin(refs, owner)
-
-    def _account(self, ns: Namespace, refs: list[ChunkRef], served: list[int], n: int, asked: int) -> None:
-        """Cascading per-tier counts: chunk i is a hit in the tier that served it and a miss in every
-        faster tier; chunks no tier served are misses everywhere."""
-        per_tier = [0] * len(self._stack.tiers)
-        for t in served[:n]:
-            per_tier[t] += 1
-        size = refs[0].size_bytes if refs else 0
-        missing = asked
-        for t, c in enumerate(per_tier):
-            name = self._stack.names[t]
-            self.metrics.hits(name, c, c * ns.chunk_tokens, c * size)
-            missing -= c
-            self.metrics.misses(name, missing, missing * ns.chunk_tokens)
-
-    def _promote(self, refs: list[ChunkRef], served: list[int], buffers: Sequence[torch.Tensor]) -> None:
-        """Queue copies of chunks served below the top tier (hit often enough) into the top tier.
-        The bytes are cloned now: the caller owns ``buffers`` once get returns."""
-        s, want = self._stack, self.config.promote_after_hits
-        picks: list[int] = []
-        with s.cond:
-            for i, t in enumerate(served):
-                if t <= 0:
-                    continue
-                ident = (refs[i].namespace, refs[i].key)
-                c = self._promote_counts.get(ident, 0) + 1
-                if c >= want:
-                    self._promote_counts.pop(ident, None)
-                    picks.append(i)
-                else:
-                    if len(self._promote_counts) >= _PROMOTE_COUNTS_MAX:
-                        self._promote_counts.clear()  # bounded memory; counts restart
-                    self._promote_counts[ident] = c
-        if not picks:
-            return
-        owner = s.owner("promote")
-        with s.cond:
-            chosen = s.pin_locked([refs[i] for i in picks], owner)
-        keep = {r.node_id for r in chosen}
-        payloads = [buffers[i].clone() for i in picks if refs[i].node_id in keep]
-
-        def run(_job: Any) -> int:
-            try:
-                with s.cond:
-                    todo = [(r, p) for r, p in zip(chosen, payloads) if s.mask_locked(r) and not s.mask_locked(r) & 1]
-                ok = s.write(0, [r for r, _ in todo], [p for _, p in todo])
-                self.metrics.promotions(s.names[0], sum(ok))
-                return sum(ok)
-            finally:
-                with s.cond:
-                    s.unpin_locked(chosen, owner)
-
-        try:
-            job = self._writer.submit(run, 0, block=False, name=owner)
-        except RuntimeError:
-            job = None
-        if job is None:  # queue full or closing: promotion is an optimisation, skip it
-            self.metrics.dropped_job("write")
-            self._unpin(chosen, owner)
 
     # ------------------------------------------------------------------ delete / clear
     def delete(self, ns: Namespace, keys: Sequence[str]) -> int:
@@ -443,8 +410,9 @@ class HierarchicalStore:
     def _check_chain(self, ns: Namespace, keys: Sequence[str]) -> str:
         return checks.check_chain(self, ns, keys)
 
-    def _check_tensors(self, ns: Namespace, tensors: Sequence[torch.Tensor], what: str,
-                       register: bool = True) -> int:
+    def _check_tensors(
+        self, ns: Namespace, tensors: Sequence[torch.Tensor], what: str, register: bool = True
+    ) -> int:
         return checks.check_tensors(self, ns, tensors, what, register)
 
     def _unpin(self, refs: list[ChunkRef], owner: str) -> None:

@@ -17,7 +17,14 @@ from radixkv.tree import RadixTree
 if TYPE_CHECKING:
     from radixkv.store import HierarchicalStore
 
-__all__ = ["check_chain", "check_tensors", "register_namespace", "store_stats", "check_store", "reconcile_store"]
+__all__ = [
+    "check_chain",
+    "check_tensors",
+    "register_namespace",
+    "store_stats",
+    "check_store",
+    "reconcile_store",
+]
 
 
 def check_chain(store: HierarchicalStore, ns: Namespace, keys: Sequence[str]) -> str:
@@ -29,30 +36,49 @@ def check_chain(store: HierarchicalStore, ns: Namespace, keys: Sequence[str]) ->
         raise InputError("keys repeat a chunk key; pass one chain (each key once, root to leaf)")
     for k in keys:
         if not isinstance(k, str) or not k or not k.isascii():
-            raise InputError(f"chunk key {k!r} must be a non-empty ASCII str (see radixkv.keys.chunk_keys)")
+            raise InputError(
+                f"chunk key {k!r} must be a non-empty ASCII str (see radixkv.keys.chunk_keys)"
+            )
         if len(k) > store._stack.max_key_chars:
             with store._stack.cond:
                 store._stack.max_key_chars = max(store._stack.max_key_chars, len(k))
     return ns.digest
 
 
-def check_tensors(store: HierarchicalStore, ns: Namespace, tensors: Sequence[torch.Tensor], what: str,
-                   register: bool = True) -> int:
+def check_tensors(
+    store: HierarchicalStore,
+    ns: Namespace,
+    tensors: Sequence[torch.Tensor],
+    what: str,
+    register: bool = True,
+) -> int:
     nsd = ns.digest
     fixed = store._ns_bytes.get(nsd)
     for i, t in enumerate(tensors):
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 1 \
-                or t.device.type != "cpu" or not t.is_contiguous():
-            desc = (f"dtype={t.dtype}, shape={tuple(t.shape)}, device={t.device}"
-                    if isinstance(t, torch.Tensor) else type(t).__name__)
-            raise InputError(f"{what}[{i}] is {desc}; pass 1-D contiguous torch.uint8 CPU tensors "
-                             "(x.view(torch.uint8).flatten().contiguous())")
+        if (
+            not isinstance(t, torch.Tensor)
+            or t.dtype != torch.uint8
+            or t.dim() != 1
+            or t.device.type != "cpu"
+            or not t.is_contiguous()
+        ):
+            desc = (
+                f"dtype={t.dtype}, shape={tuple(t.shape)}, device={t.device}"
+                if isinstance(t, torch.Tensor)
+                else type(t).__name__
+            )
+            raise InputError(
+                f"{what}[{i}] is {desc}; pass 1-D contiguous torch.uint8 CPU tensors "
+                "(x.view(torch.uint8).flatten().contiguous())"
+            )
         n = t.numel()
         if fixed is None and register:
             fixed = register_namespace(store, nsd, n, f"{what}[{i}]")
         if fixed is not None and n != fixed:
-            raise InputError(f"{what}[{i}] has {n} bytes but namespace {ns} stores {fixed}-byte chunks; "
-                             "every chunk of a namespace has one size (fixed by its first put)")
+            raise InputError(
+                f"{what}[{i}] has {n} bytes but namespace {ns} stores {fixed}-byte chunks; "
+                "every chunk of a namespace has one size (fixed by its first put)"
+            )
     return fixed if fixed is not None else 0
 
 
@@ -66,7 +92,8 @@ def register_namespace(store: HierarchicalStore, nsd: str, nbytes: int, what: st
         if cap and cap < need:
             raise CapacityError(
                 f"tier {tier.name!r} has capacity_bytes={cap}, smaller than one {nbytes}-byte chunk "
-                f"({need} bytes as stored); raise its capacity to at least {need} bytes")
+                f"({need} bytes as stored); raise its capacity to at least {need} bytes"
+            )
     with s.cond:
         return store._ns_bytes.setdefault(nsd, nbytes)
 
@@ -79,12 +106,20 @@ def store_stats(store: HierarchicalStore) -> dict[str, Any]:
     with s.cond:
         for t, tier in enumerate(s.tiers):
             out["tiers"][tier.name] = {
-                "capacity_bytes": tier.capacity_bytes, "tree_chunks": s.tree.tier_chunks(tier.name),
-                "tree_bytes": s.tree.tier_bytes(tier.name), "reserved_bytes": s.reserved[t]}
+                "capacity_bytes": tier.capacity_bytes,
+                "tree_chunks": s.tree.tier_chunks(tier.name),
+                "tree_bytes": s.tree.tier_bytes(tier.name),
+                "reserved_bytes": s.reserved[t],
+            }
         st = s.tree.stats
-        out["tree"] = {"chunks": len(s.tree), "inserted_chunks": st.inserted_chunks,
-                       "removed_chunks": st.removed_chunks, "orphan_drops": st.orphan_drops,
-                       "expired_pins": st.expired_pins, "pinned_chunks": s.tree.pinned_count()}
+        out["tree"] = {
+            "chunks": len(s.tree),
+            "inserted_chunks": st.inserted_chunks,
+            "removed_chunks": st.removed_chunks,
+            "orphan_drops": st.orphan_drops,
+            "expired_pins": st.expired_pins,
+            "pinned_chunks": s.tree.pinned_count(),
+        }
     for tier in s.tiers:
         out["tiers"][tier.name]["usage_bytes"] = tier.usage_bytes()
         out["tiers"][tier.name].update(tier.stats().as_dict())
@@ -102,9 +137,17 @@ def check_store(store: HierarchicalStore, deep: bool = True) -> None:
         s.tree.check_integrity()
         assert all(r >= 0 for r in s.reserved), f"negative reservations {s.reserved}"
         assert all(c >= 0 for c in s.claimed), f"negative eviction claims {s.claimed}"
-        quiet = not (any(s.reserved) or any(s.claimed) or store._writer.depth or s.transfers_inflight
-                     or s._writing or s._deleting)
-        resident: dict[int, dict[str, list[str]]] = {t: defaultdict(list) for t in range(len(s.tiers))}
+        quiet = not (
+            any(s.reserved)
+            or any(s.claimed)
+            or store._writer.depth
+            or s.transfers_inflight
+            or s._writing
+            or s._deleting
+        )
+        resident: dict[int, dict[str, list[str]]] = {
+            t: defaultdict(list) for t in range(len(s.tiers))
+        }
         if deep and quiet:
             for nsd in s.tree.namespaces():
                 for key, n in list(_items(s.tree, nsd)):  # noqa: SLF001 - read-only walk
@@ -122,13 +165,15 @@ def check_store(store: HierarchicalStore, deep: bool = True) -> None:
             for nsd, keys in resident[t].items():
                 for k in keys:
                     assert tier.contains_many(nsd, [k]) == 1, (
-                        f"tree says chunk {k[:16]} of namespace {nsd} is in tier {tier.name!r}; the tier lacks it")
+                        f"tree says chunk {k[:16]} of namespace {nsd} is in tier {tier.name!r}; the tier lacks it"
+                    )
             counted = tier.stats().extra.get("chunks")
             if counted is not None and not _shared(tier):
                 n_tree = s.tree.tier_chunks(tier.name)
                 assert n_tree <= counted <= n_tree + store._foreign_chunks[t], (
                     f"tier {tier.name!r} holds {counted} chunks, the tree places {n_tree} there "
-                    f"({store._foreign_chunks[t]} were there before the store opened it)")
+                    f"({store._foreign_chunks[t]} were there before the store opened it)"
+                )
 
 
 def reconcile_store(store: HierarchicalStore) -> int:
@@ -138,12 +183,18 @@ def reconcile_store(store: HierarchicalStore) -> int:
     discover such losses lazily."""
     s = store._stack
     with s.cond:
-        placed = [(t, nsd, key) for nsd in s.tree.namespaces()
-                  for key, n in list(_items(s.tree, nsd))  # noqa: SLF001 - read-only walk
-                  for t in range(len(s.tiers)) if s.tree.node_tier_mask(n) >> t & 1]
+        placed = [
+            (t, nsd, key)
+            for nsd in s.tree.namespaces()
+            for key, n in list(_items(s.tree, nsd))  # noqa: SLF001 - read-only walk
+            for t in range(len(s.tiers))
+            if s.tree.node_tier_mask(n) >> t & 1
+        ]
     lost = [(t, nsd, key) for t, nsd, key in placed if s.tiers[t].contains_many(nsd, [key]) != 1]
     with s.cond:
-        entries: list[tuple[int, str, str]] = list(lost)  # lets a tier's own bookkeeping forget them
+        entries: list[tuple[int, str, str]] = list(
+            lost
+        )  # lets a tier's own bookkeeping forget them
         for t, nsd, key in lost:
             n = s.tree.lookup(nsd, key)
             if n is not None:
@@ -151,6 +202,7 @@ def reconcile_store(store: HierarchicalStore) -> int:
         entries = s.mark_deleting_locked(entries)
     s.delete_entries(entries)
     return len(lost)
+
 
 def _items(tree: RadixTree, nsd: str) -> Iterator[tuple[str, int]]:
     """(key, node id) of one namespace (read-only; the tree's public ``items`` when it has one)."""

@@ -59,7 +59,9 @@ class ChunkRef:
 class TierStack:
     """Tiers fastest first + the tree + the lock. Thread-safe; see the module docstring."""
 
-    def __init__(self, tiers: Sequence[Any], tree: RadixTree, metrics: StoreMetrics, lease_s: float) -> None:
+    def __init__(
+        self, tiers: Sequence[Any], tree: RadixTree, metrics: StoreMetrics, lease_s: float
+    ) -> None:
         self.tiers = list(tiers)
         self.names = tuple(t.name for t in self.tiers)
         self.tree = tree
@@ -100,12 +102,21 @@ class TierStack:
 
     def used_locked(self, t: int) -> int:
         name = self.names[t]
-        return self.tree.tier_bytes(name) + self.tree.tier_chunks(name) * self.overhead(t) + self.reserved[t]
+        return (
+            self.tree.tier_bytes(name)
+            + self.tree.tier_chunks(name) * self.overhead(t)
+            + self.reserved[t]
+        )
 
     def ref_locked(self, node_id: int) -> ChunkRef:
         tr = self.tree
-        return ChunkRef(node_id, tr.node_namespace(node_id), tr.node_key(node_id),
-                        tr.node_size_bytes(node_id), tr.node_tokens(node_id))
+        return ChunkRef(
+            node_id,
+            tr.node_namespace(node_id),
+            tr.node_key(node_id),
+            tr.node_size_bytes(node_id),
+            tr.node_tokens(node_id),
+        )
 
     def alive_locked(self, ref: ChunkRef) -> bool:
         return self.tree.lookup(ref.namespace, ref.key) == ref.node_id
@@ -132,7 +143,9 @@ class TierStack:
                     pass
 
     # ------------------------------------------------------------------ guarded tier I/O
-    def tier_put(self, t: int, ns: str, keys: Sequence[str], payloads: Sequence[torch.Tensor]) -> list[bool]:
+    def tier_put(
+        self, t: int, ns: str, keys: Sequence[str], payloads: Sequence[torch.Tensor]
+    ) -> list[bool]:
         if not keys:
             return []
         with self.metrics.timed("tier_put", self.names[t]):
@@ -148,7 +161,9 @@ class TierStack:
         self._absorb_tier_evictions(t)
         return ok
 
-    def tier_get(self, t: int, ns: str, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> list[bool]:
+    def tier_get(
+        self, t: int, ns: str, keys: Sequence[str], buffers: Sequence[torch.Tensor]
+    ) -> list[bool]:
         if not keys:
             return []
         with self.metrics.timed("tier_get", self.names[t]):
@@ -163,7 +178,9 @@ class TierStack:
         if keys:
             try:
                 self.tiers[t].delete_many(ns, keys)
-            except Exception:  # best effort: a dead server keeps nothing we would serve (tree forgot it)
+            except (
+                Exception
+            ):  # best effort: a dead server keeps nothing we would serve (tree forgot it)
                 pass
 
     def begin_write_locked(self, t: int, ns: str, keys: Sequence[str]) -> None:
@@ -183,7 +200,9 @@ class TierStack:
                 del self._writing[i]
         self.cond.notify_all()
 
-    def mark_deleting_locked(self, entries: Sequence[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+    def mark_deleting_locked(
+        self, entries: Sequence[tuple[int, str, str]]
+    ) -> list[tuple[int, str, str]]:
         """The entries to delete from their tiers (those not being rewritten right now), marked as
         in flight; pass the result to :meth:`delete_entries` after leaving the lock."""
         out = [e for e in dict.fromkeys(entries) if e not in self._writing]
@@ -273,12 +292,19 @@ class TierStack:
     def read_payloads(self, t: int, ns: str, refs: Sequence[ChunkRef]) -> reads.Payloads:
         return reads.Payloads(self, t, ns, refs)
 
-    def read_run(self, refs: Sequence[ChunkRef], masks: list[int], buffers: Sequence[torch.Tensor],
-                 cancelled: Callable[[], bool] = lambda: False) -> tuple[int, list[int]]:
+    def read_run(
+        self,
+        refs: Sequence[ChunkRef],
+        masks: list[int],
+        buffers: Sequence[torch.Tensor],
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> tuple[int, list[int]]:
         """See :func:`radixkv.reads.read_run`."""
         return reads.read_run(self, refs, masks, buffers, cancelled)
 
-    def write(self, t: int, refs: Sequence[ChunkRef], payloads: Sequence[torch.Tensor]) -> list[bool]:
+    def write(
+        self, t: int, refs: Sequence[ChunkRef], payloads: Sequence[torch.Tensor]
+    ) -> list[bool]:
         """Write pinned chunks (one namespace) into tier ``t``: reserve room, put, make resident.
         Chunks the tree dropped meanwhile are deleted again so the tier holds nothing untracked."""
         if not refs:
@@ -316,8 +342,14 @@ class TierStack:
         self.delete_entries(leaked)
         return result
 
-    def put_refit(self, t: int, ns: str, keys: Sequence[str], payloads: Sequence[torch.Tensor],
-                  charges: Sequence[int]) -> list[bool]:
+    def put_refit(
+        self,
+        t: int,
+        ns: str,
+        keys: Sequence[str],
+        payloads: Sequence[torch.Tensor],
+        charges: Sequence[int],
+    ) -> list[bool]:
         """Put with room already reserved. A memory tier can refuse a put the byte count allows (slab
         slots leave a remainder per slab): then evict that many bytes more and retry once."""
         ok = self.tier_put(t, ns, keys, payloads)
@@ -327,10 +359,13 @@ class TierStack:
             if self.reserve(t, [extra]) == 1:
                 with self.cond:
                     self.release_locked(t, extra)
-                again = self.tier_put(t, ns, [keys[i] for i in failed], [payloads[i] for i in failed])
+                again = self.tier_put(
+                    t, ns, [keys[i] for i in failed], [payloads[i] for i in failed]
+                )
                 for i, o in zip(failed, again):
                     ok[i] = o
         return ok
+
 
 def _descendants(tree: RadixTree, roots: set[int]) -> list[int]:
     """Live descendants of ``roots`` (the tree's public ``descendants`` when it has one)."""

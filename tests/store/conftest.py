@@ -14,16 +14,25 @@ from store_helpers import STACKS, tier_config
 
 
 @pytest.fixture
-def make_store(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., HierarchicalStore]]:
+def make_store(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., HierarchicalStore]]:
     """``make_store(stack, write_policy=..., chunks={'mem': 4}, urls={'redis': url}, **config)``.
     Stores are closed at teardown; the test fails if a store leaked a thread."""
     made: list[HierarchicalStore] = []
     threads_before = set(threading.enumerate())
 
-    def make(stack: tuple[str, ...] | str, chunks: dict[str, int] | None = None,
-             urls: dict[str, str] | None = None, **kwargs: Any) -> HierarchicalStore:
+    def make(
+        stack: tuple[str, ...] | str,
+        chunks: dict[str, int] | None = None,
+        urls: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> HierarchicalStore:
         kinds = STACKS[stack] if isinstance(stack, str) else stack
-        tiers = [tier_config(k, tmp_path, request, (chunks or {}).get(k), (urls or {}).get(k)) for k in kinds]
+        tiers = [
+            tier_config(k, tmp_path, request, (chunks or {}).get(k), (urls or {}).get(k))
+            for k in kinds
+        ]
         store = HierarchicalStore(StoreConfig(tiers=tiers, **kwargs))
         made.append(store)
         return store
@@ -31,7 +40,9 @@ def make_store(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Calla
     yield make
     for s in made:
         s.close()
-    leaked = [t for t in threading.enumerate() if t not in threads_before and t.name.startswith("radixkv")]
+    leaked = [
+        t for t in threading.enumerate() if t not in threads_before and t.name.startswith("radixkv")
+    ]
     assert not leaked, f"threads left running after close: {[t.name for t in leaked]}"
 
 

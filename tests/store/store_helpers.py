@@ -38,7 +38,9 @@ STACKS = {
 
 def payload_for(key: str) -> torch.Tensor:
     seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 2
-    return torch.randint(0, 256, (CHUNK_BYTES,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    return torch.randint(
+        0, 256, (CHUNK_BYTES,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def buffers(n: int) -> list[torch.Tensor]:
@@ -53,14 +55,20 @@ def chain(seed: int, n_chunks: int, prefix: list[int] | None = None) -> tuple[li
 
 
 def new_namespace() -> Namespace:
-    return Namespace(model=f"test-{uuid.uuid4().hex[:12]}", dtype="bfloat16", layout="page_first",
-                     chunk_tokens=CHUNK_TOKENS)
+    return Namespace(
+        model=f"test-{uuid.uuid4().hex[:12]}",
+        dtype="bfloat16",
+        layout="page_first",
+        chunk_tokens=CHUNK_TOKENS,
+    )
 
 
 def assert_exact(keys: list[str], bufs: list[torch.Tensor], n: int) -> None:
     """buffers[:n] hold exactly the payloads of keys[:n]."""
     for i in range(n):
-        assert torch.equal(bufs[i], payload_for(keys[i])), f"chunk {i} ({keys[i][:12]}) has wrong bytes"
+        assert torch.equal(bufs[i], payload_for(keys[i])), (
+            f"chunk {i} ({keys[i][:12]}) has wrong bytes"
+        )
 
 
 def assert_within_capacity(store: HierarchicalStore) -> None:
@@ -70,8 +78,13 @@ def assert_within_capacity(store: HierarchicalStore) -> None:
             assert tier.usage_bytes() <= cap, f"tier {tier.name} holds {tier.usage_bytes()} > {cap}"
 
 
-def tier_config(kind: str, tmp_path: Path, request: pytest.FixtureRequest, chunks: int | None = None,
-                url: str | None = None) -> TierConfig:
+def tier_config(
+    kind: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    chunks: int | None = None,
+    url: str | None = None,
+) -> TierConfig:
     n = CAP_CHUNKS[kind] if chunks is None else chunks
     if kind == "mem":
         return TierConfig(url="mem://", capacity_bytes=n * CHUNK_BYTES)
@@ -79,6 +92,6 @@ def tier_config(kind: str, tmp_path: Path, request: pytest.FixtureRequest, chunk
         d = tmp_path / f"disk-{uuid.uuid4().hex[:8]}"
         return TierConfig(url=f"file://{d}", capacity_bytes=n * (CHUNK_BYTES + FRAME_SLACK))
     url = url or request.getfixturevalue("redis_url")
-    return TierConfig(url=url, capacity_bytes=n * (CHUNK_BYTES + FRAME_SLACK), options=dict(REDIS_OPTIONS))
-
-
+    return TierConfig(
+        url=url, capacity_bytes=n * (CHUNK_BYTES + FRAME_SLACK), options=dict(REDIS_OPTIONS)
+    )

@@ -31,8 +31,14 @@ tiers:
 
 class TestLoaders:
     def test_defaults_and_names(self):
-        cfg = StoreConfig(tiers=[TierConfig("mem://", "8GiB"), TierConfig("file:///x", 10 << 30),
-                                 TierConfig("redis://h:1/0"), TierConfig("redis://h:2/0")])
+        cfg = StoreConfig(
+            tiers=[
+                TierConfig("mem://", "8GiB"),
+                TierConfig("file:///x", 10 << 30),
+                TierConfig("redis://h:1/0"),
+                TierConfig("redis://h:2/0"),
+            ]
+        )
         assert cfg.tier_names == ("mem", "disk", "redis", "redis-2")
         assert cfg.tiers[0].capacity_bytes == 8 << 30
         assert cfg.write_policy == "write_through" and cfg.promote_on_hit is True
@@ -42,26 +48,42 @@ class TestLoaders:
         path = tmp_path / "store.yaml"
         path.write_text(YAML_TEXT)
         cfg = StoreConfig.from_yaml(path)
-        assert cfg.write_policy == "write_back" and cfg.promote_on_hit is False and cfg.queue_depth == 32
+        assert (
+            cfg.write_policy == "write_back"
+            and cfg.promote_on_hit is False
+            and cfg.queue_depth == 32
+        )
         assert [t.capacity_bytes for t in cfg.tiers] == [64 << 20, 1 << 30, 0]
         assert cfg.tiers[1].options == {"io_threads": 2}
         assert cfg.tier_names == ("mem", "disk", "redis")
 
     def test_env_list_form(self):
-        env = {"RADIXKV_TIERS": "mem://, file:///tmp/rkv", "RADIXKV_TIER_CAPACITIES": "1GiB,10GB",
-               "RADIXKV_WRITE_POLICY": "write_back", "RADIXKV_PROMOTE_ON_HIT": "no",
-               "RADIXKV_LEASE_S": "5", "RADIXKV_SOMETHING_ELSE": "ignored"}
+        env = {
+            "RADIXKV_TIERS": "mem://, file:///tmp/rkv",
+            "RADIXKV_TIER_CAPACITIES": "1GiB,10GB",
+            "RADIXKV_WRITE_POLICY": "write_back",
+            "RADIXKV_PROMOTE_ON_HIT": "no",
+            "RADIXKV_LEASE_S": "5",
+            "RADIXKV_SOMETHING_ELSE": "ignored",
+        }
         cfg = StoreConfig.from_env(env)
         assert [t.url for t in cfg.tiers] == ["mem://", "file:///tmp/rkv"]
         assert [t.capacity_bytes for t in cfg.tiers] == [1 << 30, 10 * 10**9]
-        assert cfg.write_policy == "write_back" and cfg.promote_on_hit is False and cfg.lease_s == 5.0
+        assert (
+            cfg.write_policy == "write_back" and cfg.promote_on_hit is False and cfg.lease_s == 5.0
+        )
 
     def test_env_indexed_form_over_yaml(self, tmp_path):
         path = tmp_path / "store.yaml"
         path.write_text(YAML_TEXT)
-        env = {"RADIXKV_CONFIG": str(path), "RADIXKV_TIER0_URL": "mem://", "RADIXKV_TIER0_CAPACITY": "2GiB",
-               "RADIXKV_TIER1_URL": "redis://r:6379/1", "RADIXKV_TIER1_NAME": "remote",
-               "RADIXKV_QUEUE_DEPTH": "8"}
+        env = {
+            "RADIXKV_CONFIG": str(path),
+            "RADIXKV_TIER0_URL": "mem://",
+            "RADIXKV_TIER0_CAPACITY": "2GiB",
+            "RADIXKV_TIER1_URL": "redis://r:6379/1",
+            "RADIXKV_TIER1_NAME": "remote",
+            "RADIXKV_QUEUE_DEPTH": "8",
+        }
         cfg = StoreConfig.from_env(env)
         assert cfg.tier_names == ("mem", "remote")
         assert cfg.queue_depth == 8 and cfg.write_policy == "write_back"  # the rest from YAML
@@ -69,7 +91,11 @@ class TestLoaders:
     def test_env_yaml_only(self, tmp_path):
         path = tmp_path / "store.yaml"
         path.write_text(YAML_TEXT)
-        assert StoreConfig.from_env({"RADIXKV_CONFIG": str(path)}).tier_names == ("mem", "disk", "redis")
+        assert StoreConfig.from_env({"RADIXKV_CONFIG": str(path)}).tier_names == (
+            "mem",
+            "disk",
+            "redis",
+        )
 
     def test_url_capacity_form(self):
         assert TierConfig("mem://?capacity=2MiB").capacity_bytes == 2 << 20
@@ -77,28 +103,57 @@ class TestLoaders:
             TierConfig("mem://?capacity=2MiB", capacity_bytes=1 << 20)
 
     def test_parse_bytes(self):
-        assert parse_bytes("1.5KiB", "x") == 1536 and parse_bytes(7, "x") == 7 and parse_bytes("3 MB", "x") == 3_000_000
+        assert (
+            parse_bytes("1.5KiB", "x") == 1536
+            and parse_bytes(7, "x") == 7
+            and parse_bytes("3 MB", "x") == 3_000_000
+        )
 
 
 BAD = [
     (dict(tiers=[]), "non-empty list of tiers"),
-    (dict(tiers=[{"url": "mem://", "capacity": "lots"}]), "capacity_bytes of tier 'mem://'='lots' is not a size"),
+    (
+        dict(tiers=[{"url": "mem://", "capacity": "lots"}]),
+        "capacity_bytes of tier 'mem://'='lots' is not a size",
+    ),
     (dict(tiers=[{"url": "mem://"}]), "0 \\(unbounded\\), which a mem tier cannot be"),
     (dict(tiers=[{"url": "file:///x"}]), "which a disk tier cannot be"),
     (dict(tiers=[{"url": "file://relative/x", "capacity": 1}]), "absolute directory"),
     (dict(tiers=[{"url": "ftp://x", "capacity": 1}]), "unknown scheme 'ftp'"),
-    (dict(tiers=[{"url": "mem://", "capacity": 1, "colour": "red"}]), "unknown key\\(s\\) \\['colour'\\]"),
+    (
+        dict(tiers=[{"url": "mem://", "capacity": 1, "colour": "red"}]),
+        "unknown key\\(s\\) \\['colour'\\]",
+    ),
     (dict(tiers=[{"capacity": 1}]), "has no 'url'"),
     (dict(tiers=[{"url": "mem://", "capacity": -5}]), "must be >= 0"),
-    (dict(tiers=[{"url": "mem://", "capacity": 1, "name": "a"}, {"url": "mem://", "capacity": 1, "name": "a"}]),
-     "used twice"),
-    (dict(tiers=["mem://?capacity=1MiB"], write_policy="write_around"), "write_policy='write_around'"),
-    (dict(tiers=["mem://?capacity=1MiB"], policy="random"), "policy='random' is not a known eviction policy"),
-    (dict(tiers=[{"url": "mem://", "capacity": 1, "policy": "nope"}]), "policy of tier 'mem://'='nope'"),
+    (
+        dict(
+            tiers=[
+                {"url": "mem://", "capacity": 1, "name": "a"},
+                {"url": "mem://", "capacity": 1, "name": "a"},
+            ]
+        ),
+        "used twice",
+    ),
+    (
+        dict(tiers=["mem://?capacity=1MiB"], write_policy="write_around"),
+        "write_policy='write_around'",
+    ),
+    (
+        dict(tiers=["mem://?capacity=1MiB"], policy="random"),
+        "policy='random' is not a known eviction policy",
+    ),
+    (
+        dict(tiers=[{"url": "mem://", "capacity": 1, "policy": "nope"}]),
+        "policy of tier 'mem://'='nope'",
+    ),
     (dict(tiers=["mem://?capacity=1MiB"], queue_depth=0), "queue_depth=0 must be an integer >= 1"),
     (dict(tiers=["mem://?capacity=1MiB"], io_threads="two"), "io_threads='two' is not an integer"),
     (dict(tiers=["mem://?capacity=1MiB"], lease_s=-1), "lease_s=-1 must be a positive"),
-    (dict(tiers=["mem://?capacity=1MiB"], promote_on_hit="maybe"), "promote_on_hit='maybe' is not a boolean"),
+    (
+        dict(tiers=["mem://?capacity=1MiB"], promote_on_hit="maybe"),
+        "promote_on_hit='maybe' is not a boolean",
+    ),
     (dict(tiers=["mem://?capacity=1MiB"], bogus=1), "unknown key\\(s\\) \\['bogus'\\]"),
 ]
 
@@ -124,16 +179,28 @@ class TestBadFilesAndEnv:
         with pytest.raises(ConfigError, match="is empty"):
             StoreConfig.from_yaml(empty)
 
-    @pytest.mark.parametrize("env,message", [
-        ({}, "no tiers configured"),
-        ({"RADIXKV_TIERS": "mem://,file:///x", "RADIXKV_TIER_CAPACITIES": "1GiB"}, "has 1 entries but"),
-        ({"RADIXKV_TIERS": "mem://", "RADIXKV_TIER0_URL": "mem://"}, "not both"),
-        ({"RADIXKV_TIER1_URL": "mem://"}, "without gaps"),
-        ({"RADIXKV_TIER0_CAPACITY": "1GiB"}, "RADIXKV_TIER0_URL is missing"),
-        ({"RADIXKV_TIER0_SIZE": "1GiB"}, "RADIXKV_TIER0_SIZE is not understood"),
-        ({"RADIXKV_TIERS": "mem://", "RADIXKV_TIER_CAPACITIES": "1GiB", "RADIXKV_WRITE_POLICY": "x"},
-         "write_policy='x'"),
-    ])
+    @pytest.mark.parametrize(
+        "env,message",
+        [
+            ({}, "no tiers configured"),
+            (
+                {"RADIXKV_TIERS": "mem://,file:///x", "RADIXKV_TIER_CAPACITIES": "1GiB"},
+                "has 1 entries but",
+            ),
+            ({"RADIXKV_TIERS": "mem://", "RADIXKV_TIER0_URL": "mem://"}, "not both"),
+            ({"RADIXKV_TIER1_URL": "mem://"}, "without gaps"),
+            ({"RADIXKV_TIER0_CAPACITY": "1GiB"}, "RADIXKV_TIER0_URL is missing"),
+            ({"RADIXKV_TIER0_SIZE": "1GiB"}, "RADIXKV_TIER0_SIZE is not understood"),
+            (
+                {
+                    "RADIXKV_TIERS": "mem://",
+                    "RADIXKV_TIER_CAPACITIES": "1GiB",
+                    "RADIXKV_WRITE_POLICY": "x",
+                },
+                "write_policy='x'",
+            ),
+        ],
+    )
     def test_bad_env(self, env, message):
         with pytest.raises(ConfigError, match=message):
             StoreConfig.from_env(env)
@@ -144,9 +211,18 @@ def test_docs_cover_every_option():
     text = DOCS.read_text()
     for cls in (StoreConfig, TierConfig):
         for f in dataclasses.fields(cls):
-            assert f"`{f.name}`" in text, f"{cls.__name__}.{f.name} is not documented in {DOCS.name}"
+            assert f"`{f.name}`" in text, (
+                f"{cls.__name__}.{f.name} is not documented in {DOCS.name}"
+            )
         for f in dataclasses.fields(StoreConfig):
             if f.name != "tiers":
-                assert f"RADIXKV_{f.name.upper()}" in text, f"RADIXKV_{f.name.upper()} not documented"
-    for var in ("RADIXKV_CONFIG", "RADIXKV_TIERS", "RADIXKV_TIER_CAPACITIES", "RADIXKV_TIER<i>_URL"):
+                assert f"RADIXKV_{f.name.upper()}" in text, (
+                    f"RADIXKV_{f.name.upper()} not documented"
+                )
+    for var in (
+        "RADIXKV_CONFIG",
+        "RADIXKV_TIERS",
+        "RADIXKV_TIER_CAPACITIES",
+        "RADIXKV_TIER<i>_URL",
+    ):
         assert var in text

@@ -130,8 +130,12 @@ class TestRedisDown:
         store.check_integrity()
 
     def test_cluster_as_lower_tier(self, make_store, redis_cluster_url):
-        store = make_store(("mem", "redis"), urls={"redis": redis_cluster_url}, chunks={"mem": 4},
-                           write_policy="write_back")
+        store = make_store(
+            ("mem", "redis"),
+            urls={"redis": redis_cluster_url},
+            chunks={"mem": 4},
+            write_policy="write_back",
+        )
         ns = new_namespace()
         chains = [chain(50 + i, 4)[1] for i in range(3)]
         for keys in chains:
@@ -146,8 +150,14 @@ class TestRedisDown:
 
 class TestBadInput:
     def test_capacity_smaller_than_one_chunk(self, tmp_path):
-        store = HierarchicalStore(StoreConfig(tiers=[TierConfig("mem://", CHUNK_BYTES * 4),
-                                                     TierConfig(f"file://{tmp_path}/d", CHUNK_BYTES)]))
+        store = HierarchicalStore(
+            StoreConfig(
+                tiers=[
+                    TierConfig("mem://", CHUNK_BYTES * 4),
+                    TierConfig(f"file://{tmp_path}/d", CHUNK_BYTES),
+                ]
+            )
+        )
         try:
             ns = new_namespace()
             _, keys = chain(60, 1)
@@ -164,7 +174,9 @@ class TestBadInput:
         with pytest.raises(InputError, match="4096-byte chunks"):
             store.put(ns, keys[1:], [torch.zeros(100, dtype=torch.uint8)], parent_key=keys[0])
         with pytest.raises(InputError, match="torch.uint8"):
-            store.put(ns, keys[1:], [torch.zeros(CHUNK_BYTES, dtype=torch.float32)], parent_key=keys[0])
+            store.put(
+                ns, keys[1:], [torch.zeros(CHUNK_BYTES, dtype=torch.float32)], parent_key=keys[0]
+            )
         with pytest.raises(InputError, match="one payload per key"):
             store.put(ns, keys, [payload_for(keys[0])])
         with pytest.raises(InputError, match="4096-byte chunks"):
@@ -181,7 +193,12 @@ class TestBadInput:
         """A disk tier under a path that cannot be a directory (works even as root): ConfigError
         naming the path, and the already-opened memory tier is closed again."""
         (tmp_path / "afile").write_bytes(b"")
-        cfg = StoreConfig(tiers=[TierConfig("mem://", 1 << 20), TierConfig(f"file://{tmp_path}/afile/sub", 1 << 20)])
+        cfg = StoreConfig(
+            tiers=[
+                TierConfig("mem://", 1 << 20),
+                TierConfig(f"file://{tmp_path}/afile/sub", 1 << 20),
+            ]
+        )
         with pytest.raises(ConfigError, match="afile/sub.*not writable"):
             HierarchicalStore(cfg)
 

@@ -39,8 +39,13 @@ def test_per_store_registry_and_names(make_store):
     assert ("radixkv_tier_checksum_failures_total", (("tier", "disk"),)) in sa
     assert sa[("radixkv_latency_seconds_count", (("op", "get"), ("tier", "")))] == 1
     assert ("radixkv_queue_depth", (("queue", "write"),)) in sa
-    assert ("radixkv_hit_chunks_total", (("tier", "disk"),)) not in sb  # stores do not share counters
-    assert not [m for m in REGISTRY.collect() if m.name.startswith("radixkv_")]  # global registry untouched
+    assert (
+        "radixkv_hit_chunks_total",
+        (("tier", "disk"),),
+    ) not in sb  # stores do not share counters
+    assert not [
+        m for m in REGISTRY.collect() if m.name.startswith("radixkv_")
+    ]  # global registry untouched
     a.check_integrity()
 
 

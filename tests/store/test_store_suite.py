@@ -25,7 +25,9 @@ from store_helpers import (
 )
 
 
-def put_chain(store: HierarchicalStore, ns, keys: list[str], parent_key: str | None = None) -> list[bool]:
+def put_chain(
+    store: HierarchicalStore, ns, keys: list[str], parent_key: str | None = None
+) -> list[bool]:
     ok = store.put(ns, keys, [payload_for(k) for k in keys], parent_key=parent_key)
     assert_within_capacity(store)
     return ok
@@ -100,7 +102,9 @@ class TestPrefixSemantics:
         assert store.lookup(ns, keys) == 3
         assert store.stats()["tree"]["orphan_drops"] == 2
         for tier in store.tiers:
-            assert tier.contains_many(ns.digest, keys[4:5]) == 0, f"orphan bytes left in {tier.name}"
+            assert tier.contains_many(ns.digest, keys[4:5]) == 0, (
+                f"orphan bytes left in {tier.name}"
+            )
         store.check_integrity()
 
     def test_delete_removes_descendants(self, make_store, stack):
@@ -338,8 +342,9 @@ class TestShutdown:
 
     def test_close_without_flush_cancels_and_joins(self, make_store):
         before = set(threading.enumerate())
-        store = make_store("mem-disk", write_policy="write_through", io_threads=1,
-                           chunks={"mem": 64, "disk": 64})
+        store = make_store(
+            "mem-disk", write_policy="write_through", io_threads=1, chunks={"mem": 64, "disk": 64}
+        )
         ns = new_namespace()
         for i in range(8):
             put_chain(store, ns, chain(800 + i, 4)[1])
@@ -381,7 +386,9 @@ class TestDifferential:
             if op < 0.5:
                 start = rng.randrange(len(keys))
                 parent = keys[start - 1] if start else None
-                ok = store.put(ns, keys[start:], [payload_for(k) for k in keys[start:]], parent_key=parent)
+                ok = store.put(
+                    ns, keys[start:], [payload_for(k) for k in keys[start:]], parent_key=parent
+                )
                 expect = parent is None or parent in present
                 assert ok == [expect] * (len(keys) - start), (step, ok)
                 if expect:

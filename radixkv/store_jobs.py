@@ -1,0 +1,118 @@
+"""Background work of the hierarchical store: write-through copies and promotions, plus the
+cascading hit/miss accounting of a read.
+
+Both jobs run on the store's bounded write pool and hold pins (owner ``wt-*`` / ``promote-*``) on
+their chunks until they finish, so the chunks cannot be evicted mid-transfer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Sequence
+
+import torch
+
+from radixkv.background import WorkerPool
+from radixkv.keys import Namespace
+from radixkv.transfer import ChunkRef, TierStack
+
+__all__ = ["write_through", "account", "Promoter"]
+
+_PROMOTE_COUNTS_MAX = 1 << 16
+
+
+def write_through(stack: TierStack, refs: list[ChunkRef], owner: str) -> int:
+    """Copy pinned chunks from the fastest tier holding them to every lower tier lacking them;
+    releases ``owner``'s pins and the transfer count at the end. Returns chunks copied."""
+    try:
+        copied = 0
+        for dst in range(1, len(stack.tiers)):
+            by_src: dict[int, list[ChunkRef]] = defaultdict(list)
+            with stack.cond:  # source: the fastest tier above dst that holds the chunk
+                for r in refs:
+                    m = stack.mask_locked(r)
+                    src = (m & -m).bit_length() - 1
+                    if m and not m & (1 << dst) and src < dst:
+                        by_src[src].append(r)
+            for src, group in by_src.items():
+                copied += sum(stack.copy(src, dst, group))
+        return copied
+    finally:
+        with stack.cond:
+            stack.unpin_locked(refs, owner)
+            stack.end_transfer_locked()
+
+
+def account(
+    stack: TierStack, ns: Namespace, refs: list[ChunkRef], served: list[int], n: int, asked: int
+) -> None:
+    """Cascading per-tier counts: chunk i is a hit in the tier that served it and a miss in every
+    faster tier; chunks no tier served are misses everywhere."""
+    per_tier = [0] * len(stack.tiers)
+    for t in served[:n]:
+        per_tier[t] += 1
+    size = refs[0].size_bytes if refs else 0
+    missing = asked
+    for t, c in enumerate(per_tier):
+        name = stack.names[t]
+        stack.metrics.hits(name, c, c * ns.chunk_tokens, c * size)
+        missing -= c
+        stack.metrics.misses(name, missing, missing * ns.chunk_tokens)
+
+
+class Promoter:
+    """Copies chunks served below the top tier into the top tier once they were hit
+    ``after_hits`` times there (a bounded count per chunk; the counts restart when it fills)."""
+
+    def __init__(self, stack: TierStack, pool: WorkerPool, after_hits: int) -> None:
+        self._stack, self._pool, self._after_hits = stack, pool, after_hits
+        self._counts: dict[tuple[str, str], int] = {}
+
+    def promote(
+        self, refs: list[ChunkRef], served: list[int], buffers: Sequence[torch.Tensor]
+    ) -> None:
+        """Queue the promotions due. The bytes are cloned now (the caller owns ``buffers`` once
+        get returns); a full queue skips them (counted in ``dropped_jobs``)."""
+        s = self._stack
+        picks: list[int] = []
+        with s.cond:
+            for i, t in enumerate(served):
+                if t <= 0:
+                    continue
+                ident = (refs[i].namespace, refs[i].key)
+                c = self._counts.get(ident, 0) + 1
+                if c >= self._after_hits:
+                    self._counts.pop(ident, None)
+                    picks.append(i)
+                else:
+                    if len(self._counts) >= _PROMOTE_COUNTS_MAX:
+                        self._counts.clear()
+                    self._counts[ident] = c
+        if not picks:
+            return
+        owner = s.owner("promote")
+        with s.cond:
+            chosen = s.pin_locked([refs[i] for i in picks], owner)
+        keep = {r.node_id for r in chosen}
+        payloads = [buffers[i].clone() for i in picks if refs[i].node_id in keep]
+
+        def run(_job: Any) -> int:
+            try:
+                with s.cond:
+                    masks = [s.mask_locked(r) for r in chosen]  # 0: gone; bit 0: already on top
+                    todo = [(r, p) for r, p, m in zip(chosen, payloads, masks) if m and not m & 1]
+                ok = s.write(0, [r for r, _ in todo], [p for _, p in todo])
+                s.metrics.promotions(s.names[0], sum(ok))
+                return sum(ok)
+            finally:
+                with s.cond:
+                    s.unpin_locked(chosen, owner)
+
+        try:
+            job = self._pool.submit(run, 0, block=False, name=owner)
+        except RuntimeError:  # the store is closing
+            job = None
+        if job is None:  # promotion is an optimisation: skip it rather than block the reader
+            s.metrics.dropped_job("write")
+            with s.cond:
+                s.unpin_locked(chosen, owner)
