@@ -37,7 +37,6 @@ TIER_SCHEMES = {
     "redis+cluster": "redis",
     "rediss+cluster": "redis",
 }
-_ENV_PREFIX = "RADIXKV_"
 
 _UNITS = {
     "": 1,
@@ -341,79 +340,9 @@ class StoreConfig:
         ``RADIXKV_TIER<i>_URL`` / ``_CAPACITY`` / ``_POLICY`` / ``_NAME``. Variables of other
         radixkv components are ignored.
         """
-        env = os.environ if environ is None else environ
-        data: dict[str, Any] = {}
-        if env.get(_ENV_PREFIX + "CONFIG"):
-            base = cls.from_yaml(env[_ENV_PREFIX + "CONFIG"])
-            data = {f.name: getattr(base, f.name) for f in fields(cls)}
-            data["tiers"] = [
-                TierConfig(t.url, t.capacity_bytes, t.name, t.policy, dict(t.options))
-                for t in base.tiers
-            ]
-        for f in fields(cls):
-            key = _ENV_PREFIX + f.name.upper()
-            if f.name != "tiers" and key in env:
-                data[f.name] = env[key]
-        tiers = _tiers_from_env(env)
-        if tiers is not None:
-            data["tiers"] = tiers
-        if "tiers" not in data:
-            raise ConfigError(
-                "no tiers configured: set RADIXKV_TIERS (e.g. 'mem://,file:///var/cache/radixkv') with "
-                "RADIXKV_TIER_CAPACITIES (e.g. '4GiB,100GiB'), or RADIXKV_CONFIG=<yaml file>"
-            )
-        return cls(**data)
+        from radixkv.config_env import store_config_from_env
 
-
-def _tiers_from_env(env: Mapping[str, str]) -> list[TierConfig] | None:
-    listed = env.get(_ENV_PREFIX + "TIERS")
-    indexed: dict[int, dict[str, Any]] = {}
-    pat = re.compile(r"^RADIXKV_TIER(\d+)_(URL|CAPACITY|POLICY|NAME)$")
-    for k, v in env.items():
-        m = pat.match(k)
-        if m:
-            indexed.setdefault(int(m.group(1)), {})[m.group(2).lower()] = v
-        elif k.startswith(_ENV_PREFIX + "TIER") and k not in (
-            _ENV_PREFIX + "TIERS",
-            _ENV_PREFIX + "TIER_CAPACITIES",
-        ):
-            raise ConfigError(
-                f"environment variable {k} is not understood; tier variables are RADIXKV_TIERS, "
-                "RADIXKV_TIER_CAPACITIES and RADIXKV_TIER<i>_URL/_CAPACITY/_POLICY/_NAME"
-            )
-    if listed is not None and indexed:
-        raise ConfigError("set either RADIXKV_TIERS or RADIXKV_TIER<i>_* variables, not both")
-    if listed is not None:
-        urls = [u.strip() for u in listed.split(",") if u.strip()]
-        caps_raw = env.get(_ENV_PREFIX + "TIER_CAPACITIES", "")
-        caps = [c.strip() for c in caps_raw.split(",")] if caps_raw.strip() else []
-        if caps and len(caps) != len(urls):
-            raise ConfigError(
-                f"RADIXKV_TIER_CAPACITIES={caps_raw!r} has {len(caps)} entries but RADIXKV_TIERS has "
-                f"{len(urls)} URLs; give one capacity per tier (0 = unbounded)"
-            )
-        return [
-            TierConfig(url=u, capacity_bytes=caps[i] if caps else 0) for i, u in enumerate(urls)
-        ]
-    if not indexed:
-        return None
-    order = sorted(indexed)
-    if order != list(range(len(order))):
-        raise ConfigError(f"RADIXKV_TIER<i>_* indices {order} must be 0, 1, 2, ... without gaps")
-    out = []
-    for i in order:
-        d = indexed[i]
-        if "url" not in d:
-            raise ConfigError(f"RADIXKV_TIER{i}_URL is missing; every indexed tier needs a URL")
-        out.append(
-            TierConfig(
-                url=d["url"],
-                capacity_bytes=d.get("capacity", 0),
-                name=d.get("name"),
-                policy=d.get("policy"),
-            )
-        )
-    return out
+        return store_config_from_env(cls, os.environ if environ is None else environ)
 
 
 def _assign_names(tiers: list[TierConfig]) -> None:

@@ -1,0 +1,98 @@
+"""``StoreConfig.from_env``: a store configuration from ``RADIXKV_*`` environment variables.
+
+See docs/configuration.md for every variable. ``RADIXKV_CONFIG`` names a YAML file read first; every
+other variable overrides it; variables of other radixkv components are ignored, misspelt tier
+variables are errors.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, Mapping
+
+from radixkv.config import TierConfig
+from radixkv.errors import ConfigError
+
+if TYPE_CHECKING:
+    from radixkv.config import StoreConfig
+
+__all__ = ["store_config_from_env"]
+
+_ENV_PREFIX = "RADIXKV_"
+
+
+def store_config_from_env(cls: type[StoreConfig], env: Mapping[str, str]) -> StoreConfig:
+    """The :class:`StoreConfig` the variables in ``env`` describe."""
+    data: dict[str, Any] = {}
+    if env.get(_ENV_PREFIX + "CONFIG"):
+        base = cls.from_yaml(env[_ENV_PREFIX + "CONFIG"])
+        data = {f.name: getattr(base, f.name) for f in fields(cls)}
+        data["tiers"] = [
+            TierConfig(t.url, t.capacity_bytes, t.name, t.policy, dict(t.options))
+            for t in base.tiers
+        ]
+    for f in fields(cls):
+        key = _ENV_PREFIX + f.name.upper()
+        if f.name != "tiers" and key in env:
+            data[f.name] = env[key]
+    tiers = _tiers_from_env(env)
+    if tiers is not None:
+        data["tiers"] = tiers
+    if "tiers" not in data:
+        raise ConfigError(
+            "no tiers configured: set RADIXKV_TIERS (e.g. 'mem://,file:///var/cache/radixkv') with "
+            "RADIXKV_TIER_CAPACITIES (e.g. '4GiB,100GiB'), or RADIXKV_CONFIG=<yaml file>"
+        )
+    return cls(**data)
+
+
+def _tiers_from_env(env: Mapping[str, str]) -> list[TierConfig] | None:
+    listed = env.get(_ENV_PREFIX + "TIERS")
+    indexed: dict[int, dict[str, Any]] = {}
+    pat = re.compile(r"^RADIXKV_TIER(\d+)_(URL|CAPACITY|POLICY|NAME)$")
+    for k, v in env.items():
+        m = pat.match(k)
+        if m:
+            indexed.setdefault(int(m.group(1)), {})[m.group(2).lower()] = v
+        elif k.startswith(_ENV_PREFIX + "TIER") and k not in (
+            _ENV_PREFIX + "TIERS",
+            _ENV_PREFIX + "TIER_CAPACITIES",
+        ):
+            raise ConfigError(
+                f"environment variable {k} is not understood; tier variables are RADIXKV_TIERS, "
+                "RADIXKV_TIER_CAPACITIES and RADIXKV_TIER<i>_URL/_CAPACITY/_POLICY/_NAME"
+            )
+    if listed is not None and indexed:
+        raise ConfigError("set either RADIXKV_TIERS or RADIXKV_TIER<i>_* variables, not both")
+    if listed is not None:
+        urls = [u.strip() for u in listed.split(",") if u.strip()]
+        caps_raw = env.get(_ENV_PREFIX + "TIER_CAPACITIES", "")
+        caps = [c.strip() for c in caps_raw.split(",")] if caps_raw.strip() else []
+        if caps and len(caps) != len(urls):
+            raise ConfigError(
+                f"RADIXKV_TIER_CAPACITIES={caps_raw!r} has {len(caps)} entries but RADIXKV_TIERS has "
+                f"{len(urls)} URLs; give one capacity per tier (0 = unbounded)"
+            )
+        return [
+            TierConfig(url=u, capacity_bytes=caps[i] if caps else 0) for i, u in enumerate(urls)
+        ]
+    if not indexed:
+        return None
+    order = sorted(indexed)
+    if order != list(range(len(order))):
+        raise ConfigError(f"RADIXKV_TIER<i>_* indices {order} must be 0, 1, 2, ... without gaps")
+    out = []
+    for i in order:
+        d = indexed[i]
+        if "url" not in d:
+            raise ConfigError(f"RADIXKV_TIER{i}_URL is missing; every indexed tier needs a URL")
+        out.append(
+            TierConfig(
+                url=d["url"],
+                capacity_bytes=d.get("capacity", 0),
+                name=d.get("name"),
+                policy=d.get("policy"),
+            )
+        )
+    return out
