@@ -204,34 +204,44 @@ class RedisServerProcess:
 
 @dataclass(slots=True)
 class RedisClusterProcesses:
-    """``n_nodes`` cluster-enabled servers joined with ``redis-cli --cluster create`` (no replicas)."""
+    """``n_nodes`` cluster-enabled servers joined with ``redis-cli --cluster create`` (no replicas);
+    with ``tls`` every node, the cluster bus included, speaks TLS only."""
 
     workdir: Path
     n_nodes: int = 3
+    tls: TlsFiles | None = None
     nodes: list[RedisServerProcess] = field(default_factory=list, init=False)
 
     @property
     def url(self) -> str:
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+        hosts = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+        if self.tls is not None:
+            return f"rediss+cluster://{hosts}?ssl_ca_certs={self.tls.ca_file}"
+        return f"redis+cluster://{hosts}"
 
-    def start(self) -> RedisClusterProcesses:
+    def _cli(self) -> list[str]:
         cli = redis_cli_binary()
         if cli is None:
             raise FileNotFoundError("redis-cli not on PATH (apt install redis-tools)")
+        return [cli] + (["--tls", "--cacert", str(self.tls.ca_file)] if self.tls is not None else [])
+
+    def start(self) -> RedisClusterProcesses:
+        cli = self._cli()
+        tls_args = ["--tls-cluster", "yes"] if self.tls is not None else []
         used: list[int] = []
         for i in range(self.n_nodes):
             port = free_port(used)
             bus = free_port(used + [port])
             used += [port, bus]
             node_dir = Path(self.workdir) / f"node{i}"
-            self.nodes.append(RedisServerProcess(node_dir, port=port, extra_args=[
-                "--cluster-enabled", "yes", "--cluster-port", str(bus),
+            self.nodes.append(RedisServerProcess(node_dir, port=port, tls=self.tls, extra_args=[
+                "--cluster-enabled", "yes", "--cluster-port", str(bus), *tls_args,
                 "--cluster-config-file", str(node_dir / "nodes.conf"), "--cluster-node-timeout", "2000"]))
         try:
             for node in self.nodes:
                 node.start()
             subprocess.run(
-                [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                [*cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
                  "--cluster-replicas", "0", "--cluster-yes"],
                 check=True, capture_output=True, timeout=60,
             )
@@ -243,11 +253,10 @@ class RedisClusterProcesses:
 
     def wait_ok(self, timeout_s: float = 30.0) -> None:
         """Block until every node reports cluster_state:ok with all 16384 slots served."""
-        cli = redis_cli_binary()
-        assert cli is not None, "redis-cli not on PATH"
+        cli = self._cli()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            infos = [subprocess.run([cli, "-p", str(n.port), "cluster", "info"], capture_output=True,
+            infos = [subprocess.run([*cli, "-p", str(n.port), "cluster", "info"], capture_output=True,
                                     text=True, timeout=5).stdout for n in self.nodes]
             if all("cluster_state:ok" in i and "cluster_slots_ok:16384" in i for i in infos):
                 return

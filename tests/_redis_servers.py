@@ -11,6 +11,7 @@ Fixtures
                                  private servers; all are killed when the test ends.
 ``redis_cluster`` (function)     A private 3-node :class:`~radixkv.testing_redis.RedisClusterProcesses`
                                  (``.url``, ``.nodes``, ``.wait_ok()``) for tests that kill nodes.
+``redis_tls_cluster`` (function) The same over TLS only (``rediss+cluster://...?ssl_ca_certs=...``).
 ``redis_tls_files`` (session)    A self-signed cert/key for 127.0.0.1 (generated with openssl).
 
 Shared servers are never flushed: tests isolate themselves with unique namespaces (``uuid4().hex``).
@@ -73,6 +74,14 @@ def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 def redis_cluster(tmp_path: Path) -> Iterator[RedisClusterProcesses]:
     _require_cluster_tools()
     cluster = RedisClusterProcesses(tmp_path / "cluster", n_nodes=3).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def redis_tls_cluster(tmp_path: Path, redis_tls_files: TlsFiles) -> Iterator[RedisClusterProcesses]:
+    _require_cluster_tools()
+    cluster = RedisClusterProcesses(tmp_path / "tls-cluster", n_nodes=3, tls=redis_tls_files).start()
     yield cluster
     cluster.stop()
 

@@ -111,12 +111,8 @@ def parse_redis_url(url: str) -> RedisUrl:
     if scheme.lower() not in _SCHEMES:
         raise _bad(url, f"unknown scheme {scheme!r} (use one of {sorted(_SCHEMES)})")
     cluster, tls = _SCHEMES[scheme.lower()]
-    netloc, _, tail = rest.partition("/")
-    if "?" in netloc:
-        netloc, _, query = netloc.partition("?")
-        path = ""
-    else:
-        path, _, query = tail.partition("?")
+    rest, _, query = rest.partition("?")  # first: option values may contain "/" (file paths)
+    netloc, _, path = rest.partition("/")
     userinfo, at, hostlist = netloc.rpartition("@")
     username = password = None
     if at:

@@ -429,6 +429,21 @@ def test_tls(make, redis_server_factory):
     assert plain.get_many(ns, ["k"], empty(1, 2 << 20)) == [False]
 
 
+def test_tls_cluster(make, redis_tls_cluster):
+    """rediss+cluster://: every node TLS-only (cluster bus too); chunks spread and round-trip."""
+    assert redis_tls_cluster.url.startswith("rediss+cluster://")
+    tier = make(redis_tls_cluster.url)
+    ns, keys = fresh_ns(), [f"k{i}" for i in range(12)]
+    payloads = [payload(k, 300_000) for k in keys]
+    assert tier.put_many(ns, keys, payloads) == [True] * 12
+    outs = empty(12, 300_000)
+    assert tier.get_many(ns, keys, outs) == [True] * 12
+    assert all(torch.equal(p, o) for p, o in zip(payloads, outs))
+    counts = [sum(1 for _ in n.redis_connection.scan_iter(match=f"radixkv:{ns}:*"))
+              for n in tier._get_client().get_primaries()]
+    assert len(counts) == 3 and min(counts) > 0, counts
+
+
 # ------------------------------------------------------------------------------------------ config
 
 @pytest.mark.parametrize("url, fragment", [
@@ -456,6 +471,7 @@ def test_url_options_and_keywords():
     parsed = tier._url
     assert parsed.cluster and parsed.tls and parsed.hosts == (("10.0.0.1", 7000), ("::1", 7001))
     assert (parsed.username, parsed.password) == ("u", "p@ss")
+    assert dict(parsed.tls_options) == {"ssl_ca_certs": "/ca.pem", "ssl_cert_reqs": "none"}
     assert tier.capacity_bytes == 2 << 20 and tier.config.ttl_s == 60 and tier.config.socket_timeout_s == 0.2
     assert "p@ss" not in repr(tier)
     with pytest.raises(ConfigError, match="one way"):
