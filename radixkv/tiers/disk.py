@@ -194,7 +194,13 @@ class DiskTier:
                 if first_put:
                     del self._ns_payload_bytes[namespace]
                 raise
-        return self._run(lambda i: self._put_one(namespace, keys[i], views[i]), len(keys))
+        ok = self._run(lambda i: self._put_one(namespace, keys[i], views[i]), len(keys))
+        if len(keys) > 1:  # parallel writes publish in completion order: make recency follow the batch
+            with self._lock:
+                for key in keys:
+                    if (namespace, key) in self._index:
+                        self._index.move_to_end((namespace, key))
+        return ok
 
     def get_many(self, namespace: str, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> list[bool]:
         _check_ident(namespace, keys)
