@@ -1,4 +1,4 @@
-"""Kernels: paged gather/scatter between engine pages and contiguous chunks (installed as radixkv.kernels).
+"""Paged gather/scatter between engine pages and contiguous chunks (installed as radixkv.kernels).
 
 See docs/kernels.md for the model, the chunk byte layout and the dispatch rules.
 """

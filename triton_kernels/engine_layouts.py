@@ -1,9 +1,10 @@
 """Builders of ``views[layer][component]`` (see `PagedLayout`) from engine KV tensors. No copies.
 
-Shapes follow docs/kernels.md §3 and the research notes (vllm-integration.md §8, sglang-integration.md
-§3.5): vLLM 0.33 per-layer ``[blocks, kv_heads, block_size, C]`` views with K||V in the last dim (any
-physical order, e.g. LBNHC or LBHNC), SGLang device pools (per-layer ``[tokens, heads, dim]``) and SGLang
-host pools (layer_first, page_first, page_first_direct for MHA and MLA; page_head for MHA).
+Shapes follow docs/kernels.md §3 and the research notes (vllm-integration.md §8,
+sglang-integration.md §3.5): vLLM 0.33 per-layer ``[blocks, kv_heads, block_size, C]`` views with
+K||V in the last dim (any physical order, e.g. LBNHC or LBHNC), SGLang device pools (per-layer
+``[tokens, heads, dim]``) and SGLang host pools (layer_first, page_first, page_first_direct for MHA
+and MLA; page_head for MHA).
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ def vllm_views(
     head_size: int | None = None,
     mla: bool = False,
 ) -> Views:
-    """Per-layer vLLM views ``[B, H, N, C]`` -> ``[B, N, H, D]`` K and V views (MLA: one latent view).
+    """Per-layer vLLM views ``[B, H, N, C]`` -> ``[B, N, H, D]`` K and V views (MLA: one view).
 
-    ``head_size`` defaults to ``C // 2``; K is ``[..., :head_size]`` and V ``[..., head_size:]``, which
-    must have the same width (vLLM models with ``head_size_v != head_size`` are not supported).
+    ``head_size`` defaults to ``C // 2``; K is ``[..., :head_size]`` and V ``[..., head_size:]``,
+    which must have the same width (vLLM models with ``head_size_v != head_size`` are not
+    supported).
     """
     tensors = list(kv_caches.values()) if isinstance(kv_caches, Mapping) else list(kv_caches)
     if not tensors:
@@ -78,8 +80,9 @@ def sglang_device_views(
     *,
     page_tokens: int,
 ) -> Views:
-    """SGLang ``MHATokenToKVPool`` (``k_buffer``/``v_buffer`` lists) or ``MLATokenToKVPool`` (``kv_buffer``
-    list, ``v_buffers=None``). Page ``p`` = tokens ``[p*page_tokens, (p+1)*page_tokens)``."""
+    """SGLang ``MHATokenToKVPool`` (``k_buffer``/``v_buffer`` lists) or ``MLATokenToKVPool``
+    (``kv_buffer`` list, ``v_buffers=None``). Page ``p`` = tokens
+    ``[p*page_tokens, (p+1)*page_tokens)``."""
     ks = list(k_buffers)
     if not ks:
         raise InputError("k_buffers is empty; pass the pool's per-layer buffers")
@@ -101,14 +104,14 @@ def sglang_host_views(
 ) -> Views:
     """SGLang host pool ``kv_buffer`` -> per-layer views. Shapes (size = tokens, L = layers):
 
-    ========================  ==================================  =====================================
-    layout                    MHA                                 MLA
-    ========================  ==================================  =====================================
-    layer_first               (2, L, size, H, D)                  (L, size, 1, D)
-    page_first                (2, size, L, H, D)                  (size, L, 1, D)
-    page_first_direct         (2, page_num, L, page_size, H, D)   (page_num, L, page_size, 1, D)
-    page_head                 (2, page_num, H, page_size, L, D)   not an MLA layout
-    ========================  ==================================  =====================================
+    =================  ==================================  ================================
+    layout             MHA                                 MLA
+    =================  ==================================  ================================
+    layer_first        (2, L, size, H, D)                  (L, size, 1, D)
+    page_first         (2, size, L, H, D)                  (size, L, 1, D)
+    page_first_direct  (2, page_num, L, page_size, H, D)   (page_num, L, page_size, 1, D)
+    page_head          (2, page_num, H, page_size, L, D)   not an MLA layout
+    =================  ==================================  ================================
     """
     if layout not in SGLANG_HOST_LAYOUTS or (mla and layout == "page_head"):
         raise InputError(
@@ -124,7 +127,8 @@ def sglang_host_views(
             )
         # [2, page_num, H, page_size, L, D] -> per layer [page_num, page_size, H, D] views
         return tuple(
-            tuple(kv[c, :, :, :, layer].transpose(1, 2) for c in range(2)) for layer in range(kv.shape[4])
+            tuple(kv[c, :, :, :, layer].transpose(1, 2) for c in range(2))
+            for layer in range(kv.shape[4])
         )
     direct = layout == "page_first_direct"
     dims = (5 if direct else 4) + (0 if mla else 1)

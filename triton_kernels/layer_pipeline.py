@@ -1,10 +1,10 @@
-"""`LayerPipeline`: overlap per-layer KV transfers with per-layer compute (CUDA side stream + events).
+"""`LayerPipeline`: overlap per-layer KV transfers with per-layer compute (side stream + events).
 
 Loads run ahead of compute: ``start_loads(jobs)`` issues layers ``0..lookahead`` on the side stream;
 ``wait_layer(i)`` issues what the look-ahead now allows and makes the compute stream wait for layer
 ``i``'s event (the host does not block). Saves follow compute: ``save_layer(i, job)`` makes the side
-stream wait for the compute stream's work enqueued so far, then issues the job. ``wait_all()`` blocks the
-host until every issued job has finished.
+stream wait for the compute stream's work enqueued so far, then issues the job. ``wait_all()``
+blocks the host until every issued job has finished.
 
 On CPU (or any non-CUDA device) the same calls run each job synchronously at the moment it would be
 issued on GPU, in the same order, so the protocol is testable without a GPU.
@@ -26,9 +26,10 @@ Job = Callable[[], object]
 class LayerPipeline:
     """Layer-wise transfer pipeline for one device. Not thread-safe: drive it from the model thread.
 
-    Jobs launch their copies on the *current* stream (e.g. `gather_chunks`/`scatter_chunks`); the pipeline
-    makes that the side stream. The caller keeps every tensor a job touches alive until `wait_layer` /
-    `wait_all` has returned for it (the side stream may still be reading it before that).
+    Jobs launch their copies on the *current* stream (e.g. `gather_chunks`/`scatter_chunks`); the
+    pipeline makes that the side stream. The caller keeps every tensor a job touches alive until
+    `wait_layer` / `wait_all` has returned for it (the side stream may still be reading it before
+    that).
     """
 
     def __init__(self, device: torch.device | str, *, lookahead_layers: int = 1) -> None:
@@ -48,20 +49,23 @@ class LayerPipeline:
     # --- loads ----------------------------------------------------------------------------------
 
     def start_loads(self, jobs: Sequence[Job | None]) -> None:
-        """Begin a batch of per-layer loads: ``jobs[i]()`` issues layer ``i``'s transfer (None: nothing).
+        """Begin a batch of per-layer loads: ``jobs[i]()`` issues layer ``i``'s transfer (or None).
 
         The side stream first waits for all work already enqueued on the compute stream (the target
         pages may have been in use). Issues layers ``0..lookahead_layers`` now.
         """
         if self.loads_pending:
             raise InputError(
-                f"start_loads called while {len(self._load_jobs) - len(self._load_events)} layers of "
+                f"start_loads called while {len(self._load_jobs) - len(self._load_events)} layers "
+                "of "
                 "the previous batch are unissued; call wait_layer for every layer or wait_all first"
             )
         jobs = list(jobs)
         for i, job in enumerate(jobs):
             if job is not None and not callable(job):
-                raise InputError(f"jobs[{i}] is a {type(job).__name__}, expected a callable or None")
+                raise InputError(
+                    f"jobs[{i}] is a {type(job).__name__}, expected a callable or None"
+                )
         self._load_jobs, self._load_events, self._waited = jobs, [], set()
         if self.is_async and jobs:
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -76,7 +80,9 @@ class LayerPipeline:
         if not self._load_jobs:
             return
         if not isinstance(layer, int) or not 0 <= layer < len(self._load_jobs):
-            raise InputError(f"layer {layer!r} outside the load batch 0..{len(self._load_jobs) - 1}")
+            raise InputError(
+                f"layer {layer!r} outside the load batch 0..{len(self._load_jobs) - 1}"
+            )
         self._issue_loads_through(min(layer + self.lookahead_layers, len(self._load_jobs) - 1))
         event = self._load_events[layer]
         if event is not None:
@@ -91,8 +97,8 @@ class LayerPipeline:
     def _issue_loads_through(self, last_layer: int) -> None:
         while len(self._load_events) <= last_layer:
             job = self._load_jobs[len(self._load_events)]
-            # Count the layer as issued before running it: a job that raises is not retried by a later
-            # wait (the caller reports the failed load); its error propagates from this call.
+            # Count the layer as issued before running it: a job that raises is not retried by a
+            # later wait (the caller reports the failed load); its error propagates from this call.
             self._load_events.append(None)
             if job is not None:
                 self.loads_issued_total += 1
@@ -101,9 +107,11 @@ class LayerPipeline:
     # --- saves ----------------------------------------------------------------------------------
 
     def save_layer(self, layer: int, job: Job) -> None:
-        """Issue ``job`` (saving layer ``layer``) after the compute stream's work enqueued so far."""
+        """Issue ``job`` (saving layer ``layer``) after the compute stream's work so far."""
         if not callable(job):
-            raise InputError(f"job for layer {layer!r} is a {type(job).__name__}, expected a callable")
+            raise InputError(
+                f"job for layer {layer!r} is a {type(job).__name__}, expected a callable"
+            )
         if self.is_async:
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
         self._save_events.append(self._issue(job))
@@ -132,7 +140,9 @@ class LayerPipeline:
     def check_integrity(self) -> None:
         """Issued loads never exceed the batch, waited layers were issued, CPU holds no events."""
         if len(self._load_events) > len(self._load_jobs):
-            raise RuntimeError(f"{len(self._load_events)} load layers issued of {len(self._load_jobs)}")
+            raise RuntimeError(
+                f"{len(self._load_events)} load layers issued of {len(self._load_jobs)}"
+            )
         if not self._waited <= set(range(len(self._load_events))):
             raise RuntimeError(f"waited layers {sorted(self._waited)} include unissued layers")
         events = [e for e in self._load_events + self._save_events if e is not None]

@@ -1,8 +1,9 @@
 """Gather engine pages into contiguous chunk buffers and scatter them back: one launch per batch.
 
 Kernel (`_paged_chunk_copy_kernel`), launchers (`gather_chunks`, `scatter_chunks`) and their torch
-references (`gather_chunks_reference`, `scatter_chunks_reference`, also the CPU fallback) live together
-so that every path shares one validated plan and one chunk byte layout (docs/kernels.md §2).
+references (`gather_chunks_reference`, `scatter_chunks_reference`, also the CPU fallback) live
+together so that every path shares one validated plan and one chunk byte layout (docs/kernels.md
+§2).
 
 Grid: ``(num_chunks * pages_per_chunk, selected_layers * num_components)``; each program copies one
 page of one (layer, component) as ``[BLOCK_R (token, head) rows x BLOCK_D dims]`` tiles.
@@ -17,9 +18,9 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from radixkv.kernels.paged_layout import PagedLayout, chunk_from_payload, word_dtype
 
 from radixkv.errors import InputError
-from radixkv.kernels.paged_layout import PagedLayout, chunk_from_payload, word_dtype
 
 __all__ = [
     "CopyResult",
@@ -121,9 +122,10 @@ def gather_chunks(
 ) -> CopyResult:
     """Copy pages ``page_ids[c][p]`` of the selected layers into chunk ``c`` (engine -> chunks).
 
-    One Triton launch on CUDA (chunks on the layout's GPU or in pinned host memory: zero-copy). On CPU
-    the torch reference runs, unless ``force_triton`` or ``TRITON_INTERPRET=1`` (then the interpreter).
-    ``-1`` pages are skipped and leave their chunk region untouched. Launches go to the current stream.
+    One Triton launch on CUDA (chunks on the layout's GPU or in pinned host memory: zero-copy). On
+    CPU the torch reference runs, unless ``force_triton`` or ``TRITON_INTERPRET=1`` (then the
+    interpreter). ``-1`` pages are skipped and leave their chunk region untouched. Launches go to
+    the current stream.
     """
     return _run(layout, page_ids, chunks, layers, to_chunk=True, force_triton=force_triton)
 
@@ -188,7 +190,7 @@ _KERNELS: dict[bool, object] = {}
 
 
 def _kernel(interpret: bool):
-    """The kernel as a compiled (JIT) or interpreted function, whatever TRITON_INTERPRET was at import.
+    """The kernel compiled (JIT) or interpreted, whatever TRITON_INTERPRET was at import time.
 
     Built lazily from the same Python function, so the choice follows the call, not import order.
     """
@@ -243,7 +245,7 @@ def _launch_args(layout: PagedLayout, plan: _Plan, *, to_chunk: bool) -> tuple[t
         layout.num_heads,
         layout.head_dim,
     ]
-    meta_params = dict(TO_CHUNK=to_chunk, ALIGNED=aligned, BLOCK_R=block_r, BLOCK_D=block_d)
+    meta_params = {"TO_CHUNK": to_chunk, "ALIGNED": aligned, "BLOCK_R": block_r, "BLOCK_D": block_d}
     return grid, args, meta_params
 
 
@@ -273,7 +275,11 @@ def _page_ids(layout: PagedLayout, page_ids, *, unique: bool) -> torch.Tensor:
                 f"page_ids must be a CPU tensor or lists (validated on the host); got device "
                 f"{page_ids.device}"
             )
-        if page_ids.dtype.is_floating_point or page_ids.dtype.is_complex or page_ids.dtype == torch.bool:
+        if (
+            page_ids.dtype.is_floating_point
+            or page_ids.dtype.is_complex
+            or page_ids.dtype == torch.bool
+        ):
             raise InputError(f"page_ids must be integers; got dtype {page_ids.dtype}")
         ids = page_ids.to(torch.int64)
     else:
@@ -321,7 +327,9 @@ def _chunk_views(layout, chunks, num_chunks: int, pages_per_chunk: int) -> tuple
     else:
         items = list(chunks)
     if len(items) != num_chunks:
-        raise InputError(f"page_ids has {num_chunks} rows but {len(items)} chunk buffers were given")
+        raise InputError(
+            f"page_ids has {num_chunks} rows but {len(items)} chunk buffers were given"
+        )
     views = []
     for i, c in enumerate(items):
         if not isinstance(c, torch.Tensor):
@@ -334,7 +342,9 @@ def _chunk_views(layout, chunks, num_chunks: int, pages_per_chunk: int) -> tuple
                 f"or a uint8 payload of {layout.chunk_bytes(pages_per_chunk)} bytes"
             )
         if not c.is_contiguous():
-            raise InputError(f"chunk {i} is not contiguous (strides {c.stride()}); use .contiguous()")
+            raise InputError(
+                f"chunk {i} is not contiguous (strides {c.stride()}); use .contiguous()"
+            )
         _check_chunk_device(layout, c, i)
         views.append(c)
     return tuple(views)

@@ -1,9 +1,9 @@
 """`PagedLayout`: a validated description of an engine's paged KV cache, and chunk-buffer helpers.
 
-An engine cache is modelled as ``views[layer][component]``, each a 4-D strided view
-``[num_pages, page_tokens, num_heads, head_dim]`` over the engine's own memory (components: K and V, or
-the single MLA latent). A chunk buffer holds ``pages_per_chunk`` pages of every layer and component as
-one contiguous C-order array ``[layer][component][chunk_token][head][dim]`` (docs/kernels.md §2).
+An engine cache is modelled as ``views[layer][component]``, each a 4-D strided view ``[num_pages,
+page_tokens, num_heads, head_dim]`` over the engine's own memory (components: K and V, or the single
+MLA latent). A chunk buffer holds ``pages_per_chunk`` pages of every layer and component as one
+contiguous C-order array ``[layer][component][chunk_token][head][dim]`` (docs/kernels.md §2).
 """
 
 from __future__ import annotations
@@ -33,18 +33,20 @@ def word_dtype(dtype: torch.dtype) -> torch.dtype:
     """The integer dtype of the same width as ``dtype`` (what the kernels copy)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     if itemsize not in _WORD_DTYPES:
-        raise InputError(f"dtype {dtype} has {itemsize}-byte elements; supported widths are 1, 2, 4, 8")
+        raise InputError(
+            f"dtype {dtype} has {itemsize}-byte elements; supported widths are 1, 2, 4, 8"
+        )
     return _WORD_DTYPES[itemsize]
 
 
 @dataclass(slots=True)
 class PagedLayout:
-    """Engine pages as ``views[layer][component]``, each ``[num_pages, page_tokens, num_heads, head_dim]``.
+    """Engine pages as ``views[layer][component]``, each ``[pages, page_tokens, heads, head_dim]``.
 
     Contract: every view has the same shape, strides, dtype and device (layers may live in different
-    allocations). The views alias the engine's memory: building a layout copies nothing, and a layout
-    stays valid only while the engine keeps those tensors. Build one with `from_views` or an engine
-    builder (`from_vllm`, `from_sglang_device`, `from_sglang_host`).
+    allocations). The views alias the engine's memory: building a layout copies nothing, and a
+    layout stays valid only while the engine keeps those tensors. Build one with `from_views` or an
+    engine builder (`from_vllm`, `from_sglang_device`, `from_sglang_host`).
     """
 
     views: tuple[tuple[torch.Tensor, ...], ...]
@@ -72,7 +74,8 @@ class PagedLayout:
         if not isinstance(ref, torch.Tensor) or ref.dim() != 4:
             raise InputError(
                 "each view must be a 4-D tensor [num_pages, page_tokens, num_heads, head_dim]; "
-                f"layer 0 component 0 is {type(ref).__name__} of shape {getattr(ref, 'shape', None)}"
+                f"layer 0 component 0 is {type(ref).__name__} of shape "
+                f"{getattr(ref, 'shape', None)}"
             )
         word_dtype(ref.dtype)
         for li, layer in enumerate(views):
@@ -84,13 +87,17 @@ class PagedLayout:
             for ci, view in enumerate(layer):
                 _check_like(view, ref, f"layer {li} component {ci}")
         if min(ref.shape) < 1:
-            raise InputError(f"views must be non-empty in every dimension; got shape {tuple(ref.shape)}")
+            raise InputError(
+                f"views must be non-empty in every dimension; got shape {tuple(ref.shape)}"
+            )
         if min(ref.stride()) < 0:
             raise InputError(f"negative strides are not supported; got {ref.stride()}")
         self.views = views
         self.num_layers = len(views)
         self.num_components = len(first)
-        self.num_pages, self.page_tokens, self.num_heads, self.head_dim = (int(s) for s in ref.shape)
+        self.num_pages, self.page_tokens, self.num_heads, self.head_dim = (
+            int(s) for s in ref.shape
+        )
         self.dtype = ref.dtype
         self.device = ref.device
         self.page_strides = tuple(int(s) for s in ref.stride())  # type: ignore[assignment]
@@ -100,7 +107,7 @@ class PagedLayout:
 
     @classmethod
     def from_views(cls, views: Sequence[Sequence[torch.Tensor]]) -> PagedLayout:
-        """Layout from ``views[layer][component]`` 4-D tensors ``[pages, page_tokens, heads, dim]``."""
+        """Layout from ``views[layer][component]``, 4-D ``[pages, page_tokens, heads, dim]``."""
         return cls(tuple(tuple(layer) for layer in views))
 
     @classmethod
@@ -111,7 +118,7 @@ class PagedLayout:
         head_size: int | None = None,
         mla: bool = False,
     ) -> PagedLayout:
-        """vLLM 0.33 per-layer views ``[blocks, kv_heads, block_size, C]`` (K||V in the last dim)."""
+        """vLLM 0.33 per-layer views ``[blocks, kv_heads, block_size, C]``, K||V in the last dim."""
         from radixkv.kernels.engine_layouts import vllm_views
 
         return cls(vllm_views(kv_caches, head_size=head_size, mla=mla))
@@ -150,7 +157,7 @@ class PagedLayout:
         return self.page_tokens * self.num_heads * self.head_dim * self.itemsize
 
     def chunk_shape(self, pages_per_chunk: int) -> tuple[int, int, int, int, int]:
-        """``(layers, components, chunk_tokens, heads, dim)`` of one chunk of ``pages_per_chunk`` pages."""
+        """``(layers, components, chunk_tokens, heads, dim)`` of a chunk of ``pages_per_chunk``."""
         _check_positive(pages_per_chunk, "pages_per_chunk")
         return (
             self.num_layers,
@@ -166,7 +173,7 @@ class PagedLayout:
         return self.num_layers * self.num_components * pages_per_chunk * self.page_bytes
 
     def element_offset(self, address: int) -> int:
-        """Offset of ``address`` from ``views[0][0]``, in elements (the kernels address everything so).
+        """Offset of ``address`` from ``views[0][0]`` in elements (how the kernel addresses all).
 
         Any address works (another allocation, pinned host memory: one unified address space on
         CUDA); it must be aligned to the element size.
@@ -180,7 +187,7 @@ class PagedLayout:
         return delta // self.itemsize
 
     def view_offsets(self) -> torch.Tensor:
-        """int64 ``[num_layers * num_components]`` element offsets of the views from ``views[0][0]``.
+        """int64 ``[num_layers * num_components]`` element offsets of the views from views[0][0].
 
         On the layout's device; cached, since the views are fixed for the layout's lifetime.
         """
@@ -204,7 +211,9 @@ class PagedLayout:
         ref = self.views[0][0]
         for li, layer in enumerate(self.views):
             if len(layer) != self.num_components:
-                raise RuntimeError(f"layer {li} has {len(layer)} components, expected {self.num_components}")
+                raise RuntimeError(
+                    f"layer {li} has {len(layer)} components, expected {self.num_components}"
+                )
             for ci, view in enumerate(layer):
                 _check_like(view, ref, f"layer {li} component {ci}")
         expected = (self.num_pages, self.page_tokens, self.num_heads, self.head_dim)
@@ -213,7 +222,9 @@ class PagedLayout:
         table = self._view_offsets.get(str(self.device))
         if table is not None:
             base = ref.data_ptr()
-            offsets = [(v.data_ptr() - base) // self.itemsize for layer in self.views for v in layer]
+            offsets = [
+                (v.data_ptr() - base) // self.itemsize for layer in self.views for v in layer
+            ]
             if table.cpu().tolist() != offsets:
                 raise RuntimeError("cached view offsets no longer match the views' addresses")
 
@@ -229,7 +240,8 @@ def _check_like(view: object, ref: torch.Tensor, what: str) -> None:
     ):
         if got != want:
             raise InputError(
-                f"{what} has {name} {got} but layer 0 component 0 has {want}; every view of a layout "
+                f"{what} has {name} {got} but layer 0 component 0 has {want}; every view of a "
+                "layout "
                 "must share shape, strides, dtype and device"
             )
 
@@ -297,9 +309,9 @@ def chunk_from_payload(
 def pages_from_token_indices(token_indices: torch.Tensor, page_tokens: int) -> torch.Tensor:
     """Page ids of a token-index list that covers whole pages (SGLang ``host_indices``).
 
-    SGLang passes token indices, ``page_tokens`` per page, page ``i`` starting at
-    ``token_indices[i * page_tokens]``. Returns CPU int64 ``[num_pages]`` (``token // page_tokens``),
-    after checking that each page's indices are one aligned run of consecutive tokens.
+    SGLang passes token indices, ``page_tokens`` per page, page ``i`` starting at ``token_indices[i
+    * page_tokens]``. Returns CPU int64 ``[num_pages]`` (``token // page_tokens``), after checking
+    that each page's indices are one aligned run of consecutive tokens.
     """
     _check_positive(page_tokens, "page_tokens")
     idx = torch.as_tensor(token_indices).to("cpu", torch.int64).reshape(-1)

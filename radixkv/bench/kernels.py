@@ -1,4 +1,4 @@
-"""``python -m radixkv.bench kernels``: GB/s of paged gather/scatter against plain copies of the same bytes.
+"""``python -m radixkv.bench kernels``: GB/s of paged gather/scatter vs copies of the same bytes.
 
 On CUDA, per (page size, chunk size) on a Llama-3.1-8B-shaped vLLM cache (32 layers, 8 KV heads,
 head dim 128, bf16, LBNHC), one batch of chunks at a time:
@@ -9,8 +9,8 @@ head dim 128, bf16, LBNHC), one batch of chunks at a time:
   against torch's pinned-memory ``copy_`` of the same bytes (copy engine, the ceiling).
 
 Each row reports both GB/s, their ratio (target >= 0.85) and the launches per batch (target 1).
-On CPU it runs the torch reference path against a contiguous CPU copy of the same bytes, with smaller
-defaults (8 layers, 2 chunks per batch), and says so: the GPU targets do not apply there.
+On CPU it runs the torch reference path against a contiguous CPU copy of the same bytes, with
+smaller defaults (8 layers, 2 chunks per batch), and says so: the GPU targets do not apply there.
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ class BenchConfig:
     def __post_init__(self) -> None:
         for name in ("layers", "kv_heads", "head_dim", "chunks_per_batch", "iters"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}"
+                )
         if self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0; got {self.warmup}")
         for page in self.page_tokens:
@@ -96,7 +98,12 @@ def _vllm_cache(cfg: BenchConfig, page_tokens: int, num_blocks: int) -> PagedLay
     """Per-layer [blocks, heads, block_size, 2*dim] views over one LBNHC buffer, as vLLM builds."""
     dev = torch.device(cfg.device)
     storage = torch.empty(
-        cfg.layers, num_blocks, page_tokens, cfg.kv_heads, 2 * cfg.head_dim, dtype=torch.bfloat16,
+        cfg.layers,
+        num_blocks,
+        page_tokens,
+        cfg.kv_heads,
+        2 * cfg.head_dim,
+        dtype=torch.bfloat16,
         device=dev,
     )
     storage.view(torch.int16).random_(-(2**15), 2**15)
@@ -120,21 +127,51 @@ def _measure(cfg: BenchConfig, page_tokens: int, chunk_tokens: int) -> list[Row]
     ceiling = timed(lambda: flat_dst.copy_(flat_src))
     launches = gather_chunks(layout, ids, chunks).launches
     rows = [
-        Row("gather d2d" if dev.type == "cuda" else "gather cpu", page_tokens, chunk_tokens, nbytes,
-            timed(lambda: gather_chunks(layout, ids, chunks)), ceiling, launches),
-        Row("scatter d2d" if dev.type == "cuda" else "scatter cpu", page_tokens, chunk_tokens, nbytes,
-            timed(lambda: scatter_chunks(layout, ids, chunks)), ceiling, launches),
+        Row(
+            "gather d2d" if dev.type == "cuda" else "gather cpu",
+            page_tokens,
+            chunk_tokens,
+            nbytes,
+            timed(lambda: gather_chunks(layout, ids, chunks)),
+            ceiling,
+            launches,
+        ),
+        Row(
+            "scatter d2d" if dev.type == "cuda" else "scatter cpu",
+            page_tokens,
+            chunk_tokens,
+            nbytes,
+            timed(lambda: scatter_chunks(layout, ids, chunks)),
+            ceiling,
+            launches,
+        ),
     ]
     if dev.type == "cuda":
-        host = alloc_chunks(layout, cfg.chunks_per_batch, pages_per_chunk, device="cpu", pin_memory=True)
+        host = alloc_chunks(
+            layout, cfg.chunks_per_batch, pages_per_chunk, device="cpu", pin_memory=True
+        )
         host_flat = host.view(-1).view(torch.uint8)
         d2h = timed(lambda: host_flat.copy_(flat_src, non_blocking=True))
         h2d = timed(lambda: flat_dst.copy_(host_flat, non_blocking=True))
         rows += [
-            Row("gather d2h (zero-copy)", page_tokens, chunk_tokens, nbytes,
-                timed(lambda: gather_chunks(layout, ids, host)), d2h, launches),
-            Row("scatter h2d (zero-copy)", page_tokens, chunk_tokens, nbytes,
-                timed(lambda: scatter_chunks(layout, ids, host)), h2d, launches),
+            Row(
+                "gather d2h (zero-copy)",
+                page_tokens,
+                chunk_tokens,
+                nbytes,
+                timed(lambda: gather_chunks(layout, ids, host)),
+                d2h,
+                launches,
+            ),
+            Row(
+                "scatter h2d (zero-copy)",
+                page_tokens,
+                chunk_tokens,
+                nbytes,
+                timed(lambda: scatter_chunks(layout, ids, host)),
+                h2d,
+                launches,
+            ),
         ]
     return rows
 
@@ -142,7 +179,8 @@ def _measure(cfg: BenchConfig, page_tokens: int, chunk_tokens: int) -> list[Row]
 def format_table(rows: list[Row], on_gpu: bool) -> str:
     ceiling = "torch copy_ GB/s (ceiling)"
     lines = [
-        f"| op | page tokens | chunk tokens | batch MiB | radixkv GB/s | {ceiling} | ratio | launches |",
+        "| op | page tokens | chunk tokens | batch MiB | radixkv GB/s "
+        f"| {ceiling} | ratio | launches |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
@@ -156,17 +194,30 @@ def format_table(rows: list[Row], on_gpu: bool) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m radixkv.bench kernels", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m radixkv.bench kernels", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cuda:N or cpu")
     p.add_argument("--layers", type=int, default=None, help="default 32 on GPU, 8 on CPU")
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--page-tokens", default="16,64", help="comma-separated page sizes")
     p.add_argument("--chunk-tokens", default="256,1024", help="comma-separated chunk sizes")
-    p.add_argument("--chunks", type=int, default=None, help="chunks per batch; default 4 GPU, 2 CPU")
-    p.add_argument("--iters", type=int, default=None, help="timed iterations; default 20 GPU, 3 CPU")
-    p.add_argument("--warmup", type=int, default=None, help="untimed iterations; default 3 GPU, 1 CPU")
-    p.add_argument("--threads", type=int, default=1, help="CPU runs: torch threads (default 1: stable on shared machines)")
+    p.add_argument(
+        "--chunks", type=int, default=None, help="chunks per batch; default 4 GPU, 2 CPU"
+    )
+    p.add_argument(
+        "--iters", type=int, default=None, help="timed iterations; default 20 GPU, 3 CPU"
+    )
+    p.add_argument(
+        "--warmup", type=int, default=None, help="untimed iterations; default 3 GPU, 1 CPU"
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU runs: torch threads (default 1: stable on shared machines)",
+    )
     return p
 
 
@@ -215,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not on_gpu:
         print(
-            f"NOTE: ran on CPU ({torch.get_num_threads()} torch thread(s)): the torch reference path "
+            f"NOTE: ran on CPU ({torch.get_num_threads()} torch thread(s)): the torch reference "
+            "path "
             "(index_select / index_put_) against a contiguous CPU copy_ of the same bytes; no "
             "host<->device rows; the GPU targets (>= 0.85 of each ceiling, 1 launch per batch) "
             "apply to CUDA runs only."
@@ -227,8 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows, on_gpu))
     if on_gpu:
         missed = [r for r in rows if r.ratio < TARGET_RATIO or r.launches != 1]
-        print(f"targets: {len(rows) - len(missed)}/{len(rows)} rows at >= {TARGET_RATIO:.2f} of "
-              "ceiling with 1 launch per batch")
+        print(
+            f"targets: {len(rows) - len(missed)}/{len(rows)} rows at >= {TARGET_RATIO:.2f} of "
+            "ceiling with 1 launch per batch"
+        )
     return 0
 
 

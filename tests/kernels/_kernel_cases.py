@@ -1,7 +1,8 @@
 """Tiny engine caches of every supported layout, each with an independent oracle.
 
-``oracle(layer, component, page) -> [page_tokens, heads, dim]`` indexes the *engine* tensor directly,
-following each engine's documented shape, so tests check the layout builders as well as the copies.
+``oracle(layer, component, page) -> [page_tokens, heads, dim]`` indexes the *engine* tensor
+directly, following each engine's documented shape, so tests check the layout builders as well as
+the copies.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
 from radixkv.kernels import PagedLayout, word_dtype
 
 LAYERS, HEADS, DIM, MLA_DIM, PAGE_TOKENS, PAGES = 3, 2, 8, 12, 4, 7
@@ -26,7 +26,9 @@ def random_bits(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(a.view(word_dtype(a.dtype)), b.view(word_dtype(b.dtype)))
+    return a.shape == b.shape and torch.equal(
+        a.view(word_dtype(a.dtype)), b.view(word_dtype(b.dtype))
+    )
 
 
 @dataclass
@@ -34,7 +36,8 @@ class Case:
     name: str
     layout: PagedLayout
     oracle: Callable[[int, int, int], torch.Tensor]
-    storage: torch.Tensor  # every engine tensor of the case is a view of this one (for whole-state checks)
+    # every engine tensor of the case is a view of this one (for whole-state checks)
+    storage: torch.Tensor
 
 
 def _page(p: int, ps: int = PAGE_TOKENS) -> slice:
@@ -51,56 +54,61 @@ def make_case(name: str, dtype: torch.dtype, seed: int = 0, device: str = "cpu")
     size = P * N
     if name == "vllm_lbnhc":  # physical [L, B, N, H, 2D], per-layer view [B, H, N, 2D]
         s = rand(L, P, N, H, 2 * D)
-        lay = PagedLayout.from_vllm({f"model.layers.{i}.attn": s[i].permute(0, 2, 1, 3) for i in range(L)})
-        return Case(name, lay, lambda l, c, p: s[l, p, :, :, c * D : (c + 1) * D], s)
+        lay = PagedLayout.from_vllm(
+            {f"model.layers.{i}.attn": s[i].permute(0, 2, 1, 3) for i in range(L)}
+        )
+        return Case(name, lay, lambda ly, c, p: s[ly, p, :, :, c * D : (c + 1) * D], s)
     if name == "vllm_lbhnc":  # physical [L, B, H, N, 2D], contiguous per-layer view
         s = rand(L, P, H, N, 2 * D)
         lay = PagedLayout.from_vllm([s[i] for i in range(L)])
-        return Case(name, lay, lambda l, c, p: s[l, p, :, :, c * D : (c + 1) * D].transpose(0, 1), s)
+        return Case(
+            name, lay, lambda ly, c, p: s[ly, p, :, :, c * D : (c + 1) * D].transpose(0, 1), s
+        )
     if name == "vllm_mla":  # [B, 1, N, latent]
         s = rand(L, P, 1, N, MLA_DIM)
         lay = PagedLayout.from_vllm([s[i] for i in range(L)], mla=True)
-        return Case(name, lay, lambda l, c, p: s[l, p].transpose(0, 1), s)
-    if name == "sglang_device":  # per-layer K and V [tokens, H, D]; 2 tail tokens beyond the last page
+        return Case(name, lay, lambda ly, c, p: s[ly, p].transpose(0, 1), s)
+    # per-layer K and V [tokens, H, D]; 2 tail tokens beyond the last page
+    if name == "sglang_device":
         s = rand(2, L, size + 2, H, D)
         lay = PagedLayout.from_sglang_device(list(s[0]), list(s[1]), page_tokens=N)
-        return Case(name, lay, lambda l, c, p: s[c, l, _page(p)], s)
+        return Case(name, lay, lambda ly, c, p: s[c, ly, _page(p)], s)
     if name == "sglang_device_mla":
         s = rand(L, size, 1, MLA_DIM)
         lay = PagedLayout.from_sglang_device(list(s), None, page_tokens=N)
-        return Case(name, lay, lambda l, c, p: s[l, _page(p)], s)
+        return Case(name, lay, lambda ly, c, p: s[ly, _page(p)], s)
     if name == "sglang_host_layer_first":  # (2, L, size, H, D)
         s = rand(2, L, size, H, D)
         lay = PagedLayout.from_sglang_host(s, layout="layer_first", page_tokens=N)
-        return Case(name, lay, lambda l, c, p: s[c, l, _page(p)], s)
+        return Case(name, lay, lambda ly, c, p: s[c, ly, _page(p)], s)
     if name == "sglang_host_page_first":  # (2, size, L, H, D)
         s = rand(2, size, L, H, D)
         lay = PagedLayout.from_sglang_host(s, layout="page_first", page_tokens=N)
-        return Case(name, lay, lambda l, c, p: s[c, _page(p), l], s)
+        return Case(name, lay, lambda ly, c, p: s[c, _page(p), ly], s)
     if name == "sglang_host_page_first_direct":  # (2, page_num, L, page_size, H, D)
         s = rand(2, P, L, N, H, D)
         lay = PagedLayout.from_sglang_host(s, layout="page_first_direct", page_tokens=N)
-        return Case(name, lay, lambda l, c, p: s[c, p, l], s)
+        return Case(name, lay, lambda ly, c, p: s[c, p, ly], s)
     if name == "sglang_host_page_head":  # (2, page_num, H, page_size, L, D)
         s = rand(2, P, H, N, L, D)
         lay = PagedLayout.from_sglang_host(s, layout="page_head", page_tokens=N)
-        return Case(name, lay, lambda l, c, p: s[c, p, :, :, l].transpose(0, 1), s)
+        return Case(name, lay, lambda ly, c, p: s[c, p, :, :, ly].transpose(0, 1), s)
     if name == "sglang_host_mla_layer_first":  # (L, size, 1, D)
         s = rand(L, size, 1, MLA_DIM)
         lay = PagedLayout.from_sglang_host(s, layout="layer_first", page_tokens=N, mla=True)
-        return Case(name, lay, lambda l, c, p: s[l, _page(p)], s)
+        return Case(name, lay, lambda ly, c, p: s[ly, _page(p)], s)
     if name == "sglang_host_mla_page_first":  # (size, L, 1, D)
         s = rand(size, L, 1, MLA_DIM)
         lay = PagedLayout.from_sglang_host(s, layout="page_first", page_tokens=N, mla=True)
-        return Case(name, lay, lambda l, c, p: s[_page(p), l], s)
+        return Case(name, lay, lambda ly, c, p: s[_page(p), ly], s)
     if name == "sglang_host_mla_page_first_direct":  # (page_num, L, page_size, 1, D)
         s = rand(P, L, N, 1, MLA_DIM)
         lay = PagedLayout.from_sglang_host(s, layout="page_first_direct", page_tokens=N, mla=True)
-        return Case(name, lay, lambda l, c, p: s[p, l], s)
+        return Case(name, lay, lambda ly, c, p: s[p, ly], s)
     if name == "strided_dim":  # every other element of the last dim: stride_dim = 2
         s = rand(L, 2, P, N, H, 2 * D)
         lay = PagedLayout.from_views([[s[i, c, ..., ::2] for c in range(2)] for i in range(L)])
-        return Case(name, lay, lambda l, c, p: s[l, c, p, ..., ::2], s)
+        return Case(name, lay, lambda ly, c, p: s[ly, c, p, ..., ::2], s)
     raise KeyError(name)
 
 
@@ -121,7 +129,9 @@ CASE_NAMES = [
 ]
 
 
-def random_page_ids(num_chunks: int, pages_per_chunk: int, seed: int, holes: bool = True) -> torch.Tensor:
+def random_page_ids(
+    num_chunks: int, pages_per_chunk: int, seed: int, holes: bool = True
+) -> torch.Tensor:
     """Distinct random pages (valid for scatter), with some -1 holes when ``holes``."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randperm(PAGES, generator=g)[: num_chunks * pages_per_chunk].view(num_chunks, -1)
@@ -131,13 +141,15 @@ def random_page_ids(num_chunks: int, pages_per_chunk: int, seed: int, holes: boo
     return ids
 
 
-def expected_chunk(case: Case, ids: torch.Tensor, chunk: torch.Tensor, layers: range) -> torch.Tensor:
-    """Oracle for gather: ``chunk`` with every selected (layer, component, page) slab overwritten."""
+def expected_chunk(
+    case: Case, ids: torch.Tensor, chunk: torch.Tensor, layers: range
+) -> torch.Tensor:
+    """Oracle for gather: ``chunk`` with each selected (layer, component, page) slab overwritten."""
     out = chunk.clone()
     N = case.layout.page_tokens
-    for l in layers:
+    for ly in layers:
         for c in range(case.layout.num_components):
             for j, p in enumerate(ids.tolist()):
                 if p >= 0:
-                    out[l, c, j * N : (j + 1) * N] = case.oracle(l, c, p)
+                    out[ly, c, j * N : (j + 1) * N] = case.oracle(ly, c, p)
     return out

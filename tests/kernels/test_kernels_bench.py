@@ -1,4 +1,4 @@
-"""The kernels benchmark script's CPU path (a script, not a timed test: only its output is checked)."""
+"""The kernels benchmark's CPU path (a script, not a timed test: only its output is checked)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,28 @@ def _triton_interpret(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_cpu_run_prints_table_with_ratios_and_says_cpu(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--device", "cpu", "--layers", "2", "--page-tokens", "4,8", "--chunk-tokens", "16",
-            "--iters", "1", "--warmup", "0"]
+    argv = [
+        "--device",
+        "cpu",
+        "--layers",
+        "2",
+        "--page-tokens",
+        "4,8",
+        "--chunk-tokens",
+        "16",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+    ]
     assert bench.main(argv) == 0
     out = capsys.readouterr().out
     assert "ran on CPU" in out and "torch reference path" in out
-    rows = [line for line in out.splitlines() if line.startswith("| gather") or line.startswith("| scatter")]
+    rows = [
+        line
+        for line in out.splitlines()
+        if line.startswith("| gather") or line.startswith("| scatter")
+    ]
     assert len(rows) == 4  # 2 page sizes x 1 chunk size x (gather, scatter); no host rows on CPU
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
@@ -43,8 +59,24 @@ def test_dispatcher_lists_and_runs_kernels(capsys: pytest.CaptureFixture[str]) -
     from radixkv.bench.__main__ import available, main
 
     assert "kernels" in available()
-    assert main(["kernels", "--device", "cpu", "--layers", "1", "--page-tokens", "4",
-                 "--chunk-tokens", "8", "--iters", "1"]) == 0
+    assert (
+        main(
+            [
+                "kernels",
+                "--device",
+                "cpu",
+                "--layers",
+                "1",
+                "--page-tokens",
+                "4",
+                "--chunk-tokens",
+                "8",
+                "--iters",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert "| gather cpu | 4 | 8 |" in capsys.readouterr().out
 
 

@@ -12,9 +12,7 @@ import re
 import pytest
 import torch
 from _kernel_cases import make_case
-
-from radixkv.kernels import PagedLayout, alloc_chunks
-from radixkv.kernels import paged_copy
+from radixkv.kernels import PagedLayout, alloc_chunks, paged_copy
 
 triton = pytest.importorskip("triton")
 try:
@@ -23,18 +21,21 @@ try:
 except ImportError:  # pragma: no cover - older triton
     pytest.skip("triton without ASTSource/GPUTarget", allow_module_level=True)
 
+
 @pytest.fixture(autouse=True)
 def _triton_interpret(monkeypatch: pytest.MonkeyPatch) -> None:
     """Overrides the directory fixture: these tests compile, they do not interpret."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")  # copies have no FP math; silences a warning
+    monkeypatch.setenv(
+        "TRITON_DEFAULT_FP_FUSION", "0"
+    )  # copies have no FP math; silences a warning
 
 
 _WORDS = {torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64"}
 
 
 def _compile_ptx(layout: PagedLayout, ids, chunks, *, to_chunk: bool) -> str:
-    """Specialise like Triton's launcher: ints == 1 -> constexpr; ints and addresses % 16 -> hint."""
+    """Specialise like Triton's launcher: ints == 1 -> constexpr; values % 16 == 0 -> hint."""
     plan = paged_copy._plan(layout, ids, chunks, None, to_chunk=to_chunk)
     _, args, meta_params = paged_copy._launch_args(layout, plan, to_chunk=to_chunk)
     kernel = paged_copy._kernel(interpret=False)  # the JITFunction, whatever TRITON_INTERPRET was
@@ -81,7 +82,7 @@ def test_llama_shaped_vllm_layout_compiles_to_16_byte_accesses(to_chunk: bool) -
 
 @pytest.mark.parametrize("to_chunk", [True, False], ids=["gather", "scatter"])
 def test_size_one_arguments_compile(to_chunk: bool) -> None:
-    """page_tokens = heads = components = pages_per_chunk = 1 (SGLang page 1, MLA): all constexprs."""
+    """page_tokens = heads = components = pages_per_chunk = 1 (SGLang page 1, MLA): constexprs."""
     pool = torch.zeros(8, 1, 24, dtype=torch.float16)
     layout = PagedLayout.from_sglang_device([pool, pool[:, :, :]], None, page_tokens=1)
     ids = [[3], [5]]

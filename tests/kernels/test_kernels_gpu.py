@@ -1,4 +1,4 @@
-"""CUDA checks: compiled Triton kernels vs torch reference, zero-copy pinned host, int64 offsets, streams.
+"""CUDA checks: compiled kernels vs torch reference, zero-copy pinned host, int64 offsets, streams.
 
 All tests carry the ``gpu`` marker and skip without CUDA (tests/conftest.py).
 """
@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _kernel_cases import CASE_NAMES, DTYPES, expected_chunk, make_case, random_bits, random_page_ids, same_bits
-
-from radixkv.errors import InputError
+from _kernel_cases import (
+    CASE_NAMES,
+    DTYPES,
+    expected_chunk,
+    make_case,
+    random_bits,
+    random_page_ids,
+    same_bits,
+)
 from radixkv.kernels import (
     LayerPipeline,
     PagedLayout,
@@ -19,6 +25,8 @@ from radixkv.kernels import (
     scatter_chunks,
     scatter_chunks_reference,
 )
+
+from radixkv.errors import InputError
 
 pytestmark = pytest.mark.gpu
 NUM_CHUNKS, PAGES_PER_CHUNK = 2, 3
@@ -117,7 +125,7 @@ def test_pipeline_save_waits_for_compute_and_load_precedes_use() -> None:
     for layer in range(layout.num_layers):
         torch.cuda._sleep(50_000_000)  # a slow "attention" on the compute stream ...
         case.storage[layer].fill_(float(layer + 1))  # ... that writes this layer's KV
-        pipe.save_layer(layer, lambda l=layer: gather_chunks(layout, ids, saved, layers=l))
+        pipe.save_layer(layer, lambda ly=layer: gather_chunks(layout, ids, saved, layers=ly))
     pipe.wait_all()
     pipe.check_integrity()
     for layer in range(layout.num_layers):
@@ -127,7 +135,10 @@ def test_pipeline_save_waits_for_compute_and_load_precedes_use() -> None:
     src.copy_(torch.arange(src.numel()).view(src.shape).to(src.dtype))
     case.storage.zero_()
     pipe.start_loads(
-        [lambda l=l: scatter_chunks(layout, ids, src, layers=l) for l in range(layout.num_layers)]
+        [
+            lambda ly=ly: scatter_chunks(layout, ids, src, layers=ly)
+            for ly in range(layout.num_layers)
+        ]
     )
     seen = []
     for layer in range(layout.num_layers):

@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from _kernel_cases import CASE_NAMES, LAYERS, MLA_DIM, PAGES, make_case
-
-from radixkv.errors import InputError
 from radixkv.kernels import (
     PagedLayout,
     alloc_chunks,
@@ -15,6 +13,8 @@ from radixkv.kernels import (
     pages_from_token_indices,
     word_dtype,
 )
+
+from radixkv.errors import InputError
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)
@@ -83,11 +83,17 @@ def test_sglang_builder_errors() -> None:
     with pytest.raises(InputError, match="page_tokens must be a positive int"):
         PagedLayout.from_sglang_device([k], [k], page_tokens=0)
     with pytest.raises(InputError, match="unsupported SGLang host layout 'page_unified'"):
-        PagedLayout.from_sglang_host(torch.zeros(2, 2, 8, 2, 8), layout="page_unified", page_tokens=4)
+        PagedLayout.from_sglang_host(
+            torch.zeros(2, 2, 8, 2, 8), layout="page_unified", page_tokens=4
+        )
     with pytest.raises(InputError, match="'page_head' for MLA"):
-        PagedLayout.from_sglang_host(torch.zeros(2, 2, 8, 2, 8), layout="page_head", page_tokens=4, mla=True)
+        PagedLayout.from_sglang_host(
+            torch.zeros(2, 2, 8, 2, 8), layout="page_head", page_tokens=4, mla=True
+        )
     with pytest.raises(InputError, match="page_head kv_buffer has page_size 4"):
-        PagedLayout.from_sglang_host(torch.zeros(2, 3, 2, 4, 2, 8), layout="page_head", page_tokens=8)
+        PagedLayout.from_sglang_host(
+            torch.zeros(2, 3, 2, 4, 2, 8), layout="page_head", page_tokens=8
+        )
     with pytest.raises(InputError, match="5-D"):
         PagedLayout.from_sglang_host(torch.zeros(2, 8, 2, 8), layout="layer_first", page_tokens=4)
     with pytest.raises(InputError, match="page_size 4 but page_tokens=8"):

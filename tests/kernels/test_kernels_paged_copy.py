@@ -1,4 +1,4 @@
-"""gather_chunks / scatter_chunks: Triton (interpreter) vs torch reference vs an independent oracle."""
+"""gather_chunks / scatter_chunks: Triton (interpreter) vs torch reference vs an oracle."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ from _kernel_cases import (
     random_page_ids,
     same_bits,
 )
-
-from radixkv.errors import InputError
 from radixkv.kernels import (
     alloc_chunks,
     chunk_payload,
@@ -23,6 +21,8 @@ from radixkv.kernels import (
     scatter_chunks,
     scatter_chunks_reference,
 )
+
+from radixkv.errors import InputError
 
 NUM_CHUNKS, PAGES_PER_CHUNK = 2, 3
 
@@ -34,8 +34,10 @@ def _filled_chunks(layout, seed: int) -> torch.Tensor:
 
 def _check_gather(case, ids, layers=None) -> None:
     layout = case.layout
-    sel = range(layout.num_layers) if layers is None else (
-        range(layers, layers + 1) if isinstance(layers, int) else layers
+    sel = (
+        range(layout.num_layers)
+        if layers is None
+        else (range(layers, layers + 1) if isinstance(layers, int) else layers)
     )
     before = _filled_chunks(layout, 0)  # sentinel content: skipped regions must stay as they are
     tri, ref = before.clone(), before.clone()
@@ -65,11 +67,11 @@ def _check_scatter(case, ids, layers=None) -> None:
     case.storage.copy_(original)  # oracle() views case.storage: write the expected slabs through it
     N = layout.page_tokens
     for c in range(NUM_CHUNKS):
-        for l in sel:
+        for ly in sel:
             for comp in range(layout.num_components):
                 for j, p in enumerate(ids[c].tolist()):
                     if p >= 0:
-                        case.oracle(l, comp, p).copy_(chunks[c, l, comp, j * N : (j + 1) * N])
+                        case.oracle(ly, comp, p).copy_(chunks[c, ly, comp, j * N : (j + 1) * N])
     assert same_bits(after_triton, case.storage), "scatter differs from the oracle"
 
 
@@ -123,14 +125,20 @@ def test_chunk_forms_give_identical_bytes(form: str) -> None:
     want = torch.zeros(NUM_CHUNKS, *layout.chunk_shape(PAGES_PER_CHUNK), dtype=layout.dtype)
     gather_chunks_reference(layout, ids, want)
     # Separate allocations per chunk: the kernel walks a pointer table, no staging copy.
-    typed = [torch.zeros(layout.chunk_shape(PAGES_PER_CHUNK), dtype=layout.dtype) for _ in range(NUM_CHUNKS)]
+    typed = [
+        torch.zeros(layout.chunk_shape(PAGES_PER_CHUNK), dtype=layout.dtype)
+        for _ in range(NUM_CHUNKS)
+    ]
     if form == "typed_list":
         arg = typed
     elif form == "payload_list":
         arg = [chunk_payload(t) for t in typed]
     else:
         stacked = torch.zeros(NUM_CHUNKS, layout.chunk_bytes(PAGES_PER_CHUNK), dtype=torch.uint8)
-        typed = [stacked[i].view(layout.dtype).view(layout.chunk_shape(PAGES_PER_CHUNK)) for i in range(NUM_CHUNKS)]
+        typed = [
+            stacked[i].view(layout.dtype).view(layout.chunk_shape(PAGES_PER_CHUNK))
+            for i in range(NUM_CHUNKS)
+        ]
         arg = stacked
     gather_chunks(layout, ids, arg, force_triton=True)
     for i in range(NUM_CHUNKS):
@@ -142,16 +150,16 @@ def test_chunk_forms_give_identical_bytes(form: str) -> None:
     for c in range(NUM_CHUNKS):
         for j, p in enumerate(ids[c].tolist()):
             if p >= 0:
-                for l in range(layout.num_layers):
+                for ly in range(layout.num_layers):
                     for comp in range(2):
-                        assert same_bits(case.oracle(l, comp, p), saved_oracle(saved, l, comp, p))
+                        assert same_bits(case.oracle(ly, comp, p), saved_oracle(saved, ly, comp, p))
 
 
-def saved_oracle(saved: torch.Tensor, l: int, c: int, p: int) -> torch.Tensor:
+def saved_oracle(saved: torch.Tensor, ly: int, c: int, p: int) -> torch.Tensor:
     """sglang_host_layer_first oracle over a saved copy of the storage."""
     from _kernel_cases import PAGE_TOKENS
 
-    return saved[c, l, p * PAGE_TOKENS : (p + 1) * PAGE_TOKENS]
+    return saved[c, ly, p * PAGE_TOKENS : (p + 1) * PAGE_TOKENS]
 
 
 def test_round_trip_between_two_engines_of_different_layouts() -> None:
@@ -165,9 +173,9 @@ def test_round_trip_between_two_engines_of_different_layouts() -> None:
     scatter_chunks(dst.layout, ids_dst, chunks, force_triton=True)
     for a, b in zip(ids_src.flatten().tolist(), ids_dst.flatten().tolist()):
         if a >= 0:
-            for l in range(src.layout.num_layers):
+            for ly in range(src.layout.num_layers):
                 for c in range(2):
-                    assert same_bits(src.oracle(l, c, a), dst.oracle(l, c, b))
+                    assert same_bits(src.oracle(ly, c, a), dst.oracle(ly, c, b))
 
 
 def test_dispatch_cpu_uses_torch_unless_interpreting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -177,7 +185,9 @@ def test_dispatch_cpu_uses_torch_unless_interpreting(monkeypatch: pytest.MonkeyP
     assert gather_chunks(case.layout, ids, chunks).backend == "triton-interpreter"
     monkeypatch.delenv("TRITON_INTERPRET")
     assert gather_chunks(case.layout, ids, chunks).backend == "torch"
-    assert gather_chunks(case.layout, ids, chunks, force_triton=True).backend == "triton-interpreter"
+    assert (
+        gather_chunks(case.layout, ids, chunks, force_triton=True).backend == "triton-interpreter"
+    )
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert scatter_chunks(case.layout, ids, chunks).backend == "torch"
 
@@ -234,8 +244,9 @@ class TestValidation:
             gather_chunks(self.layout, ids, self.chunks.float())
         with pytest.raises(InputError, match="payload has"):
             gather_chunks(self.layout, ids, [torch.zeros(10, dtype=torch.uint8)] * 2)
-        wide = torch.zeros(NUM_CHUNKS, *self.layout.chunk_shape(PAGES_PER_CHUNK)[:-1], 2 * 8,
-                           dtype=torch.bfloat16)[..., ::2]
+        wide = torch.zeros(
+            NUM_CHUNKS, *self.layout.chunk_shape(PAGES_PER_CHUNK)[:-1], 2 * 8, dtype=torch.bfloat16
+        )[..., ::2]
         with pytest.raises(InputError, match="not contiguous"):
             gather_chunks(self.layout, ids, wide)
         with pytest.raises(InputError, match="is on meta"):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from _kernel_cases import make_case, random_page_ids, same_bits
+from radixkv.kernels import LayerPipeline, alloc_chunks, gather_chunks, scatter_chunks
 
 from radixkv.errors import InputError
-from radixkv.kernels import LayerPipeline, alloc_chunks, gather_chunks, scatter_chunks
 
 
 def _recorder(log: list[str], name: str):
@@ -107,12 +107,12 @@ def test_layerwise_load_and_save_with_kernels() -> None:
     pipe = LayerPipeline("cpu")
     layers = src.layout.num_layers
     pipe.start_loads(
-        [lambda l=l: scatter_chunks(dst.layout, ids, chunks, layers=l) for l in range(layers)]
+        [lambda ly=ly: scatter_chunks(dst.layout, ids, chunks, layers=ly) for ly in range(layers)]
     )
     saved = torch.zeros_like(chunks)
-    for l in range(layers):
-        pipe.wait_layer(l)
-        pipe.save_layer(l, lambda l=l: gather_chunks(dst.layout, ids, saved, layers=l))
+    for ly in range(layers):
+        pipe.wait_layer(ly)
+        pipe.save_layer(ly, lambda ly=ly: gather_chunks(dst.layout, ids, saved, layers=ly))
     pipe.wait_all()
     pipe.check_integrity()
     mask = (ids >= 0).repeat_interleave(src.layout.page_tokens, dim=1)  # [chunk, chunk_token]
