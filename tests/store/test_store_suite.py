@@ -281,14 +281,15 @@ class TestPrefetch:
 
 
 class TestConcurrency:
-    def test_eight_threads_put_get_delete(self, make_store, stack):
+    @pytest.mark.parametrize("write_policy", ["write_through", "write_back"])
+    def test_eight_threads_put_get_delete(self, make_store, stack, write_policy):
         """8 threads put, get and delete over shared chains; every hit is exact, capacity holds,
         and the store is consistent afterwards."""
-        store = make_store(stack)
+        store = make_store(stack, write_policy=write_policy)
         ns = new_namespace()
         chains = [chain(600 + i, 6)[1] for i in range(10)]
         errors: list[BaseException] = []
-        stop_at = time.monotonic() + 1.5
+        stop_at = time.monotonic() + 1.0
 
         def worker(seed: int) -> None:
             rng = random.Random(seed)
