@@ -13,13 +13,14 @@ import time
 import uuid
 
 import pytest
-import redis
 import torch
 
 from radixkv.errors import CapacityError, ConfigError, InputError
 from radixkv.tiers.framing import HEADER_BYTES
-from radixkv.tiers.redis import RedisTier
-from radixkv.tiers.redis_client import parse_redis_url
+
+redis = pytest.importorskip("redis", reason="redis-py is not installed (pip install 'radixkv[redis]')")
+from radixkv.tiers.redis import RedisTier  # noqa: E402 - needs redis-py
+from radixkv.tiers.redis_client import parse_redis_url  # noqa: E402
 
 pytestmark = pytest.mark.redis
 
