@@ -17,3 +17,13 @@ def model_dir(tmp_path):
     from vllm_harness import make_model_dir
 
     return make_model_dir(tmp_path / "opt-tiny")
+
+
+@pytest.fixture(autouse=True)
+def _close_engines():
+    yield
+    if HAVE_VLLM:
+        from vllm_harness import OPEN_ENGINES
+
+        while OPEN_ENGINES:
+            OPEN_ENGINES.pop().close()

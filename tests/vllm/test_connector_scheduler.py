@@ -29,7 +29,8 @@ def assert_blocks_match(eng: Engine, req_id_tokens: list[int], block_ids: list[i
 
 
 def test_first_request_saves_second_hits(model_dir):
-    eng = Engine(make_vllm_config(model_dir, {"chunk_tokens": CHUNK, "store": mem_store()}), make_kv_cache_config())
+    extra = {"chunk_tokens": CHUNK, "store": mem_store(), "sync_load_wait_s": 5.0}  # never async on a busy box
+    eng = Engine(make_vllm_config(model_dir, extra), make_kv_cache_config())
     conn = eng.connector
     toks = prompt(70)
     eng.add("r1", toks)

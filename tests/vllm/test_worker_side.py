@@ -20,14 +20,23 @@ def tokens(n: int, seed: int) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    ("layout", "layer_hooks"),
-    [("LBNHC", True), ("LBHNC", True), ("BLNHC", False), ("LBNHC", False)],
+    ("layout", "layer_hooks", "late_start", "layerwise"),
+    [
+        ("LBNHC", True, False, False),
+        ("LBHNC", True, False, True),
+        ("BLNHC", False, False, False),
+        ("LBNHC", False, False, False),
+        ("LBNHC", True, True, True),
+    ],
 )
-def test_saved_bytes_load_back_identically(model_dir, layout, layer_hooks):
+def test_saved_bytes_load_back_identically(model_dir, layout, layer_hooks, late_start, layerwise):
     """Save through vLLM-layout views, wipe, load into fresh blocks: byte-identical. Without per-layer
-    hooks (full CUDA graphs) saves still happen, in wait_for_save."""
-    extra = {"chunk_tokens": CHUNK, "store": {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24}]}}
-    eng = Engine(make_vllm_config(model_dir, extra), make_kv_cache_config(), layout=layout, layer_hooks=layer_hooks)
+    hooks (full CUDA graphs) saves still happen, in wait_for_save; a runner whose first call is a
+    layer's wait_for_layer_load (late start_load_kv) still gets the load before that layer."""
+    extra = {"chunk_tokens": CHUNK, "store": {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24}]},
+             "layerwise": layerwise, "sync_load_wait_s": 5.0}  # a busy CI box must not turn it async
+    eng = Engine(make_vllm_config(model_dir, extra), make_kv_cache_config(), layout=layout,
+                 layer_hooks=layer_hooks, late_start=late_start)
     toks = tokens(100, 1)
     eng.add("a", toks)
     eng.run_until_idle()

@@ -40,6 +40,8 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+OPEN_ENGINES: list[Engine] = []  # closed after each test by conftest.py
+
 BLOCK = 16
 NUM_BLOCKS = 64
 HEADS = 2
@@ -143,6 +145,7 @@ class Engine:
     kcc: KVCacheConfig
     layout: str = "LBNHC"
     layer_hooks: bool = True  # False: full-CUDA-graph steps, where vLLM calls no per-layer hooks
+    late_start: bool = False  # True: start_load_kv only after the forward, even with sync loads
     sched: Scheduler = field(init=False)
     worker: Any = field(init=False)
     kv: dict[str, torch.Tensor] = field(init=False)
@@ -160,6 +163,11 @@ class Engine:
         self.worker = KVConnectorFactory.create_connector(self.cfg, KVConnectorRole.WORKER, self.kcc)
         self.kv = make_kv_caches(self.kcc, self.layout)
         self.worker.register_kv_caches(self.kv)
+        OPEN_ENGINES.append(self)
+
+    def close(self) -> None:
+        """Shut the worker's store down (its background threads and tiers)."""
+        self.worker.shutdown()
 
     @property
     def connector(self) -> Any:
@@ -190,10 +198,10 @@ class Engine:
         meta = pickle.loads(pickle.dumps(out.kv_connector_metadata))
         w = self.worker
         w.bind_connector_metadata(meta)
-        if out.has_sync_kv_loads:
+        if out.has_sync_kv_loads and not self.late_start:
             w.start_load_kv(None)
         self._forward(out)
-        if not out.has_sync_kv_loads:
+        if not out.has_sync_kv_loads or self.late_start:
             w.start_load_kv(None)  # non-synchronous loads start after the forward (both runners)
         w.wait_for_save()
         results = w.get_transfer_results(out.finished_req_ids)
