@@ -167,8 +167,8 @@ class RedisServerProcess:
             raw = socket.create_connection(("127.0.0.1", self.port), timeout=0.5)
         except OSError:
             return False
+        sock: socket.socket = raw
         try:
-            sock: socket.socket = raw
             if self.tls is not None:
                 ctx = ssl.create_default_context(cafile=str(self.tls.ca_file))
                 sock = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
@@ -179,6 +179,7 @@ class RedisServerProcess:
         except OSError:
             return False
         finally:
+            sock.close()
             raw.close()
 
     def stop(self) -> None:
