@@ -12,8 +12,8 @@ Construct with ``RedisTier("redis://127.0.0.1:6379/0", capacity_bytes=8 << 30, t
 same; given both ways they must agree) or ``RedisTier.from_config(RedisTierConfig(...))``.
 
 Storage: one Redis string per chunk under ``<key_prefix>:<namespace>:<chunk key>`` (no ``{}`` hash
-tag, so a cluster spreads chunks over all slots and nodes; redis-py's cluster pipeline splits each
-batch per node). The value is a :mod:`radixkv.tiers.framing` frame: header, identity, payload. Every
+tag, so a cluster spreads chunks over all slots and nodes; each batch is split per node with the
+client's slot map, and a MOVED/ASK reply is a miss that refreshes the map). The value is a :mod:`radixkv.tiers.framing` frame: header, identity, payload. Every
 read checks magic, version, header checksum, namespace, key, length and the payload's xxh3; any
 mismatch is a miss counted in ``checksum_failures``. Nothing read from Redis is ever unpickled.
 
@@ -24,15 +24,19 @@ Python). Gets parse the replies themselves (:mod:`radixkv.tiers.redis_direct`): 
 first and the payload is received straight into the caller's buffer, then checksummed there.
 
 Faults: a connection error or a timeout (``socket_timeout_s``/``socket_connect_timeout_s``, never
-retried) turns the call's remaining keys into misses (or failed puts), counts ``errors`` and opens a
-``down_backoff_s`` window in which calls fail fast as misses without touching the network. After the
-window the next call tries again, so the tier reconnects by itself when the server returns.
+retried) turns the keys of that server (cluster: of that node) into misses or failed puts, counts
+``errors`` and opens a ``down_backoff_s`` window in which calls fail fast as misses without touching
+the network (in a cluster, for all nodes). After the window the next call tries again (a cluster
+client rediscovers the topology), so the tier reconnects by itself when the server returns. Server
+error replies (OOM, NOPERM, WRONGTYPE) fail only their own key and open no window. More threads than
+``max_connections`` wait for a connection instead of failing.
 
 Capacity is accounted *locally*: the tier remembers the frame bytes it wrote per (namespace, key) and
 has not deleted, and forgets them when their TTL passes or a read finds the key gone. A put that would
 take this tier's bytes over ``capacity_bytes`` is refused. This bounds what *this* tier object writes;
 the server's own ``maxmemory`` bounds the server (a put it refuses with OOM is a failed put). Redis's
-per-key overhead (~100 bytes) is not counted.
+per-key overhead (~100 bytes) is not counted, nor is a chunk whose put timed out mid-pipeline (it may
+have been stored; it is not reported stored, and its TTL or the next overwrite/delete settles it).
 """
 
 from __future__ import annotations
