@@ -366,39 +366,60 @@ class AgedRefPolicy(_HeapPolicy):
     """Aged reference count with a ghost history: radixkv's own policy (see docs/simulator.md).
 
     Signal: a chunk's references, each weighing 2^(-age / half_life), summed (an exponentially aged
-    reference count; LRFU's CRF). Ordering by it keeps chunks that many requests share (system
+    reference count, LRFU's CRF). Ordering by it keeps chunks that many requests share (system
     prompts, documents, a conversation's older turns) over the one-hit chunks that flood a small
-    cache, while the decay lets stale popularity go. Two more signals:
+    cache, while the decay lets stale popularity go. The priority, in time units, is
+    ``H * log2(sum 2^(t_i / H))`` (about ``last use + H * log2(references)``): static between touches,
+    so a heap orders it exactly; a parent's sum includes its children's, so eviction stays leaf-first.
 
-    * ghost history: counts of recently evicted chunks are remembered by key (bounded to
+    * ``H`` adapts to the workload: it tracks the ``gap_quantile`` of the reuse gaps the policy sees
+      (a request's deepest hit chunk, a chunk coming back from the ghost history), so a reference
+      buys about one typical reuse gap of extra life, on any time scale;
+    * ghost history: aged counts of recently evicted chunks are remembered by key (bounded to
       ``ghost_factor`` x resident chunks) and restored when the chunk comes back, so a chunk that
       keeps returning is recognized even when the cache is too small to hold it between uses;
     * partial chunks (fewer tokens than a full chunk: a prompt's ragged end) go first: a longer prompt
       extending the same text yields a different chunk, so they are almost never reused.
 
-    Time is counted in path touches (one per request), so ``half_life`` is in requests. The priority is
-    static between touches (``log2 sum 2^(t_i / half_life)``), so a heap orders it exactly. A parent's
-    aged count includes its children's, so eviction stays leaf-first.
+    Time is counted in path touches (one per request).
     """
 
-    _PARTIAL_PENALTY = 1e12
+    _PARTIAL_PENALTY = 1e15
 
-    def __init__(self, half_life: float = 800.0, ghost_factor: float = 8.0) -> None:
+    def __init__(self, gap_quantile: float = 0.75, ghost_factor: float = 8.0,
+                 initial_half_life: float = 100.0) -> None:
         super().__init__()
-        if not half_life > 0:
-            raise ConfigError(f"agedref: half_life={half_life!r} must be > 0 requests")
+        if not 0.0 < gap_quantile < 1.0:
+            raise ConfigError(f"agedref: gap_quantile={gap_quantile!r} must be in (0, 1)")
         if not ghost_factor >= 0:
             raise ConfigError(f"agedref: ghost_factor={ghost_factor!r} must be >= 0")
-        self._inv_h = 1.0 / float(half_life)
+        if not initial_half_life > 0:
+            raise ConfigError(f"agedref: initial_half_life={initial_half_life!r} must be > 0 requests")
+        self._q = gap_quantile
+        self._h = float(initial_half_life)
         self._ghost_factor = float(ghost_factor)
-        self._score: dict[int, float] = {}  # log2 of the aged reference count, in clock units
+        self._score: dict[int, float] = {}  # H * log2(aged reference count) + time, in requests
+        self._last: dict[int, int] = {}  # clock of the node's last direct touch
         self._restored: dict[int, float] = {}  # score a node came back with from the ghost history
-        self._ghost: dict[tuple[str | None, str | None], float] = {}
+        self._ghost: dict[tuple[str | None, str | None], tuple[float, int]] = {}
         self._full_tokens = 0
         self._clock = 0
 
-    def _partial(self, n: int) -> bool:
-        return self._tokens[n] < self._full_tokens
+    @property
+    def half_life(self) -> float:
+        """The current adaptive half-life H, in requests."""
+        return self._h
+
+    def _observe_gap(self, gap: int) -> None:
+        # Streaming quantile: H settles where P(gap > H) = 1 - q.
+        if gap > self._h:
+            self._h *= 1.0 + 0.01 * self._q
+        else:
+            self._h = max(1.0, self._h * (1.0 - 0.01 * (1.0 - self._q)))
+
+    def _add(self, a: float, b: float) -> float:
+        h = self._h
+        return h * _log2_add(a / h, b / h)
 
     def _prio(self, n: int) -> float:
         s = self._score[n]
@@ -406,6 +427,11 @@ class AgedRefPolicy(_HeapPolicy):
 
     def _admit(self, node_ids: Sequence[int], now: int) -> None:
         score, ghost, keys, ns, tokens = self._score, self._ghost, self._keys, self._ns, self._tokens
+        if not node_ids:
+            return
+        p = self._parent[node_ids[0]]
+        if p >= 0 and p in self._last:
+            self._observe_gap(self._clock + 1 - self._last[p])  # the request's deepest hit chunk
         for n in node_ids:
             if tokens[n] > self._full_tokens:
                 self._full_tokens = tokens[n]
@@ -413,14 +439,14 @@ class AgedRefPolicy(_HeapPolicy):
             if g is None:
                 score[n] = -math.inf
             else:
-                score[n] = self._restored[n] = g
+                score[n] = self._restored[n] = g[0]
+                self._observe_gap(self._clock + 1 - g[1])
 
     def _touch(self, n: int, now: int) -> None:
         if self._tokens[n] >= self._full_tokens:
             self._clock += 1  # a partial tail touched right after its full prefix: same request
-        x = self._clock * self._inv_h
-        s = self._score[n]
-        self._score[n] = _log2_add(s, x)
+        self._last[n] = self._clock
+        self._score[n] = self._add(self._score[n], float(self._clock))
 
     def _fold(self, child: int, parent: int) -> None:
         if self._tokens[child] < self._full_tokens:
@@ -430,15 +456,22 @@ class AgedRefPolicy(_HeapPolicy):
         if base is not None:
             # The restored part was folded into the parent when the child left before: add only
             # the references since it came back.
-            s = s + math.log2(1.0 - 2.0 ** (base - s)) if s > base else -math.inf
-        self._score[parent] = _log2_add(self._score[parent], s)
+            if s <= base:
+                return
+            h = self._h
+            s = s + h * math.log2(1.0 - 2.0 ** ((base - s) / h))
+        self._score[parent] = self._add(self._score[parent], s)
+        lc = self._last.get(child)
+        if lc is not None and lc > self._last.get(parent, -1):
+            self._last[parent] = lc
 
     def _forget(self, n: int, entry: tuple[float, int, int] | None) -> None:
         s = self._score.pop(n)
         self._restored.pop(n, None)
+        last = self._last.pop(n, None)
         if self._ghost_factor and s > -math.inf and self._tokens[n] >= self._full_tokens:
             ghost = self._ghost
-            ghost[(self._ns[n], self._keys[n])] = s
+            ghost[(self._ns[n], self._keys[n])] = (s, self._clock if last is None else last)
             if len(ghost) > self._ghost_factor * len(self._entry) + 64:
                 del ghost[next(iter(ghost))]
 

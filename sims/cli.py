@@ -1,0 +1,143 @@
+"""``radixkv sim``: replay a trace (or a synthetic workload) through the real tree and policies.
+
+With no arguments it runs the embedded default workload (``mix``) at the default capacities and
+policies and prints the table. Examples::
+
+    radixkv sim
+    radixkv sim --trace ../shared/traces/mooncake_conversation.jsonl --capacity 1%,5%,10% \\
+        --policy lru,s3fifo,cost,agedref,opt --model llama3-70b --json out.json --plot mrc.png
+    radixkv sim --workload rag --tiers mem,disk=25%@7 --capacity 64GiB --model llama3-8b
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from radixkv.errors import RadixKVError
+from radixkv.policies import POLICIES
+from radixkv.sims import opt as _opt  # noqa: F401  (registers "opt")
+from radixkv.sims.model import DEFAULT_TIER_MODELS, TierModel, parse_model
+from radixkv.sims.report import format_table, plot, records, write_csv, write_json
+from radixkv.sims.sweep import LowerTier, parse_capacity, run_sweep
+from radixkv.sims.traces import read_trace
+from radixkv.sims.workloads import DEFAULT_WORKLOAD, WORKLOADS, WorkloadConfig, generate
+
+__all__ = ["main", "build_parser"]
+
+DEFAULT_CAPACITIES = "1%,5%,10%,25%"
+DEFAULT_POLICIES = "lru,s3fifo,sieve,cost,agedref,opt"
+DEFAULT_MODEL = "llama3-8b"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="radixkv sim",
+        description="Offline eviction simulator: replay a request trace through radixkv's radix tree "
+        "and eviction policies; report hit rates (vs OPT and an infinite cache) and estimated TTFT.",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--trace", metavar="PATH", help="Mooncake or radixkv JSONL trace")
+    src.add_argument("--workload", choices=sorted(WORKLOADS), help=f"synthetic workload (default {DEFAULT_WORKLOAD})")
+    p.add_argument("--requests", type=int, default=4000, help="requests of a synthetic workload (default 4000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of a synthetic workload (default 0)")
+    p.add_argument("--block-tokens", type=int, default=None,
+                   help="tokens per block (Mooncake: 512; radixkv traces: their header; synthetic: 256)")
+    p.add_argument("--limit", type=int, default=None, help="read only the first N requests of a trace")
+    p.add_argument("--capacity", default=DEFAULT_CAPACITIES,
+                   help=f"top-tier capacities: 5%% of unique blocks, 1828 blocks, or 64GiB (default {DEFAULT_CAPACITIES})")
+    p.add_argument("--policy", default=DEFAULT_POLICIES, help=f"comma-separated policies (default {DEFAULT_POLICIES})")
+    p.add_argument("--tiers", default="mem",
+                   help="tiers fastest first, NAME[=CAPACITY][@GBps]; the first tier's capacity is --capacity "
+                        "(default: mem). Example: mem@50,disk=25%%@7")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"model preset or layers=..,kv_heads=..,head_dim=..,dtype=..,prefill_tps=.. for the "
+                        f"byte sizes and TTFT (default {DEFAULT_MODEL}; 'none' to skip TTFT)")
+    p.add_argument("--overlap", action="store_true", help="overlap loading with prefill layer by layer")
+    p.add_argument("--json", metavar="OUT", help="write one JSON array of records")
+    p.add_argument("--csv", metavar="OUT", help="write the records as CSV")
+    p.add_argument("--plot", metavar="OUT.png", help="write miss-ratio curves and a TTFT CDF (matplotlib)")
+    p.add_argument("--jobs", type=int, default=None, help="parallel processes (default: one per CPU)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _tier(text: str) -> tuple[str, str | None, TierModel | None]:
+    name, _, bw = text.partition("@")
+    name, _, cap = name.partition("=")
+    name = name.strip()
+    model = None
+    if bw:
+        try:
+            gbps = float(bw)
+        except ValueError:
+            raise RadixKVError(f"tier {text!r}: bandwidth {bw!r} must be GB/s like @7") from None
+        base = DEFAULT_TIER_MODELS.get(name)
+        model = TierModel(name, gbps * 1e9, base.latency_s if base else 0.0)
+    return name, (cap or None), model
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(args)
+    except RadixKVError as e:
+        print(f"radixkv sim: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    policies = [s.strip() for s in args.policy.split(",") if s.strip()]
+    for pol in policies:
+        if pol not in POLICIES:
+            raise RadixKVError(f"unknown policy {pol!r}; supported policies: {', '.join(sorted(POLICIES))}")
+    if args.trace:
+        trace = read_trace(args.trace, block_tokens=args.block_tokens, limit=args.limit)
+        source = args.trace
+    else:
+        name = args.workload or DEFAULT_WORKLOAD
+        trace = generate(name, WorkloadConfig(requests=args.requests, seed=args.seed,
+                                              block_tokens=args.block_tokens or 256))
+        source = f"workload {trace.name}"
+    if not trace.requests:
+        raise RadixKVError(f"{source}: no requests to replay")
+    trace.check_prefix_closed()
+    model = None if args.model in ("none", "") else parse_model(args.model)
+    block_bytes = model.block_bytes(trace.block_tokens) if model else None
+    unique = trace.unique_blocks
+    capacities = [parse_capacity(c, unique, block_bytes) for c in args.capacity.split(",") if c.strip()]
+    tiers = [_tier(t) for t in args.tiers.split(",") if t.strip()]
+    if not tiers:
+        raise RadixKVError("--tiers needs at least one tier name")
+    top_name, _, top_model = tiers[0]
+    lower = []
+    for name, cap, tm in tiers[1:]:
+        if cap is None:
+            raise RadixKVError(f"tier {name!r} needs a capacity: --tiers ...,{name}=25%")
+        lower.append(LowerTier(name, cap, tm))
+    if lower and "opt" in policies:
+        policies = [p for p in policies if p != "opt"]
+        print("note: opt models a single tier; left out with --tiers", file=sys.stderr)
+    infinite = trace.infinite_hit_blocks() / max(trace.block_references, 1)
+    points = run_sweep(
+        trace, policies, capacities, top_tier=top_name, lower_tiers=lower, model=model,
+        top_tier_model=top_model, overlap=args.overlap, jobs=args.jobs,
+        progress=not args.no_progress and sys.stderr.isatty(),
+    )
+    recs = records(points, infinite)
+    title = (
+        f"{source}: {len(trace):,} requests, {trace.block_references:,} block references, "
+        f"{unique:,} unique blocks of {trace.block_tokens} tokens; infinite cache {infinite * 100:.2f}%"
+        + (f"; model {model.name}" if model else "")
+    )
+    print(format_table(recs, title))
+    if args.json:
+        write_json(recs, args.json)
+    if args.csv:
+        write_csv(recs, args.csv)
+    if args.plot:
+        plot(points, infinite, args.plot, title=trace.name)
+    print(f"({len(points)} points in {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+    return 0

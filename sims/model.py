@@ -1,0 +1,175 @@
+"""Physical model of the hierarchy: KV bytes per token, tier bandwidths, and an estimated TTFT.
+
+Presets (bf16 KV unless noted; prefill throughput = tokens/s of the serving unit, derived from
+2 * active params FLOPs per token at ~400 TFLOP/s effective per GPU, see
+shared/research/traces-and-eviction.md sections 7-8):
+
+=============  ==============================  ====================  ==========================
+preset         KV bytes per token              prefill tokens/s      unit
+=============  ==============================  ====================  ==========================
+llama3-8b      32 x 8 x 128 x 2 x 2 = 128 KiB  25,000                1 GPU
+qwen2.5-7b     28 x 4 x 128 x 2 x 2 = 56 KiB   26,000                1 GPU
+llama3-70b     80 x 8 x 128 x 2 x 2 = 320 KiB  22,600                8 GPUs
+deepseek-v3    61 x 576 x 2 (MLA) ~ 68.6 KiB   43,400                8 GPUs (37B active)
+=============  ==============================  ====================  ==========================
+
+TTFT of one request (seconds)::
+
+    load_t    = bytes of the hit chunks served by tier t / bandwidth_t + latency_t  (t with hits)
+    load      = sum over tiers of load_t          (a tier slower than recomputing is recomputed)
+    prefill   = (input tokens - loaded tokens) / prefill_tokens_per_s
+    TTFT      = load + prefill                    (no overlap)
+              = max(load, prefill) + min(load, prefill) / layers   (layer-by-layer overlap)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from radixkv.errors import ConfigError
+
+__all__ = ["ModelSpec", "MODEL_PRESETS", "TierModel", "DEFAULT_TIER_MODELS", "parse_model", "ttft_s",
+           "parse_size_bytes"]
+
+_DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
+                "float8": 1, "fp8": 1, "int8": 1}
+
+
+@dataclass(slots=True, frozen=True)
+class ModelSpec:
+    """KV footprint and prefill speed of one model deployment."""
+
+    name: str
+    kv_bytes_per_token: int
+    prefill_tokens_per_s: float
+    layers: int
+
+    def __post_init__(self) -> None:
+        if self.kv_bytes_per_token <= 0:
+            raise ConfigError(f"model {self.name!r}: kv_bytes_per_token={self.kv_bytes_per_token} must be > 0")
+        if not self.prefill_tokens_per_s > 0:
+            raise ConfigError(f"model {self.name!r}: prefill_tokens_per_s must be > 0")
+        if self.layers <= 0:
+            raise ConfigError(f"model {self.name!r}: layers={self.layers} must be > 0")
+
+    def block_bytes(self, block_tokens: int) -> int:
+        return self.kv_bytes_per_token * block_tokens
+
+
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    "llama3-8b": ModelSpec("llama3-8b", 32 * 8 * 128 * 2 * 2, 25_000.0, 32),
+    "qwen2.5-7b": ModelSpec("qwen2.5-7b", 28 * 4 * 128 * 2 * 2, 26_000.0, 28),
+    "llama3-70b": ModelSpec("llama3-70b", 80 * 8 * 128 * 2 * 2, 22_600.0, 80),
+    "deepseek-v3": ModelSpec("deepseek-v3", 61 * 576 * 2, 43_400.0, 61),
+}
+
+
+def parse_model(text: str) -> ModelSpec:
+    """A preset name, or ``layers=32,kv_heads=8,head_dim=128,dtype=bf16,prefill_tps=25000``
+    (``mla_dim=576`` replaces kv_heads/head_dim for MLA models: one latent vector per layer)."""
+    if text in MODEL_PRESETS:
+        return MODEL_PRESETS[text]
+    if "=" not in text:
+        raise ConfigError(
+            f"unknown model {text!r}; choose a preset ({', '.join(MODEL_PRESETS)}) or give "
+            "layers=..,kv_heads=..,head_dim=..,dtype=..,prefill_tps=.."
+        )
+    fields: dict[str, str] = {}
+    for part in text.split(","):
+        k, _, v = part.partition("=")
+        fields[k.strip()] = v.strip()
+    try:
+        layers = int(fields.pop("layers"))
+        dtype = fields.pop("dtype", "bf16")
+        if dtype not in _DTYPE_BYTES:
+            raise ConfigError(f"model dtype {dtype!r} is not one of {sorted(_DTYPE_BYTES)}")
+        if "mla_dim" in fields:
+            per_layer = int(fields.pop("mla_dim"))
+        else:
+            per_layer = 2 * int(fields.pop("kv_heads")) * int(fields.pop("head_dim"))
+        tps = float(fields.pop("prefill_tps", "25000"))
+    except KeyError as e:
+        raise ConfigError(f"custom model {text!r} is missing {e.args[0]}=..") from None
+    except ValueError as e:
+        raise ConfigError(f"custom model {text!r}: {e}") from None
+    if fields:
+        raise ConfigError(f"custom model {text!r}: unknown fields {sorted(fields)}")
+    return ModelSpec("custom", layers * per_layer * _DTYPE_BYTES[dtype], tps, layers)
+
+
+@dataclass(slots=True, frozen=True)
+class TierModel:
+    """Read bandwidth (bytes/s) and per-request latency (s) of loading from one tier."""
+
+    name: str
+    bandwidth_bytes_per_s: float
+    latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth_bytes_per_s > 0:
+            raise ConfigError(f"tier {self.name!r}: bandwidth must be > 0 bytes/s")
+        if self.latency_s < 0:
+            raise ConfigError(f"tier {self.name!r}: latency_s must be >= 0")
+
+
+GB = 1e9
+DEFAULT_TIER_MODELS: dict[str, TierModel] = {
+    "mem": TierModel("mem", 50 * GB, 20e-6),  # pinned host memory over PCIe Gen5 x16
+    "disk": TierModel("disk", 7 * GB, 100e-6),  # NVMe Gen4 x4 sequential read
+    "remote": TierModel("remote", 12.5 * GB, 500e-6),  # 100 GbE store (Redis, Mooncake, ...)
+}
+
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgtp]?i?b?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
+          "p": 1e15, "pb": 1e15, "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30,
+          "gib": 2**30, "ti": 2**40, "tib": 2**40, "pi": 2**50, "pib": 2**50}
+
+
+def parse_size_bytes(text: str) -> int:
+    """``64GiB``, ``1.5TB``, ``4096`` -> bytes."""
+    m = _SIZE_RE.match(text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ConfigError(f"size {text!r} is not a byte size like 64GiB, 1.5TB or 4096")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def ttft_s(
+    model: ModelSpec,
+    tiers: list[TierModel],
+    block_tokens: int,
+    input_tokens: np.ndarray,
+    hit_blocks: np.ndarray,
+    tier_hit_blocks: np.ndarray,
+    overlap: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-request TTFT (s) and loaded bytes per tier ([tier] totals) under the model above.
+
+    A tier whose load would take longer than recomputing its tokens is recomputed instead (what a
+    break-even-aware engine does), so a cache never makes the estimate worse than no cache."""
+    input_tokens = input_tokens.astype(np.float64)
+    hit_tokens = np.minimum(hit_blocks.astype(np.float64) * block_tokens, input_tokens)
+    # Tokens per tier, scaled so they sum to the hit tokens (the last hit block may be partial).
+    raw = tier_hit_blocks.astype(np.float64) * block_tokens
+    total_raw = raw.sum(axis=1)
+    scale = np.divide(hit_tokens, total_raw, out=np.zeros_like(hit_tokens), where=total_raw > 0)
+    tier_tokens = raw * scale[:, None]
+    load = np.zeros_like(input_tokens)
+    recompute_tokens = input_tokens - hit_tokens
+    loaded_bytes = np.zeros(len(tiers))
+    for t, tm in enumerate(tiers):
+        tok = tier_tokens[:, t]
+        load_t = tok * model.kv_bytes_per_token / tm.bandwidth_bytes_per_s + np.where(tok > 0, tm.latency_s, 0.0)
+        recompute_t = tok / model.prefill_tokens_per_s
+        use_load = load_t <= recompute_t
+        load += np.where(use_load, load_t, 0.0)
+        recompute_tokens += np.where(use_load, 0.0, tok)
+        loaded_bytes[t] = float((tok * use_load).sum() * model.kv_bytes_per_token)
+    prefill = recompute_tokens / model.prefill_tokens_per_s
+    if overlap:
+        ttft = np.maximum(load, prefill) + np.minimum(load, prefill) / model.layers
+    else:
+        ttft = load + prefill
+    return ttft, loaded_bytes

@@ -1,0 +1,160 @@
+"""Turn replay results into records, a terminal table, JSON/CSV files and plots.
+
+One record per (policy, capacity)::
+
+    policy, capacity_fraction (of the trace's unique blocks; null when given in bytes/blocks),
+    capacity_blocks, requests, block_references, block_hits, block_hit_rate, token_hit_rate,
+    infinite_block_hit_rate, gap_closed (fraction of the LRU-to-OPT gap; null without both),
+    elapsed_s, accesses_per_s, and with a model: ttft_mean_ms, ttft_p50_ms, ttft_p90_ms,
+    ttft_p99_ms, loaded_bytes (per tier), recomputed_tokens.
+
+Hit rates are fractions in [0, 1].
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["Point", "records", "format_table", "write_json", "write_csv", "plot"]
+
+
+@dataclass(slots=True)
+class Point:
+    """One simulated (policy, capacity) point with its derived numbers."""
+
+    policy: str
+    capacity_fraction: float | None
+    capacity_blocks: int
+    requests: int
+    block_references: int
+    block_hits: int
+    block_hit_rate: float
+    token_hit_rate: float
+    elapsed_s: float
+    ttft_s: np.ndarray | None = None
+    loaded_bytes: dict[str, float] | None = None
+    recomputed_tokens: int | None = None
+
+
+def records(points: Sequence[Point], infinite_rate: float) -> list[dict[str, Any]]:
+    """JSON-ready dicts, with the LRU-to-OPT gap closed per capacity when both were run."""
+    by_cap: dict[int, dict[str, float]] = {}
+    for p in points:
+        by_cap.setdefault(p.capacity_blocks, {})[p.policy] = p.block_hit_rate
+    out = []
+    for p in points:
+        rates = by_cap[p.capacity_blocks]
+        gap = None
+        if "lru" in rates and "opt" in rates and rates["opt"] - rates["lru"] > 1e-12:
+            gap = (p.block_hit_rate - rates["lru"]) / (rates["opt"] - rates["lru"])
+        rec: dict[str, Any] = {
+            "policy": p.policy,
+            "capacity_fraction": p.capacity_fraction,
+            "capacity_blocks": p.capacity_blocks,
+            "requests": p.requests,
+            "block_references": p.block_references,
+            "block_hits": p.block_hits,
+            "block_hit_rate": p.block_hit_rate,
+            "token_hit_rate": p.token_hit_rate,
+            "infinite_block_hit_rate": infinite_rate,
+            "gap_closed": gap,
+            "elapsed_s": round(p.elapsed_s, 4),
+            "accesses_per_s": round(p.block_references / p.elapsed_s) if p.elapsed_s > 0 else None,
+        }
+        if p.ttft_s is not None:
+            ms = p.ttft_s * 1e3
+            rec.update(
+                ttft_mean_ms=float(ms.mean()) if len(ms) else 0.0,
+                ttft_p50_ms=float(np.percentile(ms, 50)) if len(ms) else 0.0,
+                ttft_p90_ms=float(np.percentile(ms, 90)) if len(ms) else 0.0,
+                ttft_p99_ms=float(np.percentile(ms, 99)) if len(ms) else 0.0,
+                loaded_bytes=p.loaded_bytes,
+                recomputed_tokens=p.recomputed_tokens,
+            )
+        out.append(rec)
+    return out
+
+
+def format_table(recs: Sequence[dict[str, Any]], title: str) -> str:
+    has_ttft = any("ttft_p50_ms" in r for r in recs)
+    head = ["policy", "capacity", "blocks", "block hit", "token hit", "gap closed"]
+    if has_ttft:
+        head += ["TTFT p50", "TTFT p99"]
+    head += ["M acc/s"]
+    rows = []
+    for r in recs:
+        cap = f"{r['capacity_fraction'] * 100:g}%" if r["capacity_fraction"] is not None else "-"
+        gap = "-" if r["gap_closed"] is None else f"{r['gap_closed'] * 100:.0f}%"
+        row = [r["policy"], cap, f"{r['capacity_blocks']:,}", f"{r['block_hit_rate'] * 100:.2f}%",
+               f"{r['token_hit_rate'] * 100:.2f}%", gap]
+        if has_ttft:
+            row += [f"{r.get('ttft_p50_ms', 0):.0f} ms", f"{r.get('ttft_p99_ms', 0):.0f} ms"]
+        row += [f"{(r['accesses_per_s'] or 0) / 1e6:.2f}"]
+        rows.append(row)
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(head)]
+    lines = [title, "  ".join(h.rjust(w) for h, w in zip(head, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def write_json(recs: Sequence[dict[str, Any]], path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(list(recs), f, indent=1)
+        f.write("\n")
+
+
+def write_csv(recs: Sequence[dict[str, Any]], path: str) -> None:
+    fields: list[str] = []
+    for r in recs:
+        fields += [k for k in r if k not in fields and k != "loaded_bytes"]
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in recs:
+            w.writerow(r)
+
+
+def plot(points: Sequence[Point], infinite_rate: float, path: str, title: str) -> None:
+    """Miss-ratio curves (hit rate vs capacity per policy) and, with a model, TTFT CDFs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with_ttft = [p for p in points if p.ttft_s is not None]
+    fig, axes = plt.subplots(1, 2 if with_ttft else 1, figsize=(12 if with_ttft else 6.5, 4.5), squeeze=False)
+    ax = axes[0][0]
+    for pol in dict.fromkeys(p.policy for p in points):
+        pts = sorted((p.capacity_blocks, p.block_hit_rate) for p in points if p.policy == pol)
+        ax.plot([c for c, _ in pts], [h * 100 for _, h in pts], marker="o", label=pol)
+    ax.axhline(infinite_rate * 100, color="grey", linestyle="--", label="infinite cache")
+    ax.set_xscale("log")
+    ax.set_xlabel("capacity (blocks)")
+    ax.set_ylabel("block hit rate (%)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    if with_ttft:
+        ax2 = axes[0][1]
+        biggest = max(p.capacity_blocks for p in with_ttft)
+        smallest = min(p.capacity_blocks for p in with_ttft)
+        for p in with_ttft:
+            if p.capacity_blocks != smallest:
+                continue
+            ms = np.sort(p.ttft_s * 1e3)
+            ax2.plot(ms, np.arange(1, len(ms) + 1) / len(ms), label=f"{p.policy} @ {p.capacity_blocks:,} blocks")
+        ax2.set_xscale("log")
+        ax2.set_xlabel("TTFT (ms)")
+        ax2.set_ylabel("fraction of requests")
+        ax2.set_title(f"TTFT CDF at the smallest capacity (largest: {biggest:,} blocks)")
+        ax2.grid(True, alpha=0.3)
+        ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

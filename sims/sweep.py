@@ -1,0 +1,178 @@
+"""Capacity x policy sweeps (the miss-ratio curve), run in parallel processes.
+
+:func:`run_sweep` replays one trace for every (policy, capacity) point, each in a fresh tree, and
+returns :class:`~radixkv.sims.report.Point` s in (policy, capacity) order. Worker processes are forked
+so they share the parsed trace copy-on-write; ``jobs=1`` runs in-process (tests, profiling).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from radixkv.errors import ConfigError
+from radixkv.sims.model import DEFAULT_TIER_MODELS, ModelSpec, TierModel, parse_size_bytes, ttft_s
+from radixkv.sims.replay import TierCapacity, replay
+from radixkv.sims.report import Point
+from radixkv.sims.traces import Trace
+
+__all__ = ["Capacity", "LowerTier", "parse_capacity", "run_sweep"]
+
+
+@dataclass(slots=True, frozen=True)
+class Capacity:
+    """A top-tier capacity: ``fraction`` of the trace's unique blocks (None if given absolutely)."""
+
+    blocks: int
+    fraction: float | None = None
+
+
+@dataclass(slots=True)
+class LowerTier:
+    """A tier below the swept one (victims of the tier above are demoted into it)."""
+
+    name: str
+    capacity_text: str
+    model: TierModel | None = None
+
+
+def parse_capacity(text: str, unique_blocks: int, block_bytes: int | None) -> Capacity:
+    """``5%`` (of unique blocks), ``1828`` / ``1828blocks`` (blocks) or ``64GiB`` (needs a model)."""
+    t = text.strip()
+    if t.endswith("%"):
+        try:
+            frac = float(t[:-1]) / 100.0
+        except ValueError:
+            raise ConfigError(f"capacity {text!r} is not a percentage like 5%") from None
+        if not 0 < frac:
+            raise ConfigError(f"capacity {text!r} must be > 0%")
+        # round half up, like the issue's table (1% of 182,790 = 1,827.9 -> 1,828)
+        return Capacity(max(1, int(frac * unique_blocks + 0.5)), frac)
+    if t.endswith("blocks"):
+        t = t[: -len("blocks")]
+    if t.isdigit():
+        blocks = int(t)
+        if blocks < 1:
+            raise ConfigError(f"capacity {text!r} must be at least 1 block")
+        return Capacity(blocks)
+    if block_bytes is None:
+        raise ConfigError(f"capacity {text!r} is in bytes: pass --model so a block has a byte size")
+    blocks = parse_size_bytes(t) // block_bytes
+    if blocks < 1:
+        raise ConfigError(f"capacity {text!r} holds less than one {block_bytes:,}-byte block")
+    return Capacity(blocks)
+
+
+@dataclass(slots=True)
+class _Job:
+    policy: str
+    capacity: Capacity
+    tiers: list[TierCapacity]
+    block_bytes: int | None
+    model: ModelSpec | None
+    tier_models: list[TierModel] = field(default_factory=list)
+    overlap: bool = False
+    progress: bool = False
+
+
+_TRACE: Trace | None = None  # set before forking, read by workers
+
+
+def _run(job: _Job) -> Point:
+    trace = _TRACE
+    assert trace is not None
+    r = replay(trace, job.policy, job.tiers, block_bytes=job.block_bytes, progress=job.progress)
+    point = Point(
+        policy=job.policy,
+        capacity_fraction=job.capacity.fraction,
+        capacity_blocks=job.capacity.blocks,
+        requests=r.requests,
+        block_references=r.block_references,
+        block_hits=r.block_hits,
+        block_hit_rate=r.block_hit_rate,
+        token_hit_rate=r.token_hit_rate,
+        elapsed_s=r.elapsed_s,
+    )
+    if job.model is not None:
+        inputs = np.fromiter((q.input_tokens for q in trace.requests), dtype=np.int64, count=len(trace))
+        ttft, loaded = ttft_s(job.model, job.tier_models, trace.block_tokens, inputs, r.hit_blocks,
+                              r.tier_hit_blocks, overlap=job.overlap)
+        point.ttft_s = ttft
+        point.loaded_bytes = {t.name: float(b) for t, b in zip(job.tier_models, loaded)}
+        point.recomputed_tokens = int(r.input_tokens - r.token_hits)
+    return point
+
+
+def run_sweep(
+    trace: Trace,
+    policies: Sequence[str],
+    capacities: Sequence[Capacity],
+    *,
+    top_tier: str = "mem",
+    lower_tiers: Sequence[LowerTier] = (),
+    model: ModelSpec | None = None,
+    top_tier_model: TierModel | None = None,
+    overlap: bool = False,
+    jobs: int | None = None,
+    progress: bool = False,
+) -> list[Point]:
+    """Replay every (policy, capacity) point; results in (policy, capacity) order."""
+    global _TRACE
+    if not policies or not capacities:
+        raise ConfigError("a sweep needs at least one policy and one capacity")
+    block_bytes = model.block_bytes(trace.block_tokens) if model else None
+    unique = trace.unique_blocks
+    tier_models = [top_tier_model or DEFAULT_TIER_MODELS.get(top_tier) or DEFAULT_TIER_MODELS["mem"]]
+    lower: list[TierCapacity] = []
+    for lt in lower_tiers:
+        lower.append(TierCapacity(lt.name, parse_capacity(lt.capacity_text, unique, block_bytes).blocks))
+        tier_models.append(lt.model or DEFAULT_TIER_MODELS.get(lt.name) or DEFAULT_TIER_MODELS["disk"])
+    if lower and "opt" in policies:
+        raise ConfigError("the opt policy models a single tier; drop --tiers or the opt policy")
+    todo = [
+        _Job(p, c, [TierCapacity(top_tier, c.blocks)] + lower, block_bytes, model, tier_models, overlap)
+        for p in policies
+        for c in capacities
+    ]
+    _TRACE = trace
+    try:
+        n_jobs = jobs or min(len(todo), os.cpu_count() or 1)
+        if n_jobs <= 1 or len(todo) == 1:
+            if progress and len(todo) == 1:
+                todo[0].progress = True
+            return [_run(j) for j in _with_bar(todo, progress)]
+        ctx = multiprocessing.get_context("fork")
+        # Small capacities and opt are the slow points: start them first.
+        order = sorted(range(len(todo)), key=lambda i: (todo[i].policy != "opt", todo[i].capacity.blocks))
+        with ProcessPoolExecutor(max_workers=n_jobs, mp_context=ctx) as pool:
+            futures = {i: pool.submit(_run, todo[i]) for i in order}
+            results: dict[int, Point] = {}
+            bar = _bar(len(todo)) if progress else None
+            for i in order:
+                results[i] = futures[i].result()
+                if bar is not None:
+                    bar.update(1)
+            if bar is not None:
+                bar.close()
+        return [results[i] for i in range(len(todo))]
+    finally:
+        _TRACE = None
+
+
+def _with_bar(todo: list[_Job], progress: bool):
+    if not progress or len(todo) == 1:
+        return todo
+    from tqdm import tqdm
+
+    return tqdm(todo, unit="point", leave=False)
+
+
+def _bar(total: int):  # pragma: no cover - cosmetic
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="point", leave=False)
