@@ -42,6 +42,8 @@ __all__ = ["TierStack", "ChunkRef"]
 
 _UNBOUNDED_BYTES = 1 << 62
 _NS_DIGEST_CHARS = 32
+_RETRY_DELETES_MAX = 1 << 16  # failed deletes remembered per tier (bounded memory)
+_RETRY_DELETES_FOR_S = 600.0
 _DELETE_WAIT_S = 5.0  # bound on a writer's wait for a delete of its keys (a delete is one batch)
 
 
@@ -77,6 +79,9 @@ class TierStack:
         # its keys, so the tree never says "resident" for bytes a racing delete removed.
         self._writing: dict[tuple[int, str, str], int] = defaultdict(int)
         self._deleting: dict[tuple[int, str, str], int] = defaultdict(int)
+        # Deletes a tier may have failed (server down): (namespace, key) -> first failure time.
+        self._retry_deletes: list[dict[tuple[str, str], float]] = [{} for _ in self.tiers]
+        self._retry_after = [0.0] * len(self.tiers)
         self.max_key_chars = 64
         # Tiers that persist frames count header + identity per chunk against their capacity.
         self._framed = [not hasattr(t, "lease") for t in self.tiers]
@@ -149,12 +154,15 @@ class TierStack:
         if not keys:
             return []
         with self.metrics.timed("tier_put", self.names[t]):
-            try:
-                ok = self.tiers[t].put_many(ns, keys, payloads)
-            except (InputError, CapacityError):
-                raise
-            except Exception:  # a tier must not raise for faults; if one does, it is a failed put
-                ok = [False] * len(keys)
+            ok = self._put_many(t, ns, keys, payloads)
+            failed = [i for i, o in enumerate(ok) if not o]
+            if failed and self._retry_deletes[t] and self.retry_deletes(t):
+                # Deletes that failed earlier (server down) may be what fills the tier's own books.
+                again = self._put_many(
+                    t, ns, [keys[i] for i in failed], [payloads[i] for i in failed]
+                )
+                for i, o in zip(failed, again):
+                    ok[i] = o
         n_ok = sum(ok)
         self.metrics.written(self.names[t], n_ok, sum(p.numel() for p, o in zip(payloads, ok) if o))
         self.metrics.write_failures(self.names[t], len(keys) - n_ok)
@@ -174,14 +182,75 @@ class TierStack:
             except Exception:
                 return [False] * len(keys)
 
-    def tier_delete(self, t: int, ns: str, keys: Sequence[str]) -> None:
-        if keys:
-            try:
-                self.tiers[t].delete_many(ns, keys)
-            except (
-                Exception
-            ):  # best effort: a dead server keeps nothing we would serve (tree forgot it)
-                pass
+    def _put_many(
+        self, t: int, ns: str, keys: Sequence[str], payloads: Sequence[torch.Tensor]
+    ) -> list[bool]:
+        try:
+            return list(self.tiers[t].put_many(ns, keys, payloads))
+        except (InputError, CapacityError):
+            raise
+        except Exception:  # a tier must not raise for faults; if one does, it is a failed put
+            return [False] * len(keys)
+
+    def tier_delete(self, t: int, ns: str, keys: Sequence[str]) -> bool:
+        """Delete best effort. A batch of which the tier found fewer keys than asked may have failed
+        (a server down answers 0 without trying), so its keys are remembered and retried later
+        (:meth:`retry_deletes`). Returns True if the tier found every key."""
+        if not keys:
+            return True
+        try:
+            ok = self.tiers[t].delete_many(ns, keys) >= len(keys)
+        except Exception:
+            ok = False
+        if not ok:
+            now = time.monotonic()
+            with self.cond:
+                pending = self._retry_deletes[t]
+                for k in keys:
+                    if len(pending) < _RETRY_DELETES_MAX:
+                        pending.setdefault((ns, k), now)
+        return ok
+
+    def retry_deletes(self, t: int) -> bool:
+        """Retry the deletes tier ``t`` failed earlier, for keys the tree does not place there now
+        and nobody is writing. A medium that was down keeps bytes the tree forgot, and a tier that
+        counts what it stores (Redis) would count them against its capacity forever. At most once
+        per second per tier; a key is given up ``_RETRY_DELETES_FOR_S`` after its first failure.
+        Returns True if a retry ran."""
+        now = time.monotonic()
+        with self.cond:
+            if now < self._retry_after[t] or not self._retry_deletes[t]:
+                return False
+            self._retry_after[t] = now + 1.0
+            pending, self._retry_deletes[t] = self._retry_deletes[t], {}
+            keep = {i: t0 for i, t0 in pending.items() if now - t0 < _RETRY_DELETES_FOR_S}
+            todo = [(t, ns, k) for ns, k in keep if not self._resident_locked(t, ns, k)]
+            entries = self.mark_deleting_locked(todo)
+        groups: dict[str, list[str]] = defaultdict(list)
+        for _t, ns, k in entries:
+            groups[ns].append(k)
+        tier = self.tiers[t]
+        ping = getattr(tier, "ping", None)  # a tier that can tell whether its medium is reachable
+        try:
+            for ns, keys in groups.items():
+                try:
+                    ran = ping is None or bool(ping())
+                    if ran:
+                        tier.delete_many(ns, keys)  # absent keys are fine: the delete ran
+                        ran = ping is None or bool(ping())
+                except Exception:
+                    ran = False
+                if not ran:
+                    with self.cond:  # still unreachable: keep them (with their first-failure time)
+                        for k in keys:
+                            self._retry_deletes[t].setdefault((ns, k), keep[(ns, k)])
+        finally:
+            self._unmark_deleting(entries)
+        return True
+
+    def _resident_locked(self, t: int, ns: str, key: str) -> bool:
+        n = self.tree.lookup(ns, key)
+        return n is not None and bool(self.tree.node_tier_mask(n) & (1 << t))
 
     def begin_write_locked(self, t: int, ns: str, keys: Sequence[str]) -> None:
         """Announce puts of ``keys`` into tier ``t`` (waits for deletes of them in flight)."""
@@ -210,22 +279,28 @@ class TierStack:
             self._deleting[e] += 1
         return out
 
-    def delete_entries(self, entries: Sequence[tuple[int, str, str]]) -> None:
-        """Delete marked ``(tier, namespace, key)`` bytes, batched per tier and namespace."""
+    def delete_entries(self, entries: Sequence[tuple[int, str, str]]) -> bool:
+        """Delete marked ``(tier, namespace, key)`` bytes, batched per tier and namespace; False if a
+        batch failed (it will be retried)."""
         groups: dict[tuple[int, str], list[str]] = defaultdict(list)
         for t, ns, key in entries:
             groups[(t, ns)].append(key)
+        ok = True
         try:
             for (t, ns), keys in groups.items():
-                self.tier_delete(t, ns, keys)
+                ok = self.tier_delete(t, ns, keys) and ok
         finally:
-            if entries:
-                with self.cond:
-                    for e in entries:
-                        self._deleting[e] -= 1
-                        if not self._deleting[e]:
-                            del self._deleting[e]
-                    self.cond.notify_all()
+            self._unmark_deleting(entries)
+        return ok
+
+    def _unmark_deleting(self, entries: Sequence[tuple[int, str, str]]) -> None:
+        if entries:
+            with self.cond:
+                for e in entries:
+                    self._deleting[e] -= 1
+                    if not self._deleting[e]:
+                        del self._deleting[e]
+                self.cond.notify_all()
 
     def _absorb_tier_evictions(self, t: int) -> None:
         """A tier that evicted on its own (disk over budget) tells us what; forget it in the tree."""
