@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -33,6 +32,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from radixkv import eviction, reads
+from radixkv.intents import WriteDeleteIntents
 from radixkv.errors import CapacityError, InputError, PinError
 from radixkv.metrics import StoreMetrics
 from radixkv.tiers.framing import HEADER_BYTES
@@ -42,9 +42,6 @@ __all__ = ["TierStack", "ChunkRef"]
 
 _UNBOUNDED_BYTES = 1 << 62
 _NS_DIGEST_CHARS = 32
-_RETRY_DELETES_MAX = 1 << 16  # failed deletes remembered per tier (bounded memory)
-_RETRY_DELETES_FOR_S = 600.0
-_DELETE_WAIT_S = 5.0  # bound on a writer's wait for a delete of its keys (a delete is one batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +55,7 @@ class ChunkRef:
     tokens: int
 
 
-class TierStack:
+class TierStack(WriteDeleteIntents):
     """Tiers fastest first + the tree + the lock. Thread-safe; see the module docstring."""
 
     def __init__(
@@ -74,14 +71,7 @@ class TierStack:
         self.reserved = [0] * n
         self.claimed = [0] * n
         self.transfers_inflight = 0  # background copies holding pins (a writer may wait for them)
-        # (tier, namespace, key) with a put or a delete in flight on the medium. A delete skips keys
-        # being written (the writer will make them resident again) and a writer waits for deletes of
-        # its keys, so the tree never says "resident" for bytes a racing delete removed.
-        self._writing: dict[tuple[int, str, str], int] = defaultdict(int)
-        self._deleting: dict[tuple[int, str, str], int] = defaultdict(int)
-        # Deletes a tier may have failed (server down): (namespace, key) -> first failure time.
-        self._retry_deletes: list[dict[tuple[str, str], float]] = [{} for _ in self.tiers]
-        self._retry_after = [0.0] * len(self.tiers)
+        self.init_intents(len(self.tiers))
         self.max_key_chars = 64
         # Tiers that persist frames count header + identity per chunk against their capacity.
         self._framed = [not hasattr(t, "lease") for t in self.tiers]
@@ -191,116 +181,6 @@ class TierStack:
             raise
         except Exception:  # a tier must not raise for faults; if one does, it is a failed put
             return [False] * len(keys)
-
-    def tier_delete(self, t: int, ns: str, keys: Sequence[str]) -> bool:
-        """Delete best effort. A batch of which the tier found fewer keys than asked may have failed
-        (a server down answers 0 without trying), so its keys are remembered and retried later
-        (:meth:`retry_deletes`). Returns True if the tier found every key."""
-        if not keys:
-            return True
-        try:
-            ok = self.tiers[t].delete_many(ns, keys) >= len(keys)
-        except Exception:
-            ok = False
-        if not ok:
-            now = time.monotonic()
-            with self.cond:
-                pending = self._retry_deletes[t]
-                for k in keys:
-                    if len(pending) < _RETRY_DELETES_MAX:
-                        pending.setdefault((ns, k), now)
-        return ok
-
-    def retry_deletes(self, t: int) -> bool:
-        """Retry the deletes tier ``t`` failed earlier, for keys the tree does not place there now
-        and nobody is writing. A medium that was down keeps bytes the tree forgot, and a tier that
-        counts what it stores (Redis) would count them against its capacity forever. At most once
-        per second per tier; a key is given up ``_RETRY_DELETES_FOR_S`` after its first failure.
-        Returns True if a retry ran."""
-        now = time.monotonic()
-        with self.cond:
-            if now < self._retry_after[t] or not self._retry_deletes[t]:
-                return False
-            self._retry_after[t] = now + 1.0
-            pending, self._retry_deletes[t] = self._retry_deletes[t], {}
-            keep = {i: t0 for i, t0 in pending.items() if now - t0 < _RETRY_DELETES_FOR_S}
-            todo = [(t, ns, k) for ns, k in keep if not self._resident_locked(t, ns, k)]
-            entries = self.mark_deleting_locked(todo)
-        groups: dict[str, list[str]] = defaultdict(list)
-        for _t, ns, k in entries:
-            groups[ns].append(k)
-        tier = self.tiers[t]
-        ping = getattr(tier, "ping", None)  # a tier that can tell whether its medium is reachable
-        try:
-            for ns, keys in groups.items():
-                try:
-                    ran = ping is None or bool(ping())
-                    if ran:
-                        tier.delete_many(ns, keys)  # absent keys are fine: the delete ran
-                        ran = ping is None or bool(ping())
-                except Exception:
-                    ran = False
-                if not ran:
-                    with self.cond:  # still unreachable: keep them (with their first-failure time)
-                        for k in keys:
-                            self._retry_deletes[t].setdefault((ns, k), keep[(ns, k)])
-        finally:
-            self._unmark_deleting(entries)
-        return True
-
-    def _resident_locked(self, t: int, ns: str, key: str) -> bool:
-        n = self.tree.lookup(ns, key)
-        return n is not None and bool(self.tree.node_tier_mask(n) & (1 << t))
-
-    def begin_write_locked(self, t: int, ns: str, keys: Sequence[str]) -> None:
-        """Announce puts of ``keys`` into tier ``t`` (waits for deletes of them in flight)."""
-        idents = [(t, ns, k) for k in keys]
-        deadline = time.monotonic() + _DELETE_WAIT_S
-        while any(i in self._deleting for i in idents) and time.monotonic() < deadline:
-            self.cond.wait(0.05)
-        for i in idents:
-            self._writing[i] += 1
-
-    def end_write_locked(self, t: int, ns: str, keys: Sequence[str]) -> None:
-        for k in keys:
-            i = (t, ns, k)
-            self._writing[i] -= 1
-            if not self._writing[i]:
-                del self._writing[i]
-        self.cond.notify_all()
-
-    def mark_deleting_locked(
-        self, entries: Sequence[tuple[int, str, str]]
-    ) -> list[tuple[int, str, str]]:
-        """The entries to delete from their tiers (those not being rewritten right now), marked as
-        in flight; pass the result to :meth:`delete_entries` after leaving the lock."""
-        out = [e for e in dict.fromkeys(entries) if e not in self._writing]
-        for e in out:
-            self._deleting[e] += 1
-        return out
-
-    def delete_entries(self, entries: Sequence[tuple[int, str, str]]) -> bool:
-        """Delete marked ``(tier, namespace, key)`` bytes, batched per tier and namespace; False if a
-        batch failed (it will be retried)."""
-        groups: dict[tuple[int, str], list[str]] = defaultdict(list)
-        for t, ns, key in entries:
-            groups[(t, ns)].append(key)
-        ok = True
-        try:
-            for (t, ns), keys in groups.items():
-                ok = self.tier_delete(t, ns, keys) and ok
-        finally:
-            self._unmark_deleting(entries)
-        return ok
-
-    def _unmark_deleting(self, entries: Sequence[tuple[int, str, str]]) -> None:
-        if entries:
-            with self.cond:
-                for e in entries:
-                    self._deleting[e] -= 1
-                    if not self._deleting[e]:
-                        del self._deleting[e]
-                self.cond.notify_all()
 
     def _absorb_tier_evictions(self, t: int) -> None:
         """A tier that evicted on its own (disk over budget) tells us what; forget it in the tree."""

@@ -1,0 +1,153 @@
+"""Write and delete intents: keep the tree and the tiers' bytes consistent under concurrency.
+
+A put announces ``(tier, namespace, key)`` before it writes; a delete (eviction, orphan cleanup,
+``store.delete``) announces its keys in the same locked step that clears them from the tree. A delete
+skips keys being written (the writer will make them resident again) and a writer waits (boundedly)
+for deletes of its keys. Without this, a racing delete could remove bytes the tree was just told are
+resident.
+
+A delete a tier may have missed (its server was down: it answers "0 deleted" without trying) is
+remembered and retried later, when a put into that tier is refused: a tier that counts the bytes it
+stores (Redis) would otherwise count chunks the tree forgot against its capacity forever.
+
+:class:`WriteDeleteIntents` is a mixin of :class:`radixkv.transfer.TierStack` (it uses the stack's
+``cond``, ``tree`` and ``tiers``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any, Sequence
+
+__all__ = ["WriteDeleteIntents"]
+
+_RETRY_DELETES_MAX = 1 << 16  # failed deletes remembered per tier (bounded memory)
+_RETRY_DELETES_FOR_S = 600.0
+_DELETE_WAIT_S = 5.0  # bound on a writer's wait for a delete of its keys (a delete is one batch)
+
+
+class WriteDeleteIntents:
+    cond: Any
+    tree: Any
+    tiers: list[Any]
+
+    def init_intents(self, n_tiers: int) -> None:
+        # (tier, namespace, key) with a put or a delete in flight on the medium. A delete skips keys
+        # being written (the writer will make them resident again) and a writer waits for deletes of
+        # its keys, so the tree never says "resident" for bytes a racing delete removed.
+        self._writing: dict[tuple[int, str, str], int] = defaultdict(int)
+        self._deleting: dict[tuple[int, str, str], int] = defaultdict(int)
+        # Deletes a tier may have failed (server down): (namespace, key) -> first failure time.
+        self._retry_deletes: list[dict[tuple[str, str], float]] = [{} for _ in range(n_tiers)]
+        self._retry_after = [0.0] * n_tiers
+
+    def tier_delete(self, t: int, ns: str, keys: Sequence[str]) -> bool:
+        """Delete best effort. A batch of which the tier found fewer keys than asked may have failed
+        (a server down answers 0 without trying), so its keys are remembered and retried later
+        (:meth:`retry_deletes`). Returns True if the tier found every key."""
+        if not keys:
+            return True
+        try:
+            ok = self.tiers[t].delete_many(ns, keys) >= len(keys)
+        except Exception:
+            ok = False
+        if not ok:
+            now = time.monotonic()
+            with self.cond:
+                pending = self._retry_deletes[t]
+                for k in keys:
+                    if len(pending) < _RETRY_DELETES_MAX:
+                        pending.setdefault((ns, k), now)
+        return ok
+
+    def retry_deletes(self, t: int) -> bool:
+        """Retry the deletes tier ``t`` failed earlier, for keys the tree does not place there now
+        and nobody is writing. A medium that was down keeps bytes the tree forgot, and a tier that
+        counts what it stores (Redis) would count them against its capacity forever. At most once
+        per second per tier; a key is given up ``_RETRY_DELETES_FOR_S`` after its first failure.
+        Returns True if a retry ran."""
+        now = time.monotonic()
+        with self.cond:
+            if now < self._retry_after[t] or not self._retry_deletes[t]:
+                return False
+            self._retry_after[t] = now + 1.0
+            pending, self._retry_deletes[t] = self._retry_deletes[t], {}
+            keep = {i: t0 for i, t0 in pending.items() if now - t0 < _RETRY_DELETES_FOR_S}
+            todo = [(t, ns, k) for ns, k in keep if not self._resident_locked(t, ns, k)]
+            entries = self.mark_deleting_locked(todo)
+        groups: dict[str, list[str]] = defaultdict(list)
+        for _t, ns, k in entries:
+            groups[ns].append(k)
+        tier = self.tiers[t]
+        ping = getattr(tier, "ping", None)  # a tier that can tell whether its medium is reachable
+        try:
+            for ns, keys in groups.items():
+                try:
+                    ran = ping is None or bool(ping())
+                    if ran:
+                        tier.delete_many(ns, keys)  # absent keys are fine: the delete ran
+                        ran = ping is None or bool(ping())
+                except Exception:
+                    ran = False
+                if not ran:
+                    with self.cond:  # still unreachable: keep them (with their first-failure time)
+                        for k in keys:
+                            self._retry_deletes[t].setdefault((ns, k), keep[(ns, k)])
+        finally:
+            self._unmark_deleting(entries)
+        return True
+
+    def _resident_locked(self, t: int, ns: str, key: str) -> bool:
+        n = self.tree.lookup(ns, key)
+        return n is not None and bool(self.tree.node_tier_mask(n) & (1 << t))
+
+    def begin_write_locked(self, t: int, ns: str, keys: Sequence[str]) -> None:
+        """Announce puts of ``keys`` into tier ``t`` (waits for deletes of them in flight)."""
+        idents = [(t, ns, k) for k in keys]
+        deadline = time.monotonic() + _DELETE_WAIT_S
+        while any(i in self._deleting for i in idents) and time.monotonic() < deadline:
+            self.cond.wait(0.05)
+        for i in idents:
+            self._writing[i] += 1
+
+    def end_write_locked(self, t: int, ns: str, keys: Sequence[str]) -> None:
+        for k in keys:
+            i = (t, ns, k)
+            self._writing[i] -= 1
+            if not self._writing[i]:
+                del self._writing[i]
+        self.cond.notify_all()
+
+    def mark_deleting_locked(
+        self, entries: Sequence[tuple[int, str, str]]
+    ) -> list[tuple[int, str, str]]:
+        """The entries to delete from their tiers (those not being rewritten right now), marked as
+        in flight; pass the result to :meth:`delete_entries` after leaving the lock."""
+        out = [e for e in dict.fromkeys(entries) if e not in self._writing]
+        for e in out:
+            self._deleting[e] += 1
+        return out
+
+    def delete_entries(self, entries: Sequence[tuple[int, str, str]]) -> bool:
+        """Delete marked ``(tier, namespace, key)`` bytes, batched per tier and namespace; False if a
+        batch failed (it will be retried)."""
+        groups: dict[tuple[int, str], list[str]] = defaultdict(list)
+        for t, ns, key in entries:
+            groups[(t, ns)].append(key)
+        ok = True
+        try:
+            for (t, ns), keys in groups.items():
+                ok = self.tier_delete(t, ns, keys) and ok
+        finally:
+            self._unmark_deleting(entries)
+        return ok
+
+    def _unmark_deleting(self, entries: Sequence[tuple[int, str, str]]) -> None:
+        if entries:
+            with self.cond:
+                for e in entries:
+                    self._deleting[e] -= 1
+                    if not self._deleting[e]:
+                        del self._deleting[e]
+                self.cond.notify_all()
