@@ -196,6 +196,9 @@ class PagedLayout:
         if table is None:
             offsets = [self.element_offset(v.data_ptr()) for layer in self.views for v in layer]
             table = torch.tensor(offsets, dtype=torch.int64).to(self.device)
+            if self.device.type == "cuda":
+                # Cached and later read from any stream: finish the upload on this one first (once).
+                torch.cuda.current_stream(self.device).synchronize()
             self._view_offsets[key] = table
         return table
 
