@@ -69,8 +69,9 @@ _KEY_RE = re.compile(r"[\x21-\x7e]{1,256}")
 _TOPOLOGY_ERRORS = ("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN")  # replies that call for a slot refresh
 _TOPOLOGY_EXC = (redis.exceptions.AskError, redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError)
 # Faults of the medium: these open the fail-fast window. Per-command errors (OOM, WRONGTYPE) do not.
-_DOWN_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                redis.exceptions.ClusterError, RedisClusterException, OSError)
+# A pipeline returns per-command errors inline, so any RedisError that escapes means the transport or
+# the cluster client is broken.
+_DOWN_ERRORS = (redis.exceptions.RedisError, RedisClusterException, OSError)
 
 
 def _check_namespace(namespace: str) -> None:
@@ -293,6 +294,7 @@ class RedisTier:
         if len(keys) != len(buffers):
             raise InputError(f"get_many got {len(keys)} keys but {len(buffers)} buffers; pass one per key")
         dsts = [_byte_view(b, f"buffers[{i}]") for i, b in enumerate(buffers)]
+        started = time.monotonic()
         ok = [False] * len(keys)
         gone: list[str] = []
         bad = moved = 0
@@ -319,7 +321,7 @@ class RedisTier:
         if moved:
             self._refresh_topology()
         if gone:
-            self._ledger.forget(namespace, gone)
+            self._ledger.forget(namespace, gone, seen_at=started)
         hits = sum(ok)
         self._count(gets=len(keys), hits=hits, misses=len(keys) - hits, checksum_failures=bad,
                     bytes_out=sum(d.nbytes for d, s in zip(dsts, ok) if s))
@@ -354,11 +356,12 @@ class RedisTier:
         _check_keys(keys)
         if not keys:
             return 0
+        started = time.monotonic()
         replies = self._run(lambda pipe: [pipe.unlink(self._rkey(namespace, k)) for k in keys])
         if replies is None:
             return 0
         done = [k for k, r in zip(keys, replies) if not isinstance(r, Exception)]
-        self._ledger.forget(namespace, done)
+        self._ledger.forget(namespace, done, seen_at=started)
         present = sum(1 for r in replies if r == 1)
         self._count(deletes=present)
         return present
@@ -379,6 +382,7 @@ class RedisTier:
         pattern = f"{self.config.key_prefix}:{namespace}:*" if namespace else f"{self.config.key_prefix}:*"
         if self._closed:
             raise RuntimeError(f"RedisTier {self.name!r} is closed; open a new one")
+        started = time.monotonic()
         try:
             client = self._get_client()
             batch: list[bytes] = []
@@ -392,7 +396,7 @@ class RedisTier:
         except _DOWN_ERRORS as exc:
             self._mark_down(exc)
             return
-        self._ledger.forget_all(namespace)
+        self._ledger.forget_all(namespace, seen_at=started)
 
     @staticmethod
     def _unlink(client: Any, rkeys: list[bytes]) -> None:

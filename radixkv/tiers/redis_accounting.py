@@ -9,6 +9,8 @@ while in flight.)
 
 With a TTL each entry expires locally at ``settle time + ttl``; the server expired it no later than
 that (its clock started when it executed the SET, before replying), so the ledger never undercounts.
+Likewise :meth:`forget` takes the time its evidence was gathered (a GET that found the key absent, an
+UNLINK): an entry settled after that may be a newer write the evidence never saw, so it is kept.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ class ByteLedger:
         self.capacity_bytes = capacity_bytes
         self._ttl_s = ttl_s
         self._lock = threading.Lock()
-        self._held: dict[tuple[str, str], tuple[int, float]] = {}  # -> (bytes, local deadline)
+        # (namespace, key) -> (bytes, local expiry deadline, settle time)
+        self._held: dict[tuple[str, str], tuple[int, float, float]] = {}
         self._expiry: deque[tuple[float, str, str]] = deque()  # deadlines in settle order
         self._used_bytes = 0
         self._reserved_bytes = 0
@@ -63,23 +66,26 @@ class ByteLedger:
                     continue
                 self._reserved_bytes -= size
                 if ok:
-                    old, _ = self._held.get((namespace, key), (0, 0.0))
-                    self._held[(namespace, key)] = (size, deadline)
+                    old = self._held.get((namespace, key), (0, 0.0, 0.0))[0]
+                    self._held[(namespace, key)] = (size, deadline, now)
                     self._used_bytes += size - old
                     if self._ttl_s is not None:
                         self._expiry.append((deadline, namespace, key))
 
-    def forget(self, namespace: str, keys: Sequence[str]) -> None:
-        """Drop chunks known to be gone from the server (deleted, evicted, expired)."""
+    def forget(self, namespace: str, keys: Sequence[str], seen_at: float) -> None:
+        """Drop chunks found gone from the server (deleted, evicted, expired) by a request that
+        started at ``seen_at`` (``time.monotonic()``); entries settled later are kept."""
         with self._lock:
             for key in keys:
-                entry = self._held.pop((namespace, key), None)
-                if entry is not None:
+                entry = self._held.get((namespace, key))
+                if entry is not None and entry[2] <= seen_at:
+                    del self._held[(namespace, key)]
                     self._used_bytes -= entry[0]
 
-    def forget_all(self, namespace: str | None) -> None:
+    def forget_all(self, namespace: str | None, seen_at: float) -> None:
         with self._lock:
-            for ident in [i for i in self._held if namespace is None or i[0] == namespace]:
+            for ident in [i for i, e in self._held.items()
+                          if (namespace is None or i[0] == namespace) and e[2] <= seen_at]:
                 self._used_bytes -= self._held.pop(ident)[0]
 
     def used_bytes(self) -> int:
@@ -97,10 +103,10 @@ class ByteLedger:
 
     def check_integrity(self) -> None:
         with self._lock:
-            total = sum(size for size, _ in self._held.values())
+            total = sum(entry[0] for entry in self._held.values())
             assert total == self._used_bytes, f"held entries sum to {total} bytes, counter says {self._used_bytes}"
             assert self._reserved_bytes >= 0, f"reserved_bytes={self._reserved_bytes} is negative"
             assert self._used_bytes + self._reserved_bytes <= self.capacity_bytes, (
                 f"used {self._used_bytes} + reserved {self._reserved_bytes} > capacity {self.capacity_bytes}"
             )
-            assert all(size > 0 for size, _ in self._held.values()), "a held entry has no bytes"
+            assert all(entry[0] > 0 for entry in self._held.values()), "a held entry has no bytes"

@@ -17,6 +17,7 @@ import torch
 
 from radixkv.errors import CapacityError, ConfigError, InputError
 from radixkv.tiers.framing import HEADER_BYTES
+from radixkv.tiers.redis_accounting import ByteLedger
 
 redis = pytest.importorskip("redis", reason="redis-py is not installed (pip install 'radixkv[redis]')")
 from radixkv.tiers.redis import RedisTier  # noqa: E402 - needs redis-py
@@ -276,6 +277,8 @@ def test_cluster_node_killed_degrades_then_recovers(make, redis_cluster):
     assert all(h for k, h in zip(keys, hits) if k not in on_victim)  # live nodes still answered
     assert all(torch.equal(o, p) for h, o, p in zip(hits, outs, payloads) if h)
     assert tier.put_many(ns, ["new"], [payload("new")]) in ([False], [True])
+    assert tier.contains_many(ns, keys) <= 24 and tier.delete_many(ns, ["absent"]) == 0
+    assert time.monotonic() - t0 < 3.0  # every call above bounded by the timeouts
     assert tier.stats().errors >= 1
     victim.start()
     redis_cluster.wait_ok()
@@ -498,3 +501,37 @@ def test_closed_tier_refuses_calls(redis_url):
     tier.close()
     with pytest.raises(RuntimeError, match="closed"):
         tier.get_many(fresh_ns(), ["k"], empty(1))
+
+
+# ------------------------------------------------------------------------------------------ ledger
+
+def test_ledger_bound_and_forget_ordering():
+    """Reservations keep used + reserved <= capacity; evidence older than a write does not erase it."""
+    ledger = ByteLedger(capacity_bytes=100, ttl_s=None)
+    assert ledger.reserve("ns", ["a", "b", "c"], [40, 40, 40]) == [True, True, False]
+    ledger.check_integrity()
+    before_settle = time.monotonic()
+    ledger.settle("ns", ["a", "b", "c"], [40, 40, 40], [True, True, False], [True, False, False])
+    assert ledger.used_bytes() == 40
+    ledger.forget("ns", ["a"], seen_at=before_settle)  # a GET that started before the write settled
+    assert ledger.used_bytes() == 40
+    ledger.forget("ns", ["a"], seen_at=time.monotonic())
+    assert ledger.used_bytes() == 0
+    assert ledger.reserve("ns", ["a"], [40]) == [True]
+    ledger.settle("ns", ["a"], [40], [True], [True])
+    assert ledger.reserve("ns", ["a"], [40]) == [True]  # a re-put needs room for both copies in flight
+    ledger.settle("ns", ["a"], [40], [True], [True])
+    assert ledger.used_bytes() == 40
+    ledger.forget_all(None, seen_at=time.monotonic())
+    assert ledger.used_bytes() == 0
+    ledger.check_integrity()
+
+
+def test_ledger_ttl_expiry():
+    ledger = ByteLedger(capacity_bytes=100, ttl_s=0.05)
+    ledger.settle("ns", ["a"], [60], ledger.reserve("ns", ["a"], [60]), [True])
+    assert ledger.reserve("ns", ["b"], [60]) == [False]
+    time.sleep(0.08)
+    assert ledger.used_bytes() == 0
+    assert ledger.reserve("ns", ["b"], [60]) == [True]
+    ledger.check_integrity()
