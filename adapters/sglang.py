@@ -44,6 +44,7 @@ from radixkv.adapters.sglang_config import RadixKVOptions, namespace_for
 from radixkv.adapters.sglang_pages import PagePlan, plan_for, segment_keys
 from radixkv.keys import Namespace
 from radixkv.store import HierarchicalStore
+from radixkv.tiers.memory import MemoryTier
 
 __all__ = ["RadixKVStore"]
 
@@ -129,8 +130,8 @@ class RadixKVStore(HiCacheStorage):
         best, best_tier = 0, None
         nsd = ns.digest
         for t, tier in enumerate(self.store.tiers):
-            if t == 0 and len(self.store.tiers) > 1 and getattr(tier, "name", "").startswith("mem"):
-                continue  # a process-local memory tier cannot hold anything the tree does not know
+            if isinstance(tier, MemoryTier):
+                continue  # process-local memory cannot hold anything this store's tree does not know
             try:
                 m = int(tier.contains_many(nsd, keys))
             except Exception as e:  # a tier that cannot answer is a miss

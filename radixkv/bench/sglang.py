@@ -13,8 +13,9 @@ GB/s of backup (host pool -> L3) and prefetch (L3 -> fresh host slots, hit query
 * ``sglang file``   -- SGLang's built-in ``HiCacheFile`` on the same pages, same run
 * ``raw copy``      -- one ``torch`` copy of the same bytes out of / into the host pool (the ceiling)
 
-Every round uses new prompts (no "already stored" shortcut); one untimed warm-up round per backend
-first touches memory and files. Each prefetch is checked byte for byte against what was backed up.
+Every round uses new prompts (no "already stored" shortcut) and each backend is cleared between rounds
+(a full cache recycles its space, so timed rounds write into warm memory); one untimed warm-up round
+per backend first touches memory and files. Each prefetch is checked byte for byte against what was backed up.
 Targets: radixkv disk >= 3x ``file``; radixkv mem >= 80% of the raw copy.
 """
 
@@ -89,6 +90,9 @@ def _run_backend(name: str, spec: Any, backend: str, extra: dict, n_pages: int, 
             backend_obj = getattr(h.backend, "_backend", h.backend)
             if hasattr(backend_obj, "store"):
                 backend_obj.store.flush(timeout_s=120)
+            # Steady state: a full cache recycles its space. Clearing between rounds lets the next
+            # round reuse warm memory (memory tier slots) / directories, for every backend alike.
+            backend_obj.clear()
         return {"backup_s": best_b, "prefetch_s": best_p}
     finally:
         h.close()
@@ -165,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.dir or tempfile.mkdtemp(prefix="radixkv-bench-sglang-"))
     common = {"backend_name": "radixkv", "module_path": "radixkv.adapters.sglang", "class_name": "RadixKVStore",
               "interface_v1": 1, "io_threads": 2, "prefetch_threads": 2, "probe_tiers": False}
-    cap = 2 * (args.rounds + 1) * data_bytes + (64 << 20)
+    cap = 2 * data_bytes + (64 << 20)
     print(f"SGLang 0.5.23 HiCacheController on CPU host pools: {n} pages x {page_bytes / 2**20:.2f} MiB "
           f"({args.layout}, page {args.page_size} tokens, {args.layers} layers, {args.heads}x{args.head_dim} bf16), "
           f"{args.rounds} timed rounds, best of each; dir {root}")
@@ -179,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             {**common, "tiers": [{"url": f"file://{root}/radixkv", "capacity": cap}]}, n, args.rounds)
         results["sglang file"] = _run_backend(
             "sglang file", spec, "file", {"file_storage_path": str(root / "file")}, n, args.rounds)
+        # The machine is shared: measure the ceiling again at the end and keep the best of both.
+        again = _raw_copy(spec, n, args.rounds)
+        results["raw copy"] = {k: min(v, again[k]) for k, v in results["raw copy"].items()}
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
