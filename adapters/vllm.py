@@ -69,12 +69,18 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     _cache_hit_source = CacheHitSource.HOST
 
-    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
-        self.options = VllmConnectorOptions.from_extra_config(self._kv_transfer_config.kv_connector_extra_config)
+        self.options = VllmConnectorOptions.from_extra_config(
+            self._kv_transfer_config.kv_connector_extra_config
+        )
         cache = vllm_config.cache_config
         self.groups = geometries_from_kv_cache_config(kv_cache_config)
-        self.hash_block_size = int(getattr(cache, "hash_block_size", None) or self.groups[0].block_size)
+        self.hash_block_size = int(
+            getattr(cache, "hash_block_size", None) or self.groups[0].block_size
+        )
         self.chunk_tokens = resolve_chunk_tokens(
             self.options.chunk_tokens, [g.block_size for g in self.groups], self.hash_block_size
         )
@@ -88,7 +94,9 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._scheduler = SchedulerSide(self.options, self.groups, self.chunk_tokens, self.hash_block_size)
+            self._scheduler = SchedulerSide(
+                self.options, self.groups, self.chunk_tokens, self.hash_block_size
+            )
         else:
             from radixkv.adapters.vllm_worker import WorkerSide
 
@@ -96,7 +104,15 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
             model = self.options.model_name or str(vllm_config.model_config.model)
             layout = str(getattr(cache, "kv_cache_layout", None) or "default")
             self._worker = WorkerSide(
-                self.options, self.groups, self.chunk_tokens, model, layout, tp_rank, tp_size, pp_rank, pp_size
+                self.options,
+                self.groups,
+                self.chunk_tokens,
+                model,
+                layout,
+                tp_rank,
+                tp_size,
+                pp_rank,
+                pp_size,
             )
 
     # ---- class-level hooks ---------------------------------------------------------------------
@@ -115,11 +131,15 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
         if self._scheduler is not None:
             self._scheduler.bind_kv_cache_manager(kv_cache_manager)
 
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
         assert self._scheduler is not None
         return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
 
-    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
         assert self._scheduler is not None
         self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
@@ -131,7 +151,9 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
         if self._scheduler is not None:
             self._scheduler.update_connector_output(connector_output)
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None
         return self._scheduler.request_finished(request)
 
@@ -165,7 +187,9 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
         assert self._worker is not None
         self._worker.wait_for_layer_load(layer_name)
 
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
+    ) -> None:
         assert self._worker is not None
         self._worker.save_kv_layer(layer_name)
 
@@ -179,7 +203,9 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         assert self._worker is not None
         recving, failed = self._worker.get_finished()
-        return KVConnectorTransferResults(finished_sending=set(), finished_recving=recving, failed_recving=failed)
+        return KVConnectorTransferResults(
+            finished_sending=set(), finished_recving=recving, failed_recving=failed
+        )
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         assert self._worker is not None

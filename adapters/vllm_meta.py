@@ -95,5 +95,9 @@ class RadixKVWorkerMeta(KVConnectorWorkerMetadata):
                 # A worker that did not answer this lookup cannot serve it: treat as a miss.
                 merged[req_id] = LookupReport(rep.seq, 0, True) if mine is not None else rep
             else:
-                merged[req_id] = LookupReport(rep.seq, min(mine.hit_chunks, rep.hit_chunks), mine.ready and rep.ready)
-        return RadixKVWorkerMeta(lookups=merged, failed_loads=self.failed_loads | other.failed_loads)
+                merged[req_id] = LookupReport(
+                    rep.seq, min(mine.hit_chunks, rep.hit_chunks), mine.ready and rep.ready
+                )
+        return RadixKVWorkerMeta(
+            lookups=merged, failed_loads=self.failed_loads | other.failed_loads
+        )

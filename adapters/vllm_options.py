@@ -76,26 +76,41 @@ class VllmConnectorOptions:
 
     def __post_init__(self) -> None:
         if self.chunk_tokens is not None and (
-            not isinstance(self.chunk_tokens, int) or isinstance(self.chunk_tokens, bool) or self.chunk_tokens <= 0
+            not isinstance(self.chunk_tokens, int)
+            or isinstance(self.chunk_tokens, bool)
+            or self.chunk_tokens <= 0
         ):
-            raise ConfigError(f"chunk_tokens={self.chunk_tokens!r} must be a positive integer number of tokens")
+            raise ConfigError(
+                f"chunk_tokens={self.chunk_tokens!r} must be a positive integer number of tokens"
+            )
         if self.store is not None and not isinstance(self.store, Mapping):
             raise ConfigError(
                 f"store={self.store!r} must be a mapping like {{'tiers': [{{'url': 'mem://', "
                 "'capacity_bytes': 4294967296}]}}"
             )
         if self.store is not None and self.store_config_file is not None:
-            raise ConfigError("pass either 'store' or 'store_config_file' in kv_connector_extra_config, not both")
+            raise ConfigError(
+                "pass either 'store' or 'store_config_file' in kv_connector_extra_config, not both"
+            )
         if not isinstance(self.layerwise, bool):
             raise ConfigError(f"layerwise={self.layerwise!r} must be true or false")
         if not isinstance(self.save_generated, bool):
             raise ConfigError(f"save_generated={self.save_generated!r} must be true or false")
         if not isinstance(self.max_staging_bytes, int) or self.max_staging_bytes < 0:
-            raise ConfigError(f"max_staging_bytes={self.max_staging_bytes!r} must be a non-negative integer")
+            raise ConfigError(
+                f"max_staging_bytes={self.max_staging_bytes!r} must be a non-negative integer"
+            )
         if not isinstance(self.lookup_min_chunks, int) or self.lookup_min_chunks < 1:
-            raise ConfigError(f"lookup_min_chunks={self.lookup_min_chunks!r} must be an integer >= 1")
-        if not isinstance(self.sync_load_wait_s, (int, float)) or not 0 <= self.sync_load_wait_s <= 10:
-            raise ConfigError(f"sync_load_wait_s={self.sync_load_wait_s!r} must be a number of seconds in [0, 10]")
+            raise ConfigError(
+                f"lookup_min_chunks={self.lookup_min_chunks!r} must be an integer >= 1"
+            )
+        if (
+            not isinstance(self.sync_load_wait_s, (int, float))
+            or not 0 <= self.sync_load_wait_s <= 10
+        ):
+            raise ConfigError(
+                f"sync_load_wait_s={self.sync_load_wait_s!r} must be a number of seconds in [0, 10]"
+            )
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> VllmConnectorOptions:
@@ -127,7 +142,9 @@ class GroupGeometry:
         return chunk_tokens // self.block_size
 
 
-def resolve_chunk_tokens(requested: int | None, block_sizes: Sequence[int], hash_block_size: int) -> int:
+def resolve_chunk_tokens(
+    requested: int | None, block_sizes: Sequence[int], hash_block_size: int
+) -> int:
     """The chunk size: ``requested`` validated, or the default (see :class:`VllmConnectorOptions`)."""
     unit = hash_block_size
     for bs in block_sizes:
@@ -151,7 +168,9 @@ def chunk_keys_from_block_hashes(
     across processes whenever vLLM's block hashes are (sha256 default; see docs/vllm.md)."""
     per_chunk = chunk_tokens // hash_block_size
     if num_chunks * per_chunk > len(block_hashes):
-        raise ValueError(f"{num_chunks} chunks need {num_chunks * per_chunk} block hashes, have {len(block_hashes)}")
+        raise ValueError(
+            f"{num_chunks} chunks need {num_chunks * per_chunk} block hashes, have {len(block_hashes)}"
+        )
     return [
         hashlib.sha256(_KEY_TAG + bytes(block_hashes[(i + 1) * per_chunk - 1])).hexdigest()
         for i in range(num_chunks)
@@ -175,9 +194,8 @@ def group_namespace(
     of the identity as well, so a deployment never reads bytes produced under another layout.
     """
     layers = len(geometry.layer_names)
-    layout = (
-        f"vllm-{kv_cache_layout}-bs{geometry.block_size}-L{layers}-D{geometry.head_size}"
-        + ("-mla" if geometry.mla else "")
+    layout = f"vllm-{kv_cache_layout}-bs{geometry.block_size}-L{layers}-D{geometry.head_size}" + (
+        "-mla" if geometry.mla else ""
     )
     return Namespace(
         model=model,

@@ -79,8 +79,14 @@ class SchedulerSide:
         self._pending_loads: list[LoadOp] = []
         self._pending_releases: list[str] = []
         self._kv_cache_manager: Any = None
-        self.stats = {"lookups": 0, "hit_tokens": 0, "loads": 0, "async_loads": 0, "saved_chunks": 0,
-                      "failed_loads": 0}
+        self.stats = {
+            "lookups": 0,
+            "hit_tokens": 0,
+            "loads": 0,
+            "async_loads": 0,
+            "saved_chunks": 0,
+            "failed_loads": 0,
+        }
 
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
         self._kv_cache_manager = kv_cache_manager
@@ -99,7 +105,9 @@ class SchedulerSide:
             st = self._requests[request.request_id] = _RequestState(request)
         return st
 
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
         st = self._state(request)
         if st.failed:
             return 0, False
@@ -119,11 +127,16 @@ class SchedulerSide:
                     )
                 st.lookup_seq = next(self._seq)
                 st.lookup_first_chunk = first
-                self._pending_lookups.append(LookupOp(request.request_id, st.lookup_seq, st.keys[:usable], first))
+                self._pending_lookups.append(
+                    LookupOp(request.request_id, st.lookup_seq, st.keys[:usable], first)
+                )
                 self.stats["lookups"] += 1
             return None, False
         hit_tokens = min(st.hit_chunks, usable) * self.chunk_tokens
-        if hit_tokens <= num_computed_tokens or num_computed_tokens < st.lookup_first_chunk * self.chunk_tokens:
+        if (
+            hit_tokens <= num_computed_tokens
+            or num_computed_tokens < st.lookup_first_chunk * self.chunk_tokens
+        ):
             return 0, False
         st.matched_from_tokens = num_computed_tokens
         return hit_tokens - num_computed_tokens, self._load_is_async(st)
@@ -133,7 +146,9 @@ class SchedulerSide:
         # (failed_recving), which it honours for requests waiting on an asynchronous load.
         return not st.hit_ready or len(self.groups) > 1
 
-    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
         st = self._requests.get(request.request_id)
         if st is None:
             return
@@ -144,7 +159,10 @@ class SchedulerSide:
                 self._pending_releases.append(request.request_id)
                 # The store's leading run: chunks past it (held by the local prefix cache) get saved.
                 st.stored_chunks, st.stored_known = max(st.stored_chunks, st.hit_chunks), True
-                st.hit_chunks, st.lookup_seq = None, None  # consumed; a preempted request looks up again
+                st.hit_chunks, st.lookup_seq = (
+                    None,
+                    None,
+                )  # consumed; a preempted request looks up again
             return
         start = st.matched_from_tokens
         end = start + num_external_tokens
@@ -164,7 +182,9 @@ class SchedulerSide:
                 rows.append(row)
             page_ids.append(rows)
         is_async = self._load_is_async(st)
-        self._pending_loads.append(LoadOp(request.request_id, st.lookup_seq or 0, first_chunk, page_ids, is_async))
+        self._pending_loads.append(
+            LoadOp(request.request_id, st.lookup_seq or 0, first_chunk, page_ids, is_async)
+        )
         self.stats["loads"] += 1
         self.stats["async_loads"] += int(is_async)
         self.stats["hit_tokens"] += num_external_tokens
@@ -191,7 +211,9 @@ class SchedulerSide:
                 meta.saves.append(op)
         return meta
 
-    def _plan_save(self, st: _RequestState, num_scheduled_tokens: int, block_state: Any) -> SaveOp | None:
+    def _plan_save(
+        self, st: _RequestState, num_scheduled_tokens: int, block_state: Any
+    ) -> SaveOp | None:
         request = st.request
         computed_after = request.num_computed_tokens + num_scheduled_tokens
         limit = request.num_tokens if self.options.save_generated else request.num_prompt_tokens
@@ -199,7 +221,9 @@ class SchedulerSide:
         end_chunk = limit // self.chunk_tokens
         if end_chunk <= st.stored_chunks:
             return None
-        block_ids = block_state.get_block_ids(request.request_id) if block_state is not None else None
+        block_ids = (
+            block_state.get_block_ids(request.request_id) if block_state is not None else None
+        )
         if block_ids is None and self._kv_cache_manager is not None:
             block_ids = self._kv_cache_manager.get_block_ids(request.request_id)
         if block_ids is None:
@@ -247,7 +271,9 @@ class SchedulerSide:
                 if st is not None:
                     st.failed = True
                     # What we thought was stored may not be: let this request save its chunks again.
-                    st.stored_chunks = min(st.stored_chunks, st.matched_from_tokens // self.chunk_tokens)
+                    st.stored_chunks = min(
+                        st.stored_chunks, st.matched_from_tokens // self.chunk_tokens
+                    )
                     self.stats["failed_loads"] += 1
         for req_id in getattr(connector_output, "finished_recving", None) or ():
             st = self._requests.get(req_id)
@@ -265,7 +291,10 @@ class SchedulerSide:
     def check_integrity(self) -> None:
         for req_id, st in self._requests.items():
             assert st.request.request_id == req_id, (req_id, st.request.request_id)
-            assert st.stored_chunks >= 0 and (st.hit_chunks is None or st.hit_chunks >= 0), (req_id, st)
+            assert st.stored_chunks >= 0 and (st.hit_chunks is None or st.hit_chunks >= 0), (
+                req_id,
+                st,
+            )
             assert not (st.async_inflight and st.failed and st.hit_chunks), (req_id, st)
         seqs = [op.seq for op in self._pending_lookups]
         assert len(seqs) == len(set(seqs)), seqs

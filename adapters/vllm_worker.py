@@ -28,7 +28,14 @@ from typing import Any
 
 import torch
 
-from radixkv.adapters.vllm_meta import LoadOp, LookupOp, LookupReport, RadixKVMetadata, RadixKVWorkerMeta, SaveOp
+from radixkv.adapters.vllm_meta import (
+    LoadOp,
+    LookupOp,
+    LookupReport,
+    RadixKVMetadata,
+    RadixKVWorkerMeta,
+    SaveOp,
+)
 from radixkv.adapters.vllm_options import GroupGeometry, VllmConnectorOptions, group_namespace
 from radixkv.errors import ConfigError
 
@@ -71,7 +78,9 @@ class _Staged:
 
     def readable_chunks(self) -> int:
         """Chunks actually read (blocks until every read finished): the leading run over all groups."""
-        counts = [len(b) if h is None else int(h.wait()) for h, b in zip(self.handles, self.buffers)]
+        counts = [
+            len(b) if h is None else int(h.wait()) for h, b in zip(self.handles, self.buffers)
+        ]
         return min(counts) if counts else 0
 
 
@@ -130,7 +139,13 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         self._failed_loads: set[str] = set()
         self._saves: list[_PendingSave] = []
-        self.stats = {"lookups": 0, "loaded_chunks": 0, "failed_chunks": 0, "saved_chunks": 0, "put_failures": 0}
+        self.stats = {
+            "lookups": 0,
+            "loaded_chunks": 0,
+            "failed_chunks": 0,
+            "saved_chunks": 0,
+            "put_failures": 0,
+        }
 
     # ---- setup ---------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -151,13 +166,19 @@ class WorkerSide:
             for n in names:
                 t = kv_caches[n]
                 for i, d in enumerate(distinct):  # KV-sharing layers alias one tensor: copy it once
-                    if d.data_ptr() == t.data_ptr() and d.shape == t.shape and d.stride() == t.stride():
+                    if (
+                        d.data_ptr() == t.data_ptr()
+                        and d.shape == t.shape
+                        and d.stride() == t.stride()
+                    ):
                         index[n] = i
                         break
                 else:
                     index[n] = len(distinct)
                     distinct.append(t)
-            layout = PagedLayout.from_vllm(distinct, head_size=None if g.mla else g.head_size, mla=g.mla)
+            layout = PagedLayout.from_vllm(
+                distinct, head_size=None if g.mla else g.head_size, mla=g.mla
+            )
             if layout.page_tokens != g.block_size:
                 raise ConfigError(
                     f"group {g.group_id}: registered KV views hold {layout.page_tokens} tokens per block, "
@@ -165,11 +186,20 @@ class WorkerSide:
                 )
             tp_rank, tp_size, pp_rank, pp_size = self.ranks
             ns = group_namespace(
-                self.model, g, self.chunk_tokens, self.kv_cache_layout, tp_rank, tp_size, pp_rank, pp_size
+                self.model,
+                g,
+                self.chunk_tokens,
+                self.kv_cache_layout,
+                tp_rank,
+                tp_size,
+                pp_rank,
+                pp_size,
             )
             ppc = g.blocks_per_chunk(self.chunk_tokens)
             self.groups.append(
-                _Group(g, layout, index, ns, LayerPipeline(layout.device), ppc, layout.chunk_bytes(ppc))
+                _Group(
+                    g, layout, index, ns, LayerPipeline(layout.device), ppc, layout.chunk_bytes(ppc)
+                )
             )
         self._pin = self.groups[0].layout.device.type == "cuda"
 
@@ -257,7 +287,10 @@ class WorkerSide:
                     # Block ids are unique only within a group: vLLM 0.33 takes hybrid-layout failures
                     # by request (failed_recving; every such load is asynchronous, see SchedulerSide).
                     self._failed_recving.add(op.req_id)
-                logger.warning("radixkv: load of request %s failed for some chunks; vLLM recomputes them", op.req_id)
+                logger.warning(
+                    "radixkv: load of request %s failed for some chunks; vLLM recomputes them",
+                    op.req_id,
+                )
         return plan
 
     def _run_loads(self, ops: list[LoadOp], layerwise: bool) -> None:
@@ -269,7 +302,11 @@ class WorkerSide:
                 continue
             self._sync_load_keepalive.append(bufs)
             jobs = [
-                (lambda layout=grp.layout, p=page_ids, b=bufs, i=i: scatter_chunks(layout, p, b, layers=i))
+                (
+                    lambda layout=grp.layout, p=page_ids, b=bufs, i=i: scatter_chunks(
+                        layout, p, b, layers=i
+                    )
+                )
                 for i in range(grp.layout.num_layers)
             ]
             grp.pipeline.start_loads(jobs)
@@ -332,7 +369,9 @@ class WorkerSide:
             page_ids.extend(ps.op.page_ids[gi])
             bufs.extend(ps.buffers[gi])
         if page_ids:
-            grp.pipeline.save_layer(layer, lambda: gather_chunks(grp.layout, page_ids, bufs, layers=layer))
+            grp.pipeline.save_layer(
+                layer, lambda: gather_chunks(grp.layout, page_ids, bufs, layers=layer)
+            )
 
     def wait_for_save(self) -> None:
         self._ensure_saves()
@@ -346,11 +385,17 @@ class WorkerSide:
         for ps in self._saves:
             for gi, grp in enumerate(self.groups):
                 try:
-                    ok = self.store.put(grp.namespace, ps.op.keys, ps.buffers[gi], parent_key=ps.op.parent_key)
+                    ok = self.store.put(
+                        grp.namespace, ps.op.keys, ps.buffers[gi], parent_key=ps.op.parent_key
+                    )
                     self.stats["saved_chunks"] += sum(bool(x) for x in ok) if gi == 0 else 0
-                except Exception:  # a store fault must not fail the step: the chunks are just not cached
+                except (
+                    Exception
+                ):  # a store fault must not fail the step: the chunks are just not cached
                     self.stats["put_failures"] += 1
-                    logger.exception("radixkv: storing %d chunks of %s failed", len(ps.op.keys), ps.op.req_id)
+                    logger.exception(
+                        "radixkv: storing %d chunks of %s failed", len(ps.op.keys), ps.op.req_id
+                    )
         self._saves = []
 
     # ---- results back to vLLM ------------------------------------------------------------------
@@ -380,7 +425,11 @@ class WorkerSide:
                             break  # still reading from a slow tier: an asynchronous load
                 ready = st.done()
                 # Once read, report what was really read (a chunk can fail its checksum).
-                hit = st.first_chunk + st.readable_chunks() if ready and st.hit_chunks > st.first_chunk else st.hit_chunks
+                hit = (
+                    st.first_chunk + st.readable_chunks()
+                    if ready and st.hit_chunks > st.first_chunk
+                    else st.hit_chunks
+                )
                 self._reports[req_id] = LookupReport(st.seq, hit, ready)
             self._new_lookups = []
         if not self._reports and not self._failed_loads:

@@ -9,7 +9,11 @@ from __future__ import annotations
 import pytest
 from vllm_env import HAVE_VLLM
 
-collect_ignore_glob = [] if HAVE_VLLM else ["test_connector*.py", "test_worker*.py", "test_options*.py", "vllm_harness.py"]
+collect_ignore_glob = (
+    []
+    if HAVE_VLLM
+    else ["test_connector*.py", "test_worker*.py", "test_options*.py", "vllm_harness.py"]
+)
 
 
 @pytest.fixture

@@ -20,7 +20,9 @@ def prompt(n: int, seed: int = 0) -> list[int]:
     return [10 + (seed * 1009 + i * 37) % 40000 for i in range(n)]
 
 
-def assert_blocks_match(eng: Engine, req_id_tokens: list[int], block_ids: list[int], blocks: range) -> None:
+def assert_blocks_match(
+    eng: Engine, req_id_tokens: list[int], block_ids: list[int], blocks: range
+) -> None:
     for layer in eng.kv:
         for b in blocks:
             got = eng.block_bytes(layer, block_ids[b])
@@ -29,7 +31,11 @@ def assert_blocks_match(eng: Engine, req_id_tokens: list[int], block_ids: list[i
 
 
 def test_first_request_saves_second_hits(model_dir):
-    extra = {"chunk_tokens": CHUNK, "store": mem_store(), "sync_load_wait_s": 5.0}  # never async on a busy box
+    extra = {
+        "chunk_tokens": CHUNK,
+        "store": mem_store(),
+        "sync_load_wait_s": 5.0,
+    }  # never async on a busy box
     eng = Engine(make_vllm_config(model_dir, extra), make_kv_cache_config())
     conn = eng.connector
     toks = prompt(70)
@@ -66,7 +72,9 @@ def _warm_then_gate(tmp_path, model_dir, policy="recompute"):
     """r1 stores two chunks in a disk tier; then reads are gated, the local cache and KV are wiped."""
     from vllm_harness import GatedStore
 
-    cfg = make_vllm_config(model_dir, {"chunk_tokens": CHUNK, "store": file_store(tmp_path / "kv")}, policy=policy)
+    cfg = make_vllm_config(
+        model_dir, {"chunk_tokens": CHUNK, "store": file_store(tmp_path / "kv")}, policy=policy
+    )
     eng = Engine(cfg, make_kv_cache_config())
     toks = prompt(70)
     eng.add("r1", toks)
@@ -165,19 +173,25 @@ def test_hma_sliding_window_groups(model_dir):
     req = eng.add("r2", toks2)
     eng.step()
     log = eng.step()
-    assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS  # async even though the bytes are staged
+    assert (
+        req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    )  # async even though the bytes are staged
     assert log.scheduled == {} and log.finished_recving == {"r2"}  # copied in the same step
     log = eng.step()
     assert log.scheduled == {"r2": len(toks2) - 64}
     full_ids, sw_ids = eng.sched.kv_cache_manager.get_block_ids("r2")
     for b in range(4):
-        assert torch.equal(eng.block_bytes("layers.0", full_ids[b]),
-                           eng.expected_block("layers.0", toks2, b).contiguous().view(torch.uint8))
+        assert torch.equal(
+            eng.block_bytes("layers.0", full_ids[b]),
+            eng.expected_block("layers.0", toks2, b).contiguous().view(torch.uint8),
+        )
     in_window = [b for b in range(4) if sw_ids[b] != 0]
     assert in_window and in_window[-1] == 3  # the window before token 64 is loaded
     for b in in_window:
-        assert torch.equal(eng.block_bytes("layers.1", sw_ids[b]),
-                           eng.expected_block("layers.1", toks2, b).contiguous().view(torch.uint8))
+        assert torch.equal(
+            eng.block_bytes("layers.1", sw_ids[b]),
+            eng.expected_block("layers.1", toks2, b).contiguous().view(torch.uint8),
+        )
     eng.run_until_idle()
     assert req.status == RequestStatus.FINISHED_LENGTH_CAPPED
     assert "r2" not in conn._scheduler._requests  # request_finished_all_groups ran
@@ -202,7 +216,11 @@ def test_chunked_prefill_saves_each_completed_chunk(model_dir, save_generated):
     while eng.sched.has_requests():
         eng.step()
         saved_after_step.append(w.stats["saved_chunks"])
-    assert saved_after_step[:3] == [1, 2, 3]  # 40 tokens a step: one prompt chunk completes per step
+    assert saved_after_step[:3] == [
+        1,
+        2,
+        3,
+    ]  # 40 tokens a step: one prompt chunk completes per step
     # 100 prompt tokens -> 3 whole chunks; + 40 generated -> 139 tokens known -> 4 chunks
     assert w.stats["saved_chunks"] == (4 if save_generated else 3)
     assert eng.connector._scheduler.stats["saved_chunks"] == w.stats["saved_chunks"]

@@ -43,7 +43,9 @@ def test_keys_name_the_prefix():
     hashes = [bytes([i]) * 32 for i in range(8)]
     keys = chunk_keys_from_block_hashes(hashes, 16, 64, 2)  # chunk i <- hash of its 4th block
     assert len(keys) == 2 and all(len(k) == 64 for k in keys)
-    assert keys == chunk_keys_from_block_hashes(hashes[:4] + [b"x" * 32] * 3 + hashes[7:], 16, 64, 2)
+    assert keys == chunk_keys_from_block_hashes(
+        hashes[:4] + [b"x" * 32] * 3 + hashes[7:], 16, 64, 2
+    )
     with pytest.raises(ValueError):
         chunk_keys_from_block_hashes(hashes, 16, 64, 3)
 

@@ -8,7 +8,14 @@ import pytest
 import torch
 from vllm_harness import BLOCK, Engine, make_kv_cache_config, make_vllm_config
 
-from radixkv.adapters.vllm_meta import LoadOp, LookupOp, LookupReport, RadixKVMetadata, RadixKVWorkerMeta, SaveOp
+from radixkv.adapters.vllm_meta import (
+    LoadOp,
+    LookupOp,
+    LookupReport,
+    RadixKVMetadata,
+    RadixKVWorkerMeta,
+    SaveOp,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -33,20 +40,34 @@ def test_saved_bytes_load_back_identically(model_dir, layout, layer_hooks, late_
     """Save through vLLM-layout views, wipe, load into fresh blocks: byte-identical. Without per-layer
     hooks (full CUDA graphs) saves still happen, in wait_for_save; a runner whose first call is a
     layer's wait_for_layer_load (late start_load_kv) still gets the load before that layer."""
-    extra = {"chunk_tokens": CHUNK, "store": {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24}]},
-             "layerwise": layerwise, "sync_load_wait_s": 5.0}  # a busy CI box must not turn it async
-    eng = Engine(make_vllm_config(model_dir, extra), make_kv_cache_config(), layout=layout,
-                 layer_hooks=layer_hooks, late_start=late_start)
+    extra = {
+        "chunk_tokens": CHUNK,
+        "store": {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24}]},
+        "layerwise": layerwise,
+        "sync_load_wait_s": 5.0,
+    }  # a busy CI box must not turn it async
+    eng = Engine(
+        make_vllm_config(model_dir, extra),
+        make_kv_cache_config(),
+        layout=layout,
+        layer_hooks=layer_hooks,
+        late_start=late_start,
+    )
     toks = tokens(100, 1)
     eng.add("a", toks)
     eng.run_until_idle()
     w = eng.worker._worker
     assert w.stats["saved_chunks"] == 3
     saved = {name: view.clone() for name, view in eng.kv.items()}
-    blocks_a = list(range(1, 1 + 100 // BLOCK))  # r1's blocks in a fresh pool (block 0 is the null block)
+    blocks_a = list(
+        range(1, 1 + 100 // BLOCK)
+    )  # r1's blocks in a fresh pool (block 0 is the null block)
     for name in eng.kv:  # what was saved is what the model wrote
         for b in range(6):
-            assert torch.equal(saved[name][blocks_a[b]], eng.expected_block(name, toks, b)), (name, b)
+            assert torch.equal(saved[name][blocks_a[b]], eng.expected_block(name, toks, b)), (
+                name,
+                b,
+            )
 
     assert eng.sched.reset_prefix_cache()
     eng.clear_kv()
@@ -59,7 +80,10 @@ def test_saved_bytes_load_back_identically(model_dir, layout, layer_hooks, late_
     for name in eng.kv:
         for b in range(96 // BLOCK):
             got = eng.kv[name][ids[b]].contiguous().view(torch.uint8)
-            assert torch.equal(got, saved[name][blocks_a[b]].contiguous().view(torch.uint8)), (name, b)
+            assert torch.equal(got, saved[name][blocks_a[b]].contiguous().view(torch.uint8)), (
+                name,
+                b,
+            )
     eng.run_until_idle()
     w.check_integrity()
 
@@ -67,7 +91,10 @@ def test_saved_bytes_load_back_identically(model_dir, layout, layer_hooks, late_
 def test_namespace_separates_models(model_dir):
     from radixkv.adapters.vllm_options import chunk_keys_from_block_hashes
 
-    extra = {"chunk_tokens": CHUNK, "store": {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24}]}}
+    extra = {
+        "chunk_tokens": CHUNK,
+        "store": {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24}]},
+    }
     eng = Engine(make_vllm_config(model_dir, extra), make_kv_cache_config())
     req = eng.add("a", tokens(70, 1))
     eng.run_until_idle()
@@ -77,9 +104,17 @@ def test_namespace_separates_models(model_dir):
     assert ns.shard == "tp0of1.pp0of1" and "LBNHC" in ns.layout and "bs16" in ns.layout
     keys = chunk_keys_from_block_hashes(req.block_hashes, BLOCK, CHUNK, 2)
     assert w.store.lookup(ns, keys) == 2
-    for change in ({"model": "another-model"}, {"dtype": "bfloat16"}, {"shard": "tp1of2.pp0of1"},
-                   {"layout": ns.layout.replace("LBNHC", "LBHNC")}, {"extra": "g1-full"}):
-        fields = {f: getattr(ns, f) for f in ("model", "dtype", "layout", "chunk_tokens", "shard", "extra")}
+    for change in (
+        {"model": "another-model"},
+        {"dtype": "bfloat16"},
+        {"shard": "tp1of2.pp0of1"},
+        {"layout": ns.layout.replace("LBNHC", "LBHNC")},
+        {"extra": "g1-full"},
+    ):
+        fields = {
+            f: getattr(ns, f)
+            for f in ("model", "dtype", "layout", "chunk_tokens", "shard", "extra")
+        }
         assert w.store.lookup(type(ns)(**{**fields, **change}), keys) == 0, change
 
 

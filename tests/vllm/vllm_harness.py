@@ -73,9 +73,13 @@ def make_model_dir(path: Path) -> Path:
     return path
 
 
-def make_vllm_config(model_dir: Path, extra: dict[str, Any], policy: str = "recompute") -> VllmConfig:
+def make_vllm_config(
+    model_dir: Path, extra: dict[str, Any], policy: str = "recompute"
+) -> VllmConfig:
     cfg = VllmConfig(
-        model_config=ModelConfig(model=str(model_dir), dtype="float16", seed=42, skip_tokenizer_init=True),
+        model_config=ModelConfig(
+            model=str(model_dir), dtype="float16", seed=42, skip_tokenizer_init=True
+        ),
         cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
         device_config=DeviceConfig("cpu"),
         kv_transfer_config=KVTransferConfig(
@@ -96,7 +100,11 @@ def make_kv_cache_config(sliding_window: int | None = None) -> KVCacheConfig:
     groups = [KVCacheGroupSpec(["layers.0", "layers.1"], full)]
     if sliding_window is not None:
         sw = SlidingWindowSpec(
-            block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_SIZE, dtype=DTYPE, sliding_window=sliding_window
+            block_size=BLOCK,
+            num_kv_heads=HEADS,
+            head_size=HEAD_SIZE,
+            dtype=DTYPE,
+            sliding_window=sliding_window,
         )
         groups = [KVCacheGroupSpec(["layers.0"], full), KVCacheGroupSpec(["layers.1"], sw)]
     return KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups)
@@ -111,7 +119,9 @@ def make_kv_caches(kcc: KVCacheConfig, layout: str = "LBNHC") -> dict[str, torch
         strides = compute_layout_strides(spec, NUM_BLOCKS, len(names), lay)
         size = spec.page_size_bytes * NUM_BLOCKS * len(names)
         raw = torch.zeros(size, dtype=torch.int8)
-        kvt = KVCacheTensor(size=size, layers=names, layer_stride=strides[0], block_stride=strides[1])
+        kvt = KVCacheTensor(
+            size=size, layers=names, layer_stride=strides[0], block_stride=strides[1]
+        )
         for name, view in zip(names, create_kv_cache_views(raw, spec, NUM_BLOCKS, lay, kvt)):
             out[name] = view
     return out
@@ -160,7 +170,9 @@ class Engine:
             structured_output_manager=StructuredOutputManager(self.cfg),
             block_size=BLOCK,
         )
-        self.worker = KVConnectorFactory.create_connector(self.cfg, KVConnectorRole.WORKER, self.kcc)
+        self.worker = KVConnectorFactory.create_connector(
+            self.cfg, KVConnectorRole.WORKER, self.kcc
+        )
         self.kv = make_kv_caches(self.kcc, self.layout)
         self.worker.register_kv_caches(self.kv)
         OPEN_ENGINES.append(self)
@@ -231,8 +243,14 @@ class Engine:
             kv_connector_output=kvo,
         )
         self.sched.update_from_output(out, mro)
-        entry = StepLog(dict(out.num_scheduled_tokens), out.has_sync_kv_loads, set(results.finished_recving),
-                        set(invalid), set(results.failed_recving), wmeta)
+        entry = StepLog(
+            dict(out.num_scheduled_tokens),
+            out.has_sync_kv_loads,
+            set(results.finished_recving),
+            set(invalid),
+            set(results.failed_recving),
+            wmeta,
+        )
         self.log.append(entry)
         return entry
 
@@ -262,12 +280,17 @@ class Engine:
             if not self.sched.has_requests():
                 return i
             self.step()
-        raise AssertionError(f"still busy after {max_steps} steps: {[r for r in self.sched.requests]}")
+        raise AssertionError(
+            f"still busy after {max_steps} steps: {[r for r in self.sched.requests]}"
+        )
 
     def expected_block(self, layer: str, tokens: list[int], block_index: int) -> torch.Tensor:
         """What the fake model writes into block ``block_index`` of ``tokens`` for ``layer``: [H, N, C]."""
         li = layer_index(layer)
-        rows = [kv_value(tokens[p], p, li) for p in range(block_index * BLOCK, (block_index + 1) * BLOCK)]
+        rows = [
+            kv_value(tokens[p], p, li)
+            for p in range(block_index * BLOCK, (block_index + 1) * BLOCK)
+        ]
         return torch.stack(rows, dim=1)
 
     def block_bytes(self, layer: str, block_id: int) -> torch.Tensor:
