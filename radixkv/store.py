@@ -94,6 +94,9 @@ class HierarchicalStore:
                 f"config={config!r} must be a StoreConfig (see StoreConfig.from_yaml/from_env)"
             )
         self.config = config
+        names = config.tier_names
+        # The tree first: a bad policy option then fails before any tier (and its threads) opens.
+        tree = RadixTree(tiers=names, policy={tc.name: config.policy_of(tc) for tc in config.tiers})
         opened: list[Any] = []
         try:
             if tiers is None:
@@ -111,8 +114,6 @@ class HierarchicalStore:
                 for t in opened:
                     t.close()
             raise
-        names = config.tier_names
-        tree = RadixTree(tiers=names, policy={tc.name: config.policy_of(tc) for tc in config.tiers})
         self.metrics = StoreMetrics(
             names, tiers=lambda: self._stack.tiers, prometheus=config.metrics
         )
