@@ -23,8 +23,10 @@ fi
 # The tests start their own servers; a system service is not needed (and may hold port 6379).
 
 MAIN_PY="$(bash scripts/setup.sh | tail -n 1)" || { log "main environment setup failed"; exit 1; }
-SGL_PY="$(bash scripts/setup_sglang_env.sh | tail -n 1)" || { log "SGLang environment setup failed"; status=1; SGL_PY=""; }
-VLLM_PY="$(bash scripts/setup_vllm_env.sh | tail -n 1)" || { log "vLLM environment setup failed"; status=1; VLLM_PY=""; }
+SGL_PY="$REPO/.envs/sglang/bin/python"
+VLLM_PY="$REPO/.envs/vllm/bin/python"
+bash scripts/setup_sglang_env.sh >&2 || { log "SGLang environment setup failed"; status=1; SGL_PY=""; }
+bash scripts/setup_vllm_env.sh >&2 || { log "vLLM environment setup failed"; status=1; VLLM_PY=""; }
 
 run() {  # run NAME PYTHON PYTEST-ARGS...
   local name="$1" py="$2"; shift 2
