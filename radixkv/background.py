@@ -172,10 +172,9 @@ class WorkerPool:
             ok = self.drain(timeout_s)
         if not flush or not ok:
             self._cancel_queued()
+        # One stop marker per thread; a thread exits after the jobs queued before its marker.
         for _ in self._threads:
-            self._queue.put(
-                None
-            )  # one stop marker per thread; threads exit after the jobs before it
+            self._queue.put(None)
         for t in self._threads:
             t.join(timeout_s)
             ok = ok and not t.is_alive()

@@ -179,10 +179,8 @@ class HierarchicalStore:
             with s.cond:
                 if parent_key is not None:
                     pid = s.tree.lookup(nsd, parent_key)
-                    if pid is None:
-                        return [False] * len(
-                            keys
-                        )  # the chain's prefix is gone: nothing is reachable
+                    if pid is None:  # the chain's prefix is gone: nothing here is reachable
+                        return [False] * len(keys)
                     # Making room for this chain must not *drop* the chunk it hangs from (a demotion
                     # keeps it reachable): pin it while only the last tier holds it.
                     if s.tree.node_tier_mask(pid) == 1 << s.last:
@@ -222,9 +220,7 @@ class HierarchicalStore:
                             size_bytes=size,
                             parent_key=parent_key,
                         )
-                    except (
-                        InputError
-                    ) as e:  # the keys contradict the tree (not one chain): undo, re-raise
+                    except InputError as e:  # keys contradict the tree: undo, then re-raise
                         run, error = 0, e
                 if r is not None and not r.node_ids:
                     run = 0  # the parent vanished between our check and the insert

@@ -192,9 +192,8 @@ def reconcile_store(store: HierarchicalStore) -> int:
         ]
     lost = [(t, nsd, key) for t, nsd, key in placed if s.tiers[t].contains_many(nsd, [key]) != 1]
     with s.cond:
-        entries: list[tuple[int, str, str]] = list(
-            lost
-        )  # lets a tier's own bookkeeping forget them
+        # Deleting the lost keys too lets a tier's own bookkeeping (Redis's byte ledger) forget them.
+        entries: list[tuple[int, str, str]] = list(lost)
         for t, nsd, key in lost:
             n = s.tree.lookup(nsd, key)
             if n is not None:
