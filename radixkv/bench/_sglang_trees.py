@@ -20,7 +20,8 @@ real pool. The Unified tree frees the slots of duplicate (already cached) tokens
 through ``token_to_kv_pool_allocator.free_segment``; the legacy tree leaves that to its caller
 (``_insert_cache``). To time the trees alike, the Unified caches get ``_SlotSink``, which only
 counts freed tokens (the allocator's own cost is not tree work, and it is excluded for the
-legacy tree too). Run in the SGLang env: ``.envs/sglang/bin/python -m radixkv.bench tree --vs sglang``.
+legacy tree too). Run in the SGLang env:
+``.envs/sglang/bin/python -m radixkv.bench tree --vs sglang``.
 """
 
 from __future__ import annotations
