@@ -40,6 +40,9 @@ run() {  # run NAME PYTHON PYTEST-ARGS...
 run main "$MAIN_PY" tests --ignore=tests/sglang --ignore=tests/vllm -q
 [[ -n "$SGL_PY" ]] && run sglang "$SGL_PY" tests/sglang -q
 [[ -n "$VLLM_PY" ]] && run vllm "$VLLM_PY" tests/vllm -q
+# Kernel cross-checks against each engine's own KV views and host pools.
+[[ -n "$SGL_PY" ]] && run sglang-kernels "$SGL_PY" tests/kernels/test_kernels_engines.py -m sglang -q
+[[ -n "$VLLM_PY" ]] && run vllm-kernels "$VLLM_PY" tests/kernels/test_kernels_engines.py -m vllm -q
 
 "$MAIN_PY" - "$OUT" <<'PYEOF' || status=1
 import sys, pathlib, xml.etree.ElementTree as ET
