@@ -191,9 +191,13 @@ def print_ratios(rows: Sequence[Row]) -> None:
             continue
         best_ins = max(theirs, key=lambda r: r.insert_ops_s)
         best_mat = max(theirs, key=lambda r: r.match_ops_s)
+        # Median-latency ratios are steadier than throughput ratios on a shared, noisy machine.
+        p50_ins = min(r.insert_p50_us for r in theirs) / ours.insert_p50_us
+        p50_mat = min(r.match_p50_us for r in theirs) / ours.match_p50_us
         print(
             f"  {wl:<14} page {page:>3}: insert {ours.insert_ops_s / best_ins.insert_ops_s:5.2f}x "
-            f"(vs {best_ins.impl}), match {ours.match_ops_s / best_mat.match_ops_s:5.2f}x (vs {best_mat.impl})"
+            f"(vs {best_ins.impl}), match {ours.match_ops_s / best_mat.match_ops_s:5.2f}x (vs {best_mat.impl}); "
+            f"by p50 latency: insert {p50_ins:5.2f}x, match {p50_mat:5.2f}x"
         )
 
 
