@@ -41,37 +41,27 @@ have been stored; it is not reported stored, and its TTL or the next overwrite/d
 
 from __future__ import annotations
 
-import logging
 import re
 import threading
 import time
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
-import redis
 import torch
-from redis.exceptions import RedisClusterException
 
 from radixkv.errors import CapacityError, InputError
 from radixkv.tiers.base import TierStats
 from radixkv.tiers.framing import HEADER_BYTES, encode_header
 from radixkv.tiers.redis_accounting import ByteLedger
-from radixkv.tiers.redis_client import FramedValue, RedisTierConfig, NAME_RE, build_config, make_client, parse_redis_url
+from radixkv.tiers.redis_client import NAME_RE, FramedValue, RedisTierConfig, RedisUrl, build_config
 from radixkv.tiers.redis_direct import Reply, get_frames_into
+from radixkv.tiers.redis_link import DOWN_ERRORS, RedisLink, is_topology_error
 
 __all__ = ["RedisTier", "RedisTierConfig", "UNBOUNDED_BYTES"]
 
-log = logging.getLogger(__name__)
-
 UNBOUNDED_BYTES = (1 << 63) - 1
 _KEY_RE = re.compile(r"[\x21-\x7e]{1,256}")
-_TOPOLOGY_ERRORS = ("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN")  # replies that call for a slot refresh
-_TOPOLOGY_EXC = (redis.exceptions.AskError, redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError)
-# Faults of the medium: these open the fail-fast window. Per-command errors (OOM, WRONGTYPE) do not.
-# A pipeline returns per-command errors inline, so any RedisError that escapes means the transport or
-# the cluster client is broken.
-_DOWN_ERRORS = (redis.exceptions.RedisError, RedisClusterException, OSError)
 
 
 def _check_namespace(namespace: str) -> None:
@@ -116,30 +106,20 @@ class RedisTier:
         self.config = config
         self.name = config.name
         self.capacity_bytes = config.capacity_bytes if config.capacity_bytes is not None else UNBOUNDED_BYTES
-        self._url = parse_redis_url(config.url)
+        self._link = RedisLink(config)
         self._ttl_ms = None if config.ttl_s is None else max(1, round(config.ttl_s * 1000))
         self._ledger = ByteLedger(self.capacity_bytes, config.ttl_s)
         self._lock = threading.Lock()
         self._stats = TierStats()
-        self._client: Any = None
-        self._down_until = 0.0
-        self._closed = False
 
-    # ---------------------------------------------------------------- connection and fault handling
+    @property
+    def redis_client(self) -> Any:
+        """The underlying redis-py ``Redis``/``RedisCluster`` (for diagnostics and tests)."""
+        return self._link.client()
 
-    def _get_client(self) -> Any:
-        client = self._client
-        if client is None:
-            with self._lock:
-                if self._closed:
-                    raise RuntimeError(f"RedisTier {self.name!r} is closed")
-                if self._client is None:
-                    self._client = make_client(
-                        self._url, socket_timeout_s=self.config.socket_timeout_s,
-                        connect_timeout_s=self.config.socket_connect_timeout_s,
-                        max_connections=self.config.max_connections)
-                client = self._client
-        return client
+    @property
+    def parsed_url(self) -> RedisUrl:
+        return self._link.url
 
     def _count(self, **deltas: int) -> None:
         with self._lock:
@@ -148,77 +128,6 @@ class RedisTier:
                     setattr(self._stats, name, getattr(self._stats, name) + n)
                 else:
                     self._stats.extra[name] = self._stats.extra.get(name, 0) + n
-
-    def _guard(self, action: Callable[[Any], Any]) -> Any:
-        """``action(client)``, or None after a medium fault (counted, fail-fast window opened) or
-        while the window is open."""
-        if self._closed:
-            raise RuntimeError(f"RedisTier {self.name!r} is closed; open a new one")
-        if time.monotonic() < self._down_until:
-            self._count(fast_fail_calls=1)
-            return None
-        try:
-            return action(self._get_client())
-        except _DOWN_ERRORS as exc:
-            self._mark_down(exc)
-            return None
-
-    def _run(self, build: Callable[[Any], None]) -> list[Any] | None:
-        """Run one pipeline (no MULTI) built by ``build``; None after a medium fault."""
-
-        def action(client: Any) -> list[Any]:
-            pipe = client.pipeline(transaction=False)
-            build(pipe)
-            return pipe.execute(raise_on_error=False)
-
-        return self._guard(action)
-
-    def _fan_out(self, rkeys: Sequence[str], call: Callable[[Any, list[int]], list[Any]]) -> list[Any] | None:
-        """``call(node_client, indices)`` once per server holding some of ``rkeys`` (once in all for a
-        standalone server); entries of a node that faulted stay None (and open the fail-fast window)
-        while the other nodes' replies are kept. None if nothing could be tried."""
-
-        def action(client: Any) -> list[Any]:
-            if not self._url.cluster:
-                return call(client, list(range(len(rkeys))))
-            groups: dict[str, tuple[Any, list[int]]] = {}
-            for i, rk in enumerate(rkeys):
-                node = client.get_node_from_key(rk)
-                groups.setdefault(node.name, (node, []))[1].append(i)
-            out: list[Any] = [None] * len(rkeys)
-            fault: BaseException | None = None
-            for node, idx in groups.values():
-                try:  # a dead node costs its own keys, not the replies of the others
-                    got = call(client.get_redis_connection(node), idx)
-                except _DOWN_ERRORS as exc:
-                    fault = exc
-                    continue
-                for i, reply in zip(idx, got):
-                    out[i] = reply
-            if fault is not None:
-                self._mark_down(fault)
-            return out
-
-        return self._guard(action)
-
-    def _mark_down(self, exc: BaseException) -> None:
-        backoff_s = self.config.down_backoff_s
-        with self._lock:
-            was_up = time.monotonic() >= self._down_until
-            self._down_until = time.monotonic() + backoff_s
-            self._stats.errors += 1
-            if self._url.cluster:  # rediscover the topology on the next try
-                client, self._client = self._client, None
-            else:
-                client = None
-        if client is not None:
-            try:
-                client.close()
-            except Exception:  # noqa: BLE001 - best effort on an already broken client
-                pass
-        if was_up:
-            log.warning("redis tier %s unreachable (%s: %s); serving misses, retrying in %.1f s",
-                        self._url.redacted(), type(exc).__name__, exc, backoff_s)
 
     def _rkey(self, namespace: str, key: str) -> str:
         return f"{self.config.key_prefix}:{namespace}:{key}"
@@ -257,6 +166,19 @@ class RedisTier:
                 )
         granted = self._ledger.reserve(namespace, keys, frame_sizes)
         refused = len(keys) - sum(granted)
+        try:
+            ok = self._send_frames(namespace, keys, views, granted)
+        finally:  # release the reservations even if something unexpected escapes
+            self._ledger.settle(namespace, keys, frame_sizes, granted, ok)
+        stored = sum(ok)
+        self._count(puts=stored, put_failures=len(keys) - stored, capacity_refusals=refused,
+                    bytes_in=sum(v.nbytes for v, s in zip(views, ok) if s))
+        return ok
+
+    def _send_frames(self, namespace: str, keys: Sequence[str], views: list[memoryview],
+                     granted: list[bool]) -> list[bool]:
+        """SET the granted chunks, one pipeline per batch and node; True where the server said OK."""
+        ok = [False] * len(keys)
         moved = False
         for batch in self._batches([v.nbytes for v in views]):
             idx = [i for i in batch if granted[i]]
@@ -272,19 +194,15 @@ class RedisTier:
                     pipe.set(rkeys[j], frames[j], px=self._ttl_ms)
                 return pipe.execute(raise_on_error=False)
 
-            replies = self._fan_out(rkeys, set_frames)
+            replies = self._link.fan_out(rkeys, set_frames)
             for j, i in enumerate(idx):
                 reply = None if replies is None else replies[j]
                 ok[i] = reply is True
                 if isinstance(reply, Exception):
                     self._count(errors=1)
-                    moved |= isinstance(reply, _TOPOLOGY_EXC) or str(reply).startswith(_TOPOLOGY_ERRORS)
+                    moved |= is_topology_error(reply)
         if moved:
-            self._refresh_topology()
-        self._ledger.settle(namespace, keys, frame_sizes, granted, ok)
-        stored = sum(ok)
-        self._count(puts=stored, put_failures=len(keys) - stored, capacity_refusals=refused,
-                    bytes_in=sum(v.nbytes for v, s in zip(views, ok) if s))
+            self._link.refresh_topology()
         return ok
 
     def get_many(self, namespace: str, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> list[bool]:
@@ -305,7 +223,7 @@ class RedisTier:
                 return get_frames_into(node.connection_pool, [rkeys[j] for j in sub], namespace,
                                        [keys[batch[j]] for j in sub], [dsts[batch[j]] for j in sub])
 
-            replies = self._fan_out(rkeys, get_frames)
+            replies = self._link.fan_out(rkeys, get_frames)
             for i, reply in zip(batch, replies or ()):
                 if reply is None:  # its node faulted (counted once in errors)
                     continue
@@ -316,10 +234,10 @@ class RedisTier:
                 elif kind is Reply.BAD:
                     bad += 1
                 elif kind is Reply.ERROR:
-                    moved += error.startswith(_TOPOLOGY_ERRORS)
+                    moved += is_topology_error(error)
                     self._count(errors=1)
         if moved:
-            self._refresh_topology()
+            self._link.refresh_topology()
         if gone:
             self._ledger.forget(namespace, gone, seen_at=started)
         hits = sum(ok)
@@ -327,20 +245,13 @@ class RedisTier:
                     bytes_out=sum(d.nbytes for d, s in zip(dsts, ok) if s))
         return ok
 
-    def _refresh_topology(self) -> None:
-        """Drop the cluster client so the next call rediscovers slots (after MOVED/ASK replies)."""
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
-
     def contains_many(self, namespace: str, keys: Sequence[str]) -> int:
         """Length of the leading run of keys that exist (existence only; reads verify the bytes)."""
         _check_namespace(namespace)
         _check_keys(keys)
         if not keys:
             return 0
-        replies = self._run(lambda pipe: [pipe.exists(self._rkey(namespace, k)) for k in keys])
+        replies = self._link.pipeline(lambda pipe: [pipe.exists(self._rkey(namespace, k)) for k in keys])
         if replies is None:
             return 0
         run = 0
@@ -357,7 +268,7 @@ class RedisTier:
         if not keys:
             return 0
         started = time.monotonic()
-        replies = self._run(lambda pipe: [pipe.unlink(self._rkey(namespace, k)) for k in keys])
+        replies = self._link.pipeline(lambda pipe: [pipe.unlink(self._rkey(namespace, k)) for k in keys])
         if replies is None:
             return 0
         done = [k for k, r in zip(keys, replies) if not isinstance(r, Exception)]
@@ -371,46 +282,38 @@ class RedisTier:
         return self._ledger.used_bytes()
 
     def stats(self) -> TierStats:
+        """Counters; ``errors`` includes link faults, ``extra`` has ``fast_fail_calls`` (calls answered
+        as misses inside the back-off window) and ``capacity_refusals``."""
         with self._lock:
-            s = self._stats
-            return replace(s, extra=dict(s.extra))
+            s = replace(self._stats, extra=dict(self._stats.extra))
+        s.errors += self._link.errors
+        s.extra["fast_fail_calls"] = self._link.fast_fail_calls
+        return s
 
     def clear(self, namespace: str | None = None) -> None:
         """Delete every chunk of ``namespace`` (or every chunk under ``key_prefix``) by SCAN + UNLINK."""
         if namespace is not None:
             _check_namespace(namespace)
         pattern = f"{self.config.key_prefix}:{namespace}:*" if namespace else f"{self.config.key_prefix}:*"
-        if self._closed:
-            raise RuntimeError(f"RedisTier {self.name!r} is closed; open a new one")
         started = time.monotonic()
-        try:
-            client = self._get_client()
+
+        def action(client: Any) -> bool:
             batch: list[bytes] = []
-            for rkey in client.scan_iter(match=pattern, count=1000):
+            for rkey in client.scan_iter(match=pattern, count=1000):  # every primary in a cluster
                 batch.append(rkey)
                 if len(batch) >= 1000:
-                    self._unlink(client, batch)
+                    _unlink(client, batch)
                     batch = []
             if batch:
-                self._unlink(client, batch)
-        except _DOWN_ERRORS as exc:
-            self._mark_down(exc)
-            return
-        self._ledger.forget_all(namespace, seen_at=started)
+                _unlink(client, batch)
+            return True
 
-    @staticmethod
-    def _unlink(client: Any, rkeys: list[bytes]) -> None:
-        pipe = client.pipeline(transaction=False)
-        for k in rkeys:
-            pipe.unlink(k)
-        pipe.execute(raise_on_error=False)
+        if self._link.guard(action):
+            self._ledger.forget_all(namespace, seen_at=started)
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
+        """Idempotent; later calls raise RuntimeError."""
+        self._link.close()
 
     def check_integrity(self) -> None:
         self._ledger.check_integrity()
@@ -421,9 +324,17 @@ class RedisTier:
     def ping(self) -> bool:
         """True if the server answers now (ignores the fail-fast window; for health checks)."""
         try:
-            return bool(self._get_client().ping())
-        except _DOWN_ERRORS:
+            return bool(self._link.client().ping())
+        except DOWN_ERRORS:
             return False
 
     def __repr__(self) -> str:
-        return f"RedisTier({self._url.redacted()!r}, capacity_bytes={self.capacity_bytes}, ttl_s={self.config.ttl_s})"
+        return (f"RedisTier({self._link.url.redacted()!r}, capacity_bytes={self.capacity_bytes}, "
+                f"ttl_s={self.config.ttl_s})")
+
+
+def _unlink(client: Any, rkeys: list[bytes]) -> None:
+    pipe = client.pipeline(transaction=False)
+    for k in rkeys:
+        pipe.unlink(k)
+    pipe.execute(raise_on_error=False)

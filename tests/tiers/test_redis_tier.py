@@ -73,7 +73,7 @@ def test_cluster_round_trip_spreads_keys_over_every_node(make, redis_cluster_url
     assert tier.get_many(ns, keys, outs) == [True] * 64
     assert all(torch.equal(p, o) for p, o in zip(payloads, outs))
     per_node = {}
-    for node in tier._get_client().get_primaries():
+    for node in tier.redis_client.get_primaries():
         per_node[node.port] = sum(1 for _ in node.redis_connection.scan_iter(match=f"radixkv:{ns}:*"))
     assert len(per_node) == 3 and sum(per_node.values()) == 64
     assert min(per_node.values()) > 0, per_node
@@ -89,7 +89,7 @@ def test_stale_cluster_slot_map_is_a_miss_then_refreshed(make, redis_cluster_url
     assert tier.put_many(ns, ["k"], [payload("k")]) == [True]
 
     def mislead() -> None:
-        client = tier._get_client()
+        client = tier.redis_client
         slot = client.keyslot(f"radixkv:{ns}:k")
         owner = client.get_node_from_key(f"radixkv:{ns}:k")
         wrong = next(n for n in client.get_primaries() if n.name != owner.name)
@@ -265,7 +265,7 @@ def test_cluster_node_killed_degrades_then_recovers(make, redis_cluster):
     payloads = [payload(k) for k in keys]
     assert tier.put_many(ns, keys, payloads) == [True] * 24
     victim = redis_cluster.nodes[0]
-    client = tier._get_client()
+    client = tier.redis_client
     on_victim = {k for k in keys if client.get_node_from_key(f"radixkv:{ns}:{k}").port == victim.port}
     assert 0 < len(on_victim) < 24
     victim.stop()
@@ -444,7 +444,7 @@ def test_tls_cluster(make, redis_tls_cluster):
     assert tier.get_many(ns, keys, outs) == [True] * 12
     assert all(torch.equal(p, o) for p, o in zip(payloads, outs))
     counts = [sum(1 for _ in n.redis_connection.scan_iter(match=f"radixkv:{ns}:*"))
-              for n in tier._get_client().get_primaries()]
+              for n in tier.redis_client.get_primaries()]
     assert len(counts) == 3 and min(counts) > 0, counts
 
 
@@ -472,7 +472,7 @@ def test_bad_url_is_a_config_error(url, fragment):
 def test_url_options_and_keywords():
     tier = RedisTier("rediss+cluster://u:p%40ss@10.0.0.1:7000,[::1]:7001?capacity=2MiB&ttl_s=60"
                      "&ssl_ca_certs=/ca.pem&ssl_cert_reqs=none", socket_timeout_s=0.2)
-    parsed = tier._url
+    parsed = tier.parsed_url
     assert parsed.cluster and parsed.tls and parsed.hosts == (("10.0.0.1", 7000), ("::1", 7001))
     assert (parsed.username, parsed.password) == ("u", "p@ss")
     assert dict(parsed.tls_options) == {"ssl_ca_certs": "/ca.pem", "ssl_cert_reqs": "none"}

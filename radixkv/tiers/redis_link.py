@@ -1,0 +1,159 @@
+"""One Redis tier's link to its server or cluster: lazy client, fail-fast window, per-node fan-out.
+
+Every network call of :class:`~radixkv.tiers.redis.RedisTier` goes through :meth:`RedisLink.guard`,
+which turns a medium fault into ``None`` (the caller reports misses / failed puts), counts it and opens
+a ``down_backoff_s`` window in which calls return ``None`` at once without touching the network. The
+first call after the window tries again: a standalone client reconnects by itself; a cluster client is
+dropped at each fault and rebuilt (rediscovering the topology) on the next try.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import redis
+from redis.exceptions import RedisClusterException
+
+from radixkv.tiers.redis_client import RedisTierConfig, make_client, parse_redis_url
+
+__all__ = ["RedisLink", "DOWN_ERRORS", "is_topology_error"]
+
+log = logging.getLogger("radixkv.tiers.redis")
+
+# A pipeline returns per-command errors (OOM, NOPERM, WRONGTYPE) inline, so any RedisError that
+# escapes means the transport or the cluster client is broken: a fault of the medium.
+DOWN_ERRORS = (redis.exceptions.RedisError, RedisClusterException, OSError)
+_TOPOLOGY_PREFIXES = ("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN")
+_TOPOLOGY_EXC = (redis.exceptions.AskError, redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError)
+
+
+def is_topology_error(reply: object) -> bool:
+    """True for an error reply that says the slot map is stale (MOVED, ASK, CLUSTERDOWN, TRYAGAIN)."""
+    if isinstance(reply, _TOPOLOGY_EXC):
+        return True
+    return isinstance(reply, (Exception, str)) and str(reply).startswith(_TOPOLOGY_PREFIXES)
+
+
+class RedisLink:
+    """Thread-safe; ``errors`` and ``fast_fail_calls`` count faults and calls refused in the window."""
+
+    def __init__(self, config: RedisTierConfig) -> None:
+        self.config = config
+        self.url = parse_redis_url(config.url)
+        self.errors = 0
+        self.fast_fail_calls = 0
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._down_until = 0.0
+        self._closed = False
+        self._warned_moved = False
+
+    def client(self) -> Any:
+        """The redis-py client (``Redis`` or ``RedisCluster``), built on first use."""
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError(f"RedisTier {self.config.name!r} is closed; open a new one")
+                if self._client is None:
+                    self._client = make_client(
+                        self.url, socket_timeout_s=self.config.socket_timeout_s,
+                        connect_timeout_s=self.config.socket_connect_timeout_s,
+                        max_connections=self.config.max_connections)
+                client = self._client
+        return client
+
+    def guard(self, action: Callable[[Any], Any]) -> Any:
+        """``action(client)``; None after a medium fault (counted, window opened) or inside the window."""
+        if self._closed:
+            raise RuntimeError(f"RedisTier {self.config.name!r} is closed; open a new one")
+        if time.monotonic() < self._down_until:
+            with self._lock:
+                self.fast_fail_calls += 1
+            return None
+        try:
+            return action(self.client())
+        except DOWN_ERRORS as exc:
+            self.mark_down(exc)
+            return None
+
+    def pipeline(self, build: Callable[[Any], None]) -> list[Any] | None:
+        """Run one pipeline (no MULTI; redis-py splits it per node in a cluster) built by ``build``."""
+
+        def action(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            build(pipe)
+            return pipe.execute(raise_on_error=False)
+
+        return self.guard(action)
+
+    def fan_out(self, rkeys: Sequence[str], call: Callable[[Any, list[int]], list[Any]]) -> list[Any] | None:
+        """``call(node_client, indices)`` once per server holding some of ``rkeys`` (a single call for
+        a standalone server). Entries of a cluster node that faulted stay None (and open the window)
+        while the other nodes' replies are kept; None if nothing could be tried."""
+
+        def action(client: Any) -> list[Any]:
+            if not self.url.cluster:
+                return call(client, list(range(len(rkeys))))
+            groups: dict[str, tuple[Any, list[int]]] = {}
+            for i, rk in enumerate(rkeys):
+                node = client.get_node_from_key(rk)
+                groups.setdefault(node.name, (node, []))[1].append(i)
+            out: list[Any] = [None] * len(rkeys)
+            fault: BaseException | None = None
+            for node, idx in groups.values():
+                try:  # a dead node costs its own keys, not the replies of the others
+                    got = call(client.get_redis_connection(node), idx)
+                except DOWN_ERRORS as exc:
+                    fault = exc
+                    continue
+                for i, reply in zip(idx, got):
+                    out[i] = reply
+            if fault is not None:
+                self.mark_down(fault)
+            return out
+
+        return self.guard(action)
+
+    def mark_down(self, exc: BaseException) -> None:
+        """Count a fault and open the fail-fast window (a cluster client is dropped for rediscovery)."""
+        backoff_s = self.config.down_backoff_s
+        with self._lock:
+            was_up = time.monotonic() >= self._down_until
+            self._down_until = time.monotonic() + backoff_s
+            self.errors += 1
+            client = None
+            if self.url.cluster:
+                client, self._client = self._client, None
+        _close_quietly(client)
+        if was_up:
+            log.warning("redis tier %s unreachable (%s: %s); serving misses, retrying in %.1f s",
+                        self.url.redacted(), type(exc).__name__, exc, backoff_s)
+
+    def refresh_topology(self) -> None:
+        """Drop the client so the next call rediscovers the slot map (after MOVED/ASK replies)."""
+        if not self.url.cluster and not self._warned_moved:
+            self._warned_moved = True
+            log.warning("redis tier %s got MOVED/ASK replies: the server is a cluster node; use a "
+                        "redis+cluster:// URL", self.url.redacted())
+        with self._lock:
+            client, self._client = self._client, None
+        _close_quietly(client)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            client, self._client = self._client, None
+        _close_quietly(client)
+
+
+def _close_quietly(client: Any) -> None:
+    if client is None:
+        return
+    try:
+        client.close()
+    except Exception:  # noqa: BLE001 - best effort on a client that may already be broken
+        pass
