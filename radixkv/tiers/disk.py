@@ -92,7 +92,10 @@ class DiskTierConfig:
                               "positive number of bytes or None (off)")
 
 
-def _byte_view(t: object, what: str) -> memoryview:
+def _byte_view(t: object, arg: str, i: int) -> memoryview:
+    if isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.is_cpu and t.is_contiguous():
+        return memoryview(t.view(-1).numpy())
+    what = f"{arg}[{i}]"
     if not isinstance(t, torch.Tensor):
         raise InputError(f"{what} is {type(t).__name__}; pass a 1-D torch.uint8 CPU tensor")
     if t.dtype != torch.uint8 or t.device.type != "cpu" or not t.is_contiguous():
@@ -175,7 +178,7 @@ class DiskTier:
         _check_ident(namespace, keys)
         if len(keys) != len(payloads):
             raise InputError(f"{len(keys)} keys but {len(payloads)} payloads; pass one payload per key")
-        views = [_byte_view(p, f"payloads[{i}]") for i, p in enumerate(payloads)]
+        views = [_byte_view(p, "payloads", i) for i, p in enumerate(payloads)]
         with self._lock:
             self._check_open()
             first_put = views and namespace not in self._ns_payload_bytes
@@ -206,7 +209,7 @@ class DiskTier:
         _check_ident(namespace, keys)
         if len(keys) != len(buffers):
             raise InputError(f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key")
-        views = [_byte_view(b, f"buffers[{i}]") for i, b in enumerate(buffers)]
+        views = [_byte_view(b, "buffers", i) for i, b in enumerate(buffers)]
         with self._lock:
             self._check_open()
             fixed = self._ns_payload_bytes.get(namespace)

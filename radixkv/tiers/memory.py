@@ -7,9 +7,10 @@ Layout::
            [slot 0 | slot 1 | ... | slot k-1 | waste < slot_bytes]
 
 A namespace's slot size is fixed by its first put (a later payload of another size is an
-:class:`InputError` naming both sizes). A slab returns its units to the pool when its last slot is
-freed, so namespaces of different sizes share the buffer over time. The buffer is the capacity: it
-cannot be exceeded, and a put that finds no free slot is refused (``False``), never evicts.
+:class:`InputError` naming both sizes). An empty slab keeps its size until another size needs room;
+then empty slabs return their units to the pool, so namespaces of different sizes share the buffer
+over time. The buffer is the capacity: it cannot be exceeded, and a put that finds no free slot is
+refused (``False``), never evicts.
 
 Readers: :meth:`MemoryTier.get_many` copies into caller buffers. :meth:`MemoryTier.lease` returns
 zero-copy views and holds a reader count on each slot: a deleted slot with readers is freed only when
@@ -67,8 +68,12 @@ class _Slab:
     slot_bytes: int
     n_slots: int
     offset_bytes: int
-    free: list[int]
+    free: list[int]  # recycled slot indices (< fresh)
+    fresh: int = 0  # slots [fresh, n_slots) were never handed out: no O(n_slots) list per slab
     used: int = 0  # slots published, being written, or freed-but-leased
+
+    def has_free(self) -> bool:
+        return bool(self.free) or self.fresh < self.n_slots
 
 
 @dataclass(slots=True, eq=False)
@@ -104,7 +109,10 @@ class MemoryLease:
         self.release()
 
 
-def _byte_view(t: object, what: str) -> torch.Tensor:
+def _byte_view(t: object, arg: str, i: int) -> torch.Tensor:
+    if isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.is_cpu and t.is_contiguous():
+        return t if t.dim() == 1 else t.view(-1)
+    what = f"{arg}[{i}]"
     if not isinstance(t, torch.Tensor):
         raise InputError(f"{what} is {type(t).__name__}; pass a 1-D torch.uint8 CPU tensor")
     if t.dtype != torch.uint8 or t.device.type != "cpu" or not t.is_contiguous():
@@ -161,7 +169,7 @@ class MemoryTier:
         _check_ident(namespace, keys)
         if len(keys) != len(payloads):
             raise InputError(f"{len(keys)} keys but {len(payloads)} payloads; pass one payload per key")
-        views = [_byte_view(p, f"payloads[{i}]") for i, p in enumerate(payloads)]
+        views = [_byte_view(p, "payloads", i) for i, p in enumerate(payloads)]
         ok = [False] * len(keys)
         todo: list[tuple[int, _Slot]] = []
         with self._lock:
@@ -207,19 +215,16 @@ class MemoryTier:
         _check_ident(namespace, keys)
         if len(keys) != len(buffers):
             raise InputError(f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key")
-        outs = [_byte_view(b, f"buffers[{i}]") for i, b in enumerate(buffers)]
-        lease = self._lease(namespace, keys, [o.numel() for o in outs])
-        hits = [v is not None for v in lease.views]
+        outs = [_byte_view(b, "buffers", i) for i, b in enumerate(buffers)]
+        slots = self._acquire(namespace, keys, [o.numel() for o in outs])
+        held = [s for s in slots if s is not None]
         try:
-            for out, view in zip(outs, lease.views):
-                if view is not None:
-                    out.copy_(view)
+            for out, slot in zip(outs, slots):
+                if slot is not None:
+                    out.copy_(slot.view)
         finally:
-            lease._released = True
-            n_hit = sum(hits)
-            self._release(lease._slots, gets=len(keys), hits=n_hit,
-                          bytes_out=sum(o.numel() for o, h in zip(outs, hits) if h))
-        return hits
+            self._release(held, gets=len(keys), hits=len(held), bytes_out=sum(s.nbytes for s in held))
+        return [s is not None for s in slots]
 
     def lease(self, namespace: str, keys: Sequence[str]) -> MemoryLease:
         """Zero-copy views of the chunks, each slot held until :meth:`MemoryLease.release`."""
@@ -301,15 +306,15 @@ class MemoryTier:
             for sid, slab in self._slabs.items():
                 if owned.get(sid) != slab.n_units:
                     raise RuntimeError(f"slab {sid}: owns {owned.get(sid)} units, expected {slab.n_units}")
-                if len(set(slab.free)) != len(slab.free) or any(not 0 <= f < slab.n_slots for f in slab.free):
-                    raise RuntimeError(f"slab {sid}: corrupt free list {slab.free}")
-                if len(slab.free) + slab.used != slab.n_slots:
-                    raise RuntimeError(f"slab {sid}: {len(slab.free)} free + {slab.used} used != {slab.n_slots}")
-                if slab.used == 0:
-                    raise RuntimeError(f"slab {sid} is empty but still holds {slab.n_units} units")
+                if len(set(slab.free)) != len(slab.free) or any(not 0 <= f < slab.fresh for f in slab.free):
+                    raise RuntimeError(f"slab {sid}: corrupt free list {slab.free} (fresh from {slab.fresh})")
+                if len(slab.free) + slab.used != slab.fresh or slab.fresh > slab.n_slots:
+                    raise RuntimeError(f"slab {sid}: {len(slab.free)} free + {slab.used} used != {slab.fresh} "
+                                       f"handed out (of {slab.n_slots})")
                 in_partial = sid in self._partial.get(slab.slot_bytes, set())
-                if in_partial != bool(slab.free):
-                    raise RuntimeError(f"slab {sid}: partial-set membership {in_partial} but {len(slab.free)} free")
+                if in_partial != slab.has_free():
+                    raise RuntimeError(f"slab {sid}: partial-set membership {in_partial} but has_free "
+                                       f"{slab.has_free()}")
                 total_used += slab.used
             if set(owned) != set(self._slabs):
                 raise RuntimeError(f"units owned by unknown slabs {set(owned) - set(self._slabs)}")
@@ -348,27 +353,30 @@ class MemoryTier:
     def _slot_view(self, slot: _Slot) -> torch.Tensor:
         return slot.view
 
-    def _lease(self, namespace: str, keys: Sequence[str], sizes: list[int] | None) -> MemoryLease:
+    def _acquire(self, namespace: str, keys: Sequence[str], sizes: list[int] | None) -> list[_Slot | None]:
+        """The keys' slots (None where absent), each with one more reader. Sizes are checked first, so
+        an InputError leaves no reader count behind."""
         with self._lock:
             self._check_open()
-            views: list[torch.Tensor | None] = []
-            held: list[_Slot] = []
-            fixed = self._ns_slot_bytes.get(namespace)
-            for i, k in enumerate(keys):
-                slot = self._index.get((namespace, k))
-                want = slot.nbytes if slot is not None else fixed
-                if sizes is not None and want is not None and sizes[i] != want:
-                    raise InputError(
-                        f"buffers[{i}] has {sizes[i]} bytes but chunks of namespace {namespace} have "
-                        f"{want} bytes in tier {self.name!r}; pass buffers of the namespace's chunk size"
-                    )
-                if slot is None:
-                    views.append(None)
-                    continue
-                slot.readers += 1
-                held.append(slot)
-                views.append(self._slot_view(slot))
-            return MemoryLease(views=views, _tier=self, _slots=held)
+            slots = [self._index.get((namespace, k)) for k in keys]
+            if sizes is not None:
+                fixed = self._ns_slot_bytes.get(namespace)
+                for i, slot in enumerate(slots):
+                    want = slot.nbytes if slot is not None else fixed
+                    if want is not None and sizes[i] != want:
+                        raise InputError(
+                            f"buffers[{i}] has {sizes[i]} bytes but chunks of namespace {namespace} have "
+                            f"{want} bytes in tier {self.name!r}; pass buffers of the namespace's chunk size"
+                        )
+            for slot in slots:
+                if slot is not None:
+                    slot.readers += 1
+            return slots
+
+    def _lease(self, namespace: str, keys: Sequence[str], sizes: list[int] | None) -> MemoryLease:
+        slots = self._acquire(namespace, keys, sizes)
+        return MemoryLease(views=[None if s is None else s.view for s in slots], _tier=self,
+                           _slots=[s for s in slots if s is not None])
 
     def _release(self, slots: list[_Slot], gets: int = 0, hits: int = 0, bytes_out: int = 0) -> None:
         with self._lock:
@@ -403,9 +411,13 @@ class MemoryTier:
             partial.add(sid)
         sid = min(partial)  # fill low slabs first: keeps high slabs free to return to the pool
         slab = self._slabs[sid]
-        idx = slab.free.pop()
+        if slab.free:
+            idx = slab.free.pop()
+        else:
+            idx = slab.fresh
+            slab.fresh += 1
         slab.used += 1
-        if not slab.free:
+        if not slab.has_free():
             partial.discard(sid)
         offset = slab.offset_bytes + idx * slot_bytes
         return _Slot(sid, idx, offset, slot_bytes, self._buffer[offset : offset + slot_bytes])
@@ -414,18 +426,24 @@ class MemoryTier:
         slab = self._slabs[slot.slab_id]
         slab.free.append(slot.index)
         slab.used -= 1
-        if slab.used == 0:  # give the units back so other slot sizes can use them
+        # An empty slab stays with its size class (put/delete cycles would otherwise rebuild it every
+        # time); _new_slab reclaims empty slabs when another size class needs their units.
+        self._partial.setdefault(slab.slot_bytes, set()).add(slot.slab_id)
+
+    def _reclaim_empty_slabs(self) -> None:
+        for sid in [sid for sid, slab in self._slabs.items() if slab.used == 0]:
+            slab = self._slabs.pop(sid)
             for u in range(slab.first_unit, slab.first_unit + slab.n_units):
                 self._unit_owner[u] = -1
-            del self._slabs[slot.slab_id]
-            self._partial[slab.slot_bytes].discard(slot.slab_id)
-        else:
-            self._partial.setdefault(slab.slot_bytes, set()).add(slot.slab_id)
+            self._partial[slab.slot_bytes].discard(sid)
 
     def _new_slab(self, slot_bytes: int) -> int | None:
         min_units = -(-slot_bytes // self._unit)
         want_units = max(min_units, self.config.slab_target_bytes // self._unit)
         first, n_units = self._largest_run(want_units)
+        if n_units < want_units and any(slab.used == 0 for slab in self._slabs.values()):
+            self._reclaim_empty_slabs()  # other size classes' empty slabs give their units back
+            first, n_units = self._largest_run(want_units)
         if n_units < min_units:
             return None
         sid = self._next_slab
@@ -433,8 +451,7 @@ class MemoryTier:
         for u in range(first, first + n_units):
             self._unit_owner[u] = sid
         n_slots = n_units * self._unit // slot_bytes
-        self._slabs[sid] = _Slab(first, n_units, slot_bytes, n_slots, first * self._unit,
-                                 free=list(range(n_slots - 1, -1, -1)))
+        self._slabs[sid] = _Slab(first, n_units, slot_bytes, n_slots, first * self._unit, free=[])
         return sid
 
     def _largest_run(self, cap: int) -> tuple[int, int]:

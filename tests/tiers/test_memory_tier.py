@@ -52,6 +52,16 @@ class TestSizes:
         with pytest.raises(InputError, match=r"2048 bytes.*4096"):
             small.get_many("ns", ["a"], [torch.empty(2 * KiB, dtype=torch.uint8)])
 
+    def test_bad_buffer_leaves_no_reader_behind(self, small):
+        """An InputError on the 2nd buffer must not leave the 1st chunk's slot leased."""
+        small.put_many("ns", ["a"], [pl(1, 4 * KiB)])
+        with pytest.raises(InputError):
+            small.get_many("ns", ["a", "b"], [torch.empty(4 * KiB, dtype=torch.uint8),
+                                              torch.empty(2 * KiB, dtype=torch.uint8)])
+        small.delete_many("ns", ["a"])
+        assert small.stats().extra["leased_dead_slots"] == 0
+        assert small.usage_bytes() == 0
+
     def test_clear_namespace_resets_its_size(self, small):
         """After clear(ns) the namespace may take a new size."""
         small.put_many("ns", ["a"], [pl(1, 4 * KiB)])
@@ -110,10 +120,24 @@ class TestCapacity:
         small.put_many("a", [f"k{i}" for i in range(16)], [pl(i, 4 * KiB) for i in range(16)])
         assert small.put_many("b", ["x"], [pl(99, 16 * KiB)]) == [False]
         small.delete_many("a", [f"k{i}" for i in range(16)])
-        assert small.stats().extra["slabs"] == 0
+        assert small.usage_bytes() == 0
+        assert small.stats().extra["slabs"] == 2  # empty slabs keep their size until needed
+        small.check_integrity()
         keys = [f"x{i}" for i in range(4)]
         assert small.put_many("b", keys, [pl(i, 16 * KiB) for i in range(4)]) == [True] * 4
         assert small.usage_bytes() == 64 * KiB
+        assert small.put_many("a", ["k0"], [pl(0, 4 * KiB)]) == [False]  # now b holds every unit
+
+    def test_put_delete_cycles_reuse_the_slab(self, small):
+        """Deleting the last chunk keeps the slab: the next put reuses it (same slot, same bytes)."""
+        small.put_many("a", ["k"], [pl(1, 4 * KiB)])
+        before = small.get_views("a", ["k"])[0].data_ptr()
+        for i in range(5):
+            small.delete_many("a", ["k"])
+            assert small.put_many("a", ["k"], [pl(i, 4 * KiB)]) == [True]
+            assert small.get_views("a", ["k"])[0].data_ptr() == before
+            assert torch.equal(small.get_views("a", ["k"])[0], pl(i, 4 * KiB))
+        assert small.stats().extra["slabs"] == 1
 
     def test_odd_slot_size_packs_slabs(self):
         """A 3 KiB slot size in 8 KiB units: slabs take whole runs, waste stays below one slot each."""
