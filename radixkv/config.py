@@ -15,6 +15,7 @@ Every option is documented in ``docs/configuration.md``.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -126,6 +127,20 @@ def _parse_seconds(value: Any, what: str) -> float:
     return float(value)
 
 
+def _parse_mapping(value: Any, what: str) -> dict[str, Any]:
+    """A dict from a mapping or a JSON object string (environment variables)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError:
+            raise ConfigError(
+                f"{what}={value!r} is not a JSON object such as '{{\"a\": 1}}'"
+            ) from None
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{what}={value!r} must be a mapping of option names to values")
+    return dict(value)
+
+
 def _known_policies() -> list[str] | None:
     """Names in radixkv.policies.POLICIES, or None while that module is not importable."""
     try:
@@ -158,6 +173,7 @@ class TierConfig:
     name: str | None = None
     policy: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    policy_options: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or "://" not in self.url:
@@ -203,6 +219,10 @@ class TierConfig:
         if not isinstance(self.options, dict):
             raise ConfigError(
                 f"options of tier {self.url!r} must be a mapping, got {self.options!r}"
+            )
+        if self.policy_options is not None:
+            self.policy_options = _parse_mapping(
+                self.policy_options, f"policy_options of tier {self.url!r}"
             )
 
     @property
@@ -256,6 +276,7 @@ class StoreConfig:
     close_timeout_s: float = 30.0
     flush_on_close: bool = True
     metrics: bool = True
+    policy_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tiers, (list, tuple)) or not self.tiers:
@@ -282,6 +303,11 @@ class StoreConfig:
         self.close_timeout_s = _parse_seconds(self.close_timeout_s, "close_timeout_s")
         self.flush_on_close = _parse_bool(self.flush_on_close, "flush_on_close")
         self.metrics = _parse_bool(self.metrics, "metrics")
+        self.policy_options = _parse_mapping(self.policy_options, "policy_options")
+        from radixkv.policies import make_policy
+
+        for t in self.tiers:  # build each tier's policy once now: bad options fail here, by name
+            make_policy(self.policy_of(t), **self.policy_options_of(t))
 
     @property
     def tier_names(self) -> tuple[str, ...]:
@@ -289,6 +315,13 @@ class StoreConfig:
 
     def policy_of(self, tier: TierConfig) -> str:
         return tier.policy or self.policy
+
+    def policy_options_of(self, tier: TierConfig) -> dict[str, Any]:
+        """The tier's own policy options, else the store's (only when the tier uses the store's
+        policy: options of one policy do not fit another)."""
+        if tier.policy_options is not None:
+            return dict(tier.policy_options)
+        return dict(self.policy_options) if tier.policy in (None, self.policy) else {}
 
     # ------------------------------------------------------------------ loaders
     @classmethod

@@ -29,7 +29,7 @@ def store_config_from_env(cls: type[StoreConfig], env: Mapping[str, str]) -> Sto
         base = cls.from_yaml(env[_ENV_PREFIX + "CONFIG"])
         data = {f.name: getattr(base, f.name) for f in fields(cls)}
         data["tiers"] = [
-            TierConfig(t.url, t.capacity_bytes, t.name, t.policy, dict(t.options))
+            TierConfig(t.url, t.capacity_bytes, t.name, t.policy, dict(t.options), t.policy_options)
             for t in base.tiers
         ]
     for f in fields(cls):

@@ -96,7 +96,11 @@ class HierarchicalStore:
         self.config = config
         names = config.tier_names
         # The tree first: a bad policy option then fails before any tier (and its threads) opens.
-        tree = RadixTree(tiers=names, policy={tc.name: config.policy_of(tc) for tc in config.tiers})
+        tree = RadixTree(
+            tiers=names,
+            policy={tc.name: config.policy_of(tc) for tc in config.tiers},
+            policy_options={tc.name: config.policy_options_of(tc) for tc in config.tiers},
+        )
         opened: list[Any] = []
         try:
             if tiers is None:

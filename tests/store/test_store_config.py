@@ -102,6 +102,32 @@ class TestLoaders:
         with pytest.raises(ConfigError, match="give it once"):
             TierConfig("mem://?capacity=2MiB", capacity_bytes=1 << 20)
 
+    def test_policy_options(self):
+        cfg = StoreConfig.from_dict(
+            {
+                "tiers": [
+                    "mem://?capacity=1MiB",
+                    {
+                        "url": "file:///x",
+                        "capacity": "1MiB",
+                        "policy": "s3fifo",
+                        "policy_options": {"small_fraction": 0.2},
+                    },
+                ],
+                "policy": "cost",
+                "policy_options": {"attention_tokens": 4096},
+            }
+        )
+        assert cfg.policy_options_of(cfg.tiers[0]) == {"attention_tokens": 4096}
+        assert cfg.policy_options_of(cfg.tiers[1]) == {"small_fraction": 0.2}
+        env = {
+            "RADIXKV_TIERS": "mem://",
+            "RADIXKV_TIER_CAPACITIES": "1MiB",
+            "RADIXKV_POLICY": "s3fifo",
+            "RADIXKV_POLICY_OPTIONS": '{"small_fraction": 0.25}',
+        }
+        assert StoreConfig.from_env(env).policy_options == {"small_fraction": 0.25}
+
     def test_parse_bytes(self):
         assert (
             parse_bytes("1.5KiB", "x") == 1536
@@ -155,6 +181,12 @@ BAD = [
         "promote_on_hit='maybe' is not a boolean",
     ),
     (dict(tiers=["mem://?capacity=1MiB"], bogus=1), "unknown key\\(s\\) \\['bogus'\\]"),
+    (
+        dict(tiers=["mem://?capacity=1MiB"], policy="s3fifo", policy_options={"size": 3}),
+        "bad options",
+    ),
+    (dict(tiers=["mem://?capacity=1MiB"], policy_options="{nope"), "not a JSON object"),
+    (dict(tiers=["mem://?capacity=1MiB"], policy_options=[1]), "must be a mapping"),
 ]
 
 

@@ -416,3 +416,26 @@ class TestDifferential:
                 assert_exact(keys, bufs, want)
         store.flush()
         store.check_integrity()
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "cost", "s3fifo", "sieve", "agedref"])
+def test_every_policy_evicts_consistently(make_store, policy):
+    """Each registered policy drives eviction and demotion through the store: contents stay exact,
+    capacities hold, and the tree, policies and tiers agree afterwards."""
+    from radixkv.policies import POLICIES
+
+    if policy not in POLICIES:
+        pytest.skip(f"policy {policy!r} is not registered")
+    store = make_store("mem-disk", policy=policy, write_policy="write_back")
+    ns = new_namespace()
+    chains = [chain(1200 + i, 4)[1] for i in range(6)]
+    rng = random.Random(3)
+    for step in range(30):
+        keys = rng.choice(chains)
+        if step % 3:
+            put_chain(store, ns, keys)
+        else:
+            bufs = buffers(4)
+            assert_exact(keys, bufs, store.get(ns, keys, bufs))
+    store.flush()
+    store.check_integrity()
