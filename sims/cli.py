@@ -27,7 +27,7 @@ from radixkv.sims.workloads import DEFAULT_WORKLOAD, WORKLOADS, WorkloadConfig, 
 __all__ = ["main", "build_parser"]
 
 DEFAULT_CAPACITIES = "1%,5%,10%,25%"
-DEFAULT_POLICIES = "lru,s3fifo,sieve,cost,agedref,opt"
+DEFAULT_POLICIES = "lru,s3fifo,cost,agedref,opt"
 DEFAULT_MODEL = "llama3-8b"
 
 
