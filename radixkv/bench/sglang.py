@@ -10,6 +10,8 @@ GB/s of backup (host pool -> L3) and prefetch (L3 -> fresh host slots, hit query
 
 * ``radixkv mem``   -- radixkv with one memory tier, ``interface_v1`` (zero-copy plans)
 * ``radixkv disk``  -- radixkv with one disk tier (same directory type as ``file``)
+* ``radixkv mem+disk`` -- memory tier over a disk tier, write-through: SGLang's backup returns once the
+  pages are in memory, the disk copy follows in the background (flushed, untimed, before the next round)
 * ``sglang file``   -- SGLang's built-in ``HiCacheFile`` on the same pages, same run
 * ``raw copy``      -- one ``torch`` copy of the same bytes out of / into the host pool (the ceiling)
 
@@ -181,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         results["radixkv disk"] = _run_backend(
             "radixkv disk", spec, "dynamic",
             {**common, "tiers": [{"url": f"file://{root}/radixkv", "capacity": cap}]}, n, args.rounds)
+        results["radixkv mem+disk"] = _run_backend(
+            "radixkv mem+disk", spec, "dynamic",
+            {**common, "tiers": [{"url": "mem://", "capacity": cap},
+                                 {"url": f"file://{root}/radixkv2", "capacity": cap}]}, n, args.rounds)
         results["sglang file"] = _run_backend(
             "sglang file", spec, "file", {"file_storage_path": str(root / "file")}, n, args.rounds)
         # The machine is shared: measure the ceiling again at the end and keep the best of both.
