@@ -506,6 +506,7 @@ class S3FIFOPolicy:
         self._main: OrderedDict[int, None] = OrderedDict()
         self._parked: dict[int, bool] = {}  # node -> was in main
         self._freq: dict[int, int] = {}
+        self._inserted_at = -1  # clock of the last insert: its own path touch is not a reuse
         self._ghost: OrderedDict[tuple[str | None, str | None], None] = OrderedDict()
         self._aside: list[tuple[int, bool]] = []
         self._is_leaf: Callable[[int], bool] = lambda _n: True
@@ -521,6 +522,7 @@ class S3FIFOPolicy:
         return len(self._small) + len(self._main) + len(self._parked) + len(self._aside)
 
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
+        self._inserted_at = now
         ghost, freq = self._ghost, self._freq
         for n in node_ids:
             k = (self._ns[n], self._keys[n])
@@ -532,6 +534,8 @@ class S3FIFOPolicy:
                 self._small[n] = None
 
     def on_access(self, node_id: int, now: int) -> None:
+        if now == self._inserted_at:
+            return  # the touch of the insert that just created the chunk
         f = self._freq
         if f[node_id] < 3:
             f[node_id] += 1
@@ -621,6 +625,7 @@ class SIEVEPolicy:
         self._tail = -1  # oldest
         self._hand = -1
         self._visited: set[int] = set()
+        self._inserted_at = -1  # clock of the last insert: its own path touch is not a reuse
         self._is_leaf: Callable[[int], bool] = lambda _n: True
         self._parent: list[int] = []
 
@@ -632,6 +637,7 @@ class SIEVEPolicy:
         return len(self._newer)
 
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
+        self._inserted_at = now
         newer, older = self._newer, self._older
         for n in node_ids:
             newer[n] = -1
@@ -643,7 +649,8 @@ class SIEVEPolicy:
             self._head = n
 
     def on_access(self, node_id: int, now: int) -> None:
-        self._visited.add(node_id)
+        if now != self._inserted_at:  # not the touch of the insert that just created it
+            self._visited.add(node_id)
 
     def on_leaf(self, node_id: int) -> None:
         pass

@@ -1,0 +1,116 @@
+"""Behaviour of each eviction policy beyond the shared contract suite, driven through the real tree."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixkv.errors import ConfigError
+from radixkv.policies import make_policy
+from radixkv.tree import RadixTree
+
+NS = "ns"
+
+
+def use(tree: RadixTree, *labels: str, tokens: int = 16) -> None:
+    keys, prefix = [], ""
+    for lab in labels:
+        prefix = f"{prefix}/{lab}"
+        keys.append(prefix)
+    tree.insert(NS, keys, "mem", tokens, tokens)
+
+
+def resident(tree: RadixTree) -> set[str]:
+    return {k.rsplit("/", 1)[-1] for k in tree._index.get(NS, {})}
+
+
+def evict_to(tree: RadixTree, n: int) -> None:
+    over = tree.tier_chunks("mem") - n
+    if over > 0:
+        tree.evict("mem", over)
+    tree.check_integrity()
+
+
+@pytest.mark.parametrize("policy", ["lfu", "agedref", "cost"])
+def test_frequency_policies_keep_the_often_used_chunk(policy):
+    tree = RadixTree(("mem",), policy=policy)
+    for _ in range(4):
+        use(tree, "hot")
+    use(tree, "cold1")
+    use(tree, "cold2")
+    evict_to(tree, 2)
+    assert "hot" in resident(tree) and "cold1" not in resident(tree)
+
+
+def test_lru_would_drop_the_often_used_chunk():
+    tree = RadixTree(("mem",), policy="lru")
+    for _ in range(4):
+        use(tree, "hot")
+    use(tree, "cold1")
+    use(tree, "cold2")
+    evict_to(tree, 2)
+    assert resident(tree) == {"cold1", "cold2"}
+
+
+def test_lfu_ages_old_counts_away():
+    tree = RadixTree(("mem",), policy="lfu")
+    for _ in range(3):
+        use(tree, "old")
+    for i in range(12):  # a stream of new chunks, each used twice: L rises past old's count
+        use(tree, f"n{i}")
+        use(tree, f"n{i}")
+        evict_to(tree, 3)
+    assert "old" not in resident(tree)
+
+
+def test_cost_prefers_keeping_deep_chunks():
+    tree = RadixTree(("mem",), policy="cost", policy_options={"attention_tokens": 16})
+    use(tree, "a", "b", "c")  # deep chain: its leaf c costs 3x a depth-1 chunk to recompute
+    use(tree, "x")
+    evict_to(tree, 3)
+    assert resident(tree) == {"a", "b", "c"}
+
+
+def test_s3fifo_one_hit_chunks_leave_first_and_ghost_readmits_to_main():
+    tree = RadixTree(("mem",), policy="s3fifo")
+    use(tree, "keep")
+    use(tree, "keep")  # touched while in the small queue -> promoted to main on the next pass
+    for i in range(6):
+        use(tree, f"once{i}")
+        evict_to(tree, 3)
+    assert "keep" in resident(tree)
+    pol = tree.policy("mem")
+    assert len(pol._ghost) > 0  # one-hit chunks went to the ghost FIFO
+    ghost_key = next(iter(pol._ghost))
+    use(tree, ghost_key[1].lstrip("/"))
+    assert pol._main and tree.lookup(NS, ghost_key[1]) in pol._main
+
+
+def test_sieve_visited_chunk_survives_a_sweep():
+    tree = RadixTree(("mem",), policy="sieve")
+    use(tree, "a")
+    use(tree, "b")
+    use(tree, "c")
+    use(tree, "a")  # visited
+    use(tree, "d")
+    evict_to(tree, 3)
+    assert resident(tree) == {"a", "c", "d"}
+
+
+def test_agedref_half_life_adapts_to_reuse_gaps():
+    tree = RadixTree(("mem",), policy="agedref")
+    pol = tree.policy("mem")
+    h0 = pol.half_life
+    for i in range(400):  # every request extends a prefix used 40 requests ago: gaps of 40
+        use(tree, f"p{i % 40}", f"q{i}")
+        evict_to(tree, 100)
+    assert pol.half_life < h0 and 20 < pol.half_life < 80
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [("cost", {"attention_tokens": 0}), ("s3fifo", {"small_fraction": 1.5}), ("agedref", {"gap_quantile": 2}),
+     ("lru", {"bogus": 1})],
+)
+def test_bad_policy_options(name, options):
+    with pytest.raises(ConfigError):
+        make_policy(name, **options)
