@@ -112,7 +112,7 @@ def bench_memory(size: int, batch: int, reps: int) -> list[dict]:
 
 
 def bench_disk(size: int, batch: int, reps: int, root: str, io_threads: int,
-               overlap_min_bytes: int | None = 4 * _MiB) -> list[dict]:
+               overlap_min_bytes: int | None = None) -> list[dict]:
     payloads = _payloads(size, batch)
     outs = [torch.zeros(size, dtype=torch.uint8) for _ in range(batch)]
     tier_dir = os.path.join(root, f"tier-{uuid.uuid4().hex[:8]}")
@@ -205,8 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiers", default="memory,disk,redis", help="comma-separated subset of memory,disk,redis")
     ap.add_argument("--disk-dir", default=None, help="directory for disk files (default: a temp dir in /tmp)")
     ap.add_argument("--io-threads", type=int, default=4, help="disk tier I/O threads")
-    ap.add_argument("--disk-overlap-mib", type=float, default=4.0,
-                    help="disk tier overlap_min_bytes in MiB (hash while writing/reading); 0 = off")
+    ap.add_argument("--disk-overlap-mib", type=float, default=0.0,
+                    help="disk tier overlap_min_bytes in MiB (hash while writing/reading); 0 = off (default)")
     ap.add_argument("--redis-url", default=None, help="Redis URL (default: start a temporary redis-server)")
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="torch intra-op threads for both sides' copies (default 1: on a shared, loaded "
@@ -241,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     rows.sort(key=lambda r: (list(TARGETS).index(r["tier"]), r["size_bytes"], r["batch"], r["op"] != "put"))
     print(f"radixkv tiers benchmark: sizes {args.sizes_mib} MiB, batch {args.batch_mib} MiB, reps {args.reps}, "
           f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}, load avg {os.getloadavg()[0]:.1f}, "
-          f"disk dir {args.disk_dir or '/tmp (temp)'} (page cache, fsync off, overlap from "
-          f"{args.disk_overlap_mib:g} MiB)")
+          f"disk dir {args.disk_dir or '/tmp (temp)'} (page cache, fsync off, overlap "
+          f"{f'from {args.disk_overlap_mib:g} MiB' if args.disk_overlap_mib else 'off'})")
     for n in notes:
         print(n)
     print(format_table(rows))

@@ -61,8 +61,9 @@ class DiskTierConfig:
     shared: other processes use the same directory; stale_temp_s: age after which a leftover temp
     file (a crashed writer's) is removed by the startup scan. overlap_min_bytes: from this payload
     size on, a put hashes the payload while a helper thread writes it and a get hashes block i while a
-    helper reads block i+1 (xxh3 and pread/pwrite release the GIL); pays off with idle cores; None
-    turns it off."""
+    helper reads block i+1 (xxh3 and pread/pwrite release the GIL). Off (None) by default: it can only
+    pay off with idle cores, and on the loaded 2-core machine it was measured on, the hand-offs made
+    8 MiB gets ~5x slower (docs/bench-tiers.md)."""
 
     root: str
     capacity_bytes: int
@@ -71,7 +72,7 @@ class DiskTierConfig:
     fsync: bool = False
     shared: bool = False
     stale_temp_s: float = 600.0
-    overlap_min_bytes: int | None = 4 << 20
+    overlap_min_bytes: int | None = None  # off: on a loaded 2-core VM the thread hand-offs cost more
 
     def __post_init__(self) -> None:
         self.root = os.fspath(self.root)
