@@ -10,7 +10,7 @@ from radixkv.tree import RadixTree
 
 def render(tree: RadixTree, namespace: str) -> str:
     """ASCII picture of one namespace: one line per chunk, indented by depth, with its tiers."""
-    ids = [tree.lookup(namespace, k) for k in tree._index.get(namespace, {})]
+    ids = [n for _, n in tree.items(namespace)]
     children: dict[int | None, list[int]] = {}
     for n in ids:
         children.setdefault(tree.node_parent(n), []).append(n)

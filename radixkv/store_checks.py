@@ -6,7 +6,7 @@ The store's public methods delegate here in one line each; nothing in this modul
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -117,7 +117,6 @@ def store_stats(store: HierarchicalStore) -> dict[str, Any]:
             "inserted_chunks": st.inserted_chunks,
             "removed_chunks": st.removed_chunks,
             "orphan_drops": st.orphan_drops,
-            "expired_pins": st.expired_pins,
             "pinned_chunks": s.tree.pinned_count(),
         }
     for tier in s.tiers:
@@ -150,7 +149,7 @@ def check_store(store: HierarchicalStore, deep: bool = True) -> None:
         }
         if deep and quiet:
             for nsd in s.tree.namespaces():
-                for key, n in list(_items(s.tree, nsd)):  # noqa: SLF001 - read-only walk
+                for key, n in s.tree.items(nsd):
                     m = s.tree.node_tier_mask(n)
                     for t in range(len(s.tiers)):
                         if m >> t & 1:
@@ -186,7 +185,7 @@ def reconcile_store(store: HierarchicalStore) -> int:
         placed = [
             (t, nsd, key)
             for nsd in s.tree.namespaces()
-            for key, n in list(_items(s.tree, nsd))  # noqa: SLF001 - read-only walk
+            for key, n in s.tree.items(nsd)
             for t in range(len(s.tiers))
             if s.tree.node_tier_mask(n) >> t & 1
         ]
@@ -203,12 +202,6 @@ def reconcile_store(store: HierarchicalStore) -> int:
     return len(lost)
 
 
-def _items(tree: RadixTree, nsd: str) -> Iterator[tuple[str, int]]:
-    """(key, node id) of one namespace (read-only; the tree's public ``items`` when it has one)."""
-    items = getattr(tree, "items", None)
-    if items is not None:
-        return iter(list(items(nsd)))
-    return iter(list(tree._index.get(nsd, {}).items()))  # noqa: SLF001 - read-only walk
 
 
 def _shared(tier: Any) -> bool:

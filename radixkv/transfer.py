@@ -203,7 +203,7 @@ class TierStack(WriteDeleteIntents):
         doomed = {n for n in ids if tree.node_tier_mask(n) == bit and tree.node_children_alive(n)}
         entries: list[tuple[int, str, str]] = []
         if doomed:
-            for d in _descendants(tree, doomed):
+            for d in tree.descendants(doomed):
                 m, ns, key = tree.node_tier_mask(d), tree.node_namespace(d), tree.node_key(d)
                 entries.extend((i, ns, key) for i in range(len(self.tiers)) if m >> i & 1)
         result = tree.clear_resident(ids, self.names[t])
@@ -322,9 +322,3 @@ class TierStack(WriteDeleteIntents):
         return ok
 
 
-def _descendants(tree: RadixTree, roots: set[int]) -> list[int]:
-    """Live descendants of ``roots`` (the tree's public ``descendants`` when it has one)."""
-    fn = getattr(tree, "descendants", None)
-    if fn is not None:
-        return list(fn(roots))
-    return tree._descendants(roots)  # noqa: SLF001 - rare path (a lost chunk with live children)

@@ -116,7 +116,6 @@ class TreeStats:
     inserted_chunks: int = 0
     removed_chunks: int = 0
     orphan_drops: int = 0
-    expired_pins: int = 0
     extra: dict[str, int] = field(default_factory=dict)
 
 
@@ -230,6 +229,17 @@ class RadixTree:
         """``f(node_id) -> True`` when the node has no child resident in the tier (for policies)."""
         tchild = self._tchild[tier_index]
         return lambda n: tchild[n] == 0
+
+    def items(self, namespace: str) -> list[tuple[str, int]]:
+        """``(key, node id)`` of every chunk of a namespace (a snapshot)."""
+        return list(self._index.get(namespace, {}).items())
+
+    def descendants(self, node_ids: Iterable[int]) -> list[int]:
+        """Live descendants of the nodes (excluding them), parents before children. O(tree size)."""
+        roots = set(node_ids)
+        for n in roots:
+            self._alive(n)
+        return self._descendants(roots)
 
     def namespaces(self) -> list[str]:
         return [ns for ns, idx in self._index.items() if idx]
@@ -630,8 +640,8 @@ class RadixTree:
             self._pins.setdefault(n, {})[owner] = expiry
 
     def unpin(self, node_ids: Iterable[int], owner: str) -> None:
-        """Release ``owner``'s pins. Raises PinError if a node is not pinned by ``owner`` (an expired
-        lease counts as released, so unpinning it is a no-op)."""
+        """Release ``owner``'s pins. Raises PinError if a node is not pinned by ``owner``; unpinning
+        a pin whose lease expired is a no-op (the lease already stopped protecting the node)."""
         ids = list(node_ids)
         for n in ids:
             held = self._pins.get(n)
@@ -644,18 +654,17 @@ class RadixTree:
                 del self._pins[n]
 
     def is_pinned(self, node_id: int) -> bool:
+        """True while some owner's lease on the node is unexpired. Expired leases are ignored (they
+        cannot block eviction) but kept until unpinned or the node leaves the tree, so the owner's
+        late ``unpin`` is still a no-op rather than an error; they never outlive the node."""
         held = self._pins.get(node_id)
         if not held:
             return False
         now = self._wall_clock()
-        expired = [o for o, exp in held.items() if exp <= now]
-        for o in expired:
-            del held[o]
-        self.stats.expired_pins += len(expired)
-        if not held:
-            del self._pins[node_id]
-            return False
-        return True
+        for exp in held.values():
+            if exp > now:
+                return True
+        return False
 
     def pinned_count(self) -> int:
         return sum(1 for n in list(self._pins) if self.is_pinned(n))

@@ -170,6 +170,10 @@ class TestResidency:
         assert tree.tier_chunks("mem") == 4 and tree.match("nsA", chain("a", 4)).hit_chunks == 4
         tree.clear(namespace="nsA", subtree_key=chain("a", 4)[2])
         assert tree.match("nsA", chain("a", 4)).hit_chunks == 2
+        assert tree.descendants([tree.lookup("nsB", chain("b", 4)[1])]) == [
+            tree.lookup("nsB", k) for k in chain("b", 4)[2:]
+        ]
+        assert sorted(k for k, _ in tree.items("nsB")) == chain("b", 4)
         d = tree.clear()
         assert len(tree) == 0 and d.orphaned_node_ids == ()
         with pytest.raises(InputError, match="needs the namespace"):
@@ -192,7 +196,7 @@ class TestPins:
         assert t.evict_candidates("mem", 1, drop=True) == []
         now[0] = 6.0
         assert t.evict_candidates("mem", 1, drop=True) == [r.node_ids[1]]
-        assert t.stats.expired_pins >= 1
+        t.unpin(r.node_ids, owner="crashed")  # a late unpin of an expired lease is a no-op
         t.check_integrity()
 
     def test_unpin_errors(self, tree):
