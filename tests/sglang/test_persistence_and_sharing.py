@@ -74,3 +74,55 @@ def test_two_backends_share_a_redis_tier(redis_url):
     finally:
         a.close()
         b.close()
+
+
+def test_corrupted_disk_page_is_a_miss_never_wrong_bytes(tmp_path):
+    spec = PoolSpec(layout="page_first", page_size=4, host_tokens=256)
+    cfg = extra_config([disk_tier(tmp_path / "l3")])
+    toks = tokens(24, seed=51)
+    a = ControllerHarness(spec, extra_config=cfg)
+    try:
+        src = a.alloc(24)
+        a.fill_random(src, seed=6)
+        want = a.page_bytes_at(src)
+        assert a.backup(toks, src) == 24
+        keys = a.page_keys(toks)
+    finally:
+        a.close()
+    # Flip one payload byte of page 3's V segment (chunk key "<page key>-1") on disk.
+    victim = [p for p in (tmp_path / "l3").rglob("*.kv") if p.name.startswith(keys[3] + "-1")]
+    assert len(victim) == 1, sorted(p.name for p in (tmp_path / "l3").rglob("*.kv"))
+    raw = bytearray(victim[0].read_bytes())
+    raw[-100] ^= 0xFF
+    victim[0].write_bytes(bytes(raw))
+
+    b = ControllerHarness(spec, extra_config=cfg)
+    try:
+        res = b.prefetch(toks)
+        assert res.hit_tokens == 24  # existence cannot see the flip
+        assert res.loaded_tokens == 12  # the read stops at the corrupted page: a miss, not data
+        assert b.page_bytes_at(res.host_indices)[:3] == want[:3]
+        assert unwrap(b.backend).get_stats().radixkv["tiers"]["disk"]["checksum_failures"] >= 1
+    finally:
+        b.close()
+
+
+def test_clear_close_and_stats(tmp_path):
+    spec = PoolSpec(layout="page_first_direct", page_size=4, host_tokens=256)
+    h = ControllerHarness(spec, extra_config=extra_config([mem_tier(), disk_tier(tmp_path)]))
+    try:
+        toks = tokens(16, seed=71)
+        src = h.alloc(16)
+        h.fill_random(src, seed=2)
+        assert h.backup(toks, src) == 16
+        assert h.prefetch(toks).loaded_tokens == 16
+        backend = unwrap(h.backend)
+        st = backend.get_stats()
+        assert st.radixkv["tiers"]["mem"]["hits"] >= 8 and st.radixkv["tree"]["chunks"] == 8
+        assert sum(backend.get_stats().backup_pgs) == 0  # per-call metrics drain on every get_stats
+        backend.clear()
+        assert h.prefetch(toks).hit_tokens == 0  # gone from every tier, disk included
+        assert backend.store.stats()["tree"]["chunks"] == 0
+    finally:
+        h.close()
+    unwrap(h.controller.storage_backend or backend).close()  # idempotent after SGLang's detach
