@@ -372,7 +372,7 @@ class AgedRefPolicy(_HeapPolicy):
     ``H * log2(sum 2^(t_i / H))`` (about ``last use + H * log2(references)``): static between touches,
     so a heap orders it exactly; a parent's sum includes its children's, so eviction stays leaf-first.
 
-    * ``H`` adapts to the workload: it tracks the ``gap_quantile`` of the reuse gaps the policy sees
+    * ``H`` adapts to the workload: it tracks the ``gap_quantile`` (40th percentile) of the reuse gaps it sees
       (a request's deepest hit chunk, a chunk coming back from the ghost history), so a reference
       buys about one typical reuse gap of extra life, on any time scale;
     * ghost history: aged counts of recently evicted chunks are remembered by key (bounded to
@@ -386,7 +386,7 @@ class AgedRefPolicy(_HeapPolicy):
 
     _PARTIAL_PENALTY = 1e15
 
-    def __init__(self, gap_quantile: float = 0.5, ghost_factor: float = 8.0,
+    def __init__(self, gap_quantile: float = 0.4, ghost_factor: float = 8.0,
                  initial_half_life: float = 100.0) -> None:
         super().__init__()
         if not 0.0 < gap_quantile < 1.0:
