@@ -50,8 +50,12 @@ def tier(root) -> DiskTier:
 
 
 def _mount_tmpfs(path: str, opts: str) -> bool:
+    """Mount a tmpfs (needs root and CAP_SYS_ADMIN); False where that is not possible."""
     os.makedirs(path, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", path], capture_output=True)
+    try:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", path], capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
     return r.returncode == 0
 
 
