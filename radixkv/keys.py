@@ -50,7 +50,10 @@ def _part(value: str | None) -> bytes:
 
 
 def namespace_seed(extra_key: str | None = None, cache_salt: str | None = None) -> bytes | None:
-    """The 32-byte chain seed for a LoRA/extra key and a per-request cache salt (None if neither)."""
+    """The 32-byte chain seed for a LoRA/extra key and a per-request cache salt (None if neither).
+
+    An empty cache salt means no salt, as in SGLang (``RadixKey`` stores ``cache_salt or None``)."""
+    cache_salt = cache_salt or None
     if extra_key is None and cache_salt is None:
         return None
     return hashlib.sha256(_NAMESPACE_TAG + _part(extra_key) + _part(cache_salt)).digest()

@@ -90,6 +90,7 @@ def test_salts_isolate():
     assert sglang_page_keys(tokens, 16, extra_key="a") != plain
     assert sglang_page_keys(tokens, 16, extra_key="a") != sglang_page_keys(tokens, 16, cache_salt="a")
     assert namespace_seed() is None and len(namespace_seed("a")) == 32
+    assert sglang_page_keys(tokens, 16, cache_salt="") == plain  # SGLang: empty salt = no salt
 
 
 def test_chunk_keys_multiple_of_page():
