@@ -30,6 +30,15 @@ PKG_MARKER="$ENV_DIR/.radixkv-pkg-$BASE_HASH-$PKG_HASH"
 
 log() { printf '[setup_vllm_env] %s\n' "$*" >&2; }
 
+# pip, minus expected noise: the machine's index mirrors lack most projects ("is ignored"), and vLLM's
+# metadata lists CUDA-only requirements that are deliberately not installed here (see docs/vllm.md §6).
+quiet_pip() {
+  "$ENV_DIR/bin/python" -m pip install --disable-pip-version-check -q "$@" 2>&1 | {
+    grep -v -e 'is ignored: it is neither a file nor a directory' \
+      -e "^vllm [0-9.]* requires " -e "pip's dependency resolver does not currently" || true
+  } >&2
+}
+
 if [[ ! -f "$BASE_MARKER" ]]; then
   if [[ -d "$ENV_DIR" ]]; then
     log "environment out of date (no $(basename "$BASE_MARKER")); recreating $ENV_DIR"
@@ -38,12 +47,11 @@ if [[ ! -f "$BASE_MARKER" ]]; then
   command -v "$PYTHON" >/dev/null || { log "$PYTHON not found; set PYTHON=/path/to/python3.11"; exit 1; }
   mkdir -p "$REPO/.envs"
   "$PYTHON" -m venv "$ENV_DIR"
-  PIP=("$ENV_DIR/bin/python" -m pip install --disable-pip-version-check -q)
   TORCH_PIN="$ENV_DIR/.torch-constraint.txt"
   echo "torch==$TORCH_VERSION" >"$TORCH_PIN"
 
   log "1/4 torch==$TORCH_VERSION (CPU build)"
-  "${PIP[@]}" "torch==$TORCH_VERSION" -c "$TORCH_PIN"
+  quiet_pip "torch==$TORCH_VERSION" -c "$TORCH_PIN"
   "$ENV_DIR/bin/python" - <<'EOF'
 import torch, sys
 if torch.version.cuda:
@@ -52,10 +60,10 @@ if torch.version.cuda:
 EOF
 
   log "2/4 pinned requirements ($(grep -c '==' "$REQS") packages)"
-  "${PIP[@]}" -r "$REQS" -c "$TORCH_PIN"
+  quiet_pip -r "$REQS" -c "$TORCH_PIN"
 
   log "3/4 vllm==$VLLM_VERSION and xgrammar==0.2.8 without dependencies"
-  "${PIP[@]}" --no-deps "vllm==$VLLM_VERSION" "xgrammar==0.2.8"
+  quiet_pip --no-deps "vllm==$VLLM_VERSION" "xgrammar==0.2.8"
   SITE="$("$ENV_DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   if [[ "${RADIXKV_VLLM_KEEP_SO:-0}" != "1" ]]; then
     # ~0.9 GB of CUDA kernels the CPU scheduler/connector path never loads.
@@ -67,8 +75,7 @@ fi
 
 if [[ ! -f "$PKG_MARKER" ]]; then
   log "4/4 radixkv (editable, [test,redis])"
-  "$ENV_DIR/bin/python" -m pip install --disable-pip-version-check -q \
-    -c "$ENV_DIR/.torch-constraint.txt" -c "$REQS" -e "$REPO[test,redis]"
+  quiet_pip -c "$ENV_DIR/.torch-constraint.txt" -c "$REQS" -e "$REPO[test,redis]"
   rm -f "$ENV_DIR"/.radixkv-pkg-*
   touch "$PKG_MARKER"
 fi

@@ -132,3 +132,24 @@ def test_metadata_is_plain_data_and_aggregates():
     assert m.lookups["r"] == LookupReport(3, 2, False)  # a chunk hits only where every rank has it
     assert m.lookups["q"].hit_chunks == 0  # ranks disagree on the lookup: no hit
     assert m.failed_loads == {"f", "g"}
+
+
+def test_vllm_aggregator_merges_two_ranks():
+    """vLLM's own KVOutputAggregator (TP=2): lookups take the minimum, a receive finishes only when both
+    ranks report it, failed loads are the union."""
+    from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+    def out(meta, recv):
+        kvo = KVConnectorOutput(finished_recving=recv, kv_connector_worker_meta=meta)
+        return ModelRunnerOutput(req_ids=[], req_id_to_index={}, kv_connector_output=kvo)
+
+    agg = KVOutputAggregator(expected_finished_count=2)
+    r0 = RadixKVWorkerMeta({"a": LookupReport(1, 5, True)}, set())
+    r1 = RadixKVWorkerMeta({"a": LookupReport(1, 3, True)}, {"b"})
+    merged = agg.aggregate([out(r0, {"x"}), out(r1, None)]).kv_connector_output
+    assert merged.kv_connector_worker_meta.lookups["a"].hit_chunks == 3
+    assert merged.kv_connector_worker_meta.failed_loads == {"b"}
+    assert not merged.finished_recving  # rank 1 has not finished "x" yet
+    merged = agg.aggregate([out(None, None), out(None, {"x"})]).kv_connector_output
+    assert merged.finished_recving == {"x"}
