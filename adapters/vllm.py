@@ -94,8 +94,14 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
+            kvt = self._kv_transfer_config
             self._scheduler = SchedulerSide(
-                self.options, self.groups, self.chunk_tokens, self.hash_block_size
+                self.options,
+                self.groups,
+                self.chunk_tokens,
+                self.hash_block_size,
+                loads=bool(kvt.is_kv_consumer),
+                saves=bool(kvt.is_kv_producer),
             )
         else:
             from radixkv.adapters.vllm_worker import WorkerSide

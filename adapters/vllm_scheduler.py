@@ -68,8 +68,14 @@ class SchedulerSide:
         groups: list[GroupGeometry],
         chunk_tokens: int,
         hash_block_size: int,
+        loads: bool = True,
+        saves: bool = True,
     ) -> None:
+        """``loads`` / ``saves``: the roles enabled by ``kv_role`` (kv_both: both; kv_producer: saves
+        only; kv_consumer: loads only)."""
         self.options = options
+        self.loads_enabled = loads
+        self.saves_enabled = saves
         self.groups = groups
         self.chunk_tokens = chunk_tokens
         self.hash_block_size = hash_block_size
@@ -109,7 +115,14 @@ class SchedulerSide:
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         st = self._state(request)
-        if st.failed:
+        if (
+            st.failed
+            or not self.loads_enabled
+            or getattr(request, "skip_reading_prefix_cache", False)
+        ):
+            if not st.stored_known:  # nothing looked up: save from the local hit on
+                st.stored_chunks = num_computed_tokens // self.chunk_tokens
+                st.stored_known = True
             return 0, False
         usable = self._usable_chunks(request)
         first = num_computed_tokens // self.chunk_tokens
@@ -202,6 +215,8 @@ class SchedulerSide:
         )
         self._pending_lookups, self._pending_loads, self._pending_releases = [], [], []
         block_state = getattr(scheduler_output, "kv_connector_block_state", None)
+        if not self.saves_enabled:
+            return meta
         for req_id, n_sched in scheduler_output.num_scheduled_tokens.items():
             st = self._requests.get(req_id)
             if st is None or not st.stored_known:

@@ -224,3 +224,18 @@ def test_chunked_prefill_saves_each_completed_chunk(model_dir, save_generated):
     # 100 prompt tokens -> 3 whole chunks; + 40 generated -> 139 tokens known -> 4 chunks
     assert w.stats["saved_chunks"] == (4 if save_generated else 3)
     assert eng.connector._scheduler.stats["saved_chunks"] == w.stats["saved_chunks"]
+
+
+@pytest.mark.parametrize("role", ["kv_producer", "kv_consumer"])
+def test_kv_role_limits_direction(model_dir, role):
+    """kv_producer only saves (no lookups), kv_consumer only loads (nothing saved)."""
+    cfg = make_vllm_config(model_dir, {"chunk_tokens": CHUNK, "store": mem_store()})
+    cfg.kv_transfer_config.kv_role = role
+    eng = Engine(cfg, make_kv_cache_config())
+    eng.add("r1", prompt(70))
+    eng.run_until_idle()
+    sched, w = eng.connector._scheduler, eng.worker._worker
+    if role == "kv_producer":
+        assert (sched.stats["lookups"], w.stats["saved_chunks"]) == (0, 2)
+    else:
+        assert (sched.stats["lookups"], w.stats["saved_chunks"]) == (1, 0)
