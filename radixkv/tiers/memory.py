@@ -439,7 +439,10 @@ class MemoryTier:
 
     def _new_slab(self, slot_bytes: int) -> int | None:
         min_units = -(-slot_bytes // self._unit)
-        want_units = max(min_units, self.config.slab_target_bytes // self._unit)
+        # A slab is at most 1/4 of the tier, so a small tier still has room for other size classes
+        # (a KV pool and a sidecar pool sharing one tier) instead of one slab taking it all.
+        target_bytes = min(self.config.slab_target_bytes, self.config.capacity_bytes // 4)
+        want_units = max(min_units, target_bytes // self._unit)
         first, n_units = self._largest_run(want_units)
         if n_units < want_units and any(slab.used == 0 for slab in self._slabs.values()):
             self._reclaim_empty_slabs()  # other size classes' empty slabs give their units back
