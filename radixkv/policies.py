@@ -401,7 +401,7 @@ class AgedRefPolicy(_HeapPolicy):
         self._score: dict[int, float] = {}  # H * log2(aged reference count) + time, in requests
         self._last: dict[int, int] = {}  # clock of the node's last direct touch
         self._restored: dict[int, float] = {}  # score a node came back with from the ghost history
-        self._ghost: dict[tuple[str | None, str | None], tuple[float, int]] = {}
+        self._ghost: OrderedDict[tuple[str | None, str | None], tuple[float, int]] = OrderedDict()
         self._full_tokens = 0
         self._clock = 0
 
@@ -473,7 +473,7 @@ class AgedRefPolicy(_HeapPolicy):
             ghost = self._ghost
             ghost[(self._ns[n], self._keys[n])] = (s, self._clock if last is None else last)
             if len(ghost) > self._ghost_factor * len(self._entry) + 64:
-                del ghost[next(iter(ghost))]
+                ghost.popitem(last=False)  # O(1); deleting a plain dict's first key is not
 
 
 def _log2_add(a: float, b: float) -> float:
