@@ -386,7 +386,7 @@ class AgedRefPolicy(_HeapPolicy):
 
     _PARTIAL_PENALTY = 1e15
 
-    def __init__(self, gap_quantile: float = 0.4, ghost_factor: float = 8.0,
+    def __init__(self, gap_quantile: float = 0.4, ghost_factor: float = 32.0,
                  initial_half_life: float = 100.0) -> None:
         super().__init__()
         if not 0.0 < gap_quantile < 1.0:
