@@ -239,3 +239,25 @@ def test_kv_role_limits_direction(model_dir, role):
         assert (sched.stats["lookups"], w.stats["saved_chunks"]) == (0, 2)
     else:
         assert (sched.stats["lookups"], w.stats["saved_chunks"]) == (1, 0)
+
+
+def _run_workload(model_dir, role: str) -> tuple[list[list[int]], int, Engine]:
+    extra = {"chunk_tokens": CHUNK, "store": mem_store(), "save_generated": True}
+    cfg = make_vllm_config(model_dir, extra)
+    cfg.kv_transfer_config.kv_role = role
+    eng = Engine(cfg, make_kv_cache_config(num_blocks=20))
+    reqs = [eng.add(f"r{i}", prompt(70, seed=i), max_tokens=40) for i in range(3)]
+    eng.run_until_idle(max_steps=400)
+    return [list(r.output_token_ids) for r in reqs], sum(r.num_preemptions for r in reqs), eng
+
+
+def test_preempted_requests_generate_what_recomputation_generates(model_dir):
+    """A KV pool too small for three requests forces preemptions; resumed requests may load their
+    chunks back from the store. Generated tokens depend on every KV byte read (the harness's
+    attention), and must equal a run that never loads (kv_producer)."""
+    base, _, _ = _run_workload(model_dir, "kv_producer")
+    got, preemptions, eng = _run_workload(model_dir, "kv_both")
+    assert preemptions > 0
+    assert got == base and all(len(out) == 40 for out in got)
+    stats = eng.connector._scheduler.stats
+    assert stats["hit_tokens"] > 0, stats  # at least one resumed request loaded from the store

@@ -95,7 +95,9 @@ def make_vllm_config(
     return cfg
 
 
-def make_kv_cache_config(sliding_window: int | None = None) -> KVCacheConfig:
+def make_kv_cache_config(
+    sliding_window: int | None = None, num_blocks: int = NUM_BLOCKS
+) -> KVCacheConfig:
     full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_SIZE, dtype=DTYPE)
     groups = [KVCacheGroupSpec(["layers.0", "layers.1"], full)]
     if sliding_window is not None:
@@ -107,7 +109,7 @@ def make_kv_cache_config(sliding_window: int | None = None) -> KVCacheConfig:
             sliding_window=sliding_window,
         )
         groups = [KVCacheGroupSpec(["layers.0"], full), KVCacheGroupSpec(["layers.1"], sw)]
-    return KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups)
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 
 
 def make_kv_caches(kcc: KVCacheConfig, layout: str = "LBNHC") -> dict[str, torch.Tensor]:
@@ -232,7 +234,7 @@ class Engine:
         for rid in req_ids:
             req = self.sched.requests[rid]
             done_prefill = req.num_computed_tokens >= req.num_tokens
-            sampled.append([1000 + req.num_tokens] if done_prefill else [])
+            sampled.append([self._attend(rid, req.num_computed_tokens)] if done_prefill else [])
         mro = ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={r: i for i, r in enumerate(req_ids)},
@@ -274,6 +276,19 @@ class Engine:
                     self.kv[name][ids[pos // BLOCK], :, pos % BLOCK, :] = kv_value(tok, pos, li)
             if self.layer_hooks:
                 self.worker.save_kv_layer(name, self.kv[name], None)
+
+    def _attend(self, req_id: str, num_tokens: int) -> int:
+        """The next token reads the KV of every earlier position in every full-attention layer, so a
+        block holding a wrong byte changes what the request generates."""
+        ids = self.sched.kv_cache_manager.get_block_ids(req_id)[0]
+        pos = torch.arange(num_tokens)
+        blocks = torch.tensor(ids)[pos // BLOCK]
+        digest = 0
+        for name in self.kcc.kv_cache_groups[0].layer_names:
+            rows = self.kv[name][blocks, :, pos % BLOCK, :].contiguous().view(torch.int32).long()
+            weights = torch.arange(1, rows.numel() + 1, dtype=torch.long).view(rows.shape)
+            digest += int((rows * weights).sum().item())
+        return 100 + digest % 40000
 
     def run_until_idle(self, max_steps: int = 50) -> int:
         for i in range(max_steps):
