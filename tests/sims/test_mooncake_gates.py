@@ -31,3 +31,13 @@ def test_lru_and_opt_match_the_reference(mooncake_trace):
     for blocks, lru, opt in zip(BLOCKS, LRU, OPT):
         assert got[("lru", blocks)] == pytest.approx(lru / 100, abs=TOL), ("lru", blocks)
         assert got[("opt", blocks)] == pytest.approx(opt / 100, abs=TOL), ("opt", blocks)
+
+
+@pytest.mark.slow
+def test_agedref_beats_lru_at_small_capacities(mooncake_trace):
+    """The documented agedref results (docs/simulator.md): above LRU at 1 / 5 / 10 %."""
+    caps = [parse_capacity(c, mooncake_trace.unique_blocks, None) for c in CAPS[:3]]
+    points = run_sweep(mooncake_trace, ["agedref"], caps, jobs=2)
+    got = [p.block_hit_rate for p in points]
+    assert got == pytest.approx([0.0874, 0.2196, 0.2840], abs=TOL)
+    assert all(g > lru / 100 for g, lru in zip(got, LRU))
