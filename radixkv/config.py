@@ -269,6 +269,7 @@ class StoreConfig:
     write_policy: str = "write_through"
     promote_on_hit: bool = True
     promote_after_hits: int = 1
+    probe_tiers: bool = True
     queue_depth: int = 256
     io_threads: int = 2
     prefetch_threads: int = 2
@@ -296,6 +297,7 @@ class StoreConfig:
             )
         self.promote_on_hit = _parse_bool(self.promote_on_hit, "promote_on_hit")
         self.promote_after_hits = _parse_int(self.promote_after_hits, "promote_after_hits", 1)
+        self.probe_tiers = _parse_bool(self.probe_tiers, "probe_tiers")
         self.queue_depth = _parse_int(self.queue_depth, "queue_depth", 1)
         self.io_threads = _parse_int(self.io_threads, "io_threads", 1)
         self.prefetch_threads = _parse_int(self.prefetch_threads, "prefetch_threads", 1)

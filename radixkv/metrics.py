@@ -129,6 +129,12 @@ class StoreMetrics:
         self._p_promotions = Counter(
             "radixkv_promotions", "Chunks promoted into a tier", t, registry=r
         )
+        self._p_adopted = Counter(
+            "radixkv_adopted_chunks",
+            "Chunks a tier held that the tree did not know (restart, shared tier), added on a probe",
+            t,
+            registry=r,
+        )
         self._p_read_failures = Counter(
             "radixkv_read_failures",
             "Reads where the tree said present and the tier could not deliver",
@@ -200,6 +206,10 @@ class StoreMetrics:
 
     def read_failures(self, tier: str, chunks: int) -> None:
         self._count1(f"{tier}.read_failures", chunks, "_p_read_failures", tier)
+
+    def adopted(self, tier: str, chunks: int) -> None:
+        """Chunks found in ``tier`` by a probe and added to the tree (see :mod:`radixkv.adoption`)."""
+        self._count1(f"{tier}.adopted_chunks", chunks, "_p_adopted", tier)
 
     def promotions(self, tier: str, chunks: int) -> None:
         self._count1(f"{tier}.promotions", chunks, "_p_promotions", tier)

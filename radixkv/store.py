@@ -4,6 +4,7 @@ Contract (what engines and adapters rely on)::
 
     ok = store.put(ns, keys, payloads, parent_key=None)   # list[bool]: a leading run of True
     n  = store.lookup(ns, keys)                            # leading run present in any tier
+    k  = store.adopt(ns, keys, parent_key=None)            # chunks a disk/Redis tier held, now known
     n  = store.get(ns, keys, buffers)                      # buffers[:n] hold verified bytes
     h  = store.prefetch(ns, keys, buffers)                 # h.wait(timeout_s) -> n, h.cancel(), h.done()
     store.delete(ns, keys); store.clear(namespace=None); store.stats(); store.check_integrity()
@@ -20,6 +21,11 @@ Contract (what engines and adapters rely on)::
   in one batch per tier (fastest tier holding each); a failed read clears that residency and falls
   back to a lower tier, else the run stops there. Chunks served from a lower tier are promoted to the
   top tier in the background once hit ``promote_after_hits`` times (``promote_on_hit``).
+* **adoption** (``probe_tiers``): when the tree's match ends early, ``lookup``/``get``/``prefetch``
+  ask the persistent/shared tiers (never memory) about the next keys and insert the leading run
+  they hold into the tree (:meth:`HierarchicalStore.adopt`, :mod:`radixkv.adoption`): chunks
+  written before a restart or by another process sharing the tier become hits, read and verified
+  like any other.
 * **threads**: one lock around tree calls; tier I/O outside it; background work on bounded queues;
   :meth:`close` flushes (or cancels) and joins every thread it started.
 
@@ -35,6 +41,7 @@ from typing import Any, Sequence
 
 import torch
 
+from radixkv import adoption
 from radixkv import store_checks as checks
 from radixkv import store_jobs as jobs
 from radixkv.background import Job, WorkerPool
@@ -254,27 +261,73 @@ class HierarchicalStore:
             fn(None)
 
     # ------------------------------------------------------------------ lookup / get / prefetch
-    def lookup(self, ns: Namespace, keys: Sequence[str]) -> int:
-        """Leading run of ``keys`` present in any tier (one tree lookup; does not touch recency)."""
+    def lookup(
+        self,
+        ns: Namespace,
+        keys: Sequence[str],
+        parent_key: str | None = None,
+        chunk_bytes: int | None = None,
+        probe: bool | None = None,
+    ) -> int:
+        """Leading run of ``keys`` present in any tier: one tree lookup (recency untouched), then, if
+        it ends early and probing is on, the adoption of what the disk/Redis tiers hold
+        (:meth:`adopt`; ``parent_key`` and ``chunk_bytes`` as there). ``probe`` overrides
+        ``config.probe_tiers`` for this call."""
         self._check_open()
         nsd = self._check_chain(ns, keys)
+        if self.config.probe_tiers if probe is None else probe:
+            return adoption.adopt(self, ns, nsd, keys, parent_key, chunk_bytes)[0]
         with self._stack.cond:
             return self._stack.tree.match(nsd, keys, touch=False).hit_chunks
 
-    def get(self, ns: Namespace, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> int:
-        """Fill ``buffers[:n]`` with the verified bytes of the leading run of ``keys`` any tier can
-        deliver; returns ``n``. ``buffers[n:]`` hold unspecified bytes."""
+    def adopt(
+        self,
+        ns: Namespace,
+        keys: Sequence[str],
+        parent_key: str | None = None,
+        chunk_bytes: int | None = None,
+    ) -> int:
+        """Add to the tree the chunks after its hit on ``keys`` that a persistent or shared tier
+        holds although this store never recorded them (a disk directory from before a restart or
+        shared with other processes, a shared Redis); returns how many chunks were added.
+
+        The tiers are probed outside the lock (memory tiers never: they are process-local); the
+        leading run found continues the tree's hit, or starts at ``parent_key`` (when the tree holds
+        it) or at the namespace root, and becomes resident in the tier(s) holding it (the longest
+        run wins, the fastest tier on a tie). Reads then verify the bytes as always: a chunk that
+        fails its checksum is a miss and loses its residency. ``chunk_bytes`` is the payload size of
+        the namespace's chunks; it is needed only before the first put/get of the namespace in this
+        store (then nothing can be adopted without it: 0). Rules: :mod:`radixkv.adoption`."""
         self._check_open()
-        refs, masks, owner = self._match_and_pin(ns, keys, buffers)
+        nsd = self._check_chain(ns, keys)
+        return adoption.adopt(self, ns, nsd, keys, parent_key, chunk_bytes)[1]
+
+    def get(
+        self,
+        ns: Namespace,
+        keys: Sequence[str],
+        buffers: Sequence[torch.Tensor],
+        parent_key: str | None = None,
+    ) -> int:
+        """Fill ``buffers[:n]`` with the verified bytes of the leading run of ``keys`` any tier can
+        deliver; returns ``n``. ``buffers[n:]`` hold unspecified bytes. Chunks the tree does not
+        know are adopted first when probing is on (``parent_key`` as in :meth:`adopt`)."""
+        self._check_open()
+        refs, masks, owner = self._match_and_pin(ns, keys, buffers, parent_key)
         return self._read(ns, refs, masks, owner, buffers, None)
 
     def prefetch(
-        self, ns: Namespace, keys: Sequence[str], buffers: Sequence[torch.Tensor]
+        self,
+        ns: Namespace,
+        keys: Sequence[str],
+        buffers: Sequence[torch.Tensor],
+        parent_key: str | None = None,
     ) -> PrefetchHandle:
-        """Start :meth:`get` in the background. The chunks present now are pinned until the read
-        ends (or the handle is cancelled), so they cannot be evicted in between."""
+        """Start :meth:`get` in the background. The chunks present now (adopted ones included) are
+        pinned until the read ends (or the handle is cancelled), so they cannot be evicted in
+        between."""
         self._check_open()
-        refs, masks, owner = self._match_and_pin(ns, keys, buffers)
+        refs, masks, owner = self._match_and_pin(ns, keys, buffers, parent_key)
         if not refs:
             return PrefetchHandle(None)
         job = self._reader.submit(
@@ -283,16 +336,22 @@ class HierarchicalStore:
         return PrefetchHandle(job, on_cancel=lambda: self._unpin(refs, owner))
 
     def _match_and_pin(
-        self, ns: Namespace, keys: Sequence[str], buffers: Sequence[torch.Tensor]
+        self,
+        ns: Namespace,
+        keys: Sequence[str],
+        buffers: Sequence[torch.Tensor],
+        parent_key: str | None,
     ) -> tuple[list[ChunkRef], list[int], str]:
         nsd = self._check_chain(ns, keys)
         if len(buffers) != len(keys):
             raise InputError(
                 f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key"
             )
-        self._check_tensors(ns, buffers, "buffers", register=False)
+        size = self._check_tensors(ns, buffers, "buffers", register=False)
         s = self._stack
         owner = s.owner("get")
+        if keys and self.config.probe_tiers:  # the buffers size a namespace never put here
+            adoption.adopt(self, ns, nsd, keys, parent_key, size or buffers[0].numel())
         with s.cond:
             m = s.tree.match(nsd, keys, touch=True)
             ids = m.node_ids
