@@ -18,7 +18,21 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
-__all__ = ["Tier", "TierStats"]
+from radixkv.errors import InputError
+
+__all__ = ["Tier", "TierStats", "check_payload_size"]
+
+
+def check_payload_size(tier_name: str, namespace: str, fixed_bytes: int | None, nbytes: int, what: str) -> None:
+    """Raise InputError unless ``nbytes`` is a valid chunk size for the namespace (every chunk of a
+    namespace has the size its first put fixed, ``fixed_bytes``; None = not fixed yet)."""
+    if fixed_bytes is not None and nbytes != fixed_bytes:
+        raise InputError(
+            f"{what} has {nbytes} bytes but namespace {namespace} stores {fixed_bytes}-byte chunks in tier "
+            f"{tier_name!r} (fixed by its first put); every chunk of a namespace must have one size"
+        )
+    if nbytes <= 0:
+        raise InputError(f"{what} is empty; a chunk payload must have at least one byte")
 
 
 @dataclass(slots=True)

@@ -42,7 +42,7 @@ import torch
 import xxhash
 
 from radixkv.errors import CapacityError, ConfigError, InputError
-from radixkv.tiers.base import TierStats
+from radixkv.tiers.base import TierStats, check_payload_size
 from radixkv.tiers.framing import HEADER_BYTES, decode_header, encode_header, payload_checksum
 
 __all__ = ["DiskTier", "DiskTierConfig"]
@@ -527,13 +527,7 @@ class DiskTier:
 
     def _check_size(self, namespace: str, nbytes: int, what: str) -> None:
         fixed = self._ns_payload_bytes.get(namespace)
-        if fixed is not None and nbytes != fixed:
-            raise InputError(
-                f"{what} has {nbytes} bytes but namespace {namespace} stores {fixed}-byte chunks in tier "
-                f"{self.name!r} (fixed by its first put); every chunk of a namespace must have one size"
-            )
-        if nbytes <= 0:
-            raise InputError(f"{what} is empty; a chunk payload must have at least one byte")
+        check_payload_size(self.name, namespace, fixed, nbytes, what)
 
     def _path(self, ns: str, key: str) -> str:
         h = xxhash.xxh3_64_hexdigest(key.encode("ascii"))

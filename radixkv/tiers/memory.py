@@ -28,7 +28,7 @@ from typing import Sequence
 import torch
 
 from radixkv.errors import CapacityError, ConfigError, InputError
-from radixkv.tiers.base import TierStats
+from radixkv.tiers.base import TierStats, check_payload_size
 
 __all__ = ["MemoryTier", "MemoryTierConfig", "MemoryLease"]
 
@@ -335,13 +335,7 @@ class MemoryTier:
 
     def _check_size(self, namespace: str, nbytes: int, what: str) -> None:
         fixed = self._ns_slot_bytes.get(namespace)
-        if fixed is not None and nbytes != fixed:
-            raise InputError(
-                f"{what} has {nbytes} bytes but namespace {namespace} stores {fixed}-byte chunks in tier "
-                f"{self.name!r} (fixed by its first put); every chunk of a namespace must have one size"
-            )
-        if nbytes <= 0:
-            raise InputError(f"{what} is empty; a chunk payload must have at least one byte")
+        check_payload_size(self.name, namespace, fixed, nbytes, what)
         need_units = -(-nbytes // self._unit)
         if need_units > len(self._unit_owner):
             raise CapacityError(
