@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     def rate(s: float) -> tuple[float, float]:
         return n / s, data_bytes / s / 1e9
 
-    print(f"\n| backend | backup pages/s | backup GB/s | prefetch pages/s | prefetch GB/s |")
+    print("\n| backend | backup pages/s | backup GB/s | prefetch pages/s | prefetch GB/s |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, r in results.items():
         bp, bg = rate(r["backup_s"])
