@@ -28,6 +28,7 @@ import logging
 from typing import TYPE_CHECKING, Sequence
 
 from radixkv.errors import InputError
+from radixkv.intents import AdoptionWatch
 from radixkv.keys import Namespace
 from radixkv.store_checks import register_namespace
 from radixkv.tiers.memory import MemoryTier
@@ -80,58 +81,79 @@ def adopt(
             )
     with s.cond:
         hit = s.tree.match(nsd, keys, touch=False).hit_chunks
-    if size is None and chunk_bytes is None:
-        return hit, 0  # nothing sizes this namespace's chunks yet: the tree alone answers
-    if hit >= len(keys):
-        return hit, 0
-    rest = list(keys[hit:])
-    runs = probe(s, nsd, rest)
-    if not any(runs):
-        return hit, 0
-    if size is None:  # found chunks of a namespace new to this store: fix its chunk size now
-        size = register_namespace(store, nsd, chunk_bytes, "chunk_bytes")  # type: ignore[arg-type]
-    chunk_bytes = size
-    chunk_tokens = ns.chunk_tokens
-    order = sorted((t for t in range(len(runs)) if runs[t]), key=lambda t: (-runs[t], t))
-    with s.cond:
-        tree = s.tree
-        if tree.match(nsd, keys, touch=False).hit_chunks != hit:
-            return tree.match(nsd, keys, touch=False).hit_chunks, 0
-        if hit:
-            parent = keys[hit - 1]
-        else:
-            parent = parent_key if parent_key is not None and tree.lookup(nsd, parent_key) is not None else None
-        free = 0  # keys not in the tree at all (a key held under another prefix ends the run)
-        while free < len(rest) and tree.lookup(nsd, rest[free]) is None:
-            free += 1
-        longest = 0
-        for t in order:
-            k = min(runs[t], free)
-            j = 0
-            while j < k and (t, nsd, rest[j]) not in s._deleting:
-                j += 1
-            k = j
-            cap = s.capacity(t)
-            if cap:
-                charge = s.charge(t, chunk_bytes)
-                k = min(k, max(0, cap - s.used_locked(t)) // charge)
-            if not k:
-                continue
-            try:
-                r = tree.insert(
-                    nsd,
-                    rest[:k],
-                    tier=s.names[t],
-                    chunk_tokens=chunk_tokens,
-                    size_bytes=chunk_bytes,
-                    parent_key=parent,
-                )
-            except InputError as e:  # keys that contradict the tree: adopt nothing from this tier
-                logger.debug("radixkv: adoption from tier %s refused: %s", s.names[t], e)
-                continue
-            got = len(r.node_ids)
-            if got:
-                store._foreign_chunks[t] = max(0, store._foreign_chunks[t] - got)
-                store.metrics.adopted(s.names[t], got)
-            longest = max(longest, got)
+        if hit >= len(keys) or (size is None and chunk_bytes is None):
+            return hit, 0  # all known, or nothing sizes this namespace's chunks yet
+        watch = s.watch_locked(nsd)  # deletes from now on spoil what the probe sees
+    try:
+        rest = list(keys[hit:])
+        runs = probe(s, nsd, rest)
+        if any(runs) and size is None:  # chunks of a namespace new to this store: fix its size
+            size = register_namespace(store, nsd, chunk_bytes, "chunk_bytes")  # type: ignore[arg-type]
+        with s.cond:
+            s.unwatch_locked(watch)
+            if not any(runs) or watch.all_gone:
+                return s.tree.match(nsd, keys, touch=False).hit_chunks, 0
+            return _insert_locked(store, nsd, keys, hit, runs, watch, parent_key, size, ns.chunk_tokens)  # type: ignore[arg-type]
+    except BaseException:
+        with s.cond:
+            if watch in s._watches:
+                s.unwatch_locked(watch)
+        raise
+
+
+def _insert_locked(
+    store: HierarchicalStore,
+    nsd: str,
+    keys: Sequence[str],
+    hit: int,
+    runs: list[int],
+    watch: AdoptionWatch,
+    parent_key: str | None,
+    chunk_bytes: int,
+    chunk_tokens: int,
+) -> tuple[int, int]:
+    s, tree = store._stack, store._stack.tree
+    now = tree.match(nsd, keys, touch=False).hit_chunks
+    if now != hit:  # the tree changed since the probe: adopt nothing this time
+        return now, 0
+    rest = keys[hit:]
+    if hit:
+        parent: str | None = keys[hit - 1]
+    elif parent_key is not None and tree.lookup(nsd, parent_key) is not None:
+        parent = parent_key
+    else:
+        parent = None
+    free = 0  # keys the tree lacks entirely (a key held under another prefix ends the run)
+    while free < len(rest) and tree.lookup(nsd, rest[free]) is None:
+        free += 1
+    longest = 0
+    for t in sorted((t for t in range(len(runs)) if runs[t]), key=lambda t: (-runs[t], t)):
+        k, limit = 0, min(runs[t], free)
+        while k < limit and not _busy(s, watch, t, nsd, rest[k]):
+            k += 1
+        if s.capacity(t):  # bounded: only what fits the store's books (reservations keep meaning)
+            room = s.capacity(t) - s.used_locked(t)
+            k = min(k, max(0, room) // s.charge(t, chunk_bytes))
+        if not k:
+            continue
+        try:
+            r = tree.insert(
+                nsd, list(rest[:k]), tier=s.names[t], chunk_tokens=chunk_tokens,
+                size_bytes=chunk_bytes, parent_key=parent,
+            )
+        except InputError as e:  # keys that contradict the tree: adopt nothing from this tier
+            logger.debug("radixkv: adoption from tier %s refused: %s", s.names[t], e)
+            continue
+        got = len(r.node_ids)
+        if got:
+            store._foreign_chunks[t] = max(0, store._foreign_chunks[t] - got)
+            store.metrics.adopted(s.names[t], got)
+        longest = max(longest, got)
     return hit + longest, longest
+
+
+def _busy(s: TierStack, watch: AdoptionWatch, t: int, nsd: str, key: str) -> bool:
+    """Bytes of ``key`` in tier ``t`` that may be going: deleted since the probe began, a delete in
+    flight, or a write in flight (its writer decides whether they stay)."""
+    ident = (t, nsd, key)
+    return (t, key) in watch.spoiled or ident in s._deleting or ident in s._writing

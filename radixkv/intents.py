@@ -20,11 +20,22 @@ import time
 from collections import defaultdict
 from typing import Any, Sequence
 
-__all__ = ["WriteDeleteIntents"]
+__all__ = ["WriteDeleteIntents", "AdoptionWatch"]
 
 _RETRY_DELETES_MAX = 1 << 16  # failed deletes remembered per tier (bounded memory)
 _RETRY_DELETES_FOR_S = 600.0
 _DELETE_WAIT_S = 5.0  # bound on a writer's wait for a delete of its keys (a delete is one batch)
+
+
+class AdoptionWatch:
+    """Deletes of one namespace seen while an adoption probed its tiers (lock-protected)."""
+
+    __slots__ = ("namespace", "spoiled", "all_gone")
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self.spoiled: set[tuple[int, str]] = set()  # (tier, key)
+        self.all_gone = False
 
 
 class WriteDeleteIntents:
@@ -41,6 +52,9 @@ class WriteDeleteIntents:
         # Deletes a tier may have failed (server down): (namespace, key) -> first failure time.
         self._retry_deletes: list[dict[tuple[str, str], float]] = [{} for _ in range(n_tiers)]
         self._retry_after = [0.0] * n_tiers
+        # Adoptions between their probe and their insert (radixkv.adoption): a delete meanwhile
+        # spoils the keys it names, so stale bytes are never adopted.
+        self._watches: list[AdoptionWatch] = []
 
     def tier_delete(self, t: int, ns: str, keys: Sequence[str]) -> bool:
         """Delete best effort. A batch of which the tier found fewer keys than asked may have failed
@@ -124,10 +138,38 @@ class WriteDeleteIntents:
     ) -> list[tuple[int, str, str]]:
         """The entries to delete from their tiers (those not being rewritten right now), marked as
         in flight; pass the result to :meth:`delete_entries` after leaving the lock."""
-        out = [e for e in dict.fromkeys(entries) if e not in self._writing]
+        self.spoil_locked(entries)
+        # Never delete bytes the tree says a tier holds: a late writer's "leaked" copy of a chunk
+        # that was adopted meanwhile (radixkv.adoption) is that chunk's bytes.
+        out = [
+            e
+            for e in dict.fromkeys(entries)
+            if e not in self._writing and not self._resident_locked(*e)
+        ]
         for e in out:
             self._deleting[e] += 1
         return out
+
+    def watch_locked(self, namespace: str) -> AdoptionWatch:
+        """Start recording deletes of ``namespace`` (end with :meth:`unwatch_locked`)."""
+        w = AdoptionWatch(namespace)
+        w.spoiled.update((t, key) for t, ns, key in self._deleting if ns == namespace)
+        self._watches.append(w)
+        return w
+
+    def unwatch_locked(self, w: AdoptionWatch) -> None:
+        self._watches.remove(w)
+
+    def spoil_locked(self, entries: Sequence[tuple[int, str, str]]) -> None:
+        """Tell watching adoptions that these ``(tier, namespace, key)`` bytes go."""
+        for w in self._watches:
+            w.spoiled.update((t, key) for t, ns, key in entries if ns == w.namespace)
+
+    def spoil_namespace_locked(self, namespace: str | None) -> None:
+        """Tell watching adoptions that every chunk of ``namespace`` (None: of all) goes."""
+        for w in self._watches:
+            if namespace is None or namespace == w.namespace:
+                w.all_gone = True
 
     def delete_entries(self, entries: Sequence[tuple[int, str, str]]) -> bool:
         """Delete marked ``(tier, namespace, key)`` bytes, batched per tier and namespace; False if a

@@ -409,6 +409,7 @@ class HierarchicalStore:
         nsd = namespace.digest if isinstance(namespace, Namespace) else namespace
         s = self._stack
         with s.cond:
+            s.spoil_namespace_locked(nsd)
             s.tree.clear(namespace=nsd)
             for t in s.tiers:
                 t.clear(nsd)

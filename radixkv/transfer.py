@@ -190,6 +190,7 @@ class TierStack(WriteDeleteIntents):
         gone = drain()
         if gone:
             with self.cond:
+                self.spoil_locked([(t, ns, key) for ns, key in gone])
                 ids = [n for ns, key in gone if (n := self.tree.lookup(ns, key)) is not None]
                 entries = self.mark_deleting_locked(self.clear_locked(ids, t))
             self.delete_entries(entries)
