@@ -1,0 +1,222 @@
+"""Adoption: chunks a disk or Redis tier holds that this store's tree never recorded (a restart over
+the same directory, a second store sharing a directory or a Redis server) become hits with verified
+bytes; corrupted ones are misses; ``probe_tiers=False`` keeps the tree-only behaviour."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from radixkv.config import StoreConfig, TierConfig
+from radixkv.errors import InputError
+from radixkv.store import HierarchicalStore
+from store_helpers import (
+    CHUNK_BYTES,
+    FRAME_SLACK,
+    REDIS_OPTIONS,
+    assert_exact,
+    buffers,
+    chain,
+    new_namespace,
+    payload_for,
+)
+from test_store_faults import corrupt_disk_file
+
+
+def disk_config(root: Path, chunks: int = 64, shared: bool = False, **kw) -> StoreConfig:
+    opts = {"shared": True} if shared else {}
+    return StoreConfig(
+        tiers=[
+            TierConfig(url="mem://", capacity_bytes=16 * CHUNK_BYTES),
+            TierConfig(
+                url=f"file://{root}", capacity_bytes=chunks * (CHUNK_BYTES + FRAME_SLACK), options=opts
+            ),
+        ],
+        **kw,
+    )
+
+
+def fill(store: HierarchicalStore, ns, keys) -> None:
+    assert store.put(ns, keys, [payload_for(k) for k in keys]) == [True] * len(keys)
+    assert store.flush(30)
+
+
+def read(store: HierarchicalStore, ns, keys, **kw) -> int:
+    bufs = buffers(len(keys))
+    n = store.get(ns, keys, bufs, **kw)
+    assert_exact(keys, bufs, n)
+    return n
+
+
+class TestRestart:
+    def test_lookup_and_get_hit_after_restart(self, tmp_path):
+        ns = new_namespace()
+        keys = chain(1, 6)[1]
+        with HierarchicalStore(disk_config(tmp_path)) as a:
+            fill(a, ns, keys)
+        with HierarchicalStore(disk_config(tmp_path)) as b:
+            # The namespace has no chunk size in the new store yet: lookup needs chunk_bytes.
+            assert b.lookup(ns, keys) == 0
+            assert b.lookup(ns, keys, chunk_bytes=CHUNK_BYTES) == 6
+            b.check_integrity()
+            assert read(b, ns, keys) == 6
+            assert b.stats()["store"]["disk.adopted_chunks"] == 6
+            assert b.stats()["store"]["disk.hit_chunks"] == 6
+            b.flush(30)
+            b.check_integrity()
+            assert read(b, ns, keys) == 6  # promoted: now from memory
+
+    def test_get_alone_adopts_sized_by_its_buffers(self, tmp_path):
+        ns = new_namespace()
+        keys = chain(2, 5)[1]
+        with HierarchicalStore(disk_config(tmp_path)) as a:
+            fill(a, ns, keys)
+        with HierarchicalStore(disk_config(tmp_path)) as b:
+            h = b.prefetch(ns, keys, buffers(5))
+            assert h.wait(30) == 5
+        with HierarchicalStore(disk_config(tmp_path)) as c:
+            assert read(c, ns, keys) == 5
+            c.check_integrity()
+
+    def test_adopted_run_continues_the_tree_hit(self, tmp_path):
+        ns = new_namespace()
+        keys = chain(4, 8)[1]
+        with HierarchicalStore(disk_config(tmp_path)) as a:
+            fill(a, ns, keys)
+        with HierarchicalStore(disk_config(tmp_path)) as b:
+            fill(b, ns, keys[:3])  # the tree knows the first three; the disk holds all eight
+            assert b.lookup(ns, keys, probe=False) == 3
+            assert b.adopt(ns, keys) == 5
+            assert b.adopt(ns, keys) == 0  # idempotent
+            assert b.lookup(ns, keys, probe=False) == 8
+            with b.lock:
+                ids = b.tree.match(ns.digest, keys, touch=False).node_ids
+                parents = [b.tree.node_parent(n) for n in ids]
+            assert parents[1:] == ids[:-1]  # one chain: prefix-closed
+            b.check_integrity()
+            assert read(b, ns, keys) == 8
+
+    def test_parent_key_places_the_run(self, tmp_path):
+        ns = new_namespace()
+        keys = chain(5, 6)[1]
+        with HierarchicalStore(disk_config(tmp_path)) as a:
+            fill(a, ns, keys)
+        with HierarchicalStore(disk_config(tmp_path)) as b:
+            fill(b, ns, keys[:2])
+            assert b.adopt(ns, keys[2:], parent_key=keys[1]) == 4
+            with b.lock:
+                first = b.tree.lookup(ns.digest, keys[2])
+                assert b.tree.node_parent(first) == b.tree.lookup(ns.digest, keys[1])
+            assert read(b, ns, keys) == 6
+            b.check_integrity()
+
+    def test_probe_tiers_false_keeps_tree_only(self, tmp_path):
+        ns = new_namespace()
+        keys = chain(6, 4)[1]
+        with HierarchicalStore(disk_config(tmp_path)) as a:
+            fill(a, ns, keys)
+        with HierarchicalStore(disk_config(tmp_path, probe_tiers=False)) as b:
+            assert b.lookup(ns, keys, chunk_bytes=CHUNK_BYTES) == 0
+            assert read(b, ns, keys) == 0
+            assert "disk.adopted_chunks" not in b.stats()["store"]
+            # The explicit method still works, and a per-call probe overrides the config.
+            assert b.lookup(ns, keys, chunk_bytes=CHUNK_BYTES, probe=True) == 4
+            assert read(b, ns, keys) == 4
+            b.check_integrity()
+
+    def test_corrupted_after_adoption_is_a_miss(self, tmp_path):
+        ns = new_namespace()
+        keys = chain(7, 5)[1]
+        with HierarchicalStore(disk_config(tmp_path)) as a:
+            fill(a, ns, keys)
+        with HierarchicalStore(disk_config(tmp_path, promote_on_hit=False)) as b:
+            assert b.lookup(ns, keys, chunk_bytes=CHUNK_BYTES) == 5
+            corrupt_disk_file(str(tmp_path), keys[2])
+            assert read(b, ns, keys) == 2  # never the corrupted bytes
+            with b.lock:
+                n = b.tree.lookup(ns.digest, keys[2])
+                assert n is None or not b.tree.node_tier_mask(n) & 0b10  # residency cleared
+            assert b.lookup(ns, keys, probe=False) == 2
+            b.check_integrity()
+
+    def test_capacity_bounds_what_is_adopted(self, tmp_path):
+        ns = new_namespace()
+        keys = chain(8, 6)[1]
+        with HierarchicalStore(disk_config(tmp_path)) as a:
+            fill(a, ns, keys)
+        # A smaller budget in the store's books than the directory holds: only what fits is adopted
+        # (the disk tier itself also trims its index to the new capacity as it fills).
+        with HierarchicalStore(disk_config(tmp_path, chunks=4)) as b:
+            n = b.lookup(ns, keys, chunk_bytes=CHUNK_BYTES)
+            assert 0 < n <= 4
+            st = b.stats()["tiers"]["disk"]
+            assert st["tree_bytes"] <= b.tiers[1].capacity_bytes
+            assert read(b, ns, keys) == n
+            fill(b, ns, chain(9, 6)[1])  # room-making still works with adopted chunks in the books
+            b.check_integrity()
+
+    def test_wrong_chunk_bytes(self, tmp_path):
+        ns = new_namespace()
+        keys = chain(10, 2)[1]
+        with HierarchicalStore(disk_config(tmp_path)) as a:
+            fill(a, ns, keys)
+            with pytest.raises(InputError, match="chunk_bytes=7"):
+                a.adopt(ns, keys, chunk_bytes=7)
+            with pytest.raises(InputError, match="chunk_bytes"):
+                a.lookup(ns, keys, chunk_bytes=-1)
+
+    def test_memory_tier_is_never_probed(self, tmp_path):
+        ns = new_namespace()
+        keys = chain(11, 3)[1]
+        cfg = StoreConfig(tiers=[TierConfig(url="mem://", capacity_bytes=16 * CHUNK_BYTES)])
+        with HierarchicalStore(cfg) as s:
+            fill(s, ns, keys)
+            mem = s.tiers[0]
+            calls = []
+            orig = mem.contains_many
+            mem.contains_many = lambda *a: calls.append(a) or orig(*a)
+            s.delete(ns, keys[1:2])
+            assert s.lookup(ns, keys) == 1
+            assert calls == []
+
+
+class TestShared:
+    def test_shared_directory_second_store_sees_first(self, tmp_path):
+        ns = new_namespace()
+        keys = chain(20, 5)[1]
+        with HierarchicalStore(disk_config(tmp_path, shared=True)) as a, HierarchicalStore(
+            disk_config(tmp_path, shared=True)
+        ) as b:
+            fill(a, ns, keys)
+            assert b.lookup(ns, keys, chunk_bytes=CHUNK_BYTES) == 5
+            assert read(b, ns, keys) == 5
+            a.check_integrity()
+            b.check_integrity()
+
+    def test_two_stores_share_one_redis(self, redis_url):
+        ns = new_namespace()
+        keys = chain(21, 6)[1]
+        prefix = f"adopt{uuid.uuid4().hex[:8]}"
+
+        def cfg() -> StoreConfig:
+            return StoreConfig(
+                tiers=[
+                    TierConfig(url="mem://", capacity_bytes=16 * CHUNK_BYTES),
+                    TierConfig(
+                        url=redis_url,
+                        capacity_bytes=64 * (CHUNK_BYTES + FRAME_SLACK),
+                        options=dict(REDIS_OPTIONS, key_prefix=prefix),
+                    ),
+                ]
+            )
+
+        with HierarchicalStore(cfg()) as a, HierarchicalStore(cfg()) as b:
+            fill(a, ns, keys)
+            assert b.lookup(ns, keys, probe=False) == 0
+            assert read(b, ns, keys) == 6  # get adopts, sized by its buffers
+            assert b.stats()["store"]["redis.adopted_chunks"] == 6
+            b.flush(30)
+            a.check_integrity()
+            b.check_integrity()
