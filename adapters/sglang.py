@@ -44,7 +44,6 @@ from radixkv.adapters.sglang_config import RadixKVOptions, namespace_for
 from radixkv.adapters.sglang_pages import PagePlan, plan_for, segment_keys
 from radixkv.keys import Namespace
 from radixkv.store import HierarchicalStore
-from radixkv.tiers.memory import MemoryTier
 
 __all__ = ["RadixKVStore"]
 
@@ -118,37 +117,15 @@ class RadixKVStore(HiCacheStorage):
         return segment_keys([prefix[-1]], n_seg)[-1]
 
     def _lookup(self, ns: Namespace, keys: List[str], parent: Optional[str], chunk_bytes: int) -> int:
-        """Leading run of ``keys`` available: the tree, then (on a miss) the persistent/shared tiers."""
-        n = self.store.lookup(ns, keys)
+        """Leading run of ``keys`` available: the tree, then (on a miss, ``probe_tiers``) the chunks
+        the persistent/shared tiers hold, adopted by the store (``HierarchicalStore.adopt``)."""
+        n = self.store.lookup(ns, keys, probe=False)
         if n < len(keys) and self.options.probe_tiers:
-            n += self._adopt(ns, keys[n:], keys[n - 1] if n else parent, chunk_bytes)
+            got = self.store.adopt(ns, keys, parent_key=parent, chunk_bytes=chunk_bytes)
+            if got:
+                self.counters["adopted_chunks"] += got
+                n = self.store.lookup(ns, keys, probe=False)
         return n
-
-    def _adopt(self, ns: Namespace, keys: List[str], parent: Optional[str], chunk_bytes: int) -> int:
-        """Chunks a lower tier holds that this store's tree does not know (written before a restart,
-        or by another server sharing the tier): add them to the tree as resident there."""
-        best, best_tier = 0, None
-        nsd = ns.digest
-        for t, tier in enumerate(self.store.tiers):
-            if isinstance(tier, MemoryTier):
-                continue  # process-local memory cannot hold anything this store's tree does not know
-            try:
-                m = int(tier.contains_many(nsd, keys))
-            except Exception as e:  # a tier that cannot answer is a miss
-                logger.debug("radixkv: probe of tier %s failed: %s", getattr(tier, "name", t), e)
-                continue
-            if m > best:
-                best, best_tier = m, tier.name
-        if not best:
-            return 0
-        with self.store.lock:
-            tree = self.store.tree
-            p = parent if parent is not None and tree.lookup(nsd, parent) is not None else None
-            r = tree.insert(nsd, list(keys[:best]), tier=best_tier, chunk_tokens=ns.chunk_tokens,
-                            size_bytes=chunk_bytes, parent_key=p)
-            got = len(r.node_ids)
-        self.counters["adopted_chunks"] += got
-        return got
 
     def _put(self, ns: Namespace, keys: List[str], payloads: List[torch.Tensor], parent: Optional[str]) -> List[bool]:
         ok = self.store.put(ns, keys, payloads, parent_key=parent)
