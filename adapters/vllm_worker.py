@@ -3,8 +3,10 @@
 One instance per vLLM worker process (one per TP/PP rank). Per step, with the bound
 :class:`RadixKVMetadata`:
 
-* lookups: one ``store.lookup`` per KV-cache group over the request's chunk keys, then ``prefetch`` of
-  the hit chunks beyond the local hit into staging buffers (background reads from slow tiers);
+* lookups: one ``store.lookup`` per KV-cache group over the request's chunk keys (with the store's
+  ``probe_tiers``, chunks a disk/Redis tier holds from a previous run or another instance are adopted
+  here), then ``prefetch`` of the hit chunks beyond the local hit into staging buffers (background
+  reads from slow tiers);
 * loads: staged chunks -> blocks with ``radixkv.kernels.scatter_chunks``; synchronous loads run in
   ``start_load_kv`` through a :class:`LayerPipeline` per group, so on GPU layer ``i`` is copied on a
   side stream while layer ``i - 1`` computes and ``wait_for_layer_load`` only orders the streams;
@@ -228,7 +230,10 @@ class WorkerSide:
         self.stats["lookups"] += 1
         hit = len(op.keys)
         for grp in self.groups:
-            hit = min(hit, int(self.store.lookup(grp.namespace, op.keys)))
+            # Probing adopts chunks a disk/Redis tier holds that this process never wrote (a
+            # restart, another instance); the group's chunk size sizes them.
+            n = self.store.lookup(grp.namespace, op.keys, chunk_bytes=grp.chunk_bytes)
+            hit = min(hit, int(n))
             if hit <= op.first_chunk:
                 break
         to_read = max(0, hit - op.first_chunk)
