@@ -386,16 +386,19 @@ class AgedRefPolicy(_HeapPolicy):
 
     _PARTIAL_PENALTY = 1e15
 
-    def __init__(self, gap_quantile: float = 0.4, ghost_factor: float = 32.0,
-                 initial_half_life: float = 100.0) -> None:
+    def __init__(self, gap_quantile: float = 0.6, ghost_factor: float = 32.0,
+                 initial_half_life: float = 100.0, count_weight: float = 0.5) -> None:
         super().__init__()
         if not 0.0 < gap_quantile < 1.0:
             raise ConfigError(f"agedref: gap_quantile={gap_quantile!r} must be in (0, 1)")
+        if not 0.0 < count_weight <= 1.0:
+            raise ConfigError(f"agedref: count_weight={count_weight!r} must be in (0, 1]")
         if not ghost_factor >= 0:
             raise ConfigError(f"agedref: ghost_factor={ghost_factor!r} must be >= 0")
         if not initial_half_life > 0:
             raise ConfigError(f"agedref: initial_half_life={initial_half_life!r} must be > 0 requests")
         self._q = gap_quantile
+        self._w = float(count_weight)
         self._h = float(initial_half_life)
         self._ghost_factor = float(ghost_factor)
         self._score: dict[int, float] = {}  # H * log2(aged reference count) + time, in requests
@@ -423,6 +426,11 @@ class AgedRefPolicy(_HeapPolicy):
 
     def _prio(self, n: int) -> float:
         s = self._score[n]
+        last = self._last.get(n)
+        if last is not None and s > -math.inf:
+            # last use + count_weight * H * log2(aged references): the count's bonus is scaled down
+            # without shortening the memory H of the count itself.
+            s = last + self._w * (s - last)
         return s - self._PARTIAL_PENALTY if self._tokens[n] < self._full_tokens else s
 
     def _admit(self, node_ids: Sequence[int], now: int) -> None:

@@ -109,7 +109,7 @@ def test_agedref_half_life_adapts_to_reuse_gaps():
 @pytest.mark.parametrize(
     ("name", "options"),
     [("cost", {"attention_tokens": 0}), ("s3fifo", {"small_fraction": 1.5}), ("agedref", {"gap_quantile": 2}),
-     ("lru", {"bogus": 1})],
+     ("agedref", {"count_weight": 0}), ("lru", {"bogus": 1})],
 )
 def test_bad_policy_options(name, options):
     with pytest.raises(ConfigError):
