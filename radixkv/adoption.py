@@ -81,8 +81,12 @@ def adopt(
             )
     with s.cond:
         hit = s.tree.match(nsd, keys, touch=False).hit_chunks
-        if hit >= len(keys) or (size is None and chunk_bytes is None):
-            return hit, 0  # all known, or nothing sizes this namespace's chunks yet
+        if (
+            hit >= len(keys)
+            or (size is None and chunk_bytes is None)  # nothing sizes this namespace's chunks yet
+            or all(isinstance(t, MemoryTier) for t in s.tiers)  # nothing to probe
+        ):
+            return hit, 0
         watch = s.watch_locked(nsd)  # deletes from now on spoil what the probe sees
     try:
         rest = list(keys[hit:])
