@@ -372,9 +372,12 @@ class AgedRefPolicy(_HeapPolicy):
     ``H * log2(sum 2^(t_i / H))`` (about ``last use + H * log2(references)``): static between touches,
     so a heap orders it exactly; a parent's sum includes its children's, so eviction stays leaf-first.
 
-    * ``H`` adapts to the workload: it tracks the ``gap_quantile`` (default: 40th percentile) of the
+    * ``H`` adapts to the workload: it tracks the ``gap_quantile`` (default: 60th percentile) of the
       reuse gaps the policy sees (a request's deepest hit chunk, a chunk coming back from the ghost
-      history), so a reference buys about one typical reuse gap of extra life, on any time scale;
+      history), so references are remembered for about one typical reuse gap, on any time scale;
+    * the count's bonus is scaled by ``count_weight`` (default 0.5): the priority is
+      ``last use + count_weight * (score - last use)``, about ``last use + count_weight * H *
+      log2(references)``, so a long memory of references does not also make stale chunks outstay;
     * ghost history: aged counts of recently evicted chunks are remembered by key (bounded to
       ``ghost_factor`` x resident chunks) and restored when the chunk comes back, so a chunk that
       keeps returning is recognized even when the cache is too small to hold it between uses;
