@@ -350,16 +350,19 @@ class HierarchicalStore:
         size = self._check_tensors(ns, buffers, "buffers", register=False)
         s = self._stack
         owner = s.owner("get")
-        if keys and self.config.probe_tiers:  # the buffers size a namespace never put here
+        probe = bool(keys) and self.config.probe_tiers
+        while True:  # at most twice: a partial hit adopts what the tiers hold, then matches again
+            with s.cond:
+                m = s.tree.match(nsd, keys, touch=True)
+                if not probe or m.hit_chunks == len(keys):
+                    ids = m.node_ids
+                    refs = [s.ref_locked(n) for n in ids]
+                    masks = list(m.tier_masks)
+                    if refs:
+                        s.tree.pin(ids, owner, s.lease_s)
+                    return refs, masks, owner
+            probe = False  # the buffers size the chunks of a namespace never put here
             adoption.adopt(self, ns, nsd, keys, parent_key, size or buffers[0].numel())
-        with s.cond:
-            m = s.tree.match(nsd, keys, touch=True)
-            ids = m.node_ids
-            refs = [s.ref_locked(n) for n in ids]
-            masks = list(m.tier_masks)
-            if refs:
-                s.tree.pin(ids, owner, s.lease_s)
-        return refs, masks, owner
 
     def _read(
         self,
