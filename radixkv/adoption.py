@@ -92,12 +92,15 @@ def adopt(
         rest = list(keys[hit:])
         runs = probe(s, nsd, rest)
         if any(runs) and size is None:  # chunks of a namespace new to this store: fix its size
-            size = register_namespace(store, nsd, chunk_bytes, "chunk_bytes")  # type: ignore[arg-type]
+            assert chunk_bytes is not None
+            size = register_namespace(store, nsd, chunk_bytes, "chunk_bytes")
         with s.cond:
             s.unwatch_locked(watch)
-            if not any(runs) or watch.all_gone:
+            if not any(runs) or watch.all_gone or size is None:
                 return s.tree.match(nsd, keys, touch=False).hit_chunks, 0
-            return _insert_locked(store, nsd, keys, hit, runs, watch, parent_key, size, ns.chunk_tokens)  # type: ignore[arg-type]
+            return _insert_locked(
+                store, nsd, keys, hit, runs, watch, parent_key, size, ns.chunk_tokens
+            )
     except BaseException:
         with s.cond:
             if watch in s._watches:

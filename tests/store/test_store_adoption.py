@@ -31,7 +31,9 @@ def disk_config(root: Path, chunks: int = 64, shared: bool = False, **kw) -> Sto
         tiers=[
             TierConfig(url="mem://", capacity_bytes=16 * CHUNK_BYTES),
             TierConfig(
-                url=f"file://{root}", capacity_bytes=chunks * (CHUNK_BYTES + FRAME_SLACK), options=opts
+                url=f"file://{root}",
+                capacity_bytes=chunks * (CHUNK_BYTES + FRAME_SLACK),
+                options=opts,
             ),
         ],
         **kw,
