@@ -106,6 +106,22 @@ def test_agedref_half_life_adapts_to_reuse_gaps():
     assert pol.half_life < h0 and 20 < pol.half_life < 80
 
 
+
+@pytest.mark.parametrize(("count_weight", "hot_kept"), [(1.0, True), (0.5, False)])
+def test_agedref_count_weight_scales_the_bonus_of_references(count_weight, hot_kept):
+    # H stays at its initial 100 requests (no gap is observed). "hot" is used at clock 1-4: its aged
+    # count is ~4, a bonus of H * log2(4) = 200 requests with full weight, 100 with half. The 10
+    # newest of 150 single-use chunks were used at clock 145-154: past 104, not past 204.
+    tree = RadixTree(("mem",), policy="agedref", policy_options={"count_weight": count_weight})
+    for _ in range(4):
+        use(tree, "hot")
+    for i in range(150):
+        use(tree, f"c{i}")
+    evict_to(tree, 10)
+    assert tree.policy("mem").half_life == 100.0
+    assert ("hot" in resident(tree)) is hot_kept
+    assert {f"c{i}" for i in range(141 if hot_kept else 140, 150)} <= resident(tree)
+
 @pytest.mark.parametrize(
     ("name", "options"),
     [("cost", {"attention_tokens": 0}), ("s3fifo", {"small_fraction": 1.5}), ("agedref", {"gap_quantile": 2}),
