@@ -12,7 +12,6 @@ import torch
 
 from radixkv.errors import CapacityError, InputError
 from radixkv.keys import Namespace
-from radixkv.tree import RadixTree
 
 if TYPE_CHECKING:
     from radixkv.store import HierarchicalStore
