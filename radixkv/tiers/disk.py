@@ -63,7 +63,7 @@ class DiskTierConfig:
     size on, a put hashes the payload while a helper thread writes it and a get hashes block i while a
     helper reads block i+1 (xxh3 and pread/pwrite release the GIL). Off (None) by default: it can only
     pay off with idle cores, and on the loaded 2-core machine it was measured on, the hand-offs made
-    8 MiB gets ~5x slower (docs/bench-tiers.md)."""
+    8 MiB gets ~5x slower (docs/benchmarks.md#tiers)."""
 
     root: str
     capacity_bytes: int
