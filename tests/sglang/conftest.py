@@ -1,6 +1,6 @@
 """SGLang 0.5.23 integration tests: run inside the SGLang env (scripts/setup_sglang_env.sh).
 
-Without an importable ``sglang`` (the main /work/venv suite) every test module here is skipped by
+Without an importable ``sglang`` (the main suite in .venv) every test module here is skipped by
 its own ``pytest.importorskip`` and nothing SGLang-specific happens. With it, this conftest:
 
 * puts the test-only import stubs (tests/_stubs) on ``sys.path`` for packages SGLang imports but
