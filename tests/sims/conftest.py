@@ -1,20 +1,34 @@
-"""Shared fixtures of the simulator tests: the Mooncake trace beside the repository, if present."""
+"""Shared fixtures of the simulator tests: the Mooncake conversation trace.
+
+It is read from ``../shared/traces`` beside the repository when present, else decompressed from the
+copy shipped in ``tests/data`` (xz, 200 KB) and checked against its published sha256."""
 
 from __future__ import annotations
 
+import hashlib
+import lzma
 import os
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MOONCAKE = os.path.join(os.path.dirname(REPO), "shared", "traces", "mooncake_conversation.jsonl")
+SHIPPED = os.path.join(REPO, "tests", "data", "mooncake_conversation.jsonl.xz")
+SHA256 = "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df"
 
 
 @pytest.fixture(scope="session")
-def mooncake_path() -> str:
-    if not os.path.isfile(MOONCAKE):
-        pytest.skip(f"Mooncake trace not found at {MOONCAKE}")
-    return MOONCAKE
+def mooncake_path(tmp_path_factory) -> str:
+    if os.path.isfile(MOONCAKE):
+        return MOONCAKE
+    if not os.path.isfile(SHIPPED):
+        pytest.skip(f"Mooncake trace found neither at {MOONCAKE} nor at {SHIPPED}")
+    with lzma.open(SHIPPED, "rb") as f:
+        raw = f.read()
+    assert hashlib.sha256(raw).hexdigest() == SHA256, "shipped Mooncake trace is corrupted"
+    path = tmp_path_factory.mktemp("trace") / "mooncake_conversation.jsonl"
+    path.write_bytes(raw)
+    return str(path)
 
 
 @pytest.fixture(scope="session")
