@@ -336,7 +336,8 @@ class RadixTree:
         created. Inserting what is present is a documented no-op apart from the touch.
 
         If ``parent_key`` is given but not in the tree, nothing is inserted (the chain's prefix is not
-        recoverable) and the result is empty. Raises InputError for keys that contradict the tree
+        recoverable) and the result is empty. Without ``parent_key``, a run whose first key is present
+        continues from where that key is; a run whose first key is new starts at the namespace root. Raises InputError for keys that contradict the tree
         (not one chain) or invalid sizes."""
         t = self.tier_index(tier)
         if not isinstance(chunk_tokens, int) or chunk_tokens <= 0:
@@ -356,7 +357,9 @@ class RadixTree:
         m = self.match(namespace, keys, touch=False)
         hit = m.hit_chunks
         ids = m.node_ids if hit else []
-        if hit and self._parent[ids[0]] != parent:
+        # Without parent_key the caller does not say where the run starts (SGLang without prefix
+        # keys hands over mid-chain runs): present keys keep the parent they have.
+        if hit and parent_key is not None and self._parent[ids[0]] != parent:
             raise InputError(
                 f"key {keys[0]!r} is already in the tree under another parent than parent_key="
                 f"{parent_key!r}: the keys are not a continuation of that chain"

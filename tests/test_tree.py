@@ -85,6 +85,13 @@ class TestMatchInsert:
         m = tree.match(NS, keys)
         assert m.hit_chunks_in("mem") == 3 and m.tier_of(4) == "disk"
 
+    def test_mid_chain_run_without_parent_key(self, tree):
+        keys = chain("a", 5)
+        full = tree.insert(NS, keys, "mem", 16, 10)
+        again = tree.insert(NS, keys[2:] + ["a/x"], "mem", 16, 10)
+        assert again.node_ids[:3] == full.node_ids[2:] and len(again.new_node_ids) == 1
+        assert tree.node_parent(again.new_node_ids[0]) == full.node_ids[-1]
+
     def test_unknown_parent_key_inserts_nothing(self, tree):
         r = tree.insert(NS, chain("a", 3, 5), "mem", 16, 10, parent_key="missing")
         assert r.inserted_chunks == 0 and len(tree) == 0
