@@ -64,3 +64,29 @@ def test_plans_are_zero_copy_where_the_layout_allows():
             assert b.ns_flat.layout == "flat" and b.ns.digest != b.ns_flat.digest
         finally:
             h.close()
+
+
+def test_mid_chain_runs_without_prefix_keys(tmp_path):
+    """SGLang without ``hicache_storage_pass_prefix_keys`` hands over page runs that start mid-chain
+    with no parent. Re-writing such a run over pages already stored must succeed (a regression: the
+    tree once rejected a present first key whose parent the caller did not name)."""
+    spec = PoolSpec(kind="mha", layout="page_first", page_size=4, layers=2, host_tokens=256)
+    cfg = extra_config([mem_tier()], 1, hicache_storage_pass_prefix_keys=False)
+    h = ControllerHarness(spec, extra_config=cfg)
+    try:
+        toks = tokens(6 * 4, seed=11)
+        src = h.alloc(24)
+        h.fill_random(src, seed=5)
+        want = h.page_bytes_at(src)
+        keys = h.page_keys(toks)
+        assert h.backup(toks, src) == 24
+        # The last four pages again, as a run of their own (no prefix keys), plus the whole chain.
+        assert h.backup(toks[8:], src[8:], hashes=keys[2:]) == 16
+        assert h.backup(toks, src) == 24
+        res = h.prefetch(toks)
+        assert res.hit_tokens == 24 and h.page_bytes_at(res.host_indices) == want
+        backend = unwrap(h.backend)
+        assert backend.get_stats().radixkv["adapter"]["failed_calls"] == 0
+        backend.check_integrity()
+    finally:
+        h.close()
