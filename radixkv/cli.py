@@ -23,7 +23,9 @@ _SUBCOMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="radixkv", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="radixkv", description="radixkv: a hierarchical, chunk-aligned KV-cache layer for LLM serving."
+    )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in _SUBCOMMANDS.items():
