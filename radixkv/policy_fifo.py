@@ -1,0 +1,232 @@
+"""FIFO-family eviction policies (s3fifo, sieve).
+
+Imported by :mod:`radixkv.policies`, which registers them; see its docstring for the protocol."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+from radixkv.errors import ConfigError
+from radixkv.policies import register_policy
+
+if TYPE_CHECKING:
+    from radixkv.tree import RadixTree
+
+
+@register_policy("s3fifo")
+class S3FIFOPolicy:
+    """S3-FIFO (SOSP'23) on leaves: a small FIFO for new chunks (``small_fraction`` of the tier), a main
+    FIFO with 2-bit frequencies, and a ghost FIFO of keys recently evicted from the small queue.
+
+    A new chunk enters the small queue, or the main queue if its key is in the ghost. At the small
+    queue's old end a chunk touched since insertion moves to main, otherwise it is the victim (its key
+    goes to the ghost); at the main queue's old end a touched chunk is reinserted with its frequency
+    decremented. Interior chunks are parked until their last child leaves (lazy path touches: a
+    parent's frequency is folded from its children as they leave)."""
+
+    live_candidates = True
+
+    def __init__(self, small_fraction: float = 0.1) -> None:
+        if not 0.0 < small_fraction < 1.0:
+            raise ConfigError(f"s3fifo: small_fraction={small_fraction!r} must be in (0, 1)")
+        self._small_fraction = small_fraction
+        self._small: OrderedDict[int, None] = OrderedDict()
+        self._main: OrderedDict[int, None] = OrderedDict()
+        self._parked: dict[int, bool] = {}  # node -> was in main
+        self._freq: dict[int, int] = {}
+        self._inserted_at = -1  # clock of the last insert: its own path touch is not a reuse
+        self._ghost: OrderedDict[tuple[str | None, str | None], None] = OrderedDict()
+        self._aside: list[tuple[int, bool]] = []
+        self._is_leaf: Callable[[int], bool] = lambda _n: True
+        self._parent: list[int] = []
+        self._keys: list[str | None] = []
+        self._ns: list[str | None] = []
+
+    def bind(self, tree: RadixTree, tier_index: int) -> None:
+        self._is_leaf = tree.tier_leaf_predicate(tier_index)
+        self._parent, self._keys, self._ns = tree._parent, tree._key, tree._ns
+
+    def __len__(self) -> int:
+        return len(self._small) + len(self._main) + len(self._parked) + len(self._aside)
+
+    def on_insert(self, node_ids: Sequence[int], now: int) -> None:
+        self._inserted_at = now
+        ghost, freq = self._ghost, self._freq
+        for n in node_ids:
+            k = (self._ns[n], self._keys[n])
+            freq[n] = 0
+            if k in ghost:
+                del ghost[k]
+                self._main[n] = None
+            else:
+                self._small[n] = None
+
+    def on_access(self, node_id: int, now: int) -> None:
+        if now == self._inserted_at:
+            return  # the touch of the insert that just created the chunk
+        f = self._freq
+        if f[node_id] < 3:
+            f[node_id] += 1
+
+    def on_leaf(self, node_id: int) -> None:
+        in_main = self._parked.pop(node_id, None)
+        if in_main is not None:
+            q = self._main if in_main else self._small
+            q[node_id] = None
+            q.move_to_end(node_id, last=False)  # its FIFO position is as old as it gets
+
+    def on_remove(self, node_ids: Sequence[int]) -> None:
+        freq, parent = self._freq, self._parent
+        for n in node_ids:
+            if n in self._small:
+                del self._small[n]
+                if freq[n] == 0:
+                    self._ghost[(self._ns[n], self._keys[n])] = None
+            elif n in self._main:
+                del self._main[n]
+            elif n in self._parked:
+                del self._parked[n]
+            else:
+                for i, (m, _) in enumerate(self._aside):
+                    if m == n:
+                        del self._aside[i]
+                        break
+            p = parent[n]
+            f = freq.pop(n)
+            if p >= 0 and p in freq and freq[p] < f:
+                freq[p] = f
+        while len(self._ghost) > max(len(self._main), 16):
+            self._ghost.popitem(last=False)
+
+    def candidates(self) -> Iterator[int]:
+        small, main, freq, is_leaf, parked, aside = (
+            self._small, self._main, self._freq, self._is_leaf, self._parked, self._aside,
+        )
+        try:
+            while small or main:
+                use_small = bool(small) and (not main or len(small) >= self._small_fraction * len(self))
+                q = small if use_small else main
+                n = next(iter(q))
+                if not is_leaf(n):
+                    del q[n]
+                    parked[n] = not use_small
+                    continue
+                if freq[n] > 0:
+                    del q[n]
+                    if use_small:
+                        freq[n] = 0
+                    else:
+                        freq[n] -= 1
+                    main[n] = None
+                    continue
+                yield n
+                if n in q and next(iter(q)) == n:
+                    del q[n]
+                    aside.append((n, not use_small))  # skipped by the tree (pinned)
+        finally:
+            while aside:
+                n, in_main = aside.pop()
+                q = main if in_main else small
+                q[n] = None
+                q.move_to_end(n, last=False)
+
+    def check_integrity(self) -> None:
+        s, m, p = set(self._small), set(self._main), set(self._parked)
+        assert not (s & m or s & p or m & p), "s3fifo: a node is in two queues"
+        assert set(self._freq) == s | m | p, "s3fifo: frequency table out of step with the queues"
+        assert not self._aside, "s3fifo: candidates left aside"
+
+
+@register_policy("sieve")
+class SIEVEPolicy:
+    """SIEVE (NSDI'24) on leaves: one FIFO and a hand that moves from the old end towards the new end,
+    clearing visited bits and stopping at the first unvisited evictable leaf. Retained chunks keep
+    their place (unlike CLOCK's reinsertion). Interior chunks are passed over; a removed child's
+    visited bit is folded into its parent (lazy path touches)."""
+
+    live_candidates = True
+
+    def __init__(self) -> None:
+        self._newer: dict[int, int] = {}  # node -> next newer node (-1 = none)
+        self._older: dict[int, int] = {}
+        self._head = -1  # newest
+        self._tail = -1  # oldest
+        self._hand = -1
+        self._visited: set[int] = set()
+        self._inserted_at = -1  # clock of the last insert: its own path touch is not a reuse
+        self._is_leaf: Callable[[int], bool] = lambda _n: True
+        self._parent: list[int] = []
+
+    def bind(self, tree: RadixTree, tier_index: int) -> None:
+        self._is_leaf = tree.tier_leaf_predicate(tier_index)
+        self._parent = tree._parent
+
+    def __len__(self) -> int:
+        return len(self._newer)
+
+    def on_insert(self, node_ids: Sequence[int], now: int) -> None:
+        self._inserted_at = now
+        newer, older = self._newer, self._older
+        for n in node_ids:
+            newer[n] = -1
+            older[n] = self._head
+            if self._head >= 0:
+                newer[self._head] = n
+            else:
+                self._tail = n
+            self._head = n
+
+    def on_access(self, node_id: int, now: int) -> None:
+        if now != self._inserted_at:  # not the touch of the insert that just created it
+            self._visited.add(node_id)
+
+    def on_leaf(self, node_id: int) -> None:
+        pass
+
+    def on_remove(self, node_ids: Sequence[int]) -> None:
+        newer, older, visited, parent = self._newer, self._older, self._visited, self._parent
+        for n in node_ids:
+            if n not in newer:
+                continue
+            nw, od = newer.pop(n), older.pop(n)
+            if self._hand == n:
+                self._hand = nw
+            if nw >= 0:
+                older[nw] = od
+            else:
+                self._head = od
+            if od >= 0:
+                newer[od] = nw
+            else:
+                self._tail = nw
+            if n in visited:
+                visited.discard(n)
+                p = parent[n]
+                if p >= 0 and p in newer:
+                    visited.add(p)
+
+    def candidates(self) -> Iterator[int]:
+        newer, visited, is_leaf = self._newer, self._visited, self._is_leaf
+        idle = 0  # steps since the last eviction; two full sweeps without one means none is possible
+        while newer and idle <= 2 * len(newer) + 2:
+            n = self._hand if self._hand >= 0 else self._tail
+            self._hand = newer[n]
+            idle += 1
+            if n in visited:
+                visited.discard(n)
+                continue
+            if not is_leaf(n):
+                continue
+            yield n
+            if n not in newer:
+                idle = 0
+
+    def check_integrity(self) -> None:
+        n, seen = self._tail, 0
+        while n >= 0:
+            seen += 1
+            assert seen <= len(self._newer), "sieve: cycle in the FIFO"
+            n = self._newer[n]
+        assert seen == len(self._newer) == len(self._older), "sieve: FIFO links broken"
+        assert self._visited <= set(self._newer), "sieve: visited bit on a node not in the tier"

@@ -1,0 +1,335 @@
+"""Priority-ordered eviction policies (lfu, cost, agedref) on a lazily invalidated heap.
+
+Imported by :mod:`radixkv.policies`, which registers them; see its docstring for the protocol."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+from radixkv.errors import ConfigError
+from radixkv.policies import register_policy
+
+if TYPE_CHECKING:
+    from radixkv.tree import RadixTree
+
+
+# ---------------------------------------------------------------------------------------------------
+# Priority-ordered policies. Each keeps a static priority per node in a lazily invalidated heap
+# (smallest first; ties deepest first), parks interior nodes until on_leaf, and folds a removed node's
+# statistics into its parent, which is how lazy path touches reach ancestors.
+
+_GONE = object()
+
+
+class _HeapPolicy:
+    """Base of the priority policies: subclasses define ``_prio(n)`` and the ``_admit`` / ``_touch`` /
+    ``_fold`` / ``_forget`` hooks on their own per-node statistics."""
+
+    name = "_heap"
+    live_candidates = True
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, int]] = []
+        self._entry: dict[int, tuple[float, int, int] | None] = {}  # None = parked (interior)
+        self._aside: list[tuple[float, int, int]] = []
+        self._is_leaf: Callable[[int], bool] = lambda _n: True
+        self._depth: list[int] = []
+        self._parent: list[int] = []
+        self._tokens: list[int] = []
+        self._keys: list[str | None] = []
+        self._ns: list[str | None] = []
+
+    def bind(self, tree: RadixTree, tier_index: int) -> None:
+        self._is_leaf = tree.tier_leaf_predicate(tier_index)
+        # Read-only views of the tree's node columns (struct of arrays, indexed by node id).
+        self._depth, self._parent, self._tokens = tree._depth, tree._parent, tree._tokens
+        self._keys, self._ns = tree._key, tree._ns
+
+    def __len__(self) -> int:
+        return len(self._entry)
+
+    # subclass hooks --------------------------------------------------------------------------
+    def _prio(self, n: int) -> float:
+        raise NotImplementedError
+
+    def _admit(self, node_ids: Sequence[int], now: int) -> None:
+        pass
+
+    def _touch(self, n: int, now: int) -> None:
+        pass
+
+    def _fold(self, child: int, parent: int) -> None:
+        pass
+
+    def _forget(self, n: int, entry: tuple[float, int, int] | None) -> None:
+        pass
+
+    # protocol ---------------------------------------------------------------------------------
+    def _push(self, n: int) -> None:
+        e = (self._prio(n), -self._depth[n], n)
+        self._entry[n] = e
+        heapq.heappush(self._heap, e)
+
+    def on_insert(self, node_ids: Sequence[int], now: int) -> None:
+        self._admit(node_ids, now)
+        is_leaf, entry = self._is_leaf, self._entry
+        for n in node_ids:
+            if is_leaf(n):
+                self._push(n)
+            else:
+                entry[n] = None  # interior: ordered when it becomes a leaf
+
+    def on_access(self, node_id: int, now: int) -> None:
+        self._touch(node_id, now)
+        self._push(node_id)
+
+    def on_leaf(self, node_id: int) -> None:
+        if node_id in self._entry:
+            self._push(node_id)
+
+    def on_remove(self, node_ids: Sequence[int]) -> None:
+        entry, parent = self._entry, self._parent
+        for n in node_ids:
+            e = entry.pop(n, _GONE)
+            if e is _GONE:
+                continue
+            p = parent[n]
+            if p >= 0 and p in entry:
+                self._fold(n, p)
+            self._forget(n, e)  # type: ignore[arg-type]
+        if len(self._heap) > 2 * len(entry) + 1024:
+            self._heap = [e for e in entry.values() if e is not None]
+            heapq.heapify(self._heap)
+
+    def candidates(self) -> Iterator[int]:
+        heap, entry, is_leaf, aside = self._heap, self._entry, self._is_leaf, self._aside
+        pop = heapq.heappop
+        try:
+            while heap:
+                e = heap[0]
+                n = e[2]
+                if entry.get(n) is not e:
+                    pop(heap)  # stale
+                    continue
+                if not is_leaf(n):
+                    pop(heap)
+                    entry[n] = None  # park until on_leaf
+                    continue
+                yield n
+                if heap and heap[0] is e and entry.get(n) is e:
+                    aside.append(pop(heap))  # the tree skipped it (pinned): keep it for later
+        finally:
+            while aside:
+                e = aside.pop()
+                if entry.get(e[2]) is e:
+                    heapq.heappush(heap, e)
+
+    def check_integrity(self) -> None:
+        live = {e[2] for e in self._heap if self._entry.get(e[2]) is e}
+        ordered = {n for n, e in self._entry.items() if e is not None}
+        assert live == ordered, f"{self.name}: {len(ordered - live)} ordered nodes missing from the heap"
+        assert not self._aside, f"{self.name}: {len(self._aside)} candidates left aside"
+
+
+@register_policy("lfu")
+class LFUPolicy(_HeapPolicy):
+    """Least frequently used leaf first, with dynamic aging (LFU-DA): priority = L + count, where L is
+    the priority of the last evicted chunk, so counts earned long ago lose their weight. A chunk's
+    count includes every access below it (folded in as its children leave)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._count: dict[int, int] = {}
+        self._age = 0.0
+
+    def _prio(self, n: int) -> float:
+        return self._age + self._count[n]
+
+    def _admit(self, node_ids: Sequence[int], now: int) -> None:
+        count = self._count
+        for n in node_ids:
+            count.setdefault(n, 0)
+
+    def _touch(self, n: int, now: int) -> None:
+        self._count[n] += 1
+
+    def _fold(self, child: int, parent: int) -> None:
+        self._count[parent] += self._count[child]
+
+    def _forget(self, n: int, entry: tuple[float, int, int] | None) -> None:
+        del self._count[n]
+        if entry is not None and entry[0] > self._age:
+            self._age = entry[0]
+
+
+@register_policy("cost")
+class CostPolicy(_HeapPolicy):
+    """Cost-aware (GreedyDual-Size-Frequency): priority = L + count * recompute_cost / size_bytes.
+
+    Recomputing a chunk costs its tokens times (1 + prefix_tokens / attention_tokens): the linear
+    layers cost the same per token, attention grows with the prefix in front of the chunk, so deep
+    chunks of long prompts are dearer to lose. ``attention_tokens`` is the context length at which
+    attention costs as much as the rest of the layer (~8k for 7-70B models). L (the priority of the
+    last eviction) ages old value away, as in LFU-DA."""
+
+    def __init__(self, attention_tokens: int = 8192) -> None:
+        super().__init__()
+        if not isinstance(attention_tokens, int) or attention_tokens <= 0:
+            raise ConfigError(f"cost policy: attention_tokens={attention_tokens!r} must be a positive int")
+        self._attn = float(attention_tokens)
+        self._count: dict[int, int] = {}
+        self._size: list[int] = []
+        self._age = 0.0
+
+    def bind(self, tree: RadixTree, tier_index: int) -> None:
+        super().bind(tree, tier_index)
+        self._size = tree._size
+
+    def _prio(self, n: int) -> float:
+        tokens = self._tokens[n]
+        prefix_tokens = (self._depth[n] - 1) * tokens
+        cost = tokens * (1.0 + prefix_tokens / self._attn)
+        return self._age + self._count[n] * cost / max(self._size[n], 1)
+
+    _admit = LFUPolicy._admit
+    _touch = LFUPolicy._touch
+    _fold = LFUPolicy._fold
+    _forget = LFUPolicy._forget
+
+
+@register_policy("agedref")
+class AgedRefPolicy(_HeapPolicy):
+    """Aged reference count with a ghost history: radixkv's own policy (see docs/simulator.md).
+
+    Signal: a chunk's references, each weighing 2^(-age / half_life), summed (an exponentially aged
+    reference count, LRFU's CRF). Ordering by it keeps chunks that many requests share (system
+    prompts, documents, a conversation's older turns) over the one-hit chunks that flood a small
+    cache, while the decay lets stale popularity go. The priority, in time units, is
+    ``H * log2(sum 2^(t_i / H))`` (about ``last use + H * log2(references)``): static between touches,
+    so a heap orders it exactly; a parent's sum includes its children's, so eviction stays leaf-first.
+
+    * ``H`` adapts to the workload: it tracks the ``gap_quantile`` (default: 60th percentile) of the
+      reuse gaps the policy sees (a request's deepest hit chunk, a chunk coming back from the ghost
+      history), so references are remembered for about one typical reuse gap, on any time scale;
+    * the count's bonus is scaled by ``count_weight`` (default 0.5): the priority is
+      ``last use + count_weight * (score - last use)``, about ``last use + count_weight * H *
+      log2(references)``, so a long memory of references does not also make stale chunks outstay;
+    * ghost history: aged counts of recently evicted chunks are remembered by key (bounded to
+      ``ghost_factor`` x resident chunks) and restored when the chunk comes back, so a chunk that
+      keeps returning is recognized even when the cache is too small to hold it between uses;
+    * partial chunks (fewer tokens than a full chunk: a prompt's ragged end) go first: a longer prompt
+      extending the same text yields a different chunk, so they are almost never reused.
+
+    Time is counted in path touches (one per request).
+    """
+
+    _PARTIAL_PENALTY = 1e15
+
+    def __init__(self, gap_quantile: float = 0.6, ghost_factor: float = 32.0,
+                 initial_half_life: float = 100.0, count_weight: float = 0.5) -> None:
+        super().__init__()
+        if not 0.0 < gap_quantile < 1.0:
+            raise ConfigError(f"agedref: gap_quantile={gap_quantile!r} must be in (0, 1)")
+        if not 0.0 < count_weight <= 1.0:
+            raise ConfigError(f"agedref: count_weight={count_weight!r} must be in (0, 1]")
+        if not ghost_factor >= 0:
+            raise ConfigError(f"agedref: ghost_factor={ghost_factor!r} must be >= 0")
+        if not initial_half_life > 0:
+            raise ConfigError(f"agedref: initial_half_life={initial_half_life!r} must be > 0 requests")
+        self._q = gap_quantile
+        self._w = float(count_weight)
+        self._h = float(initial_half_life)
+        self._ghost_factor = float(ghost_factor)
+        self._score: dict[int, float] = {}  # H * log2(aged reference count) + time, in requests
+        self._last: dict[int, int] = {}  # clock of the node's last direct touch
+        self._restored: dict[int, float] = {}  # score a node came back with from the ghost history
+        self._ghost: OrderedDict[tuple[str | None, str | None], tuple[float, int]] = OrderedDict()
+        self._full_tokens = 0
+        self._clock = 0
+
+    @property
+    def half_life(self) -> float:
+        """The current adaptive half-life H, in requests."""
+        return self._h
+
+    def _observe_gap(self, gap: int) -> None:
+        # Streaming quantile: H settles where P(gap > H) = 1 - q.
+        if gap > self._h:
+            self._h *= 1.0 + 0.01 * self._q
+        else:
+            self._h = max(1.0, self._h * (1.0 - 0.01 * (1.0 - self._q)))
+
+    def _add(self, a: float, b: float) -> float:
+        h = self._h
+        return h * _log2_add(a / h, b / h)
+
+    def _prio(self, n: int) -> float:
+        s = self._score[n]
+        last = self._last.get(n)
+        if last is not None and s > -math.inf:
+            # last use + count_weight * H * log2(aged references): the count's bonus is scaled down
+            # without shortening the memory H of the count itself.
+            s = last + self._w * (s - last)
+        return s - self._PARTIAL_PENALTY if self._tokens[n] < self._full_tokens else s
+
+    def _admit(self, node_ids: Sequence[int], now: int) -> None:
+        score, ghost, keys, ns, tokens = self._score, self._ghost, self._keys, self._ns, self._tokens
+        if not node_ids:
+            return
+        p = self._parent[node_ids[0]]
+        if p >= 0 and p in self._last:
+            self._observe_gap(self._clock + 1 - self._last[p])  # the request's deepest hit chunk
+        for n in node_ids:
+            if tokens[n] > self._full_tokens:
+                self._full_tokens = tokens[n]
+            g = ghost.pop((ns[n], keys[n]), None) if ghost else None
+            if g is None:
+                score[n] = -math.inf
+            else:
+                score[n] = self._restored[n] = g[0]
+                self._observe_gap(self._clock + 1 - g[1])
+
+    def _touch(self, n: int, now: int) -> None:
+        if self._tokens[n] >= self._full_tokens:
+            self._clock += 1  # a partial tail touched right after its full prefix: same request
+        self._last[n] = self._clock
+        self._score[n] = self._add(self._score[n], float(self._clock))
+
+    def _fold(self, child: int, parent: int) -> None:
+        if self._tokens[child] < self._full_tokens:
+            return  # a partial tail's touch repeats its parent's (same request)
+        s = self._score[child]
+        base = self._restored.get(child)
+        if base is not None:
+            # The restored part was folded into the parent when the child left before: add only
+            # the references since it came back.
+            if s <= base:
+                return
+            h = self._h
+            s = s + h * math.log2(1.0 - 2.0 ** ((base - s) / h))
+        self._score[parent] = self._add(self._score[parent], s)
+        lc = self._last.get(child)
+        if lc is not None and lc > self._last.get(parent, -1):
+            self._last[parent] = lc
+
+    def _forget(self, n: int, entry: tuple[float, int, int] | None) -> None:
+        s = self._score.pop(n)
+        self._restored.pop(n, None)
+        last = self._last.pop(n, None)
+        if self._ghost_factor and s > -math.inf and self._tokens[n] >= self._full_tokens:
+            ghost = self._ghost
+            ghost[(self._ns[n], self._keys[n])] = (s, self._clock if last is None else last)
+            if len(ghost) > self._ghost_factor * len(self._entry) + 64:
+                ghost.popitem(last=False)  # O(1); deleting a plain dict's first key is not
+
+
+def _log2_add(a: float, b: float) -> float:
+    """log2(2^a + 2^b) without overflow."""
+    if a < b:
+        a, b = b, a
+    if b == -math.inf:
+        return a
+    return a + math.log2(1.0 + 2.0 ** (b - a))
