@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from radixkv.errors import ConfigError, InputError, PinError
 from radixkv.policies import EvictionPolicy, make_policy
@@ -540,10 +540,22 @@ class RadixTree:
         t = self.tier_index(tier)
         if n_chunks <= 0:
             return []
-        bit, mask, nchild = 1 << t, self._mask, self._nchild
-        tchild = self._tchild[t]
-        pins = self._pins
         out: list[int] = []
+        gen = self._eligible(t, drop)
+        try:
+            for n in gen:
+                out.append(n)
+                if len(out) >= n_chunks:
+                    break
+        finally:
+            gen.close()
+        return out
+
+    def _eligible(self, t: int, drop: bool) -> Iterator[int]:
+        """The tier policy's candidates, filtered to what :meth:`evict_candidates` promises. Each step
+        reads the tree afresh, so it stays valid across evictions when the policy's iterator does."""
+        bit, mask, nchild = 1 << t, self._mask, self._nchild
+        tchild, pins = self._tchild[t], self._pins
         gen = self._policies[t].candidates()
         try:
             for n in gen:
@@ -553,12 +565,9 @@ class RadixTree:
                     continue
                 if drop and nchild[n] and mask[n] == bit:
                     continue
-                out.append(n)
-                if len(out) >= n_chunks:
-                    break
+                yield n
         finally:
             gen.close()
-        return out
 
     def evict(self, tier: str, n_chunks: int) -> DropResult:
         """Drop up to ``n_chunks`` chunks from ``tier`` one at a time in exact policy order (each
@@ -568,9 +577,10 @@ class RadixTree:
         ``candidates()`` iterator, so the whole loop runs on one iterator (the fast path the
         simulator uses); for other policies a fresh iterator is taken per eviction."""
         t = self.tier_index(tier)
-        pol = self._policies[t]
         removed: list[int] = []
-        if not getattr(pol, "live_candidates", False):
+        if n_chunks <= 0:
+            return DropResult()
+        if not getattr(self._policies[t], "live_candidates", False):
             orphans: list[int] = []
             for _ in range(n_chunks):
                 victims = self.evict_candidates(tier, 1, drop=True)
@@ -580,19 +590,10 @@ class RadixTree:
                 removed.extend(r.removed_node_ids)
                 orphans.extend(r.orphaned_node_ids)
             return DropResult(tuple(removed), tuple(orphans))
-        if n_chunks <= 0:
-            return DropResult()
-        bit, mask, nchild, tchild, pins = 1 << t, self._mask, self._nchild, self._tchild[t], self._pins
         evicted = 0
-        gen = pol.candidates()
+        gen = self._eligible(t, drop=True)
         try:
             for n in gen:
-                if not mask[n] & bit or tchild[n]:
-                    continue
-                if pins and n in pins and self.is_pinned(n):
-                    continue
-                if nchild[n] and mask[n] == bit:
-                    continue
                 self._evict_one(n, t, removed)
                 evicted += 1
                 if evicted >= n_chunks:
