@@ -14,13 +14,26 @@ bound by refusing puts that do not fit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, Sequence, TypeVar, runtime_checkable
 
 import torch
 
-from radixkv.errors import InputError
+from radixkv.errors import ConfigError, InputError
 
-__all__ = ["Tier", "TierStats", "check_payload_size"]
+__all__ = ["Tier", "TierStats", "check_payload_size", "config_or_options"]
+
+_C = TypeVar("_C")
+
+
+def config_or_options(config_cls: type[_C], config: _C | None, options: dict[str, object]) -> _C:
+    """A tier's config: the given object, or one built from keyword options (never both)."""
+    if config is None:
+        return config_cls(**options)
+    if options:
+        raise ConfigError(
+            f"pass either a {config_cls.__name__} or keyword options, not both: {options}"
+        )
+    return config
 
 
 def check_payload_size(tier_name: str, namespace: str, fixed_bytes: int | None, nbytes: int, what: str) -> None:

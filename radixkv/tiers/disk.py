@@ -42,7 +42,7 @@ import torch
 import xxhash
 
 from radixkv.errors import CapacityError, ConfigError, InputError
-from radixkv.tiers.base import TierStats, check_payload_size
+from radixkv.tiers.base import TierStats, check_payload_size, config_or_options
 from radixkv.tiers.framing import HEADER_BYTES, decode_header, encode_header, payload_checksum
 
 __all__ = ["DiskTier", "DiskTierConfig"]
@@ -148,10 +148,7 @@ class DiskTier:
     """Framed-file tier over a directory (see the module docstring). Thread-safe."""
 
     def __init__(self, config: DiskTierConfig | None = None, **kwargs: object) -> None:
-        if config is None:
-            config = DiskTierConfig(**kwargs)  # type: ignore[arg-type]
-        elif kwargs:
-            raise ConfigError(f"pass either a DiskTierConfig or keyword options, not both: {kwargs}")
+        config = config_or_options(DiskTierConfig, config, kwargs)
         self.config = config
         self.name = config.name
         self.capacity_bytes = config.capacity_bytes

@@ -28,7 +28,7 @@ from typing import Sequence
 import torch
 
 from radixkv.errors import CapacityError, ConfigError, InputError
-from radixkv.tiers.base import TierStats, check_payload_size
+from radixkv.tiers.base import TierStats, check_payload_size, config_or_options
 
 __all__ = ["MemoryTier", "MemoryTierConfig", "MemoryLease"]
 
@@ -134,10 +134,7 @@ class MemoryTier:
     """CPU-memory tier over one preallocated buffer (see the module docstring). Thread-safe."""
 
     def __init__(self, config: MemoryTierConfig | None = None, **kwargs: object) -> None:
-        if config is None:
-            config = MemoryTierConfig(**kwargs)  # type: ignore[arg-type]
-        elif kwargs:
-            raise ConfigError(f"pass either a MemoryTierConfig or keyword options, not both: {kwargs}")
+        config = config_or_options(MemoryTierConfig, config, kwargs)
         self.config = config
         self.name = config.name
         self.capacity_bytes = config.capacity_bytes
