@@ -24,6 +24,8 @@ one iterator for a whole batch while staying exact.
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import compress
+from operator import not_
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence
 
 from radixkv.errors import ConfigError
@@ -102,52 +104,64 @@ class LRUPolicy:
     """Least recently used *leaf* first; ties (one request's path) deepest first.
 
     This is SGLang's and LMCache's default, and vLLM APC's order. It is exact with lazy path touches:
-    nodes sit in an ordered dict by the time of their own last touch. Scanning from the oldest end, an
-    interior node is *parked* (set aside): its effective time is the newest touch in its subtree, which
-    is known only when its last child leaves. When that happens (:meth:`on_leaf`) every remaining child
-    was evicted from the old end, so the parent's effective time is no newer than anything left and it
-    re-enters at the old end. A parked node that is touched again re-enters at the new end.
+    leaves sit in an ordered dict by the time of their own last touch. An interior node is *parked*
+    (kept out of the order): its effective time is the newest touch in its subtree, which is known only
+    when its last child leaves. When that happens (:meth:`on_leaf`) every remaining child was evicted
+    from the old end, so the parent's effective time is no newer than anything left and it enters at
+    the old end. A parked node that is touched again enters at the new end.
+
+    Parking is implicit: a resident node that is not in the order is parked. So inserting a chain
+    costs one ordered-dict entry (its leaf), not one per chunk; an ordered node that gains a child
+    is parked when the scan reaches it.
     """
 
     name = "lru"
 
     def __init__(self) -> None:
         self._order: OrderedDict[int, None] = OrderedDict()
-        self._parked: set[int] = set()
         self._aside: list[int] = []  # skipped candidates, only during one candidates() run
+        self._resident = 0  # nodes in the tier: ordered + parked + aside
         self._is_leaf: Callable[[int], bool] = lambda _n: True
+        self._in_tier: Callable[[int], bool] = lambda _n: True
+        self._tchild: list[int] = []
 
     def bind(self, tree: RadixTree, tier_index: int) -> None:
         self._is_leaf = tree.tier_leaf_predicate(tier_index)
+        self._tchild = tree._tchild[tier_index]  # read-only view: children resident in the tier
+        mask, bit = tree._mask, 1 << tier_index
+        self._in_tier = lambda n: bool(mask[n] & bit)
 
     def __len__(self) -> int:
-        return len(self._order) + len(self._parked) + len(self._aside)
+        return self._resident
 
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
-        self._order.update(dict.fromkeys(node_ids))
+        self._resident += len(node_ids)
+        # Only tier leaves are ordered; a chain arrives root->leaf, so that is usually just its last
+        # node, and the rest are parked until on_leaf (or a touch) brings them in. C-level filter:
+        # no Python call per node.
+        self._order.update(dict.fromkeys(compress(node_ids, map(not_, map(self._tchild.__getitem__, node_ids)))))
 
     def on_access(self, node_id: int, now: int) -> None:
-        if node_id in self._parked:
-            self._parked.discard(node_id)
-            self._order[node_id] = None
+        order = self._order
+        if node_id in order:
+            order.move_to_end(node_id)
         else:
-            self._order.move_to_end(node_id)
+            order[node_id] = None
 
     def on_leaf(self, node_id: int) -> None:
-        if node_id in self._parked:
-            self._parked.discard(node_id)
-            self._order[node_id] = None
-            self._order.move_to_end(node_id, last=False)
+        order = self._order
+        if node_id not in order:
+            order[node_id] = None
+            order.move_to_end(node_id, last=False)
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
-        order, parked = self._order, self._parked
+        self._resident -= len(node_ids)
+        pop = self._order.pop
         for n in node_ids:
-            if n in order:
-                del order[n]
-            elif n in parked:
-                parked.discard(n)
-            elif n in self._aside:
-                self._aside.remove(n)
+            pop(n, None)
+        if self._aside:
+            gone = set(node_ids)
+            self._aside[:] = [n for n in self._aside if n not in gone]
 
     live_candidates = True
 
@@ -155,14 +169,13 @@ class LRUPolicy:
         # Always look at the current oldest entry, so the tree may evict what we yield (and
         # on_leaf may put a parent in front) between steps. A yielded node the tree skipped
         # (pinned) is set aside and put back in front when iteration ends.
-        order, parked, is_leaf = self._order, self._parked, self._is_leaf
+        order, is_leaf = self._order, self._is_leaf
         aside = self._aside
         try:
             while order:
                 n = next(iter(order))
                 if not is_leaf(n):
-                    del order[n]
-                    parked.add(n)
+                    del order[n]  # parked: it gained a child since it was ordered
                     continue
                 yield n
                 if n in order and next(iter(order)) == n:
@@ -175,8 +188,11 @@ class LRUPolicy:
                 order.move_to_end(n, last=False)
 
     def check_integrity(self) -> None:
-        both = self._parked.intersection(self._order)
-        assert not both, f"lru: {len(both)} nodes both parked and ordered, e.g. {sorted(both)[:5]}"
+        assert len(self._order) + len(self._aside) <= self._resident, (
+            f"lru: {len(self._order)} ordered + {len(self._aside)} aside > {self._resident} resident"
+        )
+        stale = [n for n in self._order if not self._in_tier(n)]
+        assert not stale, f"lru: {len(stale)} ordered nodes not resident in the tier, e.g. {stale[:5]}"
 
 
 # The other policies live in their own modules; importing them registers them by name.

@@ -123,6 +123,22 @@ class TestMatchInsert:
         with pytest.raises(InputError, match="another parent"):
             tree.insert(NS, keys[2:], "mem", 16, 10, parent_key=keys[0])
 
+    def test_refused_insert_leaves_the_tree_unchanged(self, tree):
+        keys = chain("a", 6)
+        tree.insert(NS, chain("z", 4), "mem", 16, 10)
+        tree.insert(NS, keys, "mem", 16, 10)
+        assert len(tree.evict("mem", 3).removed_node_ids) == 3  # z's: free slots the refused insert reuses
+        before = sorted(tree.items(NS))
+        for bad in (["b0", "b1", keys[4]], ["c0", "c1", "c0"], ["d0", 7], ["e0", ""]):
+            with pytest.raises(InputError):
+                tree.insert(NS, bad, "mem", 16, 10)
+            tree.check_integrity()
+            assert sorted(tree.items(NS)) == before
+        assert tree.match(NS, keys).hit_chunks == 6
+        # The slots survive for the next valid insert.
+        assert tree.insert(NS, chain("f", 5), "mem", 16, 10).inserted_chunks == 5
+        tree.check_integrity()
+
     @pytest.mark.parametrize(
         "kwargs, err, match",
         [
