@@ -621,44 +621,50 @@ class RadixTree:
                 removed.extend(r.removed_node_ids)
                 orphans.extend(r.orphaned_node_ids)
             return DropResult(tuple(removed), tuple(orphans))
-        evicted = 0
-        gen = self._eligible(t, drop=True)
+        # One loop, fused by hand: the policy's live iterator, the eligibility checks of _eligible
+        # (resident, tier leaf, unpinned, orphans nothing) and the lean removal of a tier leaf. This
+        # is the simulator's inner loop, so it avoids a generator layer and a call per eviction.
+        bit, mask, nchild, tchild = 1 << t, self._mask, self._nchild, self._tchild[t]
+        parent, size, key, ns, index = self._parent, self._size, self._key, self._ns, self._index
+        pins, free = self._pins, self._free
+        pol = self._policies[t]
+        on_remove, on_leaf = pol.on_remove, pol.on_leaf
+        evicted = freed_bytes = 0
+        gen = pol.candidates()
         try:
             for n in gen:
-                self._evict_one(n, t, removed)
+                m = mask[n]
+                if not m & bit or tchild[n] or (nchild[n] and m == bit):
+                    continue
+                if pins and n in pins and self.is_pinned(n):
+                    continue
+                on_remove((n,))
+                m = mask[n] = m & ~bit
+                freed_bytes += size[n]
+                p = parent[n]
+                if p != _NO_PARENT:
+                    tchild[p] -= 1
+                    if m == 0:
+                        nchild[p] -= 1
+                    if tchild[p] == 0 and mask[p] & bit:
+                        on_leaf(p)
+                if m == 0:
+                    del index[ns[n]][key[n]]  # type: ignore[index]
+                    if pins:
+                        pins.pop(n, None)
+                    key[n] = None
+                    ns[n] = None
+                    free.append(n)
+                    removed.append(n)
                 evicted += 1
                 if evicted >= n_chunks:
                     break
         finally:
             gen.close()
+            self._tier_bytes[t] -= freed_bytes
+            self._tier_chunks[t] -= evicted
         self.stats.removed_chunks += len(removed)
         return DropResult(tuple(removed), ())
-
-    def _evict_one(self, n: int, t: int, removed: list[int]) -> None:
-        """Lean path of clear_resident + _remove_nodes for one tier-leaf that orphans nothing."""
-        bit, mask = 1 << t, self._mask
-        pol = self._policies[t]
-        pol.on_remove((n,))
-        m = mask[n] = mask[n] & ~bit
-        size = self._size[n]
-        self._tier_bytes[t] -= size
-        self._tier_chunks[t] -= 1
-        p = self._parent[n]
-        if p != _NO_PARENT:
-            tchild = self._tchild[t]
-            tchild[p] -= 1
-            if m == 0:
-                self._nchild[p] -= 1
-            if tchild[p] == 0 and mask[p] & bit:
-                pol.on_leaf(p)
-        if m == 0:
-            del self._index[self._ns[n]][self._key[n]]  # type: ignore[index]
-            if self._pins:
-                self._pins.pop(n, None)
-            self._key[n] = None
-            self._ns[n] = None
-            self._free.append(n)
-            removed.append(n)
 
     # ------------------------------------------------------------------ pins
 
