@@ -1,16 +1,26 @@
 """Disk tier: one framed file per chunk under a directory (local disk or a shared filesystem).
 
-Layout: ``root/<namespace>/<h[0:2]>/<h[2:4]>/<key>.kv`` with ``h`` the xxh3_64 hex of the key. Each file
+Layout: ``root/<namespace>/<h[0:2]>/<key>.kv`` with ``h`` the xxh3_64 hex of the key (256 directories
+per namespace, made once: a deeper fan-out made nearly every put of a fresh cache pay a ``mkdir``). Each file
 is ``encode_header(namespace, key, payload) + payload`` (:mod:`radixkv.tiers.framing`). Directories are
 created 0700, files 0600.
 
-Crash safety: a put writes a temp file (``.<key>.<pid>.<thread>.<rand>.tmp``, ``O_EXCL``, same
-directory) with one ``writev`` of ``[header, payload]`` (no concatenation copy), optionally fsyncs it
-(``fsync=True``; off by default: after a power loss a committed file may be torn, which the checksum
-turns into a miss), then commits with ``os.replace``. Files are unlinked only after their replacement
-is committed. A reader reads the header, then the payload straight into the caller's buffer
-(``os.preadv``), and verifies identity, length and checksum: any mismatch is a miss, counted in
+Crash safety: a put writes a file nobody can see yet -- a new temp file
+(``.<key>.<pid>.<thread>.<rand>.tmp``, ``O_EXCL``, same directory) or a recycled one (below) --
+payload first, each block hashed while still in cache, header with the checksum last
+(:func:`radixkv.tiers.disk_io.write_frame`); optionally fsyncs it (``fsync=True``; off by default:
+after a power loss a committed file may be torn, which the checksum turns into a miss), then commits
+with ``os.replace``. A reader reads header and payload straight into the caller's buffer with one
+``preadv`` per block and verifies identity, length and checksum
+(:func:`radixkv.tiers.disk_io.read_frame`): any mismatch is a miss, counted in
 ``checksum_failures``, and the file is removed. Restart rebuilds the index by scanning headers.
+
+Recycling (``recycle=True``, the default unless shared): the file of a removed chunk (evicted,
+deleted, cleared) is renamed into ``root/.spare`` instead of unlinked, within the capacity; a later put
+overwrites the newest spare in place and renames it to its own name. Writing over page-cache pages
+that exist costs one copy; a new file also makes the kernel allocate (and a removed one free) every
+page. A reader that opened a file just before it was recycled reads bytes that fail its checks: a
+miss, never another chunk's bytes.
 
 Capacity: the index counts whole frame bytes (header + payload) of the files it knows, plus bytes of
 puts in flight; a put that would exceed ``capacity_bytes`` first evicts this tier's least-recently-used
@@ -43,6 +53,7 @@ import xxhash
 
 from radixkv.errors import CapacityError, ConfigError, InputError
 from radixkv.tiers.base import TierStats, check_payload_size, config_or_options
+from radixkv.tiers.disk_io import pread_all, pwrite_all, read_frame, write_frame
 from radixkv.tiers.framing import HEADER_BYTES, decode_header, encode_header, payload_checksum
 
 __all__ = ["DiskTier", "DiskTierConfig"]
@@ -50,7 +61,7 @@ __all__ = ["DiskTier", "DiskTierConfig"]
 _IDENT_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
 _SUFFIX = ".kv"
 _TMP_SUFFIX = ".tmp"
-_READ_BLOCK_BYTES = 512 << 10  # fits L2: a block is hashed right after it is read
+_SPARE_DIR = ".spare"  # recycled files (not an identifier: never walked as a namespace)
 _OVERLAP_BLOCK_BYTES = 2 << 20  # read-ahead unit of the overlapped get
 
 
@@ -59,7 +70,12 @@ class DiskTierConfig:
     """root: directory (created 0700 if missing); capacity_bytes: bound on indexed frame bytes;
     io_threads: parallel reads/writes of one batch; fsync: fsync each file before its commit rename;
     shared: other processes use the same directory; stale_temp_s: age after which a leftover temp
-    file (a crashed writer's) is removed by the startup scan. overlap_min_bytes: from this payload
+    file (a crashed writer's) is removed by the startup scan. recycle: keep the files of removed
+    chunks (evicted, deleted, cleared) aside in ``root/.spare`` within the capacity, and let later puts
+    overwrite them in place instead of creating new files: no page-cache pages are freed and
+    allocated again per put, which halves the cost of a put into the page cache (docs/sglang.md);
+    the spare files count in the capacity, are reused newest first, and are removed by ``close()``
+    and by the next start. Off in shared mode (the directory is not ours alone). overlap_min_bytes: from this payload
     size on, a put hashes the payload while a helper thread writes it and a get hashes block i while a
     helper reads block i+1 (xxh3 and pread/pwrite release the GIL). Off (None) by default: it can only
     pay off with idle cores, and on the loaded 2-core machine it was measured on, the hand-offs made
@@ -73,6 +89,7 @@ class DiskTierConfig:
     shared: bool = False
     stale_temp_s: float = 600.0
     overlap_min_bytes: int | None = None  # off: on a loaded 2-core VM the thread hand-offs cost more
+    recycle: bool = True
 
     def __post_init__(self) -> None:
         self.root = os.fspath(self.root)
@@ -117,31 +134,11 @@ def _check_ident(namespace: object, keys: object) -> None:
             raise InputError(f"key {k!r} must be 1-128 chars of [A-Za-z0-9_-] (a hex chunk key)")
 
 
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    done = 0
-    while done < data.nbytes:
-        done += os.pwritev(fd, [data[done:]], offset + done)
-
-
-def _pread_all(fd: int, data: memoryview, offset: int) -> bool:
-    done = 0
-    while done < data.nbytes:
-        n = os.preadv(fd, [data[done:]], offset + done)
-        if n <= 0:
-            return False  # end of file: truncated
-        done += n
-    return True
-
-
-def _write_all(fd: int, header: bytes, payload: memoryview) -> None:
-    parts: list[memoryview] = [memoryview(header), payload]
-    while parts:
-        n = os.writev(fd, parts)
-        while parts and n >= parts[0].nbytes:
-            n -= parts[0].nbytes
-            parts.pop(0)
-        if parts and n:
-            parts[0] = parts[0][n:]
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 class DiskTier:
@@ -153,6 +150,7 @@ class DiskTier:
         self.name = config.name
         self.capacity_bytes = config.capacity_bytes
         self.root = os.path.abspath(config.root)
+        self._prefix = os.path.join(self.root, "")  # root with one trailing separator
         self._lock = threading.Lock()
         self._index: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
         self._usage = 0
@@ -160,10 +158,18 @@ class DiskTier:
         self._ns_payload_bytes: dict[str, int] = {}
         self._dirs: set[str] = set()
         self._evicted: collections.deque[tuple[str, str]] = collections.deque(maxlen=1 << 16)
+        # Recycled files, oldest first: (path, size in bytes). Their bytes count in the capacity.
+        self._spares: collections.deque[tuple[str, int]] = collections.deque()
+        self._spare_bytes = 0
+        self._spare_seq = 0
+        self._recycle = config.recycle and not config.shared
+        self._spare_dir = os.path.join(self.root, _SPARE_DIR)
         self._stats = TierStats()
         self._stats.extra.update(evictions=0, evicted_bytes=0, evictions_unreported=0, scan_indexed=0, scan_skipped=0,
-                                 temp_removed=0, size_mismatches=0, adopted=0)
+                                 temp_removed=0, size_mismatches=0, adopted=0, recycled_puts=0)
         self._prepare_root()
+        if not config.shared:
+            self._reset_spares()
         self._pool = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"radixkv-{self.name}-io")
         # Helpers of the overlapped paths; only _pool's tasks submit here, so neither pool can deadlock.
         self._aux = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"radixkv-{self.name}-aux")
@@ -244,6 +250,9 @@ class DiskTier:
                 frame = self._index.pop((namespace, k), None)
                 if frame is not None:
                     self._usage -= frame
+                    if self._recycle_locked(self._path(namespace, k), frame):
+                        n += 1
+                        continue
                 try:
                     os.unlink(self._path(namespace, k))
                     n += 1
@@ -256,13 +265,14 @@ class DiskTier:
 
     def clear(self, namespace: str | None = None) -> None:
         with self._lock:
+            frames = {}
             for ident in [i for i in self._index if namespace is None or i[0] == namespace]:
-                self._usage -= self._index.pop(ident)
+                frames[ident] = self._index.pop(ident)
+                self._usage -= frames[ident]
             for ns, key, path in self._walk(namespace):
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+                frame = frames.get((ns, key))
+                if frame is None or not self._recycle_locked(path, frame):
+                    _unlink(path)
             if namespace is None:
                 self._ns_payload_bytes.clear()
             else:
@@ -293,16 +303,25 @@ class DiskTier:
             self._closed = True
         self._pool.shutdown(wait=True)
         self._aux.shutdown(wait=True)
+        with self._lock:
+            self._drop_spares_locked()
 
     def check_integrity(self) -> None:
         with self._lock:
             total = sum(self._index.values())
             if total != self._usage:
                 raise RuntimeError(f"usage {self._usage} != {total} summed over {len(self._index)} entries")
-            if self._reserved < 0 or self._usage + self._reserved > self.capacity_bytes:
+            if self._reserved < 0 or self._usage + self._reserved + self._spare_bytes > self.capacity_bytes:
                 raise RuntimeError(
-                    f"usage {self._usage} + reserved {self._reserved} exceeds capacity {self.capacity_bytes}"
+                    f"usage {self._usage} + reserved {self._reserved} + spare {self._spare_bytes} exceeds "
+                    f"capacity {self.capacity_bytes}"
                 )
+            if sum(size for _p, size in self._spares) != self._spare_bytes or (self._spares and not self._recycle):
+                raise RuntimeError(f"spare accounting: {self._spare_bytes} bytes recorded for {len(self._spares)} "
+                                   f"files (recycling {'on' if self._recycle else 'off'})")
+            for path, size in self._spares:
+                if os.stat(path).st_size != size:
+                    raise RuntimeError(f"spare {path}: size {os.stat(path).st_size} != recorded {size}")
             if self.config.shared:
                 return  # other processes add and remove files: the directory is not ours alone
             on_disk = {(ns, key): path for ns, key, path in self._walk(None)}
@@ -325,32 +344,51 @@ class DiskTier:
             if ident in self._index:
                 self._index.move_to_end(ident)
                 return True  # keys name content: present means the same bytes
-            if not self._make_room(frame):
+            ok, spare = self._reserve_locked(frame)
+            if not ok:
                 self._stats.put_failures += 1
                 return False
-            self._reserved += frame
         path = self._path(ns, key)
         tmp = None
         committed = False
         try:
-            tmp = self._temp_path(path)
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            except FileNotFoundError:  # a cached directory was removed behind our back: recreate once
-                self._dirs.discard(os.path.dirname(path))
+            fd = -1
+            if spare is not None:  # overwrite a recycled file in place: its page-cache pages stay
+                tmp, old_size = spare
+                try:
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
+                except OSError:
+                    _unlink(tmp)
+                    tmp = None
+            if fd < 0:
                 tmp = self._temp_path(path)
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                try:
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                except FileNotFoundError:  # a cached directory was removed behind our back: recreate once
+                    self._dirs.discard(os.path.dirname(path))
+                    tmp = self._temp_path(path)
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                old_size = 0
             try:
                 if self._overlap(payload.nbytes):
                     self._write_overlapped(fd, ns, key, payload)
                 else:
-                    _write_all(fd, encode_header(ns, key, payload, payload_checksum(payload)), payload)
+                    write_frame(fd, ns, key, payload)
+                if old_size > frame:
+                    os.ftruncate(fd, frame)
                 if self.config.fsync:
                     os.fsync(fd)
             finally:
                 os.close(fd)
+            if spare is not None:
+                self._ensure_dir(os.path.dirname(path))
             with self._lock:
-                os.replace(tmp, path)  # commit; under the lock so index and files agree
+                try:
+                    os.replace(tmp, path)  # commit; under the lock so index and files agree
+                except FileNotFoundError:  # the chunk's directory was removed behind our back
+                    self._dirs.discard(os.path.dirname(path))
+                    self._ensure_dir(os.path.dirname(path))
+                    os.replace(tmp, path)
                 committed = True
                 self._reserved -= frame
                 if ident not in self._index:
@@ -358,6 +396,7 @@ class DiskTier:
                     self._usage += frame
                 self._stats.puts += 1
                 self._stats.bytes_in += payload.nbytes
+                self._stats.extra["recycled_puts"] += spare is not None
             return True
         except OSError:  # disk full, I/O error, directory removed: a failed put, not an exception
             with self._lock:
@@ -366,10 +405,7 @@ class DiskTier:
                 self._stats.put_failures += 1
                 self._stats.errors += 1
             if tmp is not None and not committed:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
+                _unlink(tmp)
             return False
 
     def _overlap(self, nbytes: int) -> bool:
@@ -379,10 +415,10 @@ class DiskTier:
     def _write_overlapped(self, fd: int, ns: str, key: str, payload: memoryview) -> None:
         """Payload written by a helper while this thread hashes it; the header (which needs the
         checksum) goes last. Safe: the temp file is invisible until the commit rename."""
-        write = self._aux.submit(_pwrite_all, fd, payload, HEADER_BYTES + len(ns) + len(key))
+        write = self._aux.submit(pwrite_all, fd, payload, HEADER_BYTES + len(ns) + len(key))
         try:
             header = encode_header(ns, key, payload, payload_checksum(payload))
-            _pwrite_all(fd, memoryview(header), 0)
+            pwrite_all(fd, memoryview(header), 0)
         finally:
             write.result()  # always wait (and re-raise its OSError) before the caller closes fd
 
@@ -391,12 +427,12 @@ class DiskTier:
         Returns the xxh3-64 of the payload, or None if the file ended early."""
         hasher = xxhash.xxh3_64()
         blocks = [out[i : i + _OVERLAP_BLOCK_BYTES] for i in range(0, out.nbytes, _OVERLAP_BLOCK_BYTES)]
-        pending = self._aux.submit(_pread_all, fd, blocks[0], offset)
+        pending = self._aux.submit(pread_all, fd, blocks[0], offset)
         try:
             for i, block in enumerate(blocks):
                 ok = pending.result()
                 if i + 1 < len(blocks):
-                    pending = self._aux.submit(_pread_all, fd, blocks[i + 1],
+                    pending = self._aux.submit(pread_all, fd, blocks[i + 1],
                                                offset + (i + 1) * _OVERLAP_BLOCK_BYTES)
                 if not ok:
                     return None
@@ -436,36 +472,23 @@ class DiskTier:
 
     def _read_verified(self, fd: int, ns: str, key: str, out: memoryview) -> str:
         """"ok" (out holds the verified payload), "corrupt", or "mismatch" (another size)."""
-        header_len = HEADER_BYTES + len(ns) + len(key)
-        header = decode_header(os.pread(fd, header_len, 0))
-        if header is None or header.namespace != ns or header.key != key:
-            return "corrupt"
-        if header.payload_bytes != out.nbytes:
+        if self._overlap(out.nbytes):
+            header_len = HEADER_BYTES + len(ns) + len(key)
+            header = decode_header(os.pread(fd, header_len, 0))
+            if header is None or header.namespace != ns or header.key != key:
+                return "corrupt"
+            verdict = "mismatch" if header.payload_bytes != out.nbytes else "ok"
+            if verdict == "ok" and os.fstat(fd).st_size != header.frame_bytes:
+                return "corrupt"  # truncated or extended
+            if verdict == "ok":
+                digest = self._read_overlapped(fd, header_len, out)
+                verdict = "ok" if digest == header.checksum else "corrupt"
+        else:
+            verdict = read_frame(fd, ns, key, out)
+        if verdict == "mismatch":
             with self._lock:
                 self._stats.extra["size_mismatches"] += 1
-            return "mismatch"
-        if os.fstat(fd).st_size != header.frame_bytes:
-            return "corrupt"  # truncated or extended
-        if self._overlap(out.nbytes):
-            digest = self._read_overlapped(fd, header_len, out)
-            return "ok" if digest == header.checksum else "corrupt"
-        # Read in blocks and hash each block while it is still in cache: one pass over memory
-        # instead of two (read, then checksum).
-        hasher = xxhash.xxh3_64()
-        done = 0
-        while done < out.nbytes:
-            block = out[done : done + _READ_BLOCK_BYTES]
-            got = 0
-            while got < block.nbytes:
-                n = os.preadv(fd, [block[got:]], header_len + done + got)
-                if n <= 0:
-                    return "corrupt"
-                got += n
-            hasher.update(block)
-            done += got
-        if hasher.intdigest() != header.checksum:
-            return "corrupt"
-        return "ok"
+        return verdict
 
     def _quarantine(self, fd: int, path: str, ident: tuple[str, str]) -> None:
         with self._lock:
@@ -496,27 +519,121 @@ class DiskTier:
     # ----------------------------------------------------------------------------- internals
 
     def _run(self, fn: Callable[[int], bool], n: int) -> list[bool]:
-        if n <= 1:
+        """``fn(i)`` for every i, on up to ``io_threads`` threads (this one included), each taking
+        every k-th index: one hand-off per thread, not per chunk."""
+        k = min(self.config.io_threads, n)
+        if k <= 1:
             return [fn(i) for i in range(n)]
-        return list(self._pool.map(fn, range(n)))
+        out = [False] * n
 
-    def _make_room(self, frame: int) -> bool:
-        """Evict LRU entries until ``frame`` more bytes fit (lock held); False if puts in flight block it."""
-        while self._usage + self._reserved + frame > self.capacity_bytes:
+        def work(first: int) -> None:
+            for i in range(first, n, k):
+                out[i] = fn(i)
+
+        futures = [self._pool.submit(work, g) for g in range(1, k)]
+        try:
+            work(0)
+        finally:
+            for f in futures:
+                f.result()  # wait for all (re-raises a helper's exception) before returning
+        return out
+
+    def _reserve_locked(self, frame: int) -> tuple[bool, tuple[str, int] | None]:
+        """Reserve ``frame`` bytes for a put (lock held): take the newest spare file to overwrite,
+        then evict until the frame fits (the first victim becomes the spare when there is none).
+        The file overwritten becomes the frame (truncated if longer), so it needs room for the
+        larger of the two sizes, not their sum."""
+        spare = self._spares.pop() if self._spares else None
+        if spare is not None:
+            self._spare_bytes -= spare[1]
+        holder: list[tuple[str, int]] = []
+        if not self._make_room(max(frame, spare[1]) if spare else frame, None if spare else holder):
+            if spare is not None:
+                self._spares.append(spare)
+                self._spare_bytes += spare[1]
+            for path, _size in holder:
+                _unlink(path)
+            return False, None
+        self._reserved += frame
+        return True, spare or (holder[0] if holder else None)
+
+    def _make_room(self, frame: int, take_victim: list[tuple[str, int]] | None = None) -> bool:
+        """Drop spare files, then evict LRU entries, until ``frame`` more bytes fit (lock held); False
+        if puts in flight block it. With ``take_victim`` (an empty list) the first victim's file is
+        moved aside, appended there as ``(path, size)`` for the caller to overwrite into the frame."""
+        while self._usage + self._reserved + self._spare_bytes + frame > self.capacity_bytes:
+            if self._spares:
+                path, size = self._spares.popleft()
+                self._spare_bytes -= size
+                _unlink(path)
+                continue
             if not self._index:
                 return False
             ident, victim = self._index.popitem(last=False)
             self._usage -= victim
-            try:
-                os.unlink(self._path(*ident))
-            except OSError:
-                pass
+            aside = self._move_aside(self._path(*ident)) if take_victim is not None and not take_victim else None
+            if aside is not None:
+                take_victim.append((aside, victim))  # type: ignore[union-attr]
+                frame = max(frame, victim)  # the put overwrites this file: its bytes hold the frame
+            else:
+                _unlink(self._path(*ident))
             if len(self._evicted) == self._evicted.maxlen:
                 self._stats.extra["evictions_unreported"] += 1  # drain_evicted was not called in time
             self._evicted.append(ident)
             self._stats.extra["evictions"] += 1
             self._stats.extra["evicted_bytes"] += victim
         return True
+
+    def _recycle_locked(self, path: str, size: int) -> bool:
+        """Move a removed chunk's file aside for a later put to overwrite (lock held, its bytes
+        already out of the usage); False (nothing moved) when off or over the capacity."""
+        if self._usage + self._reserved + self._spare_bytes + size > self.capacity_bytes:
+            return False
+        spare = self._move_aside(path)
+        if spare is None:
+            return False
+        self._spares.append((spare, size))
+        self._spare_bytes += size
+        return True
+
+    def _move_aside(self, path: str) -> str | None:
+        """Rename a chunk file into the spare directory (lock held); None when recycling is off or
+        the rename fails."""
+        if not self._recycle:
+            return None
+        self._spare_seq += 1
+        spare = os.path.join(self._spare_dir, f"{self._spare_seq}.spare")
+        try:
+            os.rename(path, spare)
+        except OSError:
+            return None
+        return spare
+
+    def _reset_spares(self) -> None:
+        """Start with an empty spare directory (a previous process's spares are not ours to trust)."""
+        try:
+            names = os.listdir(self._spare_dir)
+        except FileNotFoundError:
+            names = []
+        except OSError:
+            self._recycle = False
+            return
+        for name in names:
+            _unlink(os.path.join(self._spare_dir, name))
+        if self._recycle:
+            try:
+                os.makedirs(self._spare_dir, mode=0o700, exist_ok=True)
+            except OSError:
+                self._recycle = False
+
+    def _drop_spares_locked(self) -> None:
+        while self._spares:
+            _unlink(self._spares.popleft()[0])
+        self._spare_bytes = 0
+
+    def _ensure_dir(self, d: str) -> None:
+        if d not in self._dirs:
+            self._mkdirs(d)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -528,22 +645,27 @@ class DiskTier:
 
     def _path(self, ns: str, key: str) -> str:
         h = xxhash.xxh3_64_hexdigest(key.encode("ascii"))
-        return os.path.join(self.root, ns, h[:2], h[2:4], key + _SUFFIX)
+        return f"{self._prefix}{ns}{os.sep}{h[:2]}{os.sep}{key}{_SUFFIX}"
 
     def _temp_path(self, path: str) -> str:
         d, base = os.path.split(path)
-        if d not in self._dirs:
-            self._mkdirs(d)
+        self._ensure_dir(d)
         tag = f"{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}"
         return os.path.join(d, f".{base[: -len(_SUFFIX)]}.{tag}{_TMP_SUFFIX}")
 
     def _mkdirs(self, d: str) -> None:
-        rel = os.path.relpath(d, self.root).split(os.sep)
-        cur = self.root
-        for part in rel:
-            cur = os.path.join(cur, part)
+        """Create ``d`` (0700) and any missing parents below the root: one mkdir when the parent exists."""
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            parent = os.path.dirname(d)
+            if len(parent) <= len(self.root):
+                raise  # the root itself is gone: a failed put, not a silent re-creation
+            self._mkdirs(parent)
             try:
-                os.mkdir(cur, 0o700)
+                os.mkdir(d, 0o700)
             except FileExistsError:
                 pass
         self._dirs.add(d)

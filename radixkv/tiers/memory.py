@@ -21,6 +21,7 @@ the caller guarantees nobody deletes the chunks (the hierarchical store's pin on
 
 from __future__ import annotations
 
+import mmap
 import threading
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -41,7 +42,11 @@ class MemoryTierConfig:
     unit_bytes: allocation granule of slabs; slab_target_bytes: preferred slab size (a slab is never
     smaller than one slot). pin: page-lock the buffer; None = pin when CUDA is available.
     prefault: touch every page at construction, so the capacity is really committed (no overcommit
-    surprise under load) and first puts do not pay page faults (pinned memory is always resident)."""
+    surprise under load) and first puts do not pay page faults (pinned memory is always resident).
+    huge_pages: back an unpinned buffer with an anonymous mapping advised ``MADV_HUGEPAGE``
+    (transparent 2 MiB pages where the kernel allows them; silently 4 KiB pages otherwise): copies
+    into the slots then miss the TLB 512x less often (measured: a 128 MiB batch of 512 KiB puts
+    29 -> 23 ms on this machine, docs/sglang.md). Pinned buffers are CUDA allocations and keep theirs."""
 
     capacity_bytes: int
     name: str = "mem"
@@ -49,6 +54,7 @@ class MemoryTierConfig:
     slab_target_bytes: int = 64 * _MiB
     pin: bool | None = None
     prefault: bool = True
+    huge_pages: bool = True
 
     def __post_init__(self) -> None:
         for attr in ("capacity_bytes", "unit_bytes", "slab_target_bytes"):
@@ -143,7 +149,12 @@ class MemoryTier:
             raise ConfigError(f"tier {self.name!r}: pin=True needs CUDA (page-locked memory is a CUDA "
                               "allocation) and none is available; use pin=None (auto) or pin=False")
         self.pinned = bool(pin)
-        self._buffer = torch.empty(config.capacity_bytes, dtype=torch.uint8, pin_memory=self.pinned)
+        self._mapping: mmap.mmap | None = None
+        self.huge_pages = False
+        if not self.pinned and config.huge_pages:
+            self._buffer = self._huge_buffer(config.capacity_bytes)
+        else:
+            self._buffer = torch.empty(config.capacity_bytes, dtype=torch.uint8, pin_memory=self.pinned)
         if config.prefault and not self.pinned:
             self._buffer.zero_()
         self._unit = config.unit_bytes
@@ -275,6 +286,7 @@ class MemoryTier:
             st.extra["chunks"] = len(self._index)
             st.extra["slabs"] = len(self._slabs)
             st.extra["slab_bytes"] = sum(s.n_units for s in self._slabs.values()) * self._unit
+            st.extra["huge_pages"] = int(self.huge_pages)
             st.extra["leased_dead_slots"] = len(self._dead)
             return st
 
@@ -325,6 +337,24 @@ class MemoryTier:
                 raise RuntimeError(f"usage {used_bytes} exceeds capacity {self.capacity_bytes}")
 
     # ----------------------------------------------------------------------------- internals
+
+    def _huge_buffer(self, nbytes: int) -> torch.Tensor:
+        """The buffer as an anonymous private mapping advised MADV_HUGEPAGE (plain torch memory if
+        the platform has no such advice). The mapping lives as long as the tier."""
+        advice = getattr(mmap, "MADV_HUGEPAGE", None)
+        if advice is None:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        try:
+            m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except (OSError, ValueError, AttributeError):
+            return torch.empty(nbytes, dtype=torch.uint8)
+        try:
+            m.madvise(advice)
+            self.huge_pages = True
+        except OSError:  # THP disabled ("never"): still a valid buffer of 4 KiB pages
+            pass
+        self._mapping = m
+        return torch.frombuffer(m, dtype=torch.uint8)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -65,12 +65,12 @@ def _umount(path: str) -> None:
 
 class TestFormat:
     def test_layout_permissions_and_header(self, tier, root):
-        """root/<ns>/<2 hex>/<2 hex>/<key>.kv, file 0600, dirs 0700, a valid header before the payload."""
+        """root/<ns>/<2 hex>/<key>.kv, file 0600, dirs 0700, a valid header before the payload."""
         p = pl(1)
         tier.put_many(NS, ["abc"], [p])
         path = tier._path(NS, "abc")
         rel = os.path.relpath(path, root).split(os.sep)
-        assert rel[0] == NS and len(rel[1]) == 2 and len(rel[2]) == 2 and rel[3] == "abc.kv"
+        assert len(rel) == 3 and rel[0] == NS and len(rel[1]) == 2 and rel[2] == "abc.kv"
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         for d in (root, os.path.join(root, NS), os.path.dirname(path)):
             assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
@@ -251,15 +251,15 @@ class TestConstructionErrors:
 
 
 class TestDiskFull:
-    def test_enospc_from_writev_degrades_to_failed_put(self, tier, monkeypatch):
+    def test_enospc_from_pwritev_degrades_to_failed_put(self, tier, monkeypatch):
         """ENOSPC mid-write: put returns False, no temp file left, accounting restored, later puts work."""
         tier.put_many(NS, ["ok"], [pl(0)])
-        real = os.writev
+        real = os.pwritev
 
-        def full(fd, bufs):
+        def full(fd, bufs, offset):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(disk_mod.os, "writev", full)
+        monkeypatch.setattr(disk_mod.os, "pwritev", full)
         assert tier.put_many(NS, ["a", "b"], [pl(1), pl(2)]) == [False, False]
         st = tier.stats()
         assert st.put_failures == 2 and st.errors == 2
@@ -267,7 +267,7 @@ class TestDiskFull:
         tier.check_integrity()
         for dirpath, _d, files in os.walk(tier.root):
             assert not [f for f in files if f.endswith(".tmp")], files
-        monkeypatch.setattr(disk_mod.os, "writev", real)
+        monkeypatch.setattr(disk_mod.os, "pwritev", real)
         assert tier.put_many(NS, ["a"], [pl(1)]) == [True]
 
     def test_real_enospc_on_tiny_tmpfs(self, tmp_path):

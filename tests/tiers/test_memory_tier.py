@@ -232,3 +232,20 @@ def test_buffer_pinned_with_cuda():
     out = [torch.empty(64 * KiB, dtype=torch.uint8)]
     assert t.get_many("ns", ["a"], out) == [True] and torch.equal(out[0], p)
     t.check_integrity()
+
+
+@pytest.mark.parametrize("huge", [True, False])
+def test_huge_page_buffer_round_trip(huge):
+    """An unpinned buffer is an anonymous mapping advised MADV_HUGEPAGE (or plain torch memory when
+    off); either way a chunk spanning 2 MiB boundaries round-trips exactly and the advice is reported."""
+    t = MemoryTier(capacity_bytes=8 << 20, unit_bytes=2 << 20, huge_pages=huge)
+    try:
+        assert t.stats().extra["huge_pages"] == int(t.huge_pages)
+        assert t.huge_pages == (huge and hasattr(__import__("mmap"), "MADV_HUGEPAGE"))
+        p = pl(3, 3 << 20)
+        assert t.put_many("ns", ["a"], [p]) == [True]
+        out = torch.zeros(3 << 20, dtype=torch.uint8)
+        assert t.get_many("ns", ["a"], [out]) == [True] and torch.equal(out, p)
+        t.check_integrity()
+    finally:
+        t.close()
