@@ -52,6 +52,9 @@ class OPTPolicy:
 
     name = "opt"
     offline = True  # needs the future: never a runtime policy (the contract suite skips it)
+    # One candidates() run survives the tree evicting each yielded node: a popped interior node can
+    # only become eligible through on_leaf (OPT models one tier), which re-pushes it.
+    live_candidates = True
 
     def __init__(self) -> None:
         self._heap: list[tuple[int, int, int]] = []  # (-next_use, -depth, node)
@@ -86,7 +89,11 @@ class OPTPolicy:
         pass  # the order depends on the future only
 
     def on_leaf(self, node_id: int) -> None:
-        pass
+        # A live candidates() run may have popped this node while it was interior; put its entry
+        # back so the same run sees it now that it is a leaf (a duplicate entry is skipped later).
+        e = self._cur.get(node_id)
+        if e is not None:
+            heapq.heappush(self._heap, e)
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
         cur = self._cur
