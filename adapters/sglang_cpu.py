@@ -7,6 +7,9 @@ scheduler does: ``write_storage`` -> backup thread -> backend; ``prefetch`` -> h
 host-slot allocation -> io-aux thread -> backend -> acks. Nothing here is a fake: the only code of
 ours on that path is the storage backend under test. (L1<->L2 kernels need CUDA and are not used.)
 
+:class:`HybridHarness` does the same with SGLang's ``HybridCacheController`` (KV pool plus sidecar
+pools), which drives the v2 storage calls (``batch_set_v2`` / ``batch_exists_v2`` / ``batch_get_v2``).
+
 Requires ``sglang==0.5.23``; imported only by tests and ``radixkv.bench.sglang``.
 """
 
@@ -23,6 +26,7 @@ import torch
 __all__ = [
     "PoolSpec",
     "ControllerHarness",
+    "HybridHarness",
     "PrefetchResult",
     "build_pools",
     "set_parallel_context",
@@ -237,5 +241,114 @@ class ControllerHarness:
 
     def close(self) -> None:
         """Detach the backend (stops the storage threads and calls the backend's close())."""
+        if self.controller.enable_storage or self.controller.storage_backend is not None:
+            self.controller.detach_storage_backend()
+
+
+class HybridHarness:
+    """SGLang's ``HybridCacheController`` (the controller of hybrid models: KV pool + sidecar pools
+    such as SWA or Mamba state) on CPU pools, with a storage backend attached.
+
+    ``sidecars`` maps a ``PoolName`` to the :class:`PoolSpec` of its host pool. The controller
+    registers every pool with the backend (``register_mem_host_pool_v2``) and drives the v2 calls
+    itself: ``batch_set_v2`` from its backup thread, ``batch_exists_v2`` from its hit query,
+    ``batch_get_v2`` from its io-aux thread, with the sidecar keys re-aligned to the hit
+    (``_sync_trailing_keys``) as in a server."""
+
+    def __init__(self, spec: PoolSpec, sidecars: dict, backend: str = "dynamic",
+                 extra_config: dict | None = None, model_name: str = "test-model") -> None:
+        from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+        from sglang.srt.mem_cache.hicache_storage import PoolName
+        from sglang.srt.mem_cache.pool_host import HostPoolGroup, PoolEntry
+
+        self.spec = spec
+        self._kv = PoolName.KV
+        self.pools = {PoolName.KV: build_pools(spec)}
+        self.pools.update({name: build_pools(s) for name, s in sidecars.items()})
+        entries = [PoolEntry(name, p.host_pool, p.device_pool, lambda layer: layer,
+                             is_primary_index_anchor=name == PoolName.KV) for name, p in self.pools.items()]
+        kv = self.pools[PoolName.KV]
+        self.controller = HybridCacheController(
+            kv.allocator, HostPoolGroup(entries), page_size=spec.page_size, tp_group=None,
+            load_cache_event=threading.Event(), write_policy="write_through", storage_backend=backend,
+            storage_backend_extra_config=dict(extra_config or {}), model_name=model_name,
+            prefetch_threshold=spec.page_size,
+        )
+        self._rid = 0
+
+    @property
+    def backend(self) -> Any:
+        return self.controller.storage_backend
+
+    def host_pool(self, name: Any) -> Any:
+        return self.pools[name].host_pool
+
+    def alloc(self, name: Any, n_tokens: int) -> torch.Tensor:
+        idx = self.host_pool(name).alloc(n_tokens)
+        if idx is None:
+            raise RuntimeError(f"host pool {name} full: cannot allocate {n_tokens} tokens")
+        return idx
+
+    def fill_random(self, name: Any, host_indices: torch.Tensor, seed: int) -> None:
+        pool, ps = self.host_pool(name), self.host_pool(name).page_size
+        gen = torch.Generator().manual_seed(seed)
+        for i in range(0, len(host_indices), ps):
+            page = pool.get_dummy_flat_data_page()
+            raw = torch.randint(0, 256, (page.numel() * page.element_size(),), dtype=torch.uint8, generator=gen)
+            pool.set_from_flat_data_page(int(host_indices[i]), raw.view(page.dtype))
+
+    def page_bytes_at(self, name: Any, host_indices: torch.Tensor) -> list[bytes]:
+        pool, ps = self.host_pool(name), self.host_pool(name).page_size
+        return [pool.get_data_page(int(host_indices[i]), flat=True).contiguous().view(torch.uint8).numpy().tobytes()
+                for i in range(0, len(host_indices), ps)]
+
+    def page_keys(self, tokens: list[int]) -> list[str]:
+        from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+        return get_storage_hash_str(tokens, None, page_size=self.spec.page_size)
+
+    def backup(self, tokens: list[int], host_indices: torch.Tensor, extra_pools: list | None,
+               timeout_s: float = 60.0) -> Any:
+        """``write_storage`` with sidecar transfers; returns the acked operation."""
+        c = self.controller
+        op_id = c.write_storage(host_indices, tokens, hash_value=self.page_keys(tokens), prefix_keys=None,
+                                extra_pools=extra_pools)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                op = c.ack_backup_queue.get(timeout=max(0.01, deadline - time.monotonic()))
+            except Empty:
+                raise TimeoutError(f"backup op {op_id} not acked within {timeout_s}s") from None
+            if op.id == op_id:
+                return op
+
+    def prefetch(self, tokens: list[int], extra_pools: list | None, timeout_s: float = 60.0) -> tuple[Any, list]:
+        """Hit query (``batch_exists_v2``), fresh KV host slots for the hit, read (KV then the
+        sidecars' ``batch_get_v2`` into their transfers' ``host_indices``); returns (operation, acks)."""
+        from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+
+        self._rid += 1
+        c = self.controller
+        op = c.prefetch(CacheRequestHandle(f"req-{self._rid}", 0), tokens, None, None, extra_pools=extra_pools)
+        got = c.prefetch_hit_queue.get(timeout=timeout_s)
+        assert got is op, "prefetch hit queue returned another request's operation"
+        acks: list = []
+        if op.storage_hit_count == 0:
+            return op, acks
+        op.host_indices = self.alloc(self._kv, op.storage_hit_count)
+        c.prefetch_buffer.put(op)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ack = c.ack_prefetch_queue.get(timeout=max(0.01, deadline - time.monotonic()))
+            except Empty:
+                raise TimeoutError(f"prefetch {op.request_id} not completed within {timeout_s}s") from None
+            if ack.rid != op.request_id:
+                continue
+            acks.append(ack)
+            if ack.completed_req:
+                return op, acks
+
+    def close(self) -> None:
         if self.controller.enable_storage or self.controller.storage_backend is not None:
             self.controller.detach_storage_backend()

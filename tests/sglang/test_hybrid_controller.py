@@ -1,0 +1,125 @@
+"""v2 storage path driven by SGLang's own HybridCacheController (hybrid models: KV + sidecar pools).
+
+SGLang 0.5.23's ``HybridCacheController`` runs on CPU pools: its backup thread calls ``batch_set_v2``
+for the sidecar pool (then ``batch_set_v1`` for KV), its hit query calls ``batch_exists_v2`` with the
+trailing-pages policy (SWA windows, Mamba states), and its io-aux thread reads KV then the sidecar with
+``batch_get_v2`` after re-aligning the sidecar keys to the hit. Every byte is checked, both pools.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("sglang.srt.mem_cache.hicache_storage", reason="needs sglang==0.5.23 (run inside .envs/sglang)")
+
+from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer  # noqa: E402
+
+from radixkv.adapters.sglang import RadixKVStore  # noqa: E402
+from radixkv.adapters.sglang_cpu import HybridHarness, PoolSpec  # noqa: E402
+
+from _helpers import disk_tier, extra_config, mem_tier, tokens, unwrap  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+PS = 4  # tokens per page
+WINDOW = 2  # sidecar pages kept per request: the trailing-pages policy
+
+
+def _harness(tmp_path, tier: str, layout: str) -> HybridHarness:
+    tiers = [mem_tier()] if tier == "mem" else [disk_tier(tmp_path / "l3")]
+    return HybridHarness(
+        PoolSpec(layout=layout, page_size=PS, host_tokens=256),
+        {PoolName.SWA: PoolSpec(layout="layer_first", page_size=PS, layers=1, heads=1, host_tokens=128)},
+        extra_config=extra_config(tiers),
+    )
+
+
+def _spy(h: HybridHarness, monkeypatch) -> dict[str, int]:
+    """Count the backend's v2 calls (the real methods still run)."""
+    backend = unwrap(h.backend)
+    calls = {"batch_set_v2": 0, "batch_exists_v2": 0, "batch_get_v2": 0}
+    for name in calls:
+        real = getattr(backend, name)
+
+        def counted(*a, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(backend, name, counted)
+    return calls
+
+
+def _swa(host_indices, keys) -> PoolTransfer:
+    return PoolTransfer(name=PoolName.SWA, host_indices=host_indices, keys=keys, hit_policy=PoolHitPolicy.TRAILING_PAGES)
+
+
+@pytest.mark.parametrize("tier", ["mem", "disk"])
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_controller_writes_queries_and_reads_kv_and_sidecar(tmp_path, monkeypatch, tier, layout):
+    h = _harness(tmp_path, tier, layout)
+    try:
+        assert isinstance(unwrap(h.backend), RadixKVStore)
+        assert set(unwrap(h.backend)._bindings) == {"kv", "swa"}  # registered by the controller
+        calls = _spy(h, monkeypatch)
+        toks = tokens(6 * PS, seed=81)
+        keys = h.page_keys(toks)
+        kv_src, swa_src = h.alloc(PoolName.KV, 6 * PS), h.alloc(PoolName.SWA, WINDOW * PS)
+        h.fill_random(PoolName.KV, kv_src, seed=1)
+        h.fill_random(PoolName.SWA, swa_src, seed=2)
+
+        op = h.backup(toks, kv_src, [_swa(swa_src, keys[-WINDOW:])])
+        assert op.completed_tokens == 6 * PS
+        assert op.pool_storage_result.extra_pool_hit_pages == {"swa": WINDOW}
+
+        swa_dst = h.alloc(PoolName.SWA, WINDOW * PS)
+        h.fill_random(PoolName.SWA, swa_dst, seed=99)  # junk: a no-op read cannot pass
+        pop, acks = h.prefetch(toks, [_swa(swa_dst, keys[-WINDOW:])])
+        assert pop.storage_hit_count == 6 * PS
+        assert pop.query_pool_hit_pages[PoolName.SWA] == 6
+        assert max(a.completed_tokens or 0 for a in acks) == 6 * PS
+        assert [a.pool_hits["swa"] for a in acks if a.pool_hits] == [WINDOW]
+        assert h.page_bytes_at(PoolName.KV, pop.host_indices) == h.page_bytes_at(PoolName.KV, kv_src)
+        assert h.page_bytes_at(PoolName.SWA, swa_dst) == h.page_bytes_at(PoolName.SWA, swa_src)
+        assert calls["batch_set_v2"] >= 1 and calls["batch_exists_v2"] >= 1 and calls["batch_get_v2"] >= 1
+        assert unwrap(h.backend).counters["failed_calls"] == 0
+        unwrap(h.backend).check_integrity()
+    finally:
+        h.close()
+
+
+def test_kv_without_its_sidecar_is_not_restorable(tmp_path):
+    """KV pages stored without the sidecar state: the trailing-pages query finds nothing restorable,
+    so the controller loads nothing (a hybrid model cannot resume from KV alone)."""
+    h = _harness(tmp_path, "mem", "page_first")
+    try:
+        toks = tokens(6 * PS, seed=82)
+        kv_src = h.alloc(PoolName.KV, 6 * PS)
+        h.fill_random(PoolName.KV, kv_src, seed=3)
+        assert h.backup(toks, kv_src, None).completed_tokens == 6 * PS
+        swa_dst = h.alloc(PoolName.SWA, WINDOW * PS)
+        pop, acks = h.prefetch(toks, [_swa(swa_dst, h.page_keys(toks)[-WINDOW:])])
+        assert pop.storage_hit_count == 0 and acks == []
+    finally:
+        h.close()
+
+
+def test_longer_request_resumes_at_the_stored_window(tmp_path):
+    """Stored: 6 pages with the window at pages 5-6. A request for 8 pages hits 6, and the controller
+    re-aligns the sidecar keys to pages 5-6 before batch_get_v2: those exact bytes come back."""
+    h = _harness(tmp_path, "disk", "page_first")
+    try:
+        toks = tokens(8 * PS, seed=83)
+        keys = h.page_keys(toks)
+        kv_src, swa_src = h.alloc(PoolName.KV, 6 * PS), h.alloc(PoolName.SWA, WINDOW * PS)
+        h.fill_random(PoolName.KV, kv_src, seed=4)
+        h.fill_random(PoolName.SWA, swa_src, seed=5)
+        h.backup(toks[: 6 * PS], kv_src, [_swa(swa_src, keys[4:6])])
+        swa_dst = h.alloc(PoolName.SWA, WINDOW * PS)
+        ask = _swa(swa_dst, keys[-WINDOW:])  # the window of the full 8-page request
+        pop, _acks = h.prefetch(toks, [ask])
+        assert pop.storage_hit_count == 6 * PS
+        assert ask.keys == keys[4:6]  # re-aligned by SGLang to the hit
+        assert h.page_bytes_at(PoolName.KV, pop.host_indices) == h.page_bytes_at(PoolName.KV, kv_src)
+        assert h.page_bytes_at(PoolName.SWA, swa_dst) == h.page_bytes_at(PoolName.SWA, swa_src)
+    finally:
+        h.close()
