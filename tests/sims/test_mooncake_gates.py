@@ -41,3 +41,16 @@ def test_agedref_beats_lru_at_small_capacities(mooncake_trace):
     got = [p.block_hit_rate for p in points]
     assert got == pytest.approx([0.0912, 0.2197, 0.2937], abs=TOL)
     assert all(g > lru / 100 for g, lru in zip(got, LRU))
+
+
+@pytest.mark.slow
+def test_oddsref_results_on_the_trace(mooncake_trace):
+    """The documented oddsref results (docs/simulator.md): above agedref's and LRU's at 1 / 5 / 10 %,
+    20 % of the LRU-to-OPT gap at 10 % (the issue's 30 / 20 % targets at 1 / 5 % are not met)."""
+    caps = [parse_capacity(c, mooncake_trace.unique_blocks, None) for c in CAPS[:3]]
+    points = run_sweep(mooncake_trace, ["oddsref"], caps, jobs=2)
+    got = [p.block_hit_rate for p in points]
+    assert got == pytest.approx([0.0928, 0.2236, 0.2966], abs=TOL)
+    assert all(g > agedref for g, agedref in zip(got, [0.0912, 0.2197, 0.2937]))
+    gap_closed = [(g - lru / 100) / ((opt - lru) / 100) for g, lru, opt in zip(got, LRU, OPT)]
+    assert gap_closed[2] >= 0.20 and all(0 < c < 1 for c in gap_closed)

@@ -1,0 +1,152 @@
+"""``oddsref``: agedref plus a learned bypass of fresh chunks from request classes that rarely return.
+
+Imported by :mod:`radixkv.policy_heap` (which registers it); see :mod:`radixkv.policies` for the
+protocol and docs/simulator.md ("Beyond LRU") for the measurements.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Sequence
+
+from radixkv.errors import ConfigError
+from radixkv.policies import register_policy
+from radixkv.policy_heap import AgedRefPolicy
+
+if TYPE_CHECKING:
+    from radixkv.tree import RadixTree
+
+_Class = tuple[int, int]
+
+
+@register_policy("oddsref")
+class OddsRefPolicy(AgedRefPolicy):
+    """agedref whose *fresh* chunks (created by a request, never reused since) are ordered by the
+    learned reuse odds of the request class that created them.
+
+    Signal. Every request that brings new chunks has a class: ``(log2(1 + children of the chunk its hit
+    ended at), log2(1 + number of new chunks))``, i.e. how many different continuations the shared
+    prefix it extends already has (a generic system prompt with thousands of continuations versus a
+    specific document or conversation with a few), and how much new text it adds. Per class the
+    policy counts the fresh chunks it created and how many of them were reused later (a later
+    request's hit covering them, or their key coming back through the ghost history), with
+    exponential forgetting (``class_decay`` per 1,024 requests). A fresh chunk of a class whose odds of
+    reuse are below the average fresh chunk's gets its priority lowered by
+    ``odds_weight * count_weight * H * log2(odds_class / odds_all)`` (H the adaptive half-life): it
+    is evicted before fresh chunks of classes that do return, which is admission control (bypass)
+    learned online; classes above average are not promoted (that let them flood the cache of
+    agent loops). Once a chunk is reused it is ordered exactly as in ``agedref``.
+
+    Every other rule (aged reference counts, adaptive H, ghost history, partial chunks first) is
+    agedref's. Extra state: one class per fresh chunk (also kept for ghosts), a table of classes.
+    """
+
+    def __init__(self, odds_weight: float = 1.0, class_decay: float = 0.9, **agedref_options: float) -> None:
+        super().__init__(**agedref_options)
+        if not odds_weight >= 0:
+            raise ConfigError(f"oddsref: odds_weight={odds_weight!r} must be >= 0")
+        if not 0.0 < class_decay <= 1.0:
+            raise ConfigError(f"oddsref: class_decay={class_decay!r} must be in (0, 1]")
+        self._beta = float(odds_weight)
+        self._decay = float(class_decay)
+        self._cls: dict[int, _Class] = {}  # fresh resident chunk -> class of the request that made it
+        self._ghost_cls: OrderedDict[tuple[str | None, str | None], _Class] = OrderedDict()
+        self._made: dict[_Class, float] = {}  # fresh chunks created per class (decayed)
+        self._used: dict[_Class, float] = {}  # of those, reused later (decayed)
+        self._made_all = 0.0
+        self._used_all = 0.0
+        self._requests = 0
+        self._new: Sequence[int] = ()  # fresh chunks of the request being inserted
+        self._children = lambda _n: 0
+
+    def bind(self, tree: RadixTree, tier_index: int) -> None:
+        super().bind(tree, tier_index)
+        self._children = tree.node_children_alive
+
+    def class_odds(self) -> dict[_Class, float]:
+        """Learned reuse probability of fresh chunks per class (for tests and inspection)."""
+        return {c: (self._used.get(c, 0.0) + 1.0) / (m + 2.0) for c, m in self._made.items()}
+
+    def _penalty(self, c: _Class) -> float:
+        p = (self._used.get(c, 0.0) + 1.0) / (self._made.get(c, 0.0) + 2.0)
+        pa = (self._used_all + 1.0) / (self._made_all + 2.0)
+        b = math.log2((p / (1.0 - p)) / (pa / (1.0 - pa))) if p < 1.0 and pa < 1.0 else 0.0
+        return min(0.0, self._beta * b)
+
+    def _credit(self, c: _Class) -> None:
+        self._used[c] = self._used.get(c, 0.0) + 1.0
+        self._used_all += 1.0
+
+    def _credit_path(self, q: int) -> None:
+        # A request's hit covered q and its ancestors: the fresh ones among them are reused.
+        cls, parent = self._cls, self._parent
+        while q >= 0 and q in cls:
+            self._credit(cls.pop(q))
+            q = parent[q]
+
+    def _prio(self, n: int) -> float:
+        s = super()._prio(n)
+        c = self._cls.get(n)
+        if c is not None and s > -math.inf and self._tokens[n] >= self._full_tokens:
+            s += self._w * self._h * self._penalty(c)
+        return s
+
+    def _admit(self, node_ids: Sequence[int], now: int) -> None:
+        if not node_ids:
+            return
+        boundary = self._parent[node_ids[0]]
+        super()._admit(node_ids, now)
+        full, tokens = self._full_tokens, self._tokens
+        if tokens[node_ids[0]] < full:
+            return  # a request's partial tail, inserted on its own: never classed
+        ns, keys = self._ns, self._keys
+        fresh = []
+        for n in node_ids:
+            if tokens[n] < full:
+                continue
+            if n in self._restored:  # back from the ghost history: reused, credit its class once
+                c = self._ghost_cls.pop((ns[n], keys[n]), None)
+                if c is not None:
+                    self._credit(c)
+            else:
+                fresh.append(n)
+        self._credit_path(boundary)
+        self._new = fresh
+        if not fresh:
+            return
+        fan_out = self._children(boundary) if boundary >= 0 else 0
+        c = (int(math.log2(fan_out + 1)), int(math.log2(len(fresh) + 1)))
+        for n in fresh:
+            self._cls[n] = c
+        self._made[c] = self._made.get(c, 0.0) + len(fresh)
+        self._made_all += len(fresh)
+
+    def _touch(self, n: int, now: int) -> None:
+        super()._touch(n, now)
+        if self._tokens[n] < self._full_tokens:
+            return
+        if n in self._cls and n not in self._new:
+            self._credit_path(n)  # a request wholly hit (no new chunks): its path is reused
+        self._new = ()
+        self._requests += 1
+        if self._requests % 1024 == 0 and self._decay < 1.0:
+            d = self._decay
+            self._made = {c: v * d for c, v in self._made.items()}
+            self._used = {c: v * d for c, v in self._used.items()}
+            self._made_all *= d
+            self._used_all *= d
+
+    def _forget(self, n: int, entry: tuple[float, int, int] | None) -> None:
+        c = self._cls.pop(n, None)
+        if c is not None and self._ghost_factor:
+            ghost = self._ghost_cls
+            ghost[(self._ns[n], self._keys[n])] = c
+            if len(ghost) > self._ghost_factor * len(self._entry) + 64:
+                ghost.popitem(last=False)
+        super()._forget(n, entry)
+
+    def check_integrity(self) -> None:
+        super().check_integrity()
+        stray = set(self._cls).difference(self._entry)
+        assert not stray, f"oddsref: {len(stray)} classed chunks not resident, e.g. {sorted(stray)[:5]}"
