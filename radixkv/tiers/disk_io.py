@@ -9,15 +9,16 @@ Both directions touch each payload byte from DRAM once, and hash it while it is 
 * read: one ``preadv`` fills the header and the first payload block (and probes one byte past the
   frame's end, so a file of the wrong size needs no ``fstat``); each block is hashed right after it
   is read. Any mismatch of identity, length or checksum is a verdict, never an exception or data.
+
+Hashing releases the GIL for large blocks (:func:`radixkv.tiers.framing.payload_checksum`), so the
+tier's I/O threads overlap one chunk's hashing with another's system calls on separate cores.
 """
 
 from __future__ import annotations
 
 import os
 
-import xxhash
-
-from radixkv.tiers.framing import HEADER_BYTES, decode_header, encode_header
+from radixkv.tiers.framing import HEADER_BYTES, Hasher, decode_header, encode_header, payload_checksum
 
 __all__ = ["BLOCK_BYTES", "pwrite_all", "pread_all", "write_frame", "read_frame"]
 
@@ -47,9 +48,9 @@ def write_frame(fd: int, ns: str, key: str, payload: memoryview) -> None:
     n = payload.nbytes
     if n <= BLOCK_BYTES:
         pwrite_all(fd, payload, at)
-        checksum = xxhash.xxh3_64_intdigest(payload)
+        checksum = payload_checksum(payload)
     else:
-        hasher = xxhash.xxh3_64()
+        hasher = Hasher()
         for off in range(0, n, BLOCK_BYTES):
             block = payload[off : off + BLOCK_BYTES]
             pwrite_all(fd, block, at + off)
@@ -82,13 +83,13 @@ def read_frame(fd: int, ns: str, key: str, out: memoryview) -> str:
                 return "corrupt"  # extended, or truncated
             if os.fstat(fd).st_size != header.frame_bytes:  # a short read: check the size the slow way
                 return "corrupt"
-        return "ok" if xxhash.xxh3_64_intdigest(out) == header.checksum else "corrupt"
+        return "ok" if payload_checksum(out) == header.checksum else "corrupt"
     if os.fstat(fd).st_size != header.frame_bytes:
         return "corrupt"
     done = got - header_len
     if done < first.nbytes and not pread_all(fd, first[done:], header_len + done):
         return "corrupt"
-    hasher = xxhash.xxh3_64()
+    hasher = Hasher()
     hasher.update(first)
     for off in range(first.nbytes, n, BLOCK_BYTES):
         block = out[off : off + BLOCK_BYTES]

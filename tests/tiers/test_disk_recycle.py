@@ -187,3 +187,35 @@ class TestFrameIO:
             with open(p, "wb") as f:
                 f.write(damaged)
             assert self._read(p, "k", nbytes)[0] == "corrupt"
+
+
+class TestChecksum:
+    """The GIL-free xxh3 path must give exactly the binding's digests (frames written by either verify)."""
+
+    @pytest.mark.parametrize("nbytes", [0, 1, 100, 64 * KiB - 1, 64 * KiB, 1 << 20, (3 << 20) + 5])
+    def test_checksum_and_stream_equal_the_binding(self, nbytes):
+        import xxhash
+
+        from radixkv.tiers.framing import Hasher, payload_checksum
+
+        data = pl(nbytes, nbytes) if nbytes else torch.zeros(0, dtype=torch.uint8)
+        mv = memoryview(data.numpy())
+        want = xxhash.xxh3_64_intdigest(mv)
+        assert payload_checksum(mv) == want
+        assert payload_checksum(bytes(mv)) == want  # read-only buffer: the binding
+        h = Hasher()
+        cut = nbytes // 3
+        h.update(mv[:cut])
+        h.update(bytes(mv[cut : 2 * cut]))
+        h.update(mv[2 * cut :])
+        assert h.intdigest() == want
+
+    def test_gil_free_path_is_active_where_the_extension_exports_xxh3(self):
+        import ctypes
+
+        import xxhash._xxhash as ext
+
+        from radixkv.tiers.framing import GIL_FREE_HASH
+
+        exported = hasattr(ctypes.CDLL(ext.__file__), "XXH3_64bits")
+        assert GIL_FREE_HASH == exported
