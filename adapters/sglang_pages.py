@@ -30,6 +30,7 @@ from radixkv.errors import InputError
 __all__ = ["PagePlan", "plan_for", "segment_keys", "MAX_DIRECT_SEGMENTS"]
 
 MAX_DIRECT_SEGMENTS = 2
+_VIEW_CACHE_PAGES = 1 << 16  # bound on cached page views per plan (a few MB of tensor headers)
 
 
 def segment_keys(page_keys: Sequence[str], n_segments: int) -> list[str]:
@@ -60,6 +61,7 @@ class PagePlan:
     _base: torch.Tensor | None = None   # the pool's kv_buffer as flat uint8
     _limit: int = 0
     _affine: tuple[tuple[int, int], ...] = ()  # per segment: (byte offset at token 0, bytes per token)
+    _views: dict[int, list[torch.Tensor]] | None = None  # page start token -> its segment views
 
     @property
     def tag(self) -> str:
@@ -81,13 +83,23 @@ class PagePlan:
         Offsets are affine in the page's token index (checked against ``get_page_buffer_meta`` when
         the plan is made), so no per-call metadata walk is needed."""
         base, n, sb = self._base, self._limit, self.segment_bytes
-        out = []
+        if self._views is None:
+            self._views = {}
+        cache = self._views
+        out: list[torch.Tensor] = []
         for s in starts:
-            for off0, stride in self._affine:
-                off = off0 + s * stride
-                if off < 0 or off + sb > n:
-                    raise InputError(f"host page at token {s} maps outside the pool's kv_buffer ({off}+{sb} > {n})")
-                out.append(base[off : off + sb])  # type: ignore[index]
+            segs = cache.get(s)
+            if segs is None:  # a page's views are made once (slicing costs microseconds per call)
+                segs = []
+                for off0, stride in self._affine:
+                    off = off0 + s * stride
+                    if off < 0 or off + sb > n:
+                        raise InputError(f"host page at token {s} maps outside the pool's kv_buffer ({off}+{sb} > {n})")
+                    segs.append(base[off : off + sb])  # type: ignore[index]
+                if len(cache) >= _VIEW_CACHE_PAGES:
+                    cache.clear()
+                cache[s] = segs
+            out.extend(segs)
         return out
 
     def views(self, starts: Sequence[int]) -> list[torch.Tensor]:

@@ -76,6 +76,7 @@ class _Slab:
     offset_bytes: int
     free: list[int]  # recycled slot indices (< fresh)
     fresh: int = 0  # slots [fresh, n_slots) were never handed out: no O(n_slots) list per slab
+    views: dict[int, torch.Tensor] = field(default_factory=dict)  # slot index -> its bytes, made once
     used: int = 0  # slots published, being written, or freed-but-leased
 
     def has_free(self) -> bool:
@@ -441,7 +442,10 @@ class MemoryTier:
         if not slab.has_free():
             partial.discard(sid)
         offset = slab.offset_bytes + idx * slot_bytes
-        return _Slot(sid, idx, offset, slot_bytes, self._buffer[offset : offset + slot_bytes])
+        view = slab.views.get(idx)
+        if view is None:  # slicing a tensor costs microseconds: a recycled slot reuses its view
+            view = slab.views[idx] = self._buffer[offset : offset + slot_bytes]
+        return _Slot(sid, idx, offset, slot_bytes, view)
 
     def _free(self, slot: _Slot) -> None:
         slab = self._slabs[slot.slab_id]
