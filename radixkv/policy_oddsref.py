@@ -17,7 +17,7 @@ from radixkv.policy_heap import AgedRefPolicy
 if TYPE_CHECKING:
     from radixkv.tree import RadixTree
 
-_Class = tuple[int, int]
+_Class = tuple[int, int, int]
 
 
 @register_policy("oddsref")
@@ -26,9 +26,10 @@ class OddsRefPolicy(AgedRefPolicy):
     learned reuse odds of the request class that created them.
 
     Signal. Every request that brings new chunks has a class: ``(log2(1 + children of the chunk its hit
-    ended at), log2(1 + number of new chunks))``, i.e. how many different continuations the shared
-    prefix it extends already has (a generic system prompt with thousands of continuations versus a
-    specific document or conversation with a few), and how much new text it adds. Per class the
+    ended at), log2(1 + number of new chunks), log2(depth of the first new chunk))``, i.e. how many
+    different continuations the shared prefix it extends already has (a generic system prompt with
+    thousands of continuations versus a specific document or conversation with a few), how much new
+    text it adds, and how deep in the prompt the new text starts. Per class the
     policy counts the fresh chunks it created and how many of them were reused later (a later
     request's hit covering them, or their key coming back through the ghost history), with
     exponential forgetting (``class_decay`` per 1,024 requests). A fresh chunk of a class whose odds of
@@ -116,7 +117,7 @@ class OddsRefPolicy(AgedRefPolicy):
         if not fresh:
             return
         fan_out = self._children(boundary) if boundary >= 0 else 0
-        c = (int(math.log2(fan_out + 1)), int(math.log2(len(fresh) + 1)))
+        c = (int(math.log2(fan_out + 1)), int(math.log2(len(fresh) + 1)), int(math.log2(self._depth[fresh[0]])))
         for n in fresh:
             self._cls[n] = c
         self._made[c] = self._made.get(c, 0.0) + len(fresh)
