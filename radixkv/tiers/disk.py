@@ -157,6 +157,7 @@ class DiskTier:
         self._reserved = 0
         self._ns_payload_bytes: dict[str, int] = {}
         self._dirs: set[str] = set()
+        self._ns_dirs: set[str] = set()  # namespaces whose 256 directories were made
         self._evicted: collections.deque[tuple[str, str]] = collections.deque(maxlen=1 << 16)
         # Recycled files, oldest first: (path, size in bytes). Their bytes count in the capacity.
         self._spares: collections.deque[tuple[str, int]] = collections.deque()
@@ -201,6 +202,10 @@ class DiskTier:
                 if first_put:
                     del self._ns_payload_bytes[namespace]
                 raise
+            fresh_ns = namespace not in self._ns_dirs
+            self._ns_dirs.add(namespace)
+        if fresh_ns:
+            self._make_ns_dirs(namespace)
         ok = self._run(lambda i: self._put_one(namespace, keys[i], views[i]), len(keys))
         if len(keys) > 1:  # parallel writes publish in completion order: make recency follow the batch
             with self._lock:
@@ -630,6 +635,15 @@ class DiskTier:
         while self._spares:
             _unlink(self._spares.popleft()[0])
         self._spare_bytes = 0
+
+    def _make_ns_dirs(self, ns: str) -> None:
+        """Make a namespace's 256 directories at its first put in this process: otherwise the first
+        few hundred puts each pay a ``mkdir`` (a journaled metadata write), measured at 0.1-0.4 ms."""
+        for i in range(256):
+            try:
+                self._ensure_dir(f"{self._prefix}{ns}{os.sep}{i:02x}")
+            except OSError:
+                return  # a put will retry (and fail cleanly) on its own directory
 
     def _ensure_dir(self, d: str) -> None:
         if d not in self._dirs:
