@@ -67,17 +67,24 @@ class OddsRefPolicy(AgedRefPolicy):
 
     def class_odds(self) -> dict[_Class, float]:
         """Learned reuse probability of fresh chunks per class (for tests and inspection)."""
-        return {c: (self._used.get(c, 0.0) + 1.0) / (m + 2.0) for c, m in self._made.items()}
+        return {c: self._p(c) for c in self._made}
+
+    def _p(self, c: _Class) -> float:
+        # Laplace's rule: a class seen rarely starts near even odds, i.e. is not demoted on little data.
+        return (self._used.get(c, 0.0) + 1.0) / (self._made.get(c, 0.0) + 2.0)
 
     def _penalty(self, c: _Class) -> float:
-        p = (self._used.get(c, 0.0) + 1.0) / (self._made.get(c, 0.0) + 2.0)
-        pa = (self._used_all + 1.0) / (self._made_all + 2.0)
+        p, pa = self._p(c), (self._used_all + 1.0) / (self._made_all + 2.0)
         b = math.log2((p / (1.0 - p)) / (pa / (1.0 - pa))) if p < 1.0 and pa < 1.0 else 0.0
         return min(0.0, self._beta * b)
 
     def _credit(self, c: _Class) -> None:
         self._used[c] = self._used.get(c, 0.0) + 1.0
         self._used_all += 1.0
+
+    def _classify(self, boundary: int, fresh: Sequence[int]) -> _Class:
+        fan_out = self._children(boundary) if boundary >= 0 else 0
+        return (int(math.log2(fan_out + 1)), int(math.log2(len(fresh) + 1)), int(math.log2(self._depth[fresh[0]])))
 
     def _credit_path(self, q: int) -> None:
         # A request's hit covered q and its ancestors: the fresh ones among them are reused.
@@ -116,8 +123,7 @@ class OddsRefPolicy(AgedRefPolicy):
         self._new = fresh
         if not fresh:
             return
-        fan_out = self._children(boundary) if boundary >= 0 else 0
-        c = (int(math.log2(fan_out + 1)), int(math.log2(len(fresh) + 1)), int(math.log2(self._depth[fresh[0]])))
+        c = self._classify(boundary, fresh)
         for n in fresh:
             self._cls[n] = c
         self._made[c] = self._made.get(c, 0.0) + len(fresh)

@@ -25,7 +25,7 @@ def test_agedref_and_oddsref_at_least_lru(name):
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_oddsref_above_lru_on_another_seed(name):
-    # seed 2: oddsref's margins over LRU at 1-10 % are +141 blocks (chat, 10 %) or more.
+    # seed 2: oddsref's margins over LRU at 1-10 % are +179 blocks (chat, 10 %) or more.
     trace = generate(name, WorkloadConfig(requests=1500, seed=2))
     caps = [parse_capacity(c, trace.unique_blocks, None) for c in ("1%", "5%", "10%")]
     points = run_sweep(trace, ["lru", "oddsref"], caps, jobs=1)
