@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from radixkv.tiers.framing import HEADER_BYTES, Hasher, decode_header, encode_header, payload_checksum
+from radixkv.tiers.framing import HEADER_BYTES, Hasher, check_header, encode_header, payload_checksum
 
 __all__ = ["BLOCK_BYTES", "pwrite_all", "pread_all", "write_frame", "read_frame"]
 
@@ -72,19 +72,21 @@ def read_frame(fd: int, ns: str, key: str, out: memoryview) -> str:
     got = os.preadv(fd, [head, first, probe] if whole else [head, first], 0)
     if got < header_len:
         return "corrupt"
-    header = decode_header(head)
-    if header is None or header.namespace != ns or header.key != key:
+    header = check_header(head, ns, key)
+    if header is None:
         return "corrupt"
-    if header.payload_bytes != n:
+    payload_bytes, checksum = header
+    if payload_bytes != n:
         return "mismatch"
+    frame_bytes = header_len + n
     if whole:
-        if got != header_len + n:
-            if got > header_len + n or not pread_all(fd, first[got - header_len :], got):
+        if got != frame_bytes:
+            if got > frame_bytes or not pread_all(fd, first[got - header_len :], got):
                 return "corrupt"  # extended, or truncated
-            if os.fstat(fd).st_size != header.frame_bytes:  # a short read: check the size the slow way
+            if os.fstat(fd).st_size != frame_bytes:  # a short read: check the size the slow way
                 return "corrupt"
-        return "ok" if payload_checksum(out) == header.checksum else "corrupt"
-    if os.fstat(fd).st_size != header.frame_bytes:
+        return "ok" if payload_checksum(out) == checksum else "corrupt"
+    if os.fstat(fd).st_size != frame_bytes:
         return "corrupt"
     done = got - header_len
     if done < first.nbytes and not pread_all(fd, first[done:], header_len + done):
@@ -96,4 +98,4 @@ def read_frame(fd: int, ns: str, key: str, out: memoryview) -> str:
         if not pread_all(fd, block, header_len + off):
             return "corrupt"
         hasher.update(block)
-    return "ok" if hasher.intdigest() == header.checksum else "corrupt"
+    return "ok" if hasher.intdigest() == checksum else "corrupt"

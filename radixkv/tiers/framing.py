@@ -34,8 +34,8 @@ from typing import Any
 
 import xxhash
 
-__all__ = ["FORMAT_VERSION", "HEADER_BYTES", "FrameHeader", "encode_header", "decode_header", "payload_checksum",
-           "Hasher", "GIL_FREE_HASH"]
+__all__ = ["FORMAT_VERSION", "HEADER_BYTES", "FrameHeader", "encode_header", "decode_header", "check_header",
+           "payload_checksum", "Hasher", "GIL_FREE_HASH"]
 
 FORMAT_VERSION = 1
 _MAGIC = b"RKV1"
@@ -220,3 +220,23 @@ def decode_header(buf: memoryview | bytes) -> FrameHeader | None:
     except UnicodeDecodeError:
         return None
     return FrameHeader(namespace=namespace, key=key, payload_bytes=n, checksum=checksum)
+
+
+_FULL = struct.Struct("<4sHHHHQQQ")  # the fixed fields and header_sum in one unpack
+
+
+def check_header(buf: bytes | bytearray, namespace: str, key: str) -> tuple[int, int] | None:
+    """The fast path of a reader that knows which chunk it asked for: ``(payload_bytes, checksum)``
+    if ``buf`` starts with a valid header naming exactly ``namespace`` / ``key``, else None. Same
+    checks as :func:`decode_header` (magic, version, identity, header checksum), no string decoding."""
+    ident = f"{namespace}{key}".encode("ascii")
+    end = HEADER_BYTES + len(ident)
+    if len(buf) < end:
+        return None
+    magic, version, _flags, ns_len, key_len, n, checksum, header_sum = _FULL.unpack_from(buf, 0)
+    if (magic != _MAGIC or version != FORMAT_VERSION or ns_len != len(namespace) or key_len != len(key)
+            or buf[HEADER_BYTES:end] != ident):
+        return None
+    if xxhash.xxh3_64_intdigest(bytes(buf[: _FIXED.size]) + ident) != header_sum:
+        return None
+    return n, checksum

@@ -219,3 +219,21 @@ class TestChecksum:
 
         exported = hasattr(ctypes.CDLL(ext.__file__), "XXH3_64bits")
         assert GIL_FREE_HASH == exported
+
+
+def test_check_header_agrees_with_decode_header():
+    """The reader's fast header check accepts exactly what decode_header accepts for that identity."""
+    from radixkv.tiers.framing import check_header, decode_header, encode_header
+
+    raw = encode_header(NS, "key-1", b"x" * 100)
+    h = decode_header(raw)
+    assert check_header(raw, NS, "key-1") == (h.payload_bytes, h.checksum) == (100, h.checksum)
+    assert check_header(raw, NS, "key-2") is None and check_header(raw, NS2, "key-1") is None
+    assert check_header(raw, NS + "0", "key-1"[1:]) is None  # same bytes, other split of the identity
+    for i in range(len(raw)):  # any flipped byte: both reject
+        bad = bytearray(raw)
+        bad[i] ^= 0x01
+        assert check_header(bytes(bad), NS, "key-1") is None
+        d = decode_header(bytes(bad))
+        assert d is None or (d.namespace, d.key) != (NS, "key-1")
+    assert check_header(raw[:-1], NS, "key-1") is None
