@@ -47,26 +47,44 @@ class DropResult:
         return len(self.removed_node_ids) + len(self.orphaned_node_ids)
 
 
-@dataclass(frozen=True, slots=True)
 class InsertResult:
-    """Ids of every key of the insert, root->leaf (existing ones touched, missing ones created)."""
+    """Ids of every key of the insert, root->leaf (existing ones touched, missing ones created).
+    The ids of the chunks that were already present are looked up lazily, so a caller that needs only
+    the new ones pays nothing for a long matched prefix. Valid until the tree changes."""
 
-    node_ids: tuple[int, ...]
-    new_node_ids: tuple[int, ...]
+    __slots__ = ("new_node_ids", "_match", "_ids")
+
+    def __init__(self, match: MatchResult | None = None, new_node_ids: tuple[int, ...] = ()) -> None:
+        self.new_node_ids = new_node_ids
+        self._match = match
+        self._ids: tuple[int, ...] | None = None if match is not None and match.hit_chunks else new_node_ids
+
+    @property
+    def node_ids(self) -> tuple[int, ...]:
+        if self._ids is None:
+            self._ids = tuple(self._match.node_ids) + self.new_node_ids  # type: ignore[union-attr]
+        return self._ids
 
     @property
     def inserted_chunks(self) -> int:
-        return len(self.node_ids)
+        return (self._match.hit_chunks if self._match is not None else 0) + len(self.new_node_ids)
+
+    def __repr__(self) -> str:
+        return f"InsertResult(inserted_chunks={self.inserted_chunks}, new={len(self.new_node_ids)})"
 
 
 class MatchResult:
     """The longest prefix of a key chain present in any tier. Per-chunk details are computed lazily,
     so a caller that needs only ``hit_chunks`` pays for nothing else. Valid until the tree changes."""
 
-    __slots__ = ("hit_chunks", "_tree", "_ids", "_keys", "_index", "_masks")
+    __slots__ = ("hit_chunks", "_tree", "_ids", "_keys", "_index", "_masks", "_last")
 
-    def __init__(self, tree: RadixTree, keys: Sequence[str], index: Mapping[str, int], hit_chunks: int):
+    def __init__(
+        self, tree: RadixTree, keys: Sequence[str], index: Mapping[str, int], hit_chunks: int,
+        last: int | None = None,
+    ):
         self.hit_chunks = hit_chunks
+        self._last = last
         self._tree = tree
         self._keys = keys
         self._index = index
@@ -82,7 +100,9 @@ class MatchResult:
 
     @property
     def last_node_id(self) -> int | None:
-        return self._index[self._keys[self.hit_chunks - 1]] if self.hit_chunks else None
+        if self._last is None and self.hit_chunks:
+            self._last = self._index[self._keys[self.hit_chunks - 1]]
+        return self._last
 
     @property
     def tier_masks(self) -> list[int]:
@@ -292,7 +312,7 @@ class RadixTree:
         if touch:
             self._now += 1
             self._touch(last)
-        return MatchResult(self, keys, idx, hit)
+        return MatchResult(self, keys, idx, hit, last)
 
     def _walk(self, idx: Mapping[str, int], keys: Sequence[str]) -> tuple[int, int]:
         parent = self._parent
@@ -346,35 +366,38 @@ class RadixTree:
         if not isinstance(size_bytes, int) or size_bytes < 0:
             raise InputError(f"size_bytes={size_bytes!r} must be a non-negative integer")
         if not keys:
-            return InsertResult((), ())
+            return InsertResult()
         idx = self._index.setdefault(namespace, {})
         if parent_key is None:
             parent, depth = _NO_PARENT, 0
         else:
             p = idx.get(parent_key)
             if p is None:
-                return InsertResult((), ())
+                return InsertResult()
             parent, depth = p, self._depth[p]
         m = self.match(namespace, keys, touch=False)
         hit = m.hit_chunks
-        ids = m.node_ids if hit else []
+        last = m.last_node_id
         # Without parent_key the caller does not say where the run starts (SGLang without prefix
         # keys hands over mid-chain runs): present keys keep the parent they have.
-        if hit and parent_key is not None and self._parent[ids[0]] != parent:
+        if hit and parent_key is not None and self._parent[idx[keys[0]]] != parent:
             raise InputError(
                 f"key {keys[0]!r} is already in the tree under another parent than parent_key="
                 f"{parent_key!r}: the keys are not a continuation of that chain"
             )
         self._now += 1
-        bit = 1 << t
-        missing_tier = [n for n in ids if not self._mask[n] & bit]
-        if missing_tier:
-            self._add_residency(missing_tier, t)
-        new = self._create(namespace, idx, keys[hit:], ids[-1] if ids else parent,
-                           (self._depth[ids[-1]] if ids else depth), t, chunk_tokens, size_bytes)
-        ids = ids + new
-        self._touch(ids[-1])
-        return InsertResult(tuple(ids), tuple(new))
+        if hit and self._tier_chunks[t] != len(self):
+            # Some chunk is not in this tier: the matched ones that are not gain it. (When every
+            # chunk is in the tier, the matched prefix is not even looked up.)
+            bit = 1 << t
+            missing_tier = [n for n in m.node_ids if not self._mask[n] & bit]
+            if missing_tier:
+                self._add_residency(missing_tier, t)
+        if hit:
+            parent, depth = last, self._depth[last]  # type: ignore[assignment,index]
+        new = self._create(namespace, idx, keys[hit:], parent, depth, t, chunk_tokens, size_bytes)
+        self._touch(new[-1] if new else last)  # type: ignore[arg-type]
+        return InsertResult(m, tuple(new))
 
     def _create(
         self, ns: str, idx: dict[str, int], keys: Sequence[str], parent: int, depth: int,

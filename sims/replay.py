@@ -152,18 +152,18 @@ def replay(
                     for mask in m.tier_masks:
                         tier_hits[i, (mask & -mask).bit_length() - 1] += 1
             rem = req.input_tokens - (nk - 1) * bt
-            if 0 < rem < bt and k < nk:
+            partial = 0 < rem < bt and k < nk
+            # Node ids are looked up only for OPT, which needs them to hear the future.
+            if partial and nk > 1:
                 # The partial last block enters with its real size, so policies can tell it apart.
-                if nk > 1:
-                    r = insert(_NS, keys[:-1], top, bt, full_bytes)
-                    r2 = insert(_NS, keys[-1:], top, rem, rem * bpt, keys[-2])
-                    ids = r.node_ids + r2.node_ids
-                else:
-                    ids = insert(_NS, keys, top, rem, rem * bpt).node_ids
+                r = insert(_NS, keys[:-1], top, bt, full_bytes)
+                ids = r.node_ids if set_next_use is not None else ()
+                r = insert(_NS, keys[-1:], top, rem, rem * bpt, keys[-2])
             else:
-                ids = insert(_NS, keys, top, bt, full_bytes).node_ids
+                ids = ()
+                r = insert(_NS, keys, top, rem if partial else bt, rem * bpt if partial else full_bytes)
             if set_next_use is not None:
-                set_next_use(ids, next_use[i])  # type: ignore[index]
+                set_next_use(ids + r.node_ids, next_use[i])  # type: ignore[index]
             for t in range(n_tiers):
                 if not bounded[t]:
                     continue
