@@ -61,31 +61,35 @@ def test_learns_which_request_class_returns():
     assert pol._penalty(one) == 0.0 and pol._penalty(three) < -2.0  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize(("policy", "fresh_first"), [("oddsref", False), ("agedref", True), ("lru", True)])
+@pytest.mark.parametrize(
+    ("policy", "fresh_first"), [("oddsref", False), ("agedref", True), ("lru", True)]
+)
 def test_fresh_chunks_of_a_returning_class_outlive_newer_one_offs(policy, fresh_first):
     tree = train(policy)
     use(tree, "s", "fresh")  # one new chunk: the class that returns
     for j in range(4):  # then newer one-offs of the class that never returns
         use(tree, "s", f"late{j}", f"late{j}b", f"late{j}c")
     fresh, late = tree.lookup(NS, "/s/fresh"), tree.lookup(NS, "/s/late3/late3b/late3c")
-    order = tree.evict_candidates("mem", tree.tier_chunks("mem"))  # the policy's order, nothing evicted
+    # the policy's whole order; nothing is evicted
+    order = tree.evict_candidates("mem", tree.tier_chunks("mem"))
     assert (order.index(fresh) < order.index(late)) is fresh_first
     tree.check_integrity()
 
 
 def test_reused_chunks_are_ordered_like_agedref():
-    # Without fresh chunks of a rare class the two policies agree chunk for chunk.
+    # odds_weight=0 switches the rule off: oddsref then orders chunks exactly as agedref does.
     trace = generate("chat", WorkloadConfig(requests=300, seed=3))
     for cap in (30, 120):
         a = replay(trace, "agedref", [TierCapacity("mem", cap)])
-        o = replay(trace, "oddsref", [TierCapacity("mem", cap)], policy_options={"odds_weight": 0.0},
-                   check_every=25)
+        o = replay(trace, "oddsref", [TierCapacity("mem", cap)],
+                   policy_options={"odds_weight": 0.0}, check_every=25)
         assert list(a.hit_blocks) == list(o.hit_blocks)
 
 
 def test_integrity_with_partial_tails_and_two_tiers():
     trace = generate("mix", WorkloadConfig(requests=400, seed=5))
-    r = replay(trace, "oddsref", [TierCapacity("mem", 60), TierCapacity("disk", 400)], check_every=10)
+    tiers = [TierCapacity("mem", 60), TierCapacity("disk", 400)]
+    r = replay(trace, "oddsref", tiers, check_every=10)
     assert 0 < r.block_hits <= trace.infinite_hit_blocks()
     assert r.demotions > 0
 
