@@ -291,14 +291,16 @@ class RadixTree:
         if last is not None:
             hit = n
         else:
-            lo, hi = 1, n - 1  # keys[lo-1] present, keys[hi] absent
+            lo, hi = 1, n - 1  # keys[lo-1] present (its node is `last`), keys[hi] absent
+            last = first
             while lo < hi:
                 mid = (lo + hi + 1) >> 1
-                if get(keys[mid - 1]) is not None:
-                    lo = mid
+                nid = get(keys[mid - 1])
+                if nid is not None:
+                    lo, last = mid, nid
                 else:
                     hi = mid - 1
-            hit, last = lo, idx[keys[lo - 1]]
+            hit = lo
         depth, parent = self._depth, self._parent
         # The last link is checked by comparing the parent's stored key (one string compare) rather
         # than probing the index again (three cache misses on a large index).
