@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import itertools
 import os
 import re
 import secrets
@@ -524,20 +525,24 @@ class DiskTier:
     # ----------------------------------------------------------------------------- internals
 
     def _run(self, fn: Callable[[int], bool], n: int) -> list[bool]:
-        """``fn(i)`` for every i, on up to ``io_threads`` threads (this one included), each taking
-        every k-th index: one hand-off per thread, not per chunk."""
+        """``fn(i)`` for every i, on up to ``io_threads`` threads (this one included). Each thread
+        takes the next index from a shared counter: one hand-off per thread, not per chunk, and a
+        thread the scheduler parks (a loaded machine) leaves its share to the others."""
         k = min(self.config.io_threads, n)
         if k <= 1:
             return [fn(i) for i in range(n)]
         out = [False] * n
+        counter = itertools.count()
 
-        def work(first: int) -> None:
-            for i in range(first, n, k):
+        def work() -> None:
+            for i in counter:  # next() on a count is atomic under the GIL
+                if i >= n:
+                    return
                 out[i] = fn(i)
 
-        futures = [self._pool.submit(work, g) for g in range(1, k)]
+        futures = [self._pool.submit(work) for _ in range(k - 1)]
         try:
-            work(0)
+            work()
         finally:
             for f in futures:
                 f.result()  # wait for all (re-raises a helper's exception) before returning
