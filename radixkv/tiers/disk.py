@@ -299,7 +299,8 @@ class DiskTier:
     def stats(self) -> TierStats:
         with self._lock:
             st = TierStats(**{k: getattr(self._stats, k) for k in TierStats.__slots__ if k != "extra"})
-            st.extra = dict(self._stats.extra, chunks=len(self._index))
+            st.extra = dict(self._stats.extra, chunks=len(self._index), spare_files=len(self._spares),
+                            spare_bytes=self._spare_bytes)
             return st
 
     def close(self) -> None:

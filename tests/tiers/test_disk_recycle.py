@@ -52,6 +52,7 @@ class TestRecycling:
         inodes = {os.stat(t._path(NS, k)).st_ino for k in keys}
         t.clear(NS)
         assert len(spare_files(root)) == 8 and t.usage_bytes() == 0
+        assert t.stats().extra["spare_files"] == 8 and t.stats().extra["spare_bytes"] == 8 * frame("a0")
         t.check_integrity()
         new = [f"b{i}" for i in range(8)]
         assert t.put_many(NS, new, [pl(100 + i) for i in range(8)]) == [True] * 8
