@@ -1,8 +1,9 @@
 """Eviction policies: small classes behind one protocol, chosen by name.
 
 This module holds the protocol, the registry and ``lru``; ``lfu``, ``cost`` and ``agedref`` live in
-:mod:`radixkv.policy_heap`, ``s3fifo`` and ``sieve`` in :mod:`radixkv.policy_fifo` (imported below, which
-registers them), and the offline ``opt`` in :mod:`radixkv.sims.opt`.
+:mod:`radixkv.policy_heap`, ``oddsref`` (agedref plus a learned bypass of fresh chunks) in
+:mod:`radixkv.policy_oddsref`, ``s3fifo`` and ``sieve`` in :mod:`radixkv.policy_fifo` (imported below,
+which registers them), and the offline ``opt`` in :mod:`radixkv.sims.opt`.
 
 One policy instance serves one tier of one :class:`~radixkv.tree.RadixTree` (the runtime store and the
 offline simulator use the very same objects). The tree tells the policy what happens to the nodes
@@ -196,4 +197,4 @@ class LRUPolicy:
 
 
 # The other policies live in their own modules; importing them registers them by name.
-from radixkv import policy_fifo, policy_heap  # noqa: E402,F401
+from radixkv import policy_fifo, policy_heap, policy_oddsref  # noqa: E402,F401

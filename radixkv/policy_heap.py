@@ -333,7 +333,3 @@ def _log2_add(a: float, b: float) -> float:
     if b == -math.inf:
         return a
     return a + math.log2(1.0 + 2.0 ** (b - a))
-
-
-# oddsref extends agedref in its own module; importing it registers it.
-from radixkv import policy_oddsref  # noqa: E402,F401

@@ -1,7 +1,7 @@
 """``oddsref``: agedref plus a learned bypass of fresh chunks from request classes that rarely
 return.
 
-Imported by :mod:`radixkv.policy_heap` (which registers it); see :mod:`radixkv.policies` for the
+Imported by :mod:`radixkv.policies` (which registers it); see :mod:`radixkv.policies` for the
 protocol and docs/simulator.md ("Beyond LRU") for the measurements.
 """
 

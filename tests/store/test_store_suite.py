@@ -418,7 +418,7 @@ class TestDifferential:
         store.check_integrity()
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "cost", "s3fifo", "sieve", "agedref"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "cost", "s3fifo", "sieve", "agedref", "oddsref"])
 def test_every_policy_evicts_consistently(make_store, policy):
     """Each registered policy drives eviction and demotion through the store: contents stay exact,
     capacities hold, and the tree, policies and tiers agree afterwards."""
