@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m radixkv.bench sim", description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", default=_DEFAULT_TRACE, help="trace (default: the Mooncake conversation trace)")
     ap.add_argument("--capacity", default="1%,10%")
-    ap.add_argument("--policy", default="lru,s3fifo,sieve,lfu,cost,agedref,opt")
+    ap.add_argument("--policy", default="lru,s3fifo,sieve,lfu,cost,agedref,oddsref,opt")
     ap.add_argument("--sweep", action="store_true", help="also time the 5 x 4 sweep on 2 processes")
     args = ap.parse_args(argv)
     if os.path.isfile(args.trace):
