@@ -5,7 +5,7 @@ policies and prints the table. Examples::
 
     radixkv sim
     radixkv sim --trace ../shared/traces/mooncake_conversation.jsonl --capacity 1%,5%,10% \\
-        --policy lru,s3fifo,cost,agedref,opt --model llama3-70b --json out.json --plot mrc.png
+        --policy lru,s3fifo,cost,agedref,oddsref,opt --model llama3-70b --json out.json --plot mrc.png
     radixkv sim --workload rag --tiers mem,disk=25%@7 --capacity 64GiB --model llama3-8b
 """
 
@@ -27,7 +27,7 @@ from radixkv.sims.workloads import DEFAULT_WORKLOAD, WORKLOADS, WorkloadConfig, 
 __all__ = ["main", "build_parser"]
 
 DEFAULT_CAPACITIES = "1%,5%,10%,25%"
-DEFAULT_POLICIES = "lru,s3fifo,cost,agedref,opt"
+DEFAULT_POLICIES = "lru,s3fifo,cost,agedref,oddsref,opt"
 DEFAULT_MODEL = "llama3-8b"
 
 
