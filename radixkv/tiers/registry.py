@@ -136,7 +136,7 @@ def make_tier(spec: str, *, capacity_bytes: int | str | None = None, name: str |
 
         opts = _merge(spec, query, options,
                       {"capacity_bytes": parse_bytes, "pin": _pin, "unit_bytes": parse_bytes,
-                       "slab_target_bytes": parse_bytes, "prefault": _parse_bool,
+                       "slab_target_bytes": parse_bytes, "prefault": _parse_bool, "huge_pages": _parse_bool,
                        "name": lambda v, w: str(v)},
                       {"capacity": "capacity_bytes", "unit": "unit_bytes", "slab": "slab_target_bytes"})
         _need_capacity(spec, opts)
@@ -153,7 +153,7 @@ def make_tier(spec: str, *, capacity_bytes: int | str | None = None, name: str |
     opts = _merge(spec, query, options,
                   {"capacity_bytes": parse_bytes, "io_threads": _parse_int, "fsync": _parse_bool,
                    "shared": _parse_bool, "stale_temp_s": _float, "overlap_min_bytes": _size_or_off,
-                   "name": lambda v, w: str(v)},
+                   "recycle": _parse_bool, "name": lambda v, w: str(v)},
                   {"capacity": "capacity_bytes"})
     _need_capacity(spec, opts)
     return DiskTier(DiskTierConfig(root=path, **opts))
