@@ -38,6 +38,7 @@ class S3FIFOPolicy:
         self._inserted_at = -1  # clock of the last insert: its own path touch is not a reuse
         self._ghost: OrderedDict[tuple[str | None, str | None], None] = OrderedDict()
         self._aside: list[tuple[int, bool]] = []
+        self._resident = 0  # small + main + parked + aside, kept as a count (asked once per step)
         self._is_leaf: Callable[[int], bool] = lambda _n: True
         self._parent: list[int] = []
         self._keys: list[str | None] = []
@@ -48,10 +49,11 @@ class S3FIFOPolicy:
         self._parent, self._keys, self._ns = tree._parent, tree._key, tree._ns
 
     def __len__(self) -> int:
-        return len(self._small) + len(self._main) + len(self._parked) + len(self._aside)
+        return self._resident
 
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         self._inserted_at = now
+        self._resident += len(node_ids)
         ghost, freq = self._ghost, self._freq
         for n in node_ids:
             k = (self._ns[n], self._keys[n])
@@ -77,16 +79,17 @@ class S3FIFOPolicy:
             q.move_to_end(node_id, last=False)  # its FIFO position is as old as it gets
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
-        freq, parent = self._freq, self._parent
+        freq, parent, small, main, parked = self._freq, self._parent, self._small, self._main, self._parked
+        self._resident -= len(node_ids)
         for n in node_ids:
-            if n in self._small:
-                del self._small[n]
+            if n in small:
+                del small[n]
                 if freq[n] == 0:
                     self._ghost[(self._ns[n], self._keys[n])] = None
-            elif n in self._main:
-                del self._main[n]
-            elif n in self._parked:
-                del self._parked[n]
+            elif n in main:
+                del main[n]
+            elif n in parked:
+                del parked[n]
             else:
                 for i, (m, _) in enumerate(self._aside):
                     if m == n:
@@ -96,16 +99,20 @@ class S3FIFOPolicy:
             f = freq.pop(n)
             if p >= 0 and p in freq and freq[p] < f:
                 freq[p] = f
-        while len(self._ghost) > max(len(self._main), 16):
-            self._ghost.popitem(last=False)
+        ghost = self._ghost
+        if len(ghost) > 16:
+            limit = max(len(main), 16)
+            while len(ghost) > limit:
+                ghost.popitem(last=False)
 
     def candidates(self) -> Iterator[int]:
         small, main, freq, is_leaf, parked, aside = (
             self._small, self._main, self._freq, self._is_leaf, self._parked, self._aside,
         )
+        frac = self._small_fraction
         try:
             while small or main:
-                use_small = bool(small) and (not main or len(small) >= self._small_fraction * len(self))
+                use_small = bool(small) and (not main or len(small) >= frac * self._resident)
                 q = small if use_small else main
                 n = next(iter(q))
                 if not is_leaf(n):
@@ -134,6 +141,7 @@ class S3FIFOPolicy:
     def check_integrity(self) -> None:
         s, m, p = set(self._small), set(self._main), set(self._parked)
         assert not (s & m or s & p or m & p), "s3fifo: a node is in two queues"
+        assert self._resident == len(s) + len(m) + len(p) + len(self._aside), "s3fifo: resident count drifted"
         assert set(self._freq) == s | m | p, "s3fifo: frequency table out of step with the queues"
         assert not self._aside, "s3fifo: candidates left aside"
 
