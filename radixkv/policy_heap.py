@@ -36,6 +36,7 @@ class _HeapPolicy:
         self._entry: dict[int, tuple[float, int, int] | None] = {}  # None = parked (interior)
         self._aside: list[tuple[float, int, int]] = []
         self._is_leaf: Callable[[int], bool] = lambda _n: True
+        self._tchild: list[int] = []
         self._depth: list[int] = []
         self._parent: list[int] = []
         self._tokens: list[int] = []
@@ -44,6 +45,7 @@ class _HeapPolicy:
 
     def bind(self, tree: RadixTree, tier_index: int) -> None:
         self._is_leaf = tree.tier_leaf_predicate(tier_index)
+        self._tchild = tree._tchild[tier_index]  # read-only: children resident in the tier
         # Read-only views of the tree's node columns (struct of arrays, indexed by node id).
         self._depth, self._parent, self._tokens = tree._depth, tree._parent, tree._tokens
         self._keys, self._ns = tree._key, tree._ns
@@ -75,12 +77,12 @@ class _HeapPolicy:
 
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         self._admit(node_ids, now)
-        is_leaf, entry = self._is_leaf, self._entry
+        tchild, entry, push = self._tchild, self._entry, self._push
         for n in node_ids:
-            if is_leaf(n):
-                self._push(n)
-            else:
+            if tchild[n]:
                 entry[n] = None  # interior: ordered when it becomes a leaf
+            else:
+                push(n)
 
     def on_access(self, node_id: int, now: int) -> None:
         self._touch(node_id, now)
@@ -150,8 +152,11 @@ class LFUPolicy(_HeapPolicy):
 
     def _admit(self, node_ids: Sequence[int], now: int) -> None:
         count = self._count
-        for n in node_ids:
-            count.setdefault(n, 0)
+        if count.keys().isdisjoint(node_ids):  # the usual case: all new to the tier
+            count.update(dict.fromkeys(node_ids, 0))
+        else:
+            for n in node_ids:
+                count.setdefault(n, 0)
 
     def _touch(self, n: int, now: int) -> None:
         self._count[n] += 1
