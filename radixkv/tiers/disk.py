@@ -46,7 +46,7 @@ import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -69,7 +69,9 @@ _OVERLAP_BLOCK_BYTES = 2 << 20  # read-ahead unit of the overlapped get
 @dataclass(slots=True)
 class DiskTierConfig:
     """root: directory (created 0700 if missing); capacity_bytes: bound on indexed frame bytes;
-    io_threads: parallel reads/writes of one batch; fsync: fsync each file before its commit rename;
+    io_threads: parallel reads/writes of one batch (default: one per CPU, at most 4 -- each I/O thread
+    also hashes what it moves, so threads beyond the cores only contend: on 2 cores, 4 threads made
+    page-cache reads of a 128 MiB batch ~25% slower than 2); fsync: fsync each file before its commit rename;
     shared: other processes use the same directory; stale_temp_s: age after which a leftover temp
     file (a crashed writer's) is removed by the startup scan. recycle: keep the files of removed
     chunks (evicted, deleted, cleared) aside in ``root/.spare`` within the capacity, and let later puts
@@ -85,7 +87,7 @@ class DiskTierConfig:
     root: str
     capacity_bytes: int
     name: str = "disk"
-    io_threads: int = 4
+    io_threads: int = field(default_factory=lambda: max(1, min(4, os.cpu_count() or 1)))
     fsync: bool = False
     shared: bool = False
     stale_temp_s: float = 600.0
