@@ -35,6 +35,17 @@ __all__ = [
 LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 
 
+def _acks(q: Any, timeout_s: float, what: str):
+    """Items from one of the controller's ack queues until ``timeout_s`` has passed; then
+    TimeoutError naming ``what`` (the caller returns or breaks when it sees its own ack)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            yield q.get(timeout=max(0.01, deadline - time.monotonic()))
+        except Empty:
+            raise TimeoutError(f"{what} not completed within {timeout_s}s") from None
+
+
 def set_parallel_context(tp_rank: int = 0, tp_size: int = 1, pp_rank: int = 0, pp_size: int = 1) -> None:
     """Publish the parallel widths HiCacheController reads (a launched server does this itself)."""
     from sglang.srt.runtime_context import get_parallel
@@ -198,12 +209,7 @@ class ControllerHarness:
         op_id = self.controller.write_storage(
             host_indices[: n_pages * ps], tokens[: n_pages * ps], hash_value=hashes, prefix_keys=prefix_keys
         )
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                op = self.controller.ack_backup_queue.get(timeout=max(0.01, deadline - time.monotonic()))
-            except Empty:
-                raise TimeoutError(f"backup op {op_id} not acked within {timeout_s}s") from None
+        for op in _acks(self.controller.ack_backup_queue, timeout_s, f"backup op {op_id}"):
             if op.id == op_id:
                 return op.completed_tokens
 
@@ -225,12 +231,7 @@ class ControllerHarness:
         op.host_indices = host_indices
         c.prefetch_buffer.put(op)
         loaded = 0
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                ack = c.ack_prefetch_queue.get(timeout=max(0.01, deadline - time.monotonic()))
-            except Empty:
-                raise TimeoutError(f"prefetch {rid} not completed within {timeout_s}s") from None
+        for ack in _acks(c.ack_prefetch_queue, timeout_s, f"prefetch {rid}"):
             if ack.rid != rid:
                 continue
             if ack.completed_tokens is not None:
@@ -313,12 +314,7 @@ class HybridHarness:
         c = self.controller
         op_id = c.write_storage(host_indices, tokens, hash_value=self.page_keys(tokens), prefix_keys=None,
                                 extra_pools=extra_pools)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                op = c.ack_backup_queue.get(timeout=max(0.01, deadline - time.monotonic()))
-            except Empty:
-                raise TimeoutError(f"backup op {op_id} not acked within {timeout_s}s") from None
+        for op in _acks(c.ack_backup_queue, timeout_s, f"backup op {op_id}"):
             if op.id == op_id:
                 return op
 
@@ -337,12 +333,7 @@ class HybridHarness:
             return op, acks
         op.host_indices = self.alloc(self._kv, op.storage_hit_count)
         c.prefetch_buffer.put(op)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                ack = c.ack_prefetch_queue.get(timeout=max(0.01, deadline - time.monotonic()))
-            except Empty:
-                raise TimeoutError(f"prefetch {op.request_id} not completed within {timeout_s}s") from None
+        for ack in _acks(c.ack_prefetch_queue, timeout_s, f"prefetch {op.request_id}"):
             if ack.rid != op.request_id:
                 continue
             acks.append(ack)
