@@ -123,7 +123,6 @@ class LRUPolicy:
         self._aside: list[int] = []  # skipped candidates, only during one candidates() run
         self._resident = 0  # nodes in the tier: ordered + parked + aside
         self._is_leaf: Callable[[int], bool] = lambda _n: True
-        self._in_tier: Callable[[int], bool] = lambda _n: True
         self._tchild: list[int] = []
         self._mask: list[int] = []
         self._bit = 1
@@ -131,9 +130,7 @@ class LRUPolicy:
     def bind(self, tree: RadixTree, tier_index: int) -> None:
         self._is_leaf = tree.tier_leaf_predicate(tier_index)
         self._tchild = tree._tchild[tier_index]  # read-only view: children resident in the tier
-        mask, bit = tree._mask, 1 << tier_index
-        self._in_tier = lambda n: bool(mask[n] & bit)
-        self._mask, self._bit = mask, bit
+        self._mask, self._bit = tree._mask, 1 << tier_index  # read-only: residency, for integrity
 
     def __len__(self) -> int:
         return self._resident
@@ -195,10 +192,10 @@ class LRUPolicy:
         assert len(self._order) + len(self._aside) <= self._resident, (
             f"lru: {len(self._order)} ordered + {len(self._aside)} aside > {self._resident} resident"
         )
-        stale = [n for n in self._order if not self._in_tier(n)]
+        mask, bit, tchild, order = self._mask, self._bit, self._tchild, self._order
+        stale = [n for n in order if not mask[n] & bit]
         assert not stale, f"lru: {len(stale)} ordered nodes not resident in the tier, e.g. {stale[:5]}"
         # Implicit parking must never hide a leaf: every tier leaf is ordered (or set aside).
-        mask, bit, tchild, order = self._mask, self._bit, self._tchild, self._order
         lost = [n for n in range(len(mask)) if mask[n] & bit and not tchild[n] and n not in order
                 and n not in self._aside]
         assert not lost, f"lru: {len(lost)} tier leaves neither ordered nor set aside, e.g. {lost[:5]}"

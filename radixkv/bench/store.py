@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from typing import Any, Callable
 
 import torch
 
+from radixkv.bench.tiers import _time_pair
 from radixkv.config import StoreConfig, TierConfig
 from radixkv.keys import Namespace
 from radixkv.store import HierarchicalStore
@@ -39,21 +39,8 @@ def _pair(
     reset: Callable[[], Any] | None,
     reps: int,
 ) -> tuple[float, float]:
-    store_s: list[float] = []
-    raw_s: list[float] = []
-    for i in range(reps + 1):  # round 0 warms both sides up and is dropped
-        order = (
-            ((store_fn, store_s), (raw_fn, raw_s))
-            if i % 2
-            else ((raw_fn, raw_s), (store_fn, store_s))
-        )
-        for fn, out in order:
-            if reset is not None:
-                reset()
-            t0 = time.perf_counter()
-            fn()
-            if i:
-                out.append(time.perf_counter() - t0)
+    """Median seconds of ``store_fn`` and ``raw_fn``, interleaved as in the tiers benchmark."""
+    store_s, raw_s = _time_pair(store_fn, raw_fn, reset, reps)
     return statistics.median(store_s), statistics.median(raw_s)
 
 
