@@ -66,8 +66,14 @@ class InsertResult:
         return self._ids
 
     @property
+    def present_chunks(self) -> int:
+        """Leading keys that were already in the tree (any tier) before this insert: the hit a
+        ``match(..., touch=False)`` right before it would have reported."""
+        return self._match.hit_chunks if self._match is not None else 0
+
+    @property
     def inserted_chunks(self) -> int:
-        return (self._match.hit_chunks if self._match is not None else 0) + len(self.new_node_ids)
+        return self.present_chunks + len(self.new_node_ids)
 
     def __repr__(self) -> str:
         return f"InsertResult(inserted_chunks={self.inserted_chunks}, new={len(self.new_node_ids)})"

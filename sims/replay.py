@@ -3,8 +3,9 @@
 Semantics (fixed, so results are comparable and checkable):
 
 * requests are processed in trace order; the tree's logical clock is the only time the policies see;
-* a request's hit is the leading run of its block keys present in the tree (any tier):
-  ``tree.match(ns, keys, touch=False)`` (the insert below touches the path once);
+* a request's hit is the leading run of its block keys present in the tree (any tier) before the
+  request: the insert's own match (``InsertResult.present_chunks``, what ``tree.match(ns, keys,
+  touch=False)`` would report; with several tiers that match is also run first, for per-tier hits);
 * then all its blocks are inserted into the top tier or touched (``tree.insert``); a partial last
   block (``input_tokens`` not a multiple of ``block_tokens``) is inserted with its real token count and
   byte size, so policies can see that it is partial;
@@ -121,7 +122,7 @@ def replay(
     top = names[0]
     caps = [t.capacity_blocks for t in tiers]
     bounded = [c != UNBOUNDED for c in caps]
-    match, insert, tier_chunks = tree.match, tree.insert, tree.tier_chunks
+    match, insert, tier_chunks, lookup = tree.match, tree.insert, tree.tier_chunks, tree.lookup
     evict_candidates, clear_resident, set_resident = tree.evict_candidates, tree.clear_resident, tree.set_resident
     tree_evict = tree.evict
     set_next_use = opt_policy.set_next_use if opt_policy is not None else None  # type: ignore[union-attr]
@@ -140,28 +141,37 @@ def replay(
             input_tokens += req.input_tokens
             if not nk:
                 continue
-            m = match(_NS, keys, touch=False)
-            k = m.hit_chunks
+            if n_tiers > 1:
+                # Per-tier hits need the residency before the insert adds the top tier.
+                m = match(_NS, keys, touch=False)
+                for mask in m.tier_masks:
+                    tier_hits[i, (mask & -mask).bit_length() - 1] += 1
+            rem = req.input_tokens - (nk - 1) * bt
+            partial = 0 < rem < bt
+            if partial and nk > 1 and lookup(_NS, keys[-1]) is not None:
+                # The partial last block is cached: a full hit when the chain is well formed (the
+                # match says), and a hit block keeps the size it has.
+                partial = match(_NS, keys, touch=False).hit_chunks < nk
+            # The hit is the insert's own match (present_chunks): one match per request, not two.
+            # Node ids are looked up only for OPT, which needs them to hear the future.
+            if partial and nk > 1:
+                # The partial last block enters with its real size, so policies can tell it apart.
+                r = insert(_NS, keys[:-1], top, bt, full_bytes)
+                k = r.present_chunks
+                ids = r.node_ids if set_next_use is not None else ()
+                r = insert(_NS, keys[-1:], top, rem, rem * bpt, keys[-2])
+                if k == nk - 1:
+                    k += r.present_chunks
+            else:
+                ids = ()
+                r = insert(_NS, keys, top, rem if partial else bt, rem * bpt if partial else full_bytes)
+                k = r.present_chunks
             if k:
                 hit_blocks[i] = k
                 block_hits += k
                 token_hits += min(k * bt, req.input_tokens)
                 if n_tiers == 1:
                     tier_hits[i, 0] = k
-                else:
-                    for mask in m.tier_masks:
-                        tier_hits[i, (mask & -mask).bit_length() - 1] += 1
-            rem = req.input_tokens - (nk - 1) * bt
-            partial = 0 < rem < bt and k < nk
-            # Node ids are looked up only for OPT, which needs them to hear the future.
-            if partial and nk > 1:
-                # The partial last block enters with its real size, so policies can tell it apart.
-                r = insert(_NS, keys[:-1], top, bt, full_bytes)
-                ids = r.node_ids if set_next_use is not None else ()
-                r = insert(_NS, keys[-1:], top, rem, rem * bpt, keys[-2])
-            else:
-                ids = ()
-                r = insert(_NS, keys, top, rem if partial else bt, rem * bpt if partial else full_bytes)
             if set_next_use is not None:
                 set_next_use(ids + r.node_ids, next_use[i])  # type: ignore[index]
             for t in range(n_tiers):

@@ -4,7 +4,9 @@ For payloads of 1, 8 and 32 MiB (``--sizes-mib``) and calls of one chunk and of 
 of chunks, each tier is timed beside the plain way of moving the same bytes, alternating call by call
 so machine noise hits both alike:
 
-* memory tier vs a plain ``torch`` ``copy_`` of the same bytes into/out of preallocated tensors;
+* memory tier vs a plain one-thread copy of the same bytes into/out of preallocated tensors, glibc
+  ``memmove`` per payload (12-15% faster here than ``torch``'s ``copy_``; the tier copies batches of
+  4 MiB and more on several threads, :mod:`radixkv.hostcopy`);
 * disk tier (framing + xxh3 checksum + temp file + rename; verified ``preadv`` into the caller's
   tensor) vs plain sequential ``open/write`` and ``open/readinto`` of the same bytes in the same
   directory (``--disk-dir``, default a fresh temp dir under /tmp);
@@ -21,6 +23,7 @@ hit the page cache (dropping caches needs privileges a benchmark should not use)
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import shutil
 import statistics
@@ -90,16 +93,19 @@ def bench_memory(size: int, batch: int, reps: int) -> list[dict]:
     def tier_put() -> None:
         assert all(tier.put_many(ns, keys, payloads))
 
+    put_addr = [(s.data_ptr(), p.data_ptr()) for s, p in zip(raw_slots, payloads)]
+    get_addr = [(o.data_ptr(), s.data_ptr()) for o, s in zip(outs, raw_slots)]
+
     def base_put() -> None:
-        for s, p in zip(raw_slots, payloads):
-            s.copy_(p)
+        for d, s in put_addr:
+            ctypes.memmove(d, s, size)
 
     def tier_get() -> None:
         assert all(tier.get_many(ns, keys, outs))
 
     def base_get() -> None:
-        for o, s in zip(outs, raw_slots):
-            o.copy_(s)
+        for d, s in get_addr:
+            ctypes.memmove(d, s, size)
 
     put_t, put_b = _time_pair(tier_put, base_put, lambda: tier.delete_many(ns, keys), reps)
     tier_put()

@@ -2,7 +2,8 @@
 
 Schemes::
 
-    mem://[?capacity=SIZE&pin=auto|true|false&unit=SIZE&slab=SIZE&prefault=1]   MemoryTier (pinned if CUDA)
+    mem://[?capacity=SIZE&pin=auto|true|false&unit=SIZE&slab=SIZE&prefault=1
+           &huge_pages=0|1&copy_threads=N]                                 MemoryTier (pinned if CUDA)
     memory://...                                                           alias of mem://
     file:///abs/dir[?capacity=SIZE&io_threads=N&fsync=0|1&shared=0|1&stale_temp_s=S
                     &overlap_min_bytes=SIZE|off]                                 DiskTier
@@ -137,7 +138,7 @@ def make_tier(spec: str, *, capacity_bytes: int | str | None = None, name: str |
         opts = _merge(spec, query, options,
                       {"capacity_bytes": parse_bytes, "pin": _pin, "unit_bytes": parse_bytes,
                        "slab_target_bytes": parse_bytes, "prefault": _parse_bool, "huge_pages": _parse_bool,
-                       "name": lambda v, w: str(v)},
+                       "copy_threads": _parse_int, "name": lambda v, w: str(v)},
                       {"capacity": "capacity_bytes", "unit": "unit_bytes", "slab": "slab_target_bytes"})
         _need_capacity(spec, opts)
         return MemoryTier(MemoryTierConfig(**opts))

@@ -249,3 +249,27 @@ def test_huge_page_buffer_round_trip(huge):
         t.check_integrity()
     finally:
         t.close()
+
+
+class TestParallelCopies:
+    def test_large_batches_round_trip_on_several_threads(self):
+        """Batches past the 4 MiB threshold are copied by several threads: still byte for byte."""
+        MiB = 1 << 20
+        t = make_tier("mem://?capacity=64MiB&copy_threads=3")
+        assert t.config.copy_threads == 3
+        try:
+            keys = [f"k{i}" for i in range(5)]
+            data = [pl(i, 3 * MiB + 512) for i in range(5)]
+            assert t.put_many("ns", keys, data) == [True] * 5
+            outs = [torch.zeros(3 * MiB + 512, dtype=torch.uint8) for _ in keys]
+            assert t.get_many("ns", keys[::-1], outs) == [True] * 5
+            for o, d in zip(outs, data[::-1]):
+                assert torch.equal(o, d)
+            t.check_integrity()
+        finally:
+            t.close()
+
+    @pytest.mark.parametrize("bad", [0, -2, 2.0, False])
+    def test_bad_copy_threads(self, bad):
+        with pytest.raises(ConfigError, match="copy_threads"):
+            MemoryTierConfig(capacity_bytes=KiB, copy_threads=bad)

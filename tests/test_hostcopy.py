@@ -1,0 +1,72 @@
+"""HostCopier: bit-exact batched host copies on one thread and on several, and its input checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixkv.errors import ConfigError, InputError
+from radixkv.hostcopy import HostCopier, default_copy_threads
+
+MiB = 1 << 20
+
+
+def rnd(seed: int, nbytes: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
+
+
+@pytest.mark.parametrize("threads,parallel_min", [(1, 0), (2, 0), (3, 0), (3, 1 << 40)])
+def test_copies_every_byte(threads, parallel_min):
+    """Odd sizes straddle the 4 MiB pieces the threads share; every destination byte is its source's."""
+    sizes = [1, 4 * MiB - 1, 4 * MiB, 4 * MiB + 1, 9 * MiB + 7, 0, 3]
+    srcs = [rnd(i, n) for i, n in enumerate(sizes)]
+    dsts = [torch.zeros(n, dtype=torch.uint8) for n in sizes]
+    c = HostCopier(threads, parallel_min_bytes=parallel_min)
+    try:
+        assert c.copy(dsts, srcs) == sum(sizes)
+        for d, s in zip(dsts, srcs):
+            assert torch.equal(d, s)
+    finally:
+        c.close()
+
+
+def test_views_and_other_dtypes():
+    """Destinations may be views into one big buffer and any dtype: bytes are what is copied."""
+    big = torch.zeros(6 * MiB, dtype=torch.uint8)
+    src = rnd(7, 6 * MiB).view(torch.int16)
+    halves = list(big.split(3 * MiB))
+    c = HostCopier(2, parallel_min_bytes=0)
+    try:
+        c.copy([h.view(torch.int16) for h in halves], list(src.split(3 * MiB // 2)))
+        assert torch.equal(big.view(torch.int16), src)
+    finally:
+        c.close()
+
+
+def test_size_mismatch_names_both_sizes_and_copies_nothing():
+    d = [torch.zeros(8, dtype=torch.uint8), torch.zeros(4, dtype=torch.uint8)]
+    s = [torch.ones(8, dtype=torch.uint8), torch.ones(5, dtype=torch.uint8)]
+    with pytest.raises(InputError, match=r"pair 1: destination has 4 bytes, source 5"):
+        HostCopier(1).copy(d, s)
+    assert int(d[0].sum()) == 0  # validated before the first byte moved
+
+
+def test_non_contiguous_and_count_mismatch_rejected():
+    t = torch.zeros(4, 4, dtype=torch.uint8)
+    with pytest.raises(InputError, match="destination 0 .*contiguous=False"):
+        HostCopier(1).copy([t.t()], [torch.zeros(4, 4, dtype=torch.uint8)])
+    with pytest.raises(InputError, match="source 0 is bytes"):
+        HostCopier(1).copy([t], [b"x" * 16])
+    with pytest.raises(InputError, match="2 destinations but 1 sources"):
+        HostCopier(1).copy([t, t], [t])
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_bad_threads(bad):
+    with pytest.raises(ConfigError, match="copy threads"):
+        HostCopier(bad)
+
+
+def test_default_threads_bounded():
+    assert 1 <= default_copy_threads() <= 4
