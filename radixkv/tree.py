@@ -23,125 +23,18 @@ not a walk over every chunk.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
-from radixkv.errors import ConfigError, InputError, PinError
+from radixkv.errors import ConfigError, InputError
+from radixkv.pins import PinTable
 from radixkv.policies import EvictionPolicy, make_policy
+from radixkv.tree_integrity import check_tree
+from radixkv.tree_results import DropResult, InsertResult, MatchResult, TreeStats
 
 __all__ = ["RadixTree", "MatchResult", "InsertResult", "DropResult"]
 
 _NO_PARENT = -1
 _MAX_TIERS = 16
-
-
-@dataclass(frozen=True, slots=True)
-class DropResult:
-    """Nodes that left the tree (no tier holds them any more) and the orphans dropped with them."""
-
-    removed_node_ids: tuple[int, ...] = ()
-    orphaned_node_ids: tuple[int, ...] = ()
-
-    @property
-    def dropped_chunks(self) -> int:
-        return len(self.removed_node_ids) + len(self.orphaned_node_ids)
-
-
-class InsertResult:
-    """Ids of every key of the insert, root->leaf (existing ones touched, missing ones created).
-    The ids of the chunks that were already present are looked up lazily, so a caller that needs only
-    the new ones pays nothing for a long matched prefix. Valid until the tree changes."""
-
-    __slots__ = ("new_node_ids", "_match", "_ids")
-
-    def __init__(self, match: MatchResult | None = None, new_node_ids: tuple[int, ...] = ()) -> None:
-        self.new_node_ids = new_node_ids
-        self._match = match
-        self._ids: tuple[int, ...] | None = None if match is not None and match.hit_chunks else new_node_ids
-
-    @property
-    def node_ids(self) -> tuple[int, ...]:
-        if self._ids is None:
-            self._ids = tuple(self._match.node_ids) + self.new_node_ids  # type: ignore[union-attr]
-        return self._ids
-
-    @property
-    def present_chunks(self) -> int:
-        """Leading keys that were already in the tree (any tier) before this insert: the hit a
-        ``match(..., touch=False)`` right before it would have reported."""
-        return self._match.hit_chunks if self._match is not None else 0
-
-    @property
-    def inserted_chunks(self) -> int:
-        return self.present_chunks + len(self.new_node_ids)
-
-    def __repr__(self) -> str:
-        return f"InsertResult(inserted_chunks={self.inserted_chunks}, new={len(self.new_node_ids)})"
-
-
-class MatchResult:
-    """The longest prefix of a key chain present in any tier. Per-chunk details are computed lazily,
-    so a caller that needs only ``hit_chunks`` pays for nothing else. Valid until the tree changes."""
-
-    __slots__ = ("hit_chunks", "_tree", "_ids", "_keys", "_index", "_masks", "_last")
-
-    def __init__(
-        self, tree: RadixTree, keys: Sequence[str], index: Mapping[str, int], hit_chunks: int,
-        last: int | None = None,
-    ):
-        self.hit_chunks = hit_chunks
-        self._last = last
-        self._tree = tree
-        self._keys = keys
-        self._index = index
-        self._ids: list[int] | None = None
-        self._masks: list[int] | None = None
-
-    @property
-    def node_ids(self) -> list[int]:
-        """Node ids of the hit chunks, root->leaf."""
-        if self._ids is None:
-            self._ids = list(map(self._index.__getitem__, self._keys[: self.hit_chunks]))
-        return self._ids
-
-    @property
-    def last_node_id(self) -> int | None:
-        if self._last is None and self.hit_chunks:
-            self._last = self._index[self._keys[self.hit_chunks - 1]]
-        return self._last
-
-    @property
-    def tier_masks(self) -> list[int]:
-        """Residency bitmask per hit chunk (bit i set = resident in ``tree.tiers[i]``)."""
-        if self._masks is None:
-            self._masks = list(map(self._tree._mask.__getitem__, self.node_ids))
-        return self._masks
-
-    def tier_of(self, i: int) -> str:
-        """Name of the fastest (first-listed) tier holding hit chunk ``i``."""
-        mask = self.tier_masks[i]
-        return self._tree.tiers[(mask & -mask).bit_length() - 1]
-
-    def hit_chunks_in(self, tier: str) -> int:
-        """Leading run of hit chunks resident in ``tier``."""
-        bit = 1 << self._tree.tier_index(tier)
-        n = 0
-        for mask in self.tier_masks:
-            if not mask & bit:
-                break
-            n += 1
-        return n
-
-    def __repr__(self) -> str:
-        return f"MatchResult(hit_chunks={self.hit_chunks})"
-
-
-@dataclass(slots=True)
-class TreeStats:
-    inserted_chunks: int = 0
-    removed_chunks: int = 0
-    orphan_drops: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 class RadixTree:
@@ -163,7 +56,6 @@ class RadixTree:
             raise ConfigError(f"tiers={tiers!r} must be 1..{_MAX_TIERS} distinct tier names")
         self.tiers: tuple[str, ...] = tiers
         self._tier_pos = {name: i for i, name in enumerate(tiers)}
-        self._wall_clock = clock
         self._now = 0
         # Node fields (struct of arrays). A free slot has _key None.
         self._key: list[str | None] = []
@@ -177,7 +69,7 @@ class RadixTree:
         self._size: list[int] = []
         self._free: list[int] = []
         self._index: dict[str, dict[str, int]] = {}
-        self._pins: dict[int, dict[str, float]] = {}
+        self._pins = PinTable(clock)
         self._tier_bytes = [0] * len(tiers)
         self._tier_chunks = [0] * len(tiers)
         self.stats = TreeStats()
@@ -567,7 +459,7 @@ class RadixTree:
             if p != _NO_PARENT:
                 self._nchild[p] -= 1
             del self._index[self._ns[n]][self._key[n]]  # type: ignore[index]
-            self._pins.pop(n, None)
+            self._pins.forget(n)
             self._key[n] = None
             self._ns[n] = None
             self._free.append(n)
@@ -631,7 +523,7 @@ class RadixTree:
             for n in gen:
                 if not mask[n] & bit or tchild[n]:
                     continue
-                if pins and n in pins and self.is_pinned(n):
+                if pins and n in pins and pins.is_pinned(n):
                     continue
                 if drop and nchild[n] and mask[n] == bit:
                     continue
@@ -675,7 +567,7 @@ class RadixTree:
                 m = mask[n]
                 if not m & bit or tchild[n] or (nchild[n] and m == bit):
                     continue
-                if pins and n in pins and self.is_pinned(n):
+                if pins and n in pins and pins.is_pinned(n):
                     continue
                 on_remove((n,))
                 m = mask[n] = m & ~bit
@@ -690,7 +582,7 @@ class RadixTree:
                 if m == 0:
                     del index[ns[n]][key[n]]  # type: ignore[index]
                     if pins:
-                        pins.pop(n, None)
+                        pins.forget(n)
                     key[n] = None
                     ns[n] = None
                     free.append(n)
@@ -710,44 +602,24 @@ class RadixTree:
     def pin(self, node_ids: Iterable[int], owner: str, lease_s: float = 60.0) -> None:
         """Protect nodes from eviction for ``owner`` until unpinned or ``lease_s`` seconds pass
         (so a crashed owner cannot leak pins). Pinning again renews the lease."""
-        if not owner:
-            raise PinError("pin owner must be a non-empty string naming the holder (request id, ...)")
-        if not lease_s > 0:
-            raise PinError(f"lease_s={lease_s!r} must be > 0 seconds")
-        expiry = self._wall_clock() + lease_s
-        for n in node_ids:
+        ids = list(node_ids)
+        for n in ids:
             self._alive(n)
-            self._pins.setdefault(n, {})[owner] = expiry
+        self._pins.pin(ids, owner, lease_s)
 
     def unpin(self, node_ids: Iterable[int], owner: str) -> None:
         """Release ``owner``'s pins. Raises PinError if a node is not pinned by ``owner``; unpinning
         a pin whose lease expired is a no-op (the lease already stopped protecting the node)."""
-        ids = list(node_ids)
-        for n in ids:
-            held = self._pins.get(n)
-            if held is None or owner not in held:
-                raise PinError(f"node {n} is not pinned by owner {owner!r}")
-        for n in ids:
-            held = self._pins[n]
-            del held[owner]
-            if not held:
-                del self._pins[n]
+        self._pins.unpin(node_ids, owner)
 
     def is_pinned(self, node_id: int) -> bool:
         """True while some owner's lease on the node is unexpired. Expired leases are ignored (they
         cannot block eviction) but kept until unpinned or the node leaves the tree, so the owner's
         late ``unpin`` is still a no-op rather than an error; they never outlive the node."""
-        held = self._pins.get(node_id)
-        if not held:
-            return False
-        now = self._wall_clock()
-        for exp in held.values():
-            if exp > now:
-                return True
-        return False
+        return self._pins.is_pinned(node_id)
 
     def pinned_count(self) -> int:
-        return sum(1 for n in list(self._pins) if self.is_pinned(n))
+        return self._pins.pinned_count()
 
     # ------------------------------------------------------------------ clear
 
@@ -787,59 +659,7 @@ class RadixTree:
 
     def check_integrity(self) -> None:
         """Verify every invariant; raises AssertionError naming the broken one with numbers."""
-        n_slots = len(self._key)
-        for name in ("_ns", "_parent", "_depth", "_nchild", "_mask", "_tokens", "_size"):
-            assert len(getattr(self, name)) == n_slots, f"field {name} has the wrong length"
-        assert all(len(tc) == n_slots for tc in self._tchild), "per-tier child counts wrong length"
-        free = set(self._free)
-        assert len(free) == len(self._free), "free list has duplicates"
-        nchild = [0] * n_slots
-        tchild = [[0] * n_slots for _ in self.tiers]
-        tier_bytes = [0] * len(self.tiers)
-        tier_chunks = [0] * len(self.tiers)
-        indexed = 0
-        for ns, idx in self._index.items():
-            for k, n in idx.items():
-                assert self._key[n] == k and self._ns[n] == ns, f"index entry {k!r} -> {n} is stale"
-                indexed += 1
-        alive = 0
-        for n in range(n_slots):
-            if self._key[n] is None:
-                assert n in free, f"dead node {n} not on the free list"
-                continue
-            assert n not in free, f"live node {n} is on the free list"
-            alive += 1
-            mask = self._mask[n]
-            assert mask and mask < (1 << len(self.tiers)), f"node {n} has residency mask {mask:#x}"
-            p = self._parent[n]
-            if p == _NO_PARENT:
-                assert self._depth[n] == 1, f"root-level node {n} has depth {self._depth[n]}"
-            else:
-                assert self._key[p] is not None, f"node {n} has removed parent {p} (orphan served)"
-                assert self._ns[p] == self._ns[n], f"node {n} and parent {p} differ in namespace"
-                assert self._depth[n] == self._depth[p] + 1, f"node {n} depth != parent depth + 1"
-                nchild[p] += 1
-            for t in range(len(self.tiers)):
-                if mask >> t & 1:
-                    tier_bytes[t] += self._size[n]
-                    tier_chunks[t] += 1
-                    if p != _NO_PARENT:
-                        tchild[t][p] += 1
-        assert alive == indexed == len(self), f"alive={alive} indexed={indexed} len={len(self)}"
-        for n in range(n_slots):
-            if self._key[n] is not None:
-                assert self._nchild[n] == nchild[n], f"node {n} child count {self._nchild[n]} != {nchild[n]}"
-                for t in range(len(self.tiers)):
-                    assert self._tchild[t][n] == tchild[t][n], f"node {n} tier {t} child count wrong"
-        assert tier_bytes == self._tier_bytes, f"tier bytes {self._tier_bytes} != {tier_bytes}"
-        assert tier_chunks == self._tier_chunks, f"tier chunks {self._tier_chunks} != {tier_chunks}"
-        for n in self._pins:
-            assert self._key[n] is not None, f"pin on removed node {n}"
-        for t, pol in enumerate(self._policies):
-            assert len(pol) == tier_chunks[t], (
-                f"policy of tier {self.tiers[t]!r} tracks {len(pol)} nodes, tier holds {tier_chunks[t]}"
-            )
-            pol.check_integrity()
+        check_tree(self)
 
 
 def _options_for(

@@ -1,0 +1,78 @@
+"""Pins with owners and leases: what protects a tree node from eviction while someone uses it.
+
+A pin belongs to an owner (a request id, a transfer, ...) and expires after its lease, so a crashed
+owner cannot leak pins: an expired pin stops protecting the node, but stays recorded until its owner
+unpins it or the node leaves the tree, so the owner's late ``unpin`` is a no-op rather than an error.
+Knows nothing of the tree beyond node ids (ints); the clock is injected.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Iterator
+
+from radixkv.errors import PinError
+
+__all__ = ["PinTable"]
+
+
+class PinTable:
+    """node id -> {owner: lease expiry (clock seconds)}. ``n in table`` is true while any pin, expired
+    or not, is recorded for ``n``; :meth:`is_pinned` asks whether one still protects it."""
+
+    __slots__ = ("_pins", "_clock")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._pins: dict[int, dict[str, float]] = {}
+        self._clock = clock
+
+    def __contains__(self, node_id: int) -> bool:
+        return node_id in self._pins
+
+    def __len__(self) -> int:
+        return len(self._pins)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._pins)
+
+    def pin(self, node_ids: Iterable[int], owner: str, lease_s: float) -> None:
+        """Record ``owner``'s pin on each node until ``lease_s`` seconds from now (pinning again
+        renews the lease). The caller checks the nodes exist."""
+        if not owner:
+            raise PinError("pin owner must be a non-empty string naming the holder (request id, ...)")
+        if not lease_s > 0:
+            raise PinError(f"lease_s={lease_s!r} must be > 0 seconds")
+        expiry = self._clock() + lease_s
+        for n in node_ids:
+            self._pins.setdefault(n, {})[owner] = expiry
+
+    def unpin(self, node_ids: Iterable[int], owner: str) -> None:
+        """Release ``owner``'s pins; PinError (and nothing released) if a node is not pinned by it."""
+        ids = list(node_ids)
+        for n in ids:
+            held = self._pins.get(n)
+            if held is None or owner not in held:
+                raise PinError(f"node {n} is not pinned by owner {owner!r}")
+        for n in ids:
+            held = self._pins[n]
+            del held[owner]
+            if not held:
+                del self._pins[n]
+
+    def is_pinned(self, node_id: int) -> bool:
+        """True while some owner's lease on the node is unexpired."""
+        held = self._pins.get(node_id)
+        if not held:
+            return False
+        now = self._clock()
+        for exp in held.values():
+            if exp > now:
+                return True
+        return False
+
+    def forget(self, node_id: int) -> None:
+        """The node left the tree: its pins, expired or not, go with it."""
+        self._pins.pop(node_id, None)
+
+    def pinned_count(self) -> int:
+        """Nodes some unexpired pin protects."""
+        return sum(1 for n in list(self._pins) if self.is_pinned(n))

@@ -1,0 +1,74 @@
+"""The radix tree's invariants, checked from scratch (tests call this after every operation sequence).
+
+Recounts children, residency, bytes and chunks per tier from the node columns and compares them with
+what :class:`~radixkv.tree.RadixTree` maintains incrementally; then asks each tier's policy to check
+itself against the tier's residency. O(tree size): a test and debugging tool, never on a hot path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixkv.tree import RadixTree
+
+__all__ = ["check_tree"]
+
+_NO_PARENT = -1
+
+
+def check_tree(tree: RadixTree) -> None:
+    """Verify every invariant of ``tree``; raises AssertionError naming the broken one with numbers."""
+    n_slots = len(tree._key)
+    for name in ("_ns", "_parent", "_depth", "_nchild", "_mask", "_tokens", "_size"):
+        assert len(getattr(tree, name)) == n_slots, f"field {name} has the wrong length"
+    assert all(len(tc) == n_slots for tc in tree._tchild), "per-tier child counts wrong length"
+    free = set(tree._free)
+    assert len(free) == len(tree._free), "free list has duplicates"
+    nchild = [0] * n_slots
+    tchild = [[0] * n_slots for _ in tree.tiers]
+    tier_bytes = [0] * len(tree.tiers)
+    tier_chunks = [0] * len(tree.tiers)
+    indexed = 0
+    for ns, idx in tree._index.items():
+        for k, n in idx.items():
+            assert tree._key[n] == k and tree._ns[n] == ns, f"index entry {k!r} -> {n} is stale"
+            indexed += 1
+    alive = 0
+    for n in range(n_slots):
+        if tree._key[n] is None:
+            assert n in free, f"dead node {n} not on the free list"
+            continue
+        assert n not in free, f"live node {n} is on the free list"
+        alive += 1
+        mask = tree._mask[n]
+        assert mask and mask < (1 << len(tree.tiers)), f"node {n} has residency mask {mask:#x}"
+        p = tree._parent[n]
+        if p == _NO_PARENT:
+            assert tree._depth[n] == 1, f"root-level node {n} has depth {tree._depth[n]}"
+        else:
+            assert tree._key[p] is not None, f"node {n} has removed parent {p} (orphan served)"
+            assert tree._ns[p] == tree._ns[n], f"node {n} and parent {p} differ in namespace"
+            assert tree._depth[n] == tree._depth[p] + 1, f"node {n} depth != parent depth + 1"
+            nchild[p] += 1
+        for t in range(len(tree.tiers)):
+            if mask >> t & 1:
+                tier_bytes[t] += tree._size[n]
+                tier_chunks[t] += 1
+                if p != _NO_PARENT:
+                    tchild[t][p] += 1
+    assert alive == indexed == len(tree), f"alive={alive} indexed={indexed} len={len(tree)}"
+    for n in range(n_slots):
+        if tree._key[n] is not None:
+            assert tree._nchild[n] == nchild[n], f"node {n} child count {tree._nchild[n]} != {nchild[n]}"
+            for t in range(len(tree.tiers)):
+                assert tree._tchild[t][n] == tchild[t][n], f"node {n} tier {t} child count wrong"
+    assert tier_bytes == tree._tier_bytes, f"tier bytes {tree._tier_bytes} != {tier_bytes}"
+    assert tier_chunks == tree._tier_chunks, f"tier chunks {tree._tier_chunks} != {tier_chunks}"
+    for n in tree._pins:
+        assert tree._key[n] is not None, f"pin on removed node {n}"
+    for t, pol in enumerate(tree._policies):
+        assert len(pol) == tier_chunks[t], (
+            f"policy of tier {tree.tiers[t]!r} tracks {len(pol)} nodes, tier holds {tier_chunks[t]}"
+        )
+        pol.check_integrity()
