@@ -36,6 +36,20 @@ def config_or_options(config_cls: type[_C], config: _C | None, options: dict[str
     return config
 
 
+def byte_tensor(t: object, arg: str, i: int) -> torch.Tensor:
+    """``t`` (item ``i`` of the argument ``arg``) as a flat contiguous ``torch.uint8`` CPU tensor: a
+    view, never a copy. Anything else is an :class:`InputError` naming the item and the fix."""
+    if isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.device.type == "cpu" and t.is_contiguous():
+        return t if t.dim() == 1 else t.view(-1)
+    what = f"{arg}[{i}]"
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{what} is {type(t).__name__}; pass a contiguous torch.uint8 CPU tensor")
+    raise InputError(
+        f"{what} is dtype={t.dtype}, device={t.device}, contiguous={t.is_contiguous()}; pass a "
+        "contiguous torch.uint8 CPU tensor (use .view(torch.uint8).contiguous().cpu())"
+    )
+
+
 def check_payload_size(tier_name: str, namespace: str, fixed_bytes: int | None, nbytes: int, what: str) -> None:
     """Raise InputError unless ``nbytes`` is a valid chunk size for the namespace (every chunk of a
     namespace has the size its first put fixed, ``fixed_bytes``; None = not fixed yet)."""

@@ -53,7 +53,7 @@ import torch
 import xxhash
 
 from radixkv.errors import CapacityError, ConfigError, InputError
-from radixkv.tiers.base import TierStats, check_payload_size, config_or_options
+from radixkv.tiers.base import TierStats, byte_tensor, check_payload_size, config_or_options
 from radixkv.tiers.disk_io import pread_all, pwrite_all, read_frame, write_frame
 from radixkv.tiers.framing import HEADER_BYTES, decode_header, encode_header, payload_checksum
 
@@ -111,20 +111,6 @@ class DiskTierConfig:
         ):
             raise ConfigError(f"DiskTierConfig.overlap_min_bytes={self.overlap_min_bytes!r} must be a "
                               "positive number of bytes or None (off)")
-
-
-def _byte_view(t: object, arg: str, i: int) -> memoryview:
-    if isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.is_cpu and t.is_contiguous():
-        return memoryview(t.view(-1).numpy())
-    what = f"{arg}[{i}]"
-    if not isinstance(t, torch.Tensor):
-        raise InputError(f"{what} is {type(t).__name__}; pass a 1-D torch.uint8 CPU tensor")
-    if t.dtype != torch.uint8 or t.device.type != "cpu" or not t.is_contiguous():
-        raise InputError(
-            f"{what} is dtype={t.dtype}, device={t.device}, contiguous={t.is_contiguous()}; pass a "
-            "contiguous torch.uint8 CPU tensor (use .view(torch.uint8).contiguous().cpu())"
-        )
-    return memoryview(t.view(-1).numpy())
 
 
 def _check_ident(namespace: object, keys: object) -> None:
@@ -186,7 +172,7 @@ class DiskTier:
         _check_ident(namespace, keys)
         if len(keys) != len(payloads):
             raise InputError(f"{len(keys)} keys but {len(payloads)} payloads; pass one payload per key")
-        views = [_byte_view(p, "payloads", i) for i, p in enumerate(payloads)]
+        views = [memoryview(byte_tensor(p, "payloads", i).numpy()) for i, p in enumerate(payloads)]
         with self._lock:
             self._check_open()
             first_put = views and namespace not in self._ns_payload_bytes
@@ -221,7 +207,7 @@ class DiskTier:
         _check_ident(namespace, keys)
         if len(keys) != len(buffers):
             raise InputError(f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key")
-        views = [_byte_view(b, "buffers", i) for i, b in enumerate(buffers)]
+        views = [memoryview(byte_tensor(b, "buffers", i).numpy()) for i, b in enumerate(buffers)]
         with self._lock:
             self._check_open()
             fixed = self._ns_payload_bytes.get(namespace)

@@ -30,7 +30,7 @@ import torch
 
 from radixkv.errors import CapacityError, ConfigError, InputError
 from radixkv.hostcopy import HostCopier
-from radixkv.tiers.base import TierStats, check_payload_size, config_or_options
+from radixkv.tiers.base import TierStats, byte_tensor, check_payload_size, config_or_options
 
 __all__ = ["MemoryTier", "MemoryTierConfig", "MemoryLease"]
 
@@ -128,20 +128,6 @@ class MemoryLease:
         self.release()
 
 
-def _byte_view(t: object, arg: str, i: int) -> torch.Tensor:
-    if isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.is_cpu and t.is_contiguous():
-        return t if t.dim() == 1 else t.view(-1)
-    what = f"{arg}[{i}]"
-    if not isinstance(t, torch.Tensor):
-        raise InputError(f"{what} is {type(t).__name__}; pass a 1-D torch.uint8 CPU tensor")
-    if t.dtype != torch.uint8 or t.device.type != "cpu" or not t.is_contiguous():
-        raise InputError(
-            f"{what} is dtype={t.dtype}, device={t.device}, contiguous={t.is_contiguous()}; pass a "
-            "contiguous torch.uint8 CPU tensor (use .view(torch.uint8).contiguous().cpu())"
-        )
-    return t if t.dim() == 1 else t.view(-1)
-
-
 def _check_ident(namespace: object, keys: object) -> None:
     if not isinstance(namespace, str) or not namespace:
         raise InputError(f"namespace={namespace!r} must be a non-empty str (Namespace.digest)")
@@ -191,7 +177,7 @@ class MemoryTier:
         _check_ident(namespace, keys)
         if len(keys) != len(payloads):
             raise InputError(f"{len(keys)} keys but {len(payloads)} payloads; pass one payload per key")
-        views = [_byte_view(p, "payloads", i) for i, p in enumerate(payloads)]
+        views = [byte_tensor(p, "payloads", i) for i, p in enumerate(payloads)]
         ok = [False] * len(keys)
         todo: list[tuple[int, _Slot]] = []
         with self._lock:
@@ -243,7 +229,7 @@ class MemoryTier:
         _check_ident(namespace, keys)
         if len(keys) != len(buffers):
             raise InputError(f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key")
-        outs = [_byte_view(b, "buffers", i) for i, b in enumerate(buffers)]
+        outs = [byte_tensor(b, "buffers", i) for i, b in enumerate(buffers)]
         slots = self._acquire(namespace, keys, [o.numel() for o in outs])
         held = [s for s in slots if s is not None]
         try:

@@ -47,11 +47,10 @@ import time
 from dataclasses import replace
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 
 from radixkv.errors import CapacityError, InputError
-from radixkv.tiers.base import TierStats
+from radixkv.tiers.base import TierStats, byte_tensor
 from radixkv.tiers.framing import HEADER_BYTES, encode_header
 from radixkv.tiers.redis_accounting import ByteLedger
 from radixkv.tiers.redis_client import NAME_RE, FramedValue, RedisTierConfig, RedisUrl, build_config
@@ -75,18 +74,6 @@ def _check_keys(keys: Sequence[str]) -> None:
     for key in keys:
         if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
             raise InputError(f"chunk key {key!r} must be 1-256 printable ASCII characters without spaces")
-
-
-def _byte_view(t: torch.Tensor, what: str) -> np.ndarray:
-    """The tensor's memory as a flat uint8 numpy array (shared, not copied)."""
-    if not isinstance(t, torch.Tensor):
-        raise InputError(f"{what} is {type(t).__name__}; pass a contiguous torch.uint8 CPU tensor")
-    if t.dtype != torch.uint8 or t.device.type != "cpu" or not t.is_contiguous():
-        raise InputError(
-            f"{what} is dtype={t.dtype}, device={t.device}, contiguous={t.is_contiguous()}; pass a "
-            "contiguous torch.uint8 CPU tensor (use .view(torch.uint8).contiguous().cpu())"
-        )
-    return t.detach().view(-1).numpy()
 
 
 class RedisTier:
@@ -152,7 +139,7 @@ class RedisTier:
         _check_keys(keys)
         if len(keys) != len(payloads):
             raise InputError(f"put_many got {len(keys)} keys but {len(payloads)} payloads; pass one per key")
-        views = [memoryview(_byte_view(p, f"payloads[{i}]")) for i, p in enumerate(payloads)]
+        views = [memoryview(byte_tensor(p, "payloads", i).numpy()) for i, p in enumerate(payloads)]
         ok = [False] * len(keys)
         ident = len(namespace) + HEADER_BYTES
         frame_sizes = [ident + len(k) + v.nbytes for k, v in zip(keys, views)]
@@ -211,7 +198,7 @@ class RedisTier:
         _check_keys(keys)
         if len(keys) != len(buffers):
             raise InputError(f"get_many got {len(keys)} keys but {len(buffers)} buffers; pass one per key")
-        dsts = [_byte_view(b, f"buffers[{i}]") for i, b in enumerate(buffers)]
+        dsts = [byte_tensor(b, "buffers", i).numpy() for i, b in enumerate(buffers)]
         started = time.monotonic()
         ok = [False] * len(keys)
         gone: list[str] = []
