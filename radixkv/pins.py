@@ -19,11 +19,14 @@ class PinTable:
     """node id -> {owner: lease expiry (clock seconds)}. ``n in table`` is true while any pin, expired
     or not, is recorded for ``n``; :meth:`is_pinned` asks whether one still protects it."""
 
-    __slots__ = ("_pins", "_clock")
+    __slots__ = ("_pins", "_clock", "by_node")
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._pins: dict[int, dict[str, float]] = {}
         self._clock = clock
+        # The same dict, for hot loops (the tree's eviction) that test "any pin on n?" without a
+        # method call per node. Read-only: change pins through the methods.
+        self.by_node = self._pins
 
     def __contains__(self, node_id: int) -> bool:
         return node_id in self._pins

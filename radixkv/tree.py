@@ -518,12 +518,13 @@ class RadixTree:
         reads the tree afresh, so it stays valid across evictions when the policy's iterator does."""
         bit, mask, nchild = 1 << t, self._mask, self._nchild
         tchild, pins = self._tchild[t], self._pins
+        held = pins.by_node  # the dict itself: a plain truth test per candidate, no method call
         gen = self._policies[t].candidates()
         try:
             for n in gen:
                 if not mask[n] & bit or tchild[n]:
                     continue
-                if pins and n in pins and pins.is_pinned(n):
+                if held and n in held and pins.is_pinned(n):
                     continue
                 if drop and nchild[n] and mask[n] == bit:
                     continue
@@ -558,6 +559,7 @@ class RadixTree:
         bit, mask, nchild, tchild = 1 << t, self._mask, self._nchild, self._tchild[t]
         parent, size, key, ns, index = self._parent, self._size, self._key, self._ns, self._index
         pins, free = self._pins, self._free
+        held = pins.by_node  # the dict itself: a plain truth test per eviction, no method call
         pol = self._policies[t]
         on_remove, on_leaf = pol.on_remove, pol.on_leaf
         evicted = freed_bytes = 0
@@ -567,7 +569,7 @@ class RadixTree:
                 m = mask[n]
                 if not m & bit or tchild[n] or (nchild[n] and m == bit):
                     continue
-                if pins and n in pins and pins.is_pinned(n):
+                if held and n in held and pins.is_pinned(n):
                     continue
                 on_remove((n,))
                 m = mask[n] = m & ~bit
@@ -581,7 +583,7 @@ class RadixTree:
                         on_leaf(p)
                 if m == 0:
                     del index[ns[n]][key[n]]  # type: ignore[index]
-                    if pins:
+                    if held:
                         pins.forget(n)
                     key[n] = None
                     ns[n] = None
