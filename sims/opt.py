@@ -61,22 +61,29 @@ class OPTPolicy:
         self._cur: dict[int, tuple[int, int, int] | None] = {}  # node -> its live heap entry
         self._unknown: set[int] = set()  # inserted, next use not yet told
         self._depth: list[int] = []
+        self._tchild: list[int] = []
 
     def bind(self, tree: RadixTree, tier_index: int) -> None:
-        self._depth = tree._depth  # read-only view of the tree's depth column
+        self._depth = tree._depth  # read-only views of the tree's depth column
+        self._tchild = tree._tchild[tier_index]  # and of the children resident in the tier
 
     def __len__(self) -> int:
         return len(self._cur)
 
     def set_next_use(self, node_ids: Sequence[int], next_use: Sequence[int]) -> None:
-        """Oracle hook: the index of the next request using each node (root->leaf path order)."""
-        cur, heap, depth = self._cur, self._heap, self._depth
+        """Oracle hook: the index of the next request using each node (root->leaf path order).
+
+        Only tier leaves enter the heap now: an interior node cannot be a victim, and its entry is
+        pushed by :meth:`on_leaf` when its last child leaves (most of a path is interior, so this
+        keeps the heap a few times smaller)."""
+        cur, heap, depth, tchild = self._cur, self._heap, self._depth, self._tchild
         for n, t in zip(node_ids, next_use):
             if n in cur:
                 self._unknown.discard(n)
                 e = (-t, -depth[n], n)
                 cur[n] = e
-                heapq.heappush(heap, e)
+                if not tchild[n]:
+                    heapq.heappush(heap, e)
 
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         cur = self._cur
@@ -125,6 +132,8 @@ class OPTPolicy:
 
     def check_integrity(self) -> None:
         live = {e[2] for e in self._heap if self._cur.get(e[2]) is e}
-        known = {n for n, e in self._cur.items() if e is not None}
+        known_leaves = {n for n, e in self._cur.items() if e is not None and not self._tchild[n]}
         assert self._unknown == {n for n, e in self._cur.items() if e is None}, "opt: unknown set drifted"
-        assert live == known, f"opt: {len(known - live)} nodes missing from the heap"
+        missing = known_leaves - live
+        assert not missing, f"opt: {len(missing)} tier leaves missing from the heap, e.g. {sorted(missing)[:5]}"
+        assert live <= set(self._cur), "opt: a live heap entry for a node not in the tier"
