@@ -210,8 +210,11 @@ class RadixTree:
             # Not one chain (or a chain with a hole): fall back to a checked walk.
             hit, last = self._walk(idx, keys)
         if touch:
-            self._now += 1
-            self._touch(last)
+            self._now = now = self._now + 1
+            if self._mask[last] == 1:  # held by the first tier only: one policy hears it
+                self._policies[0].on_access(last, now)
+            else:
+                self._touch(last)
         return MatchResult(self, keys, idx, hit, last)
 
     def _walk(self, idx: Mapping[str, int], keys: Sequence[str]) -> tuple[int, int]:
@@ -358,15 +361,20 @@ class RadixTree:
                     for n in ids[:n_reuse]:
                         tc[n] = 0
         if n_new:
-            # Fresh slots are contiguous at the end: one C-level extend per column.
-            columns: list[tuple[list, Sequence]] = [
-                (self._key, keys), (self._ns, [ns] * m), (self._parent, parents),
-                (self._depth, range(depth + 1, depth + m + 1)), (self._nchild, chain_children),
-                (self._mask, [1 << t] * m), (self._tokens, [chunk_tokens] * m), (self._size, [size_bytes] * m),
-            ]
-            columns += [(tc, chain_children if i == t else [0] * m) for i, tc in enumerate(self._tchild)]
-            for column, values in columns:
-                column.extend(values[n_reuse:])
+            # Fresh slots are contiguous at the end: one C-level extend per column (from the values
+            # themselves when no slot was reused, the common case while a tree grows).
+            r, k = n_reuse, n_new
+            self._key.extend(keys[r:] if r else keys)
+            self._ns.extend([ns] * k)
+            self._parent.extend(parents[r:] if r else parents)
+            self._depth.extend(range(depth + 1 + r, depth + m + 1))
+            self._nchild.extend(chain_children[r:] if r else chain_children)
+            self._mask.extend([1 << t] * k)
+            self._tokens.extend([chunk_tokens] * k)
+            self._size.extend([size_bytes] * k)
+            zeros = [0] * k
+            for i, tc in enumerate(self._tchild):
+                tc.extend(zeros if i != t else chain_children[r:] if r else chain_children)
         if parent != _NO_PARENT:
             self._nchild[parent] += 1
             self._tchild[t][parent] += 1

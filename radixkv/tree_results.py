@@ -64,6 +64,7 @@ class MatchResult:
     """The longest prefix of a key chain present in any tier. Per-chunk details are computed lazily,
     so a caller that needs only ``hit_chunks`` pays for nothing else. Valid until the tree changes."""
 
+    # _ids and _masks stay unset until asked for (one slot store less each per match: the hot path).
     __slots__ = ("hit_chunks", "_tree", "_ids", "_keys", "_index", "_masks", "_last")
 
     def __init__(
@@ -75,15 +76,15 @@ class MatchResult:
         self._tree = tree
         self._keys = keys
         self._index = index
-        self._ids: list[int] | None = None
-        self._masks: list[int] | None = None
 
     @property
     def node_ids(self) -> list[int]:
         """Node ids of the hit chunks, root->leaf."""
-        if self._ids is None:
-            self._ids = list(map(self._index.__getitem__, self._keys[: self.hit_chunks]))
-        return self._ids
+        try:
+            return self._ids
+        except AttributeError:
+            self._ids: list[int] = list(map(self._index.__getitem__, self._keys[: self.hit_chunks]))
+            return self._ids
 
     @property
     def last_node_id(self) -> int | None:
@@ -94,9 +95,11 @@ class MatchResult:
     @property
     def tier_masks(self) -> list[int]:
         """Residency bitmask per hit chunk (bit i set = resident in ``tree.tiers[i]``)."""
-        if self._masks is None:
-            self._masks = list(map(self._tree._mask.__getitem__, self.node_ids))
-        return self._masks
+        try:
+            return self._masks
+        except AttributeError:
+            self._masks: list[int] = list(map(self._tree._mask.__getitem__, self.node_ids))
+            return self._masks
 
     def tier_of(self, i: int) -> str:
         """Name of the fastest (first-listed) tier holding hit chunk ``i``."""
