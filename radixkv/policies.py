@@ -122,13 +122,11 @@ class LRUPolicy:
         self._order: OrderedDict[int, None] = OrderedDict()
         self._aside: list[int] = []  # skipped candidates, only during one candidates() run
         self._resident = 0  # nodes in the tier: ordered + parked + aside
-        self._is_leaf: Callable[[int], bool] = lambda _n: True
         self._tchild: list[int] = []
         self._mask: list[int] = []
         self._bit = 1
 
     def bind(self, tree: RadixTree, tier_index: int) -> None:
-        self._is_leaf = tree.tier_leaf_predicate(tier_index)
         self._tchild = tree._tchild[tier_index]  # read-only view: children resident in the tier
         self._mask, self._bit = tree._mask, 1 << tier_index  # read-only: residency, for integrity
 
@@ -170,12 +168,12 @@ class LRUPolicy:
         # Always look at the current oldest entry, so the tree may evict what we yield (and
         # on_leaf may put a parent in front) between steps. A yielded node the tree skipped
         # (pinned) is set aside and put back in front when iteration ends.
-        order, is_leaf = self._order, self._is_leaf
+        order, tchild = self._order, self._tchild  # tchild[n]: n's children in the tier
         aside = self._aside
         try:
             while order:
                 n = next(iter(order))
-                if not is_leaf(n):
+                if tchild[n]:
                     del order[n]  # parked: it gained a child since it was ordered
                     continue
                 yield n

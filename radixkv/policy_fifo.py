@@ -5,7 +5,7 @@ Imported by :mod:`radixkv.policies`, which registers them; see its docstring for
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from radixkv.errors import ConfigError
 from radixkv.policies import register_policy
@@ -39,13 +39,13 @@ class S3FIFOPolicy:
         self._ghost: OrderedDict[tuple[str | None, str | None], None] = OrderedDict()
         self._aside: list[tuple[int, bool]] = []
         self._resident = 0  # small + main + parked + aside, kept as a count (asked once per step)
-        self._is_leaf: Callable[[int], bool] = lambda _n: True
+        self._tchild: list[int] = []  # read-only view: children resident in the tier
         self._parent: list[int] = []
         self._keys: list[str | None] = []
         self._ns: list[str | None] = []
 
     def bind(self, tree: RadixTree, tier_index: int) -> None:
-        self._is_leaf = tree.tier_leaf_predicate(tier_index)
+        self._tchild = tree._tchild[tier_index]
         self._parent, self._keys, self._ns = tree._parent, tree._key, tree._ns
 
     def __len__(self) -> int:
@@ -106,8 +106,8 @@ class S3FIFOPolicy:
                 ghost.popitem(last=False)
 
     def candidates(self) -> Iterator[int]:
-        small, main, freq, is_leaf, parked, aside = (
-            self._small, self._main, self._freq, self._is_leaf, self._parked, self._aside,
+        small, main, freq, tchild, parked, aside = (
+            self._small, self._main, self._freq, self._tchild, self._parked, self._aside,
         )
         frac = self._small_fraction
         try:
@@ -115,7 +115,7 @@ class S3FIFOPolicy:
                 use_small = bool(small) and (not main or len(small) >= frac * self._resident)
                 q = small if use_small else main
                 n = next(iter(q))
-                if not is_leaf(n):
+                if tchild[n]:
                     del q[n]
                     parked[n] = not use_small
                     continue
@@ -163,11 +163,11 @@ class SIEVEPolicy:
         self._hand = -1
         self._visited: set[int] = set()
         self._inserted_at = -1  # clock of the last insert: its own path touch is not a reuse
-        self._is_leaf: Callable[[int], bool] = lambda _n: True
+        self._tchild: list[int] = []  # read-only view: children resident in the tier
         self._parent: list[int] = []
 
     def bind(self, tree: RadixTree, tier_index: int) -> None:
-        self._is_leaf = tree.tier_leaf_predicate(tier_index)
+        self._tchild = tree._tchild[tier_index]
         self._parent = tree._parent
 
     def __len__(self) -> int:
@@ -215,7 +215,7 @@ class SIEVEPolicy:
                     visited.add(p)
 
     def candidates(self) -> Iterator[int]:
-        newer, visited, is_leaf = self._newer, self._visited, self._is_leaf
+        newer, visited, tchild = self._newer, self._visited, self._tchild
         idle = 0  # steps since the last eviction; two full sweeps without one means none is possible
         while newer and idle <= 2 * len(newer) + 2:
             n = self._hand if self._hand >= 0 else self._tail
@@ -224,7 +224,7 @@ class SIEVEPolicy:
             if n in visited:
                 visited.discard(n)
                 continue
-            if not is_leaf(n):
+            if tchild[n]:
                 continue
             yield n
             if n not in newer:

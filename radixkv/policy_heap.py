@@ -7,7 +7,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from radixkv.errors import ConfigError
 from radixkv.policies import register_policy
@@ -35,7 +35,6 @@ class _HeapPolicy:
         self._heap: list[tuple[float, int, int]] = []
         self._entry: dict[int, tuple[float, int, int] | None] = {}  # None = parked (interior)
         self._aside: list[tuple[float, int, int]] = []
-        self._is_leaf: Callable[[int], bool] = lambda _n: True
         self._tchild: list[int] = []
         self._depth: list[int] = []
         self._parent: list[int] = []
@@ -44,7 +43,6 @@ class _HeapPolicy:
         self._ns: list[str | None] = []
 
     def bind(self, tree: RadixTree, tier_index: int) -> None:
-        self._is_leaf = tree.tier_leaf_predicate(tier_index)
         self._tchild = tree._tchild[tier_index]  # read-only: children resident in the tier
         # Read-only views of the tree's node columns (struct of arrays, indexed by node id).
         self._depth, self._parent, self._tokens = tree._depth, tree._parent, tree._tokens
@@ -107,7 +105,7 @@ class _HeapPolicy:
             heapq.heapify(self._heap)
 
     def candidates(self) -> Iterator[int]:
-        heap, entry, is_leaf, aside = self._heap, self._entry, self._is_leaf, self._aside
+        heap, entry, tchild, aside = self._heap, self._entry, self._tchild, self._aside
         pop = heapq.heappop
         try:
             while heap:
@@ -116,7 +114,7 @@ class _HeapPolicy:
                 if entry.get(n) is not e:
                     pop(heap)  # stale
                     continue
-                if not is_leaf(n):
+                if tchild[n]:  # interior in the tier
                     pop(heap)
                     entry[n] = None  # park until on_leaf
                     continue
