@@ -10,6 +10,7 @@ then joins every thread, so a closed pool leaves no thread behind.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from typing import Any, Callable, Generic, TypeVar
@@ -111,18 +112,30 @@ class WorkerPool:
         on_depth: Callable[[int], None] | None = None,
     ) -> None:
         self.name = name
-        self._queue: queue.Queue[Job[Any] | None] = queue.Queue(maxsize=max_queue)
+        self._n_threads = n_threads
         self._on_depth = on_depth
         self._closed = False
+        self._start(max_queue)
+
+    def _start(self, max_queue: int) -> None:
+        self._pid = os.getpid()
+        self._queue: queue.Queue[Job[Any] | None] = queue.Queue(maxsize=max_queue)
         self._close_lock = threading.Lock()
         self._inflight = 0
         self._idle = threading.Condition()
         self._threads = [
-            threading.Thread(target=self._loop, name=f"radixkv-{name}-{i}", daemon=True)
-            for i in range(n_threads)
+            threading.Thread(target=self._loop, name=f"radixkv-{self.name}-{i}", daemon=True)
+            for i in range(self._n_threads)
         ]
-        for t in self._threads:
-            t.start()
+        if not self._closed:
+            for t in self._threads:
+                t.start()
+
+    def _fork_check(self) -> None:
+        """In a forked child, start over: the parent's threads do not exist here, its queued jobs are
+        the parent's to run, and its locks may have been copied mid-use."""
+        if os.getpid() != self._pid:
+            self._start(self._queue.maxsize)
 
     @property
     def depth(self) -> int:
@@ -139,6 +152,7 @@ class WorkerPool:
     ) -> Job[T] | None:
         """Queue ``fn``; None if the queue stayed full (``block=False`` or ``timeout_s`` elapsed).
         RuntimeError after :meth:`close`."""
+        self._fork_check()
         if self._closed:
             raise RuntimeError(f"worker pool {self.name!r} is closed; create a new store")
         job: Job[T] = Job(fn, cancel_result, name)
@@ -154,6 +168,7 @@ class WorkerPool:
 
     def drain(self, timeout_s: float | None = None) -> bool:
         """Wait until every submitted job has finished; False on timeout."""
+        self._fork_check()
         with self._idle:
             return self._idle.wait_for(lambda: self._inflight == 0, timeout_s)
 
@@ -163,6 +178,7 @@ class WorkerPool:
         Returns True if everything finished within ``timeout_s``; on timeout, remaining queued jobs
         are cancelled and running ones are asked to stop before joining. Idempotent.
         """
+        self._fork_check()
         with self._close_lock:
             if self._closed:
                 return True

@@ -17,13 +17,12 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import torch
 
 from radixkv.errors import ConfigError, InputError
+from radixkv.forksafe import ForkSafeExecutor
 
 __all__ = ["HostCopier", "default_copy_threads"]
 
@@ -52,8 +51,9 @@ class HostCopier:
             raise ConfigError(f"parallel_min_bytes={parallel_min_bytes!r} must be a non-negative integer (bytes)")
         self.threads = threads
         self.parallel_min_bytes = parallel_min_bytes
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
+        # Started on the first parallel batch (a tier that only sees small ones never starts threads);
+        # fork-safe, so a copier built before an engine forks still works in the children.
+        self._pool = ForkSafeExecutor(threads - 1, thread_name_prefix="radixkv-copy") if threads > 1 else None
 
     def copy(self, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> int:
         """Copy ``srcs[i]`` into ``dsts[i]`` for every i; returns the bytes copied."""
@@ -86,7 +86,7 @@ class HostCopier:
                     return
                 _memmove(*pieces[i])
 
-        futures = [self._executor().submit(work) for _ in range(k - 1)]
+        futures = [self._pool.submit(work) for _ in range(k - 1)]  # type: ignore[union-attr]
         try:
             work()
         finally:
@@ -95,16 +95,8 @@ class HostCopier:
         return total
 
     def close(self) -> None:
-        with self._pool_lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
-
-    def _executor(self) -> ThreadPoolExecutor:
-        with self._pool_lock:
-            if self._pool is None:  # lazily: a tier that only sees small batches never starts threads
-                self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="radixkv-copy")
-            return self._pool
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
 
 def _nbytes(t: object, what: str, i: int) -> int:

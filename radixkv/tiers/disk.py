@@ -45,7 +45,6 @@ import re
 import secrets
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -53,6 +52,7 @@ import torch
 import xxhash
 
 from radixkv.errors import CapacityError, ConfigError, InputError
+from radixkv.forksafe import ForkSafeExecutor
 from radixkv.tiers.base import TierStats, byte_tensor, check_payload_size, config_or_options
 from radixkv.tiers.disk_io import pread_all, pwrite_all, read_frame, write_frame
 from radixkv.tiers.framing import HEADER_BYTES, decode_header, encode_header, payload_checksum
@@ -160,9 +160,10 @@ class DiskTier:
         self._prepare_root()
         if not config.shared:
             self._reset_spares()
-        self._pool = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"radixkv-{self.name}-io")
+        # Fork-safe: a tier built before an engine forks its workers still works in the children.
+        self._pool = ForkSafeExecutor(config.io_threads, thread_name_prefix=f"radixkv-{self.name}-io")
         # Helpers of the overlapped paths; only _pool's tasks submit here, so neither pool can deadlock.
-        self._aux = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"radixkv-{self.name}-aux")
+        self._aux = ForkSafeExecutor(config.io_threads, thread_name_prefix=f"radixkv-{self.name}-aux")
         self._closed = False
         self._scan()
 

@@ -1,0 +1,63 @@
+"""Thread pools that survive ``fork``: a child process recreates them on first use.
+
+A forked child inherits the parent's objects but none of its threads. A ``ThreadPoolExecutor`` built
+before the fork still believes its workers exist, so in the child every ``submit`` queues work that
+no thread ever runs, and a caller waiting on it hangs forever (measured: a disk or memory tier used
+before ``os.fork()`` hung in the child on its first batched call). Engines fork worker processes
+(Python's default start method on Linux), so a tier must not depend on where it was built.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+__all__ = ["ForkSafeExecutor"]
+
+
+class ForkSafeExecutor:
+    """A ``ThreadPoolExecutor`` (started lazily) that a forked child replaces with a fresh one.
+
+    The parent's pool is dropped in the child without shutting it down: its threads do not exist
+    there, and its locks may have been copied mid-use."""
+
+    def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
+        self._max_workers = max_workers
+        self._prefix = thread_name_prefix
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._shut = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        return self._executor().submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop this process's pool (a no-op for one inherited across fork); later submits raise."""
+        self._fork_check()
+        with self._lock:
+            self._shut = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=wait)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        self._fork_check()
+        pool = self._pool
+        if pool is not None:
+            return pool
+        with self._lock:
+            if self._shut:
+                raise RuntimeError(f"thread pool {self._prefix!r} is shut down")
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix=self._prefix)
+            return self._pool
+
+    def _fork_check(self) -> None:
+        pid = os.getpid()
+        if pid != self._pid:  # a forked child: forget the parent's pool (and its possibly held lock)
+            self._pid = pid
+            self._lock = threading.Lock()
+            self._pool = None

@@ -1,0 +1,112 @@
+"""Tiers and pools built before a fork keep working in the child (engines fork their workers).
+
+A forked child inherits objects but no threads: a plain ThreadPoolExecutor built in the parent queues
+the child's work forever. Each test uses a pool or tier in the parent (so its threads exist), forks,
+uses it again in the child and requires the child to finish, correctly, within a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+import numpy as np
+import pytest
+import torch
+
+from radixkv.background import WorkerPool
+from radixkv.forksafe import ForkSafeExecutor
+from radixkv.tiers.disk import DiskTier
+from radixkv.tiers.memory import MemoryTier
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+MiB = 1 << 20
+
+
+def _in_child(fn, deadline_s: float = 30.0) -> None:
+    """Run ``fn`` in a forked child; fail if it raises, returns False or does not finish in time."""
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        import faulthandler
+
+        faulthandler.dump_traceback_later(deadline_s - 5, exit=True)  # where it hangs, if it does
+        code = 1
+        try:
+            code = 0 if fn() else 3
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0, "the child failed (its traceback is above)"
+            return
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail(f"the forked child hung for {deadline_s}s")
+
+
+def _same(outs, data) -> bool:
+    return all(np.array_equal(o.numpy(), d.numpy()) for o, d in zip(outs, data))
+
+
+def _bytes(value: int) -> torch.Tensor:
+    # numpy-made: torch's own fill/compare kernels use its OpenMP pool, which does not survive a fork
+    # either (that hang is torch's, not the tier's), so the child never runs a torch kernel
+    return torch.from_numpy(np.full(MiB, value, dtype=np.uint8))
+
+
+def test_executor_used_before_fork_runs_in_the_child():
+    ex = ForkSafeExecutor(2, thread_name_prefix="t")
+    try:
+        assert ex.submit(lambda: 41 + 1).result(timeout=10) == 42
+        _in_child(lambda: ex.submit(lambda: os.getpid()).result(timeout=10) == os.getpid())
+        assert ex.submit(lambda: 7).result(timeout=10) == 7  # the parent's pool is untouched
+    finally:
+        ex.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["disk", "memory"])
+def test_tier_used_before_fork_serves_the_child(kind, tmp_path):
+    if kind == "disk":
+        tier = DiskTier(root=str(tmp_path / "d"), capacity_bytes=64 * MiB, io_threads=2)
+    else:
+        tier = MemoryTier(capacity_bytes=64 * MiB, copy_threads=2)  # batches of 8 MiB: parallel copies
+    try:
+        keys = [f"k{i}" for i in range(8)]
+        data = [_bytes(i) for i in range(8)]
+        assert tier.put_many("ns", keys, data) == [True] * 8
+        outs = [_bytes(0) for _ in keys]
+        assert tier.get_many("ns", keys, outs) == [True] * 8  # the parent's threads now exist
+
+        def child() -> bool:
+            got = [_bytes(0) for _ in keys]
+            more = [_bytes(100 + i) for i in range(8)]
+            return (tier.get_many("ns", keys, got) == [True] * 8 and _same(got, data)
+                    and tier.put_many("ns", [f"c{i}" for i in range(8)], more) == [True] * 8)
+
+        _in_child(child)
+        assert tier.get_many("ns", keys, outs) == [True] * 8 and _same(outs, data)
+    finally:
+        tier.close()
+
+
+def test_worker_pool_used_before_fork_runs_the_childs_jobs():
+    pool = WorkerPool("t", n_threads=2, max_queue=8)
+    try:
+        assert pool.submit(lambda job: 1, 0).wait(10) == 1
+
+        def child() -> bool:
+            jobs = [pool.submit(lambda job, i=i: i * i, -1) for i in range(5)]
+            ok = [j.wait(10) for j in jobs] == [0, 1, 4, 9, 16] and pool.drain(10)
+            return ok and pool.close(flush=True, timeout_s=10)
+
+        _in_child(child)
+        assert pool.submit(lambda job: 2, 0).wait(10) == 2
+    finally:
+        pool.close(flush=False, timeout_s=10)
