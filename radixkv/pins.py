@@ -79,3 +79,11 @@ class PinTable:
     def pinned_count(self) -> int:
         """Nodes some unexpired pin protects."""
         return sum(1 for n in list(self._pins) if self.is_pinned(n))
+
+    def check_integrity(self) -> None:
+        """Every recorded node has at least one owner, each with a numeric expiry."""
+        assert self.by_node is self._pins, "pins: the hot-loop view is not the pin map"
+        for n, held in self._pins.items():
+            assert isinstance(n, int) and held, f"pins: node {n!r} has no owner left"
+            for owner, exp in held.items():
+                assert owner and isinstance(exp, (int, float)), f"pins: node {n} owner {owner!r} expiry {exp!r}"

@@ -65,6 +65,7 @@ def check_tree(tree: RadixTree) -> None:
                 assert tree._tchild[t][n] == tchild[t][n], f"node {n} tier {t} child count wrong"
     assert tier_bytes == tree._tier_bytes, f"tier bytes {tree._tier_bytes} != {tier_bytes}"
     assert tier_chunks == tree._tier_chunks, f"tier chunks {tree._tier_chunks} != {tier_chunks}"
+    tree._pins.check_integrity()
     for n in tree._pins:
         assert tree._key[n] is not None, f"pin on removed node {n}"
     for t, pol in enumerate(tree._policies):

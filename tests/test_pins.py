@@ -58,3 +58,12 @@ def test_bad_pins_rejected(owner, lease, match):
     with pytest.raises(PinError, match=match):
         pins.pin([1], owner, lease_s=lease)
     assert len(pins) == 0
+
+
+def test_check_integrity_catches_an_ownerless_record():
+    pins = PinTable(Clock())
+    pins.pin([1], "a", lease_s=1)
+    pins.check_integrity()
+    pins.by_node[2] = {}  # what a buggy unpin would leave behind
+    with pytest.raises(AssertionError, match="node 2 has no owner"):
+        pins.check_integrity()
