@@ -73,7 +73,7 @@ class OPTPolicy:
     def set_next_use(self, node_ids: Sequence[int], next_use: Sequence[int]) -> None:
         """Oracle hook: the index of the next request using each node (root->leaf path order).
 
-        Only tier leaves enter the heap now: an interior node cannot be a victim, and its entry is
+        Only tier leaves enter the heap: an interior node cannot be a victim, and its entry is
         pushed by :meth:`on_leaf` when its last child leaves (most of a path is interior, so this
         keeps the heap a few times smaller)."""
         cur, heap, depth, tchild = self._cur, self._heap, self._depth, self._tchild
@@ -127,7 +127,8 @@ class OPTPolicy:
                 if cur.get(e[2]) is e:
                     heapq.heappush(heap, e)
             if len(heap) > 4 * len(cur) + 1024:
-                self._heap = [e for e in cur.values() if e is not None]
+                tchild = self._tchild
+                self._heap = [e for n, e in cur.items() if e is not None and not tchild[n]]
                 heapq.heapify(self._heap)
 
     def check_integrity(self) -> None:
