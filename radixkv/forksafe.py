@@ -9,12 +9,15 @@ before ``os.fork()`` hung in the child on its first batched call). Engines fork 
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
-__all__ = ["ForkSafeExecutor"]
+__all__ = ["ForkSafeExecutor", "run_shared"]
+
+T = TypeVar("T")
 
 
 class ForkSafeExecutor:
@@ -61,3 +64,29 @@ class ForkSafeExecutor:
             self._pid = pid
             self._lock = threading.Lock()
             self._pool = None
+
+
+def run_shared(pool: ForkSafeExecutor | None, threads: int, n: int, fn: Callable[[int], T]) -> list[T]:
+    """``[fn(i) for i in range(n)]``, computed on up to ``threads`` threads: the calling thread and
+    ``threads - 1`` tasks on ``pool``. Each takes the next index from a shared counter: one hand-off
+    per thread, not per item, and a thread the scheduler parks (a loaded machine) leaves its share to
+    the others. Returns once every item is done; re-raises the first exception."""
+    k = min(threads, n) if pool is not None else 1
+    if k <= 1:
+        return [fn(i) for i in range(n)]
+    out: list[Any] = [None] * n
+    counter = itertools.count()
+
+    def work() -> None:
+        for i in counter:  # next() on a count is atomic under the GIL
+            if i >= n:
+                return
+            out[i] = fn(i)
+
+    futures = [pool.submit(work) for _ in range(k - 1)]  # type: ignore[union-attr]
+    try:
+        work()
+    finally:
+        for f in futures:
+            f.result()  # every item done (and no helper still running) before returning
+    return out

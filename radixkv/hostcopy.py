@@ -15,14 +15,13 @@ the first byte moves.
 from __future__ import annotations
 
 import ctypes
-import itertools
 import os
 from typing import Sequence
 
 import torch
 
 from radixkv.errors import ConfigError, InputError
-from radixkv.forksafe import ForkSafeExecutor
+from radixkv.forksafe import ForkSafeExecutor, run_shared
 
 __all__ = ["HostCopier", "default_copy_threads"]
 
@@ -78,20 +77,7 @@ class HostCopier:
             return total
         pieces = [(dst + off, src + off, min(_PIECE_BYTES, n - off))
                   for dst, src, n in jobs for off in range(0, n, _PIECE_BYTES)]
-        counter = itertools.count()
-
-        def work() -> None:
-            for i in counter:  # next() on a count is atomic under the GIL
-                if i >= len(pieces):
-                    return
-                _memmove(*pieces[i])
-
-        futures = [self._pool.submit(work) for _ in range(k - 1)]  # type: ignore[union-attr]
-        try:
-            work()
-        finally:
-            for f in futures:
-                f.result()  # every byte is in place (and no helper still writes) before returning
+        run_shared(self._pool, k, len(pieces), lambda i: _memmove(*pieces[i]))
         return total
 
     def close(self) -> None:

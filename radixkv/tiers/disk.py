@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import collections
 import errno
-import itertools
 import os
 import re
 import secrets
@@ -52,7 +51,7 @@ import torch
 import xxhash
 
 from radixkv.errors import CapacityError, ConfigError, InputError
-from radixkv.forksafe import ForkSafeExecutor
+from radixkv.forksafe import ForkSafeExecutor, run_shared
 from radixkv.tiers.base import TierStats, byte_tensor, check_payload_size, config_or_options
 from radixkv.tiers.disk_io import pread_all, pwrite_all, read_frame, write_frame
 from radixkv.tiers.framing import HEADER_BYTES, decode_header, encode_header, payload_checksum
@@ -515,28 +514,8 @@ class DiskTier:
     # ----------------------------------------------------------------------------- internals
 
     def _run(self, fn: Callable[[int], bool], n: int) -> list[bool]:
-        """``fn(i)`` for every i, on up to ``io_threads`` threads (this one included). Each thread
-        takes the next index from a shared counter: one hand-off per thread, not per chunk, and a
-        thread the scheduler parks (a loaded machine) leaves its share to the others."""
-        k = min(self.config.io_threads, n)
-        if k <= 1:
-            return [fn(i) for i in range(n)]
-        out = [False] * n
-        counter = itertools.count()
-
-        def work() -> None:
-            for i in counter:  # next() on a count is atomic under the GIL
-                if i >= n:
-                    return
-                out[i] = fn(i)
-
-        futures = [self._pool.submit(work) for _ in range(k - 1)]
-        try:
-            work()
-        finally:
-            for f in futures:
-                f.result()  # wait for all (re-raises a helper's exception) before returning
-        return out
+        """``fn(i)`` for every i, on up to ``io_threads`` threads (this one included)."""
+        return run_shared(self._pool, self.config.io_threads, n, fn)
 
     def _reserve_locked(self, frame: int) -> tuple[bool, tuple[str, int] | None]:
         """Reserve ``frame`` bytes for a put (lock held): take the newest spare file to overwrite,
