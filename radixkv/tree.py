@@ -364,17 +364,18 @@ class RadixTree:
             # Fresh slots are contiguous at the end: one C-level extend per column (from the values
             # themselves when no slot was reused, the common case while a tree grows).
             r, k = n_reuse, n_new
+            children = chain_children[r:] if r else chain_children
             self._key.extend(keys[r:] if r else keys)
             self._ns.extend([ns] * k)
             self._parent.extend(parents[r:] if r else parents)
             self._depth.extend(range(depth + 1 + r, depth + m + 1))
-            self._nchild.extend(chain_children[r:] if r else chain_children)
+            self._nchild.extend(children)
             self._mask.extend([1 << t] * k)
             self._tokens.extend([chunk_tokens] * k)
             self._size.extend([size_bytes] * k)
             zeros = [0] * k
             for i, tc in enumerate(self._tchild):
-                tc.extend(zeros if i != t else chain_children[r:] if r else chain_children)
+                tc.extend(children if i == t else zeros)
         if parent != _NO_PARENT:
             self._nchild[parent] += 1
             self._tchild[t][parent] += 1
