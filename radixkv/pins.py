@@ -19,23 +19,22 @@ class PinTable:
     """node id -> {owner: lease expiry (clock seconds)}. ``n in table`` is true while any pin, expired
     or not, is recorded for ``n``; :meth:`is_pinned` asks whether one still protects it."""
 
-    __slots__ = ("_pins", "_clock", "by_node")
+    __slots__ = ("by_node", "_clock")
 
     def __init__(self, clock: Callable[[], float]) -> None:
-        self._pins: dict[int, dict[str, float]] = {}
+        # Public so hot loops (the tree's eviction) can test "any pin on n?" without a method call
+        # per node. Read-only outside this class: change pins through the methods.
+        self.by_node: dict[int, dict[str, float]] = {}
         self._clock = clock
-        # The same dict, for hot loops (the tree's eviction) that test "any pin on n?" without a
-        # method call per node. Read-only: change pins through the methods.
-        self.by_node = self._pins
 
     def __contains__(self, node_id: int) -> bool:
-        return node_id in self._pins
+        return node_id in self.by_node
 
     def __len__(self) -> int:
-        return len(self._pins)
+        return len(self.by_node)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._pins)
+        return iter(self.by_node)
 
     def pin(self, node_ids: Iterable[int], owner: str, lease_s: float) -> None:
         """Record ``owner``'s pin on each node until ``lease_s`` seconds from now (pinning again
@@ -46,24 +45,24 @@ class PinTable:
             raise PinError(f"lease_s={lease_s!r} must be > 0 seconds")
         expiry = self._clock() + lease_s
         for n in node_ids:
-            self._pins.setdefault(n, {})[owner] = expiry
+            self.by_node.setdefault(n, {})[owner] = expiry
 
     def unpin(self, node_ids: Iterable[int], owner: str) -> None:
         """Release ``owner``'s pins; PinError (and nothing released) if a node is not pinned by it."""
         ids = list(node_ids)
         for n in ids:
-            held = self._pins.get(n)
+            held = self.by_node.get(n)
             if held is None or owner not in held:
                 raise PinError(f"node {n} is not pinned by owner {owner!r}")
         for n in ids:
-            held = self._pins[n]
+            held = self.by_node[n]
             del held[owner]
             if not held:
-                del self._pins[n]
+                del self.by_node[n]
 
     def is_pinned(self, node_id: int) -> bool:
         """True while some owner's lease on the node is unexpired."""
-        held = self._pins.get(node_id)
+        held = self.by_node.get(node_id)
         if not held:
             return False
         now = self._clock()
@@ -74,16 +73,15 @@ class PinTable:
 
     def forget(self, node_id: int) -> None:
         """The node left the tree: its pins, expired or not, go with it."""
-        self._pins.pop(node_id, None)
+        self.by_node.pop(node_id, None)
 
     def pinned_count(self) -> int:
         """Nodes some unexpired pin protects."""
-        return sum(1 for n in list(self._pins) if self.is_pinned(n))
+        return sum(1 for n in list(self.by_node) if self.is_pinned(n))
 
     def check_integrity(self) -> None:
         """Every recorded node has at least one owner, each with a numeric expiry."""
-        assert self.by_node is self._pins, "pins: the hot-loop view is not the pin map"
-        for n, held in self._pins.items():
+        for n, held in self.by_node.items():
             assert isinstance(n, int) and held, f"pins: node {n!r} has no owner left"
             for owner, exp in held.items():
                 assert owner and isinstance(exp, (int, float)), f"pins: node {n} owner {owner!r} expiry {exp!r}"
