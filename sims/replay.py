@@ -97,11 +97,14 @@ def replay(
     policy_options: dict | None = None,
     check_every: int = 0,
     progress: bool = False,
+    next_use: list[list[int]] | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` through a fresh tree whose tiers all use ``policy``; return the counts.
 
     ``block_bytes``: bytes of a full block (default: one byte per token, so capacities are in blocks
     either way). ``check_every`` > 0 runs ``tree.check_integrity()`` every that many requests (tests).
+    ``next_use``: the trace's :func:`~radixkv.sims.opt.next_use_table`, if the caller already has it
+    (a sweep computes it once for all its OPT points); computed here otherwise.
     """
     if not tiers:
         raise ConfigError("replay needs at least one tier")
@@ -111,7 +114,11 @@ def replay(
     if oracle and len(tiers) > 1:
         raise ConfigError("the opt policy models one tier; pass a single tier for --policy opt")
     opt_policy = tree.policy(names[0]) if oracle else None
-    next_use = _opt.next_use_table(trace) if oracle else None
+    if oracle and next_use is None:
+        next_use = _opt.next_use_table(trace)
+    if oracle and len(next_use) != len(trace.requests):  # type: ignore[arg-type]
+        raise ConfigError(f"next_use has {len(next_use)} rows for {len(trace.requests)} requests; "  # type: ignore[arg-type]
+                          "pass next_use_table(trace) of this trace")
     bt = trace.block_tokens
     bpt = (block_bytes // bt) if block_bytes else 1
     full_bytes = block_bytes if block_bytes else bt

@@ -16,7 +16,9 @@ from typing import Sequence
 import numpy as np
 
 from radixkv.errors import ConfigError
+from radixkv.policies import POLICIES
 from radixkv.sims.model import DEFAULT_TIER_MODELS, ModelSpec, TierModel, parse_size_bytes, ttft_s
+from radixkv.sims.opt import next_use_table
 from radixkv.sims.replay import TierCapacity, replay
 from radixkv.sims.report import Point
 from radixkv.sims.traces import Trace
@@ -81,12 +83,14 @@ class _Job:
 
 
 _TRACE: Trace | None = None  # set before forking, read by workers
+_NEXT_USE: list[list[int]] | None = None  # the trace's next-use table, when an offline policy runs
 
 
 def _run(job: _Job) -> Point:
     trace = _TRACE
     assert trace is not None
-    r = replay(trace, job.policy, job.tiers, block_bytes=job.block_bytes, progress=job.progress)
+    r = replay(trace, job.policy, job.tiers, block_bytes=job.block_bytes, progress=job.progress,
+               next_use=_NEXT_USE if getattr(POLICIES.get(job.policy), "offline", False) else None)
     point = Point(
         policy=job.policy,
         capacity_fraction=job.capacity.fraction,
@@ -122,7 +126,7 @@ def run_sweep(
     progress: bool = False,
 ) -> list[Point]:
     """Replay every (policy, capacity) point; results in (policy, capacity) order."""
-    global _TRACE
+    global _TRACE, _NEXT_USE
     if not policies or not capacities:
         raise ConfigError("a sweep needs at least one policy and one capacity")
     block_bytes = model.block_bytes(trace.block_tokens) if model else None
@@ -140,6 +144,10 @@ def run_sweep(
         for c in capacities
     ]
     _TRACE = trace
+    # Offline policies need the future: one table for all their points, shared with the forked
+    # workers (not one per point).
+    if any(getattr(POLICIES.get(p), "offline", False) for p in policies):
+        _NEXT_USE = next_use_table(trace)
     try:
         n_jobs = jobs or min(len(todo), os.cpu_count() or 1)
         if n_jobs <= 1 or len(todo) == 1:
@@ -147,8 +155,10 @@ def run_sweep(
                 todo[0].progress = True
             return [_run(j) for j in _with_bar(todo, progress)]
         ctx = multiprocessing.get_context("fork")
-        # Small capacities and opt are the slow points: start them first.
-        order = sorted(range(len(todo)), key=lambda i: (todo[i].policy != "opt", todo[i].capacity.blocks))
+        # Longest first, so the last jobs to finish are short ones (a greedy schedule's makespan is
+        # the sum over workers plus about the last job): small capacities evict the most, and LRU
+        # (one ordered dict, no heap) is the cheapest policy to replay, so its points go last.
+        order = sorted(range(len(todo)), key=lambda i: (todo[i].policy == "lru", todo[i].capacity.blocks))
         with ProcessPoolExecutor(max_workers=n_jobs, mp_context=ctx) as pool:
             futures = {i: pool.submit(_run, todo[i]) for i in order}
             results: dict[int, Point] = {}
@@ -161,7 +171,7 @@ def run_sweep(
                 bar.close()
         return [results[i] for i in range(len(todo))]
     finally:
-        _TRACE = None
+        _TRACE = _NEXT_USE = None
 
 
 def _with_bar(todo: list[_Job], progress: bool):

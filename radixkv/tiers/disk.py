@@ -1,8 +1,7 @@
 """Disk tier: one framed file per chunk under a directory (local disk or a shared filesystem).
 
-Layout: ``root/<namespace>/<h[0:2]>/<key>.kv`` with ``h`` the xxh3_64 hex of the key (256 directories
-per namespace, made once: a deeper fan-out made nearly every put of a fresh cache pay a ``mkdir``). Each file
-is ``encode_header(namespace, key, payload) + payload`` (:mod:`radixkv.tiers.framing`). Directories are
+Layout: ``root/<namespace>/<h[0:2]>/<key>.kv`` (:mod:`radixkv.tiers.disk_layout`). Each file is
+``encode_header(namespace, key, payload) + payload`` (:mod:`radixkv.tiers.framing`). Directories are
 created 0700, files 0600.
 
 Crash safety: a put writes a file nobody can see yet -- a new temp file
@@ -17,9 +16,8 @@ with ``os.replace``. A reader reads header and payload straight into the caller'
 
 Recycling (``recycle=True``, the default unless shared): the file of a removed chunk (evicted,
 deleted, cleared) is renamed into ``root/.spare`` instead of unlinked, within the capacity; a later put
-overwrites the newest spare in place and renames it to its own name. Writing over page-cache pages
-that exist costs one copy; a new file also makes the kernel allocate (and a removed one free) every
-page. A reader that opened a file just before it was recycled reads bytes that fail its checks: a
+overwrites the newest spare in place and renames it to its own name
+(:mod:`radixkv.tiers.disk_spares`). A reader that opened a file just before it was recycled reads bytes that fail its checks: a
 miss, never another chunk's bytes.
 
 Capacity: the index counts whole frame bytes (header + payload) of the files it knows, plus bytes of
@@ -38,12 +36,8 @@ skipped, not deleted (they may belong to another format version).
 from __future__ import annotations
 
 import collections
-import errno
 import os
-import re
-import secrets
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -54,14 +48,12 @@ from radixkv.errors import CapacityError, ConfigError, InputError
 from radixkv.forksafe import ForkSafeExecutor, run_shared
 from radixkv.tiers.base import TierStats, byte_tensor, check_payload_size, config_or_options
 from radixkv.tiers.disk_io import pread_all, pwrite_all, read_frame, write_frame
+from radixkv.tiers.disk_layout import DiskLayout, check_ident
+from radixkv.tiers.disk_spares import SpareFiles, unlink_quietly
 from radixkv.tiers.framing import HEADER_BYTES, decode_header, encode_header, payload_checksum
 
 __all__ = ["DiskTier", "DiskTierConfig"]
 
-_IDENT_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
-_SUFFIX = ".kv"
-_TMP_SUFFIX = ".tmp"
-_SPARE_DIR = ".spare"  # recycled files (not an identifier: never walked as a namespace)
 _OVERLAP_BLOCK_BYTES = 2 << 20  # read-ahead unit of the overlapped get
 
 
@@ -112,23 +104,6 @@ class DiskTierConfig:
                               "positive number of bytes or None (off)")
 
 
-def _check_ident(namespace: object, keys: object) -> None:
-    if not isinstance(namespace, str) or not _IDENT_RE.fullmatch(namespace):
-        raise InputError(f"namespace={namespace!r} must be 1-128 chars of [A-Za-z0-9_-] (Namespace.digest)")
-    if isinstance(keys, (str, bytes)):
-        raise InputError(f"keys={keys!r} must be a sequence of str keys, not a single str")
-    for k in keys:  # type: ignore[union-attr]
-        if not isinstance(k, str) or not _IDENT_RE.fullmatch(k):
-            raise InputError(f"key {k!r} must be 1-128 chars of [A-Za-z0-9_-] (a hex chunk key)")
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
 class DiskTier:
     """Framed-file tier over a directory (see the module docstring). Thread-safe."""
 
@@ -137,28 +112,23 @@ class DiskTier:
         self.config = config
         self.name = config.name
         self.capacity_bytes = config.capacity_bytes
-        self.root = os.path.abspath(config.root)
-        self._prefix = os.path.join(self.root, "")  # root with one trailing separator
+        self._layout = DiskLayout(config.root, config.name)
+        self.root = self._layout.root
         self._lock = threading.Lock()
         self._index: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
         self._usage = 0
         self._reserved = 0
         self._ns_payload_bytes: dict[str, int] = {}
-        self._dirs: set[str] = set()
         self._ns_dirs: set[str] = set()  # namespaces whose 256 directories were made
         self._evicted: collections.deque[tuple[str, str]] = collections.deque(maxlen=1 << 16)
-        # Recycled files, oldest first: (path, size in bytes). Their bytes count in the capacity.
-        self._spares: collections.deque[tuple[str, int]] = collections.deque()
-        self._spare_bytes = 0
-        self._spare_seq = 0
-        self._recycle = config.recycle and not config.shared
-        self._spare_dir = os.path.join(self.root, _SPARE_DIR)
+        # Recycled files; their bytes count in the capacity (usage + reserved + spares.bytes).
+        self._spares = SpareFiles(self._layout.spare_dir, config.recycle and not config.shared)
         self._stats = TierStats()
         self._stats.extra.update(evictions=0, evicted_bytes=0, evictions_unreported=0, scan_indexed=0, scan_skipped=0,
                                  temp_removed=0, size_mismatches=0, adopted=0, recycled_puts=0)
-        self._prepare_root()
+        self._layout.prepare_root()
         if not config.shared:
-            self._reset_spares()
+            self._spares.reset()
         # Fork-safe: a tier built before an engine forks its workers still works in the children.
         self._pool = ForkSafeExecutor(config.io_threads, thread_name_prefix=f"radixkv-{self.name}-io")
         # Helpers of the overlapped paths; only _pool's tasks submit here, so neither pool can deadlock.
@@ -169,7 +139,7 @@ class DiskTier:
     # ----------------------------------------------------------------------------- public API
 
     def put_many(self, namespace: str, keys: Sequence[str], payloads: Sequence[torch.Tensor]) -> list[bool]:
-        _check_ident(namespace, keys)
+        check_ident(namespace, keys)
         if len(keys) != len(payloads):
             raise InputError(f"{len(keys)} keys but {len(payloads)} payloads; pass one payload per key")
         views = [memoryview(byte_tensor(p, "payloads", i).numpy()) for i, p in enumerate(payloads)]
@@ -194,7 +164,7 @@ class DiskTier:
             fresh_ns = namespace not in self._ns_dirs
             self._ns_dirs.add(namespace)
         if fresh_ns:
-            self._make_ns_dirs(namespace)
+            self._layout.make_ns_dirs(namespace)
         ok = self._run(lambda i: self._put_one(namespace, keys[i], views[i]), len(keys))
         if len(keys) > 1:  # parallel writes publish in completion order: make recency follow the batch
             with self._lock:
@@ -204,7 +174,7 @@ class DiskTier:
         return ok
 
     def get_many(self, namespace: str, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> list[bool]:
-        _check_ident(namespace, keys)
+        check_ident(namespace, keys)
         if len(keys) != len(buffers):
             raise InputError(f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key")
         views = [memoryview(byte_tensor(b, "buffers", i).numpy()) for i, b in enumerate(buffers)]
@@ -226,29 +196,29 @@ class DiskTier:
         return hits
 
     def contains_many(self, namespace: str, keys: Sequence[str]) -> int:
-        _check_ident(namespace, keys)
+        check_ident(namespace, keys)
         n = 0
         for k in keys:
             with self._lock:
                 present = (namespace, k) in self._index
-            if not present and not (self.config.shared and os.path.exists(self._path(namespace, k))):
+            if not present and not (self.config.shared and os.path.exists(self._layout.path(namespace, k))):
                 break
             n += 1
         return n
 
     def delete_many(self, namespace: str, keys: Sequence[str]) -> int:
-        _check_ident(namespace, keys)
+        check_ident(namespace, keys)
         n = 0
         with self._lock:
             for k in keys:
                 frame = self._index.pop((namespace, k), None)
                 if frame is not None:
                     self._usage -= frame
-                    if self._recycle_locked(self._path(namespace, k), frame):
+                    if self._recycle_locked(self._layout.path(namespace, k), frame):
                         n += 1
                         continue
                 try:
-                    os.unlink(self._path(namespace, k))
+                    os.unlink(self._layout.path(namespace, k))
                     n += 1
                 except FileNotFoundError:
                     n += frame is not None
@@ -263,10 +233,10 @@ class DiskTier:
             for ident in [i for i in self._index if namespace is None or i[0] == namespace]:
                 frames[ident] = self._index.pop(ident)
                 self._usage -= frames[ident]
-            for ns, key, path in self._walk(namespace):
+            for ns, key, path in self._layout.walk(namespace):
                 frame = frames.get((ns, key))
                 if frame is None or not self._recycle_locked(path, frame):
-                    _unlink(path)
+                    unlink_quietly(path)
             if namespace is None:
                 self._ns_payload_bytes.clear()
             else:
@@ -288,7 +258,7 @@ class DiskTier:
         with self._lock:
             st = TierStats(**{k: getattr(self._stats, k) for k in TierStats.__slots__ if k != "extra"})
             st.extra = dict(self._stats.extra, chunks=len(self._index), spare_files=len(self._spares),
-                            spare_bytes=self._spare_bytes)
+                            spare_bytes=self._spares.bytes)
             return st
 
     def close(self) -> None:
@@ -299,27 +269,22 @@ class DiskTier:
         self._pool.shutdown(wait=True)
         self._aux.shutdown(wait=True)
         with self._lock:
-            self._drop_spares_locked()
+            self._spares.drop_all()
 
     def check_integrity(self) -> None:
         with self._lock:
             total = sum(self._index.values())
             if total != self._usage:
                 raise RuntimeError(f"usage {self._usage} != {total} summed over {len(self._index)} entries")
-            if self._reserved < 0 or self._usage + self._reserved + self._spare_bytes > self.capacity_bytes:
+            if self._reserved < 0 or self._usage + self._reserved + self._spares.bytes > self.capacity_bytes:
                 raise RuntimeError(
-                    f"usage {self._usage} + reserved {self._reserved} + spare {self._spare_bytes} exceeds "
+                    f"usage {self._usage} + reserved {self._reserved} + spare {self._spares.bytes} exceeds "
                     f"capacity {self.capacity_bytes}"
                 )
-            if sum(size for _p, size in self._spares) != self._spare_bytes or (self._spares and not self._recycle):
-                raise RuntimeError(f"spare accounting: {self._spare_bytes} bytes recorded for {len(self._spares)} "
-                                   f"files (recycling {'on' if self._recycle else 'off'})")
-            for path, size in self._spares:
-                if os.stat(path).st_size != size:
-                    raise RuntimeError(f"spare {path}: size {os.stat(path).st_size} != recorded {size}")
+            self._spares.check_integrity()
             if self.config.shared:
                 return  # other processes add and remove files: the directory is not ours alone
-            on_disk = {(ns, key): path for ns, key, path in self._walk(None)}
+            on_disk = {(ns, key): path for ns, key, path in self._layout.walk(None)}
             if set(on_disk) != set(self._index):
                 missing = set(self._index) - set(on_disk)
                 extra = set(on_disk) - set(self._index)
@@ -343,7 +308,7 @@ class DiskTier:
             if not ok:
                 self._stats.put_failures += 1
                 return False
-        path = self._path(ns, key)
+        path = self._layout.path(ns, key)
         tmp = None
         committed = False
         try:
@@ -353,15 +318,15 @@ class DiskTier:
                 try:
                     fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
                 except OSError:
-                    _unlink(tmp)
+                    unlink_quietly(tmp)
                     tmp = None
             if fd < 0:
-                tmp = self._temp_path(path)
+                tmp = self._layout.temp_path(path)
                 try:
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
                 except FileNotFoundError:  # a cached directory was removed behind our back: recreate once
-                    self._dirs.discard(os.path.dirname(path))
-                    tmp = self._temp_path(path)
+                    self._layout.forget_dir(path)
+                    tmp = self._layout.temp_path(path)
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
                 old_size = 0
             try:
@@ -376,13 +341,13 @@ class DiskTier:
             finally:
                 os.close(fd)
             if spare is not None:
-                self._ensure_dir(os.path.dirname(path))
+                self._layout.ensure_dir(os.path.dirname(path))
             with self._lock:
                 try:
                     os.replace(tmp, path)  # commit; under the lock so index and files agree
                 except FileNotFoundError:  # the chunk's directory was removed behind our back
-                    self._dirs.discard(os.path.dirname(path))
-                    self._ensure_dir(os.path.dirname(path))
+                    self._layout.forget_dir(path)
+                    self._layout.ensure_dir(os.path.dirname(path))
                     os.replace(tmp, path)
                 committed = True
                 self._reserved -= frame
@@ -400,7 +365,7 @@ class DiskTier:
                 self._stats.put_failures += 1
                 self._stats.errors += 1
             if tmp is not None and not committed:
-                _unlink(tmp)
+                unlink_quietly(tmp)
             return False
 
     def _overlap(self, nbytes: int) -> bool:
@@ -444,7 +409,7 @@ class DiskTier:
                 self._index.move_to_end(ident)
         if not indexed and not self.config.shared:
             return False
-        path = self._path(ns, key)
+        path = self._layout.path(ns, key)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
@@ -522,16 +487,13 @@ class DiskTier:
         then evict until the frame fits (the first victim becomes the spare when there is none).
         The file overwritten becomes the frame (truncated if longer), so it needs room for the
         larger of the two sizes, not their sum."""
-        spare = self._spares.pop() if self._spares else None
-        if spare is not None:
-            self._spare_bytes -= spare[1]
+        spare = self._spares.take_newest()
         holder: list[tuple[str, int]] = []
         if not self._make_room(max(frame, spare[1]) if spare else frame, None if spare else holder):
             if spare is not None:
-                self._spares.append(spare)
-                self._spare_bytes += spare[1]
+                self._spares.add(*spare)
             for path, _size in holder:
-                _unlink(path)
+                unlink_quietly(path)
             return False, None
         self._reserved += frame
         return True, spare or (holder[0] if holder else None)
@@ -540,22 +502,19 @@ class DiskTier:
         """Drop spare files, then evict LRU entries, until ``frame`` more bytes fit (lock held); False
         if puts in flight block it. With ``take_victim`` (an empty list) the first victim's file is
         moved aside, appended there as ``(path, size)`` for the caller to overwrite into the frame."""
-        while self._usage + self._reserved + self._spare_bytes + frame > self.capacity_bytes:
-            if self._spares:
-                path, size = self._spares.popleft()
-                self._spare_bytes -= size
-                _unlink(path)
+        while self._usage + self._reserved + self._spares.bytes + frame > self.capacity_bytes:
+            if self._spares.drop_oldest():
                 continue
             if not self._index:
                 return False
             ident, victim = self._index.popitem(last=False)
             self._usage -= victim
-            aside = self._move_aside(self._path(*ident)) if take_victim is not None and not take_victim else None
+            aside = self._spares.move_aside(self._layout.path(*ident)) if take_victim is not None and not take_victim else None
             if aside is not None:
                 take_victim.append((aside, victim))  # type: ignore[union-attr]
                 frame = max(frame, victim)  # the put overwrites this file: its bytes hold the frame
             else:
-                _unlink(self._path(*ident))
+                unlink_quietly(self._layout.path(*ident))
             if len(self._evicted) == self._evicted.maxlen:
                 self._stats.extra["evictions_unreported"] += 1  # drain_evicted was not called in time
             self._evicted.append(ident)
@@ -566,62 +525,13 @@ class DiskTier:
     def _recycle_locked(self, path: str, size: int) -> bool:
         """Move a removed chunk's file aside for a later put to overwrite (lock held, its bytes
         already out of the usage); False (nothing moved) when off or over the capacity."""
-        if self._usage + self._reserved + self._spare_bytes + size > self.capacity_bytes:
+        if self._usage + self._reserved + self._spares.bytes + size > self.capacity_bytes:
             return False
-        spare = self._move_aside(path)
+        spare = self._spares.move_aside(path)
         if spare is None:
             return False
-        self._spares.append((spare, size))
-        self._spare_bytes += size
+        self._spares.add(spare, size)
         return True
-
-    def _move_aside(self, path: str) -> str | None:
-        """Rename a chunk file into the spare directory (lock held); None when recycling is off or
-        the rename fails."""
-        if not self._recycle:
-            return None
-        self._spare_seq += 1
-        spare = os.path.join(self._spare_dir, f"{self._spare_seq}.spare")
-        try:
-            os.rename(path, spare)
-        except OSError:
-            return None
-        return spare
-
-    def _reset_spares(self) -> None:
-        """Start with an empty spare directory (a previous process's spares are not ours to trust)."""
-        try:
-            names = os.listdir(self._spare_dir)
-        except FileNotFoundError:
-            names = []
-        except OSError:
-            self._recycle = False
-            return
-        for name in names:
-            _unlink(os.path.join(self._spare_dir, name))
-        if self._recycle:
-            try:
-                os.makedirs(self._spare_dir, mode=0o700, exist_ok=True)
-            except OSError:
-                self._recycle = False
-
-    def _drop_spares_locked(self) -> None:
-        while self._spares:
-            _unlink(self._spares.popleft()[0])
-        self._spare_bytes = 0
-
-    def _make_ns_dirs(self, ns: str) -> None:
-        """Make a namespace's 256 directories at its first put in this process: otherwise the first
-        few hundred puts each pay a ``mkdir`` (a journaled metadata write), measured at 0.1-0.4 ms."""
-        for i in range(256):
-            try:
-                self._ensure_dir(f"{self._prefix}{ns}{os.sep}{i:02x}")
-            except OSError:
-                return  # a put will retry (and fail cleanly) on its own directory
-
-    def _ensure_dir(self, d: str) -> None:
-        if d not in self._dirs:
-            self._mkdirs(d)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -631,89 +541,17 @@ class DiskTier:
         fixed = self._ns_payload_bytes.get(namespace)
         check_payload_size(self.name, namespace, fixed, nbytes, what)
 
-    def _path(self, ns: str, key: str) -> str:
-        h = xxhash.xxh3_64_hexdigest(key.encode("ascii"))
-        return f"{self._prefix}{ns}{os.sep}{h[:2]}{os.sep}{key}{_SUFFIX}"
-
-    def _temp_path(self, path: str) -> str:
-        d, base = os.path.split(path)
-        self._ensure_dir(d)
-        tag = f"{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}"
-        return os.path.join(d, f".{base[: -len(_SUFFIX)]}.{tag}{_TMP_SUFFIX}")
-
-    def _mkdirs(self, d: str) -> None:
-        """Create ``d`` (0700) and any missing parents below the root: one mkdir when the parent exists."""
-        try:
-            os.mkdir(d, 0o700)
-        except FileExistsError:
-            pass
-        except FileNotFoundError:
-            parent = os.path.dirname(d)
-            if len(parent) <= len(self.root):
-                raise  # the root itself is gone: a failed put, not a silent re-creation
-            self._mkdirs(parent)
-            try:
-                os.mkdir(d, 0o700)
-            except FileExistsError:
-                pass
-        self._dirs.add(d)
-
-    def _prepare_root(self) -> None:
-        root = self.root
-        try:
-            if not os.path.isdir(root):
-                os.makedirs(root, mode=0o700, exist_ok=True)
-                os.chmod(root, 0o700)
-            probe = os.path.join(root, f".probe.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.write(fd, b"\0")
-            finally:
-                os.close(fd)
-                os.unlink(probe)
-        except OSError as e:
-            raise ConfigError(
-                f"disk tier {self.name!r}: directory {root!r} is not writable ({errno.errorcode.get(e.errno, e.errno)}: "
-                f"{e.strerror}); pass a writable directory path (file:///path) the process owns"
-            ) from None
-
-    def _walk(self, namespace: str | None):
-        """Yield (namespace, key, path) of committed chunk files."""
-        try:
-            ns_names = [namespace] if namespace is not None else sorted(os.listdir(self.root))
-        except OSError:
-            return
-        for ns in ns_names:
-            if not _IDENT_RE.fullmatch(ns):
-                continue
-            for dirpath, _dirs, files in os.walk(os.path.join(self.root, ns)):
-                for f in files:
-                    if f.endswith(_SUFFIX) and not f.startswith("."):
-                        yield ns, f[: -len(_SUFFIX)], os.path.join(dirpath, f)
-
     def _scan(self) -> None:
         """Rebuild the index from the files' headers (payload checksums are verified on read)."""
-        now = time.time()
+        self._stats.extra["temp_removed"] += self._layout.remove_stale_temps(self.config.stale_temp_s)
         found: list[tuple[float, tuple[str, str], int]] = []
-        for dirpath, _dirs, files in os.walk(self.root):
-            for f in files:
-                if f.startswith(".") and f.endswith(_TMP_SUFFIX):
-                    p = os.path.join(dirpath, f)
-                    try:
-                        if now - os.stat(p).st_mtime > self.config.stale_temp_s:
-                            os.unlink(p)
-                            self._stats.extra["temp_removed"] += 1
-                    except OSError:
-                        pass
-        for ns, key, path in self._walk(None):
-            entry = self._scan_one(ns, key, path)
-            if entry is None:
+        for ns, key, path in self._layout.walk(None):
+            entry = self._layout.read_entry(ns, key, path)
+            # Every chunk of a namespace has one payload size (the first file found sets it).
+            if entry is None or self._ns_payload_bytes.setdefault(ns, entry[2]) != entry[2]:
                 self._stats.extra["scan_skipped"] += 1
                 if not self.config.shared:
-                    try:
-                        os.unlink(path)
-                    except OSError:
-                        pass
+                    unlink_quietly(path)
             else:
                 found.append((entry[0], (ns, key), entry[1]))
         found.sort()  # oldest first = least recently used first
@@ -727,24 +565,3 @@ class DiskTier:
                     self._usage -= self._index.popitem(last=False)[1]
             else:
                 self._make_room(0)
-
-    def _scan_one(self, ns: str, key: str, path: str) -> tuple[float, int] | None:
-        if not _IDENT_RE.fullmatch(key) or path != self._path(ns, key):
-            return None
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            st = os.fstat(fd)
-            header = decode_header(os.pread(fd, HEADER_BYTES + len(ns) + len(key), 0))
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-        if header is None or (header.namespace, header.key) != (ns, key) or st.st_size != header.frame_bytes:
-            return None
-        fixed = self._ns_payload_bytes.setdefault(ns, header.payload_bytes)
-        if fixed != header.payload_bytes:
-            return None
-        return st.st_mtime, header.frame_bytes

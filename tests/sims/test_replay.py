@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from radixkv.errors import ConfigError
 from radixkv.policies import POLICIES
-from radixkv.sims import opt as _opt  # noqa: F401  (registers "opt")
+from radixkv.sims import opt as _opt  # registers "opt"
 from radixkv.sims.replay import UNBOUNDED, TierCapacity, replay
 from radixkv.sims.traces import Request, Trace
 
@@ -44,6 +44,15 @@ def test_opt_by_hand_bypasses_the_never_reused_block():
     r = replay(chain_trace(HAND), "opt", [TierCapacity("mem", 3)], check_every=1)
     assert list(r.hit_blocks) == [0, 1, 0, 2, 2]
     assert r.block_hits == 5
+
+
+def test_opt_takes_a_precomputed_next_use_table():
+    trace = chain_trace(HAND)
+    table = _opt.next_use_table(trace)
+    r = replay(trace, "opt", [TierCapacity("mem", 3)], next_use=table, check_every=1)
+    assert list(r.hit_blocks) == [0, 1, 0, 2, 2]
+    with pytest.raises(ConfigError, match="next_use has 4 rows for 5 requests"):
+        replay(trace, "opt", [TierCapacity("mem", 3)], next_use=table[:4])
 
 
 def test_opt_ties_deepest_first():

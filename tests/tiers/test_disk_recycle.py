@@ -49,7 +49,7 @@ class TestRecycling:
         t = DiskTier(root=root, capacity_bytes=1 << 20, io_threads=2)
         keys = [f"a{i}" for i in range(8)]
         assert t.put_many(NS, keys, [pl(i) for i in range(8)]) == [True] * 8
-        inodes = {os.stat(t._path(NS, k)).st_ino for k in keys}
+        inodes = {os.stat(t._layout.path(NS, k)).st_ino for k in keys}
         t.clear(NS)
         assert len(spare_files(root)) == 8 and t.usage_bytes() == 0
         assert t.stats().extra["spare_files"] == 8 and t.stats().extra["spare_bytes"] == 8 * frame("a0")
@@ -57,7 +57,7 @@ class TestRecycling:
         new = [f"b{i}" for i in range(8)]
         assert t.put_many(NS, new, [pl(100 + i) for i in range(8)]) == [True] * 8
         assert t.stats().extra["recycled_puts"] == 8 and spare_files(root) == []
-        assert {os.stat(t._path(NS, k)).st_ino for k in new} == inodes  # the same files, renamed
+        assert {os.stat(t._layout.path(NS, k)).st_ino for k in new} == inodes  # the same files, renamed
         hits, out = get(t, new)
         assert hits == [True] * 8 and all(torch.equal(o, pl(100 + i)) for i, o in enumerate(out))
         assert get(t, keys)[0] == [False] * 8
@@ -81,7 +81,7 @@ class TestRecycling:
         t.put_many(NS, ["big0", "big1"], [pl(1, 16 * KiB), pl(2, 16 * KiB)])
         t.clear(NS)
         assert t.put_many(NS2, ["s0"], [pl(3, 4 * KiB)]) == [True]  # a 16 KiB spare becomes a 4 KiB frame
-        assert os.path.getsize(t._path(NS2, "s0")) == frame("s0", 4 * KiB, NS2)
+        assert os.path.getsize(t._layout.path(NS2, "s0")) == frame("s0", 4 * KiB, NS2)
         t.clear(NS2)
         assert t.put_many(NS, ["x0", "x1", "x2"], [pl(i, 32 * KiB) for i in range(3)]) == [True] * 3
         hits, out = get(t, ["x0", "x1", "x2"], 32 * KiB)
@@ -122,7 +122,7 @@ class TestRecycling:
         t = DiskTier(root=root, capacity_bytes=1 << 20, shared=True)
         t.put_many(NS, ["a"], [pl(1)])
         t.delete_many(NS, ["a"])
-        assert spare_files(root) == [] and not os.path.exists(t._path(NS, "a"))
+        assert spare_files(root) == [] and not os.path.exists(t._layout.path(NS, "a"))
         t.put_many(NS, ["b"], [pl(2)])
         assert t.stats().extra["recycled_puts"] == 0
         t.close()
@@ -138,11 +138,11 @@ class TestRecycling:
         """A reader opened 'a' just before it was deleted; the file now holds 'b': never b's bytes as a's."""
         t = DiskTier(root=root, capacity_bytes=1 << 20)
         t.put_many(NS, ["a"], [pl(1)])
-        fd = os.open(t._path(NS, "a"), os.O_RDONLY)
+        fd = os.open(t._layout.path(NS, "a"), os.O_RDONLY)
         try:
             t.delete_many(NS, ["a"])
             t.put_many(NS, ["b"], [pl(2)])
-            assert os.fstat(fd).st_ino == os.stat(t._path(NS, "b")).st_ino
+            assert os.fstat(fd).st_ino == os.stat(t._layout.path(NS, "b")).st_ino
             out = torch.zeros(8 * KiB, dtype=torch.uint8)
             assert disk_io.read_frame(fd, NS, "a", memoryview(out.numpy())) == "corrupt"
             assert disk_io.read_frame(fd, NS, "b", memoryview(out.numpy())) == "ok"

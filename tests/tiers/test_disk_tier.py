@@ -68,7 +68,7 @@ class TestFormat:
         """root/<ns>/<2 hex>/<key>.kv, file 0600, dirs 0700, a valid header before the payload."""
         p = pl(1)
         tier.put_many(NS, ["abc"], [p])
-        path = tier._path(NS, "abc")
+        path = tier._layout.path(NS, "abc")
         rel = os.path.relpath(path, root).split(os.sep)
         assert len(rel) == 3 and rel[0] == NS and len(rel[1]) == 2 and rel[2] == "abc.kv"
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -110,7 +110,7 @@ class TestCorruption:
     def test_flipped_byte_is_a_miss_and_removed(self, tier, where):
         """One flipped bit anywhere: miss, checksum_failures counted, file removed, never served."""
         tier.put_many(NS, ["a", "b"], [pl(1), pl(2)])
-        path = tier._path(NS, "a")
+        path = tier._layout.path(NS, "a")
         offset = {"payload": HEADER_BYTES + len(NS) + 1 + 1000, "header": 20, "identity": HEADER_BYTES + 3}[where]
         with open(path, "r+b") as f:
             f.seek(offset)
@@ -127,29 +127,29 @@ class TestCorruption:
     @pytest.mark.parametrize("cut", [1, 8 * KiB, 8 * KiB + 60])
     def test_truncated_file_is_a_miss(self, tier, cut):
         tier.put_many(NS, ["a"], [pl(1)])
-        path = tier._path(NS, "a")
+        path = tier._layout.path(NS, "a")
         os.truncate(path, os.path.getsize(path) - cut)
         assert tier.get_many(NS, ["a"], [buf()]) == [False]
         assert tier.stats().checksum_failures == 1 and not os.path.exists(path)
 
     def test_extended_file_is_a_miss(self, tier):
         tier.put_many(NS, ["a"], [pl(1)])
-        with open(tier._path(NS, "a"), "ab") as f:
+        with open(tier._layout.path(NS, "a"), "ab") as f:
             f.write(b"junk")
         assert tier.get_many(NS, ["a"], [buf()]) == [False]
 
     def test_file_swapped_for_another_key_is_a_miss(self, tier):
         """A well-formed frame of key b copied over key a is rejected by the identity check."""
         tier.put_many(NS, ["a", "b"], [pl(1), pl(2)])
-        with open(tier._path(NS, "b"), "rb") as f:
+        with open(tier._layout.path(NS, "b"), "rb") as f:
             data = f.read()
-        with open(tier._path(NS, "a"), "wb") as f:
+        with open(tier._layout.path(NS, "a"), "wb") as f:
             f.write(data)
         assert tier.get_many(NS, ["a"], [buf()]) == [False]
 
     def test_deleted_behind_our_back_is_a_miss(self, tier):
         tier.put_many(NS, ["a"], [pl(1)])
-        os.unlink(tier._path(NS, "a"))
+        os.unlink(tier._layout.path(NS, "a"))
         assert tier.get_many(NS, ["a"], [buf()]) == [False]
         assert tier.usage_bytes() == 0
 
@@ -162,9 +162,9 @@ class TestRestart:
         t.put_many(NS, keys, [pl(i) for i in range(5)])
         usage = t.usage_bytes()
         t.close()
-        with open(t._path(NS, "k4"), "r+b") as f:  # corrupt k4's header
+        with open(t._layout.path(NS, "k4"), "r+b") as f:  # corrupt k4's header
             f.write(b"XXXX")
-        d = os.path.dirname(t._path(NS, "k0"))
+        d = os.path.dirname(t._layout.path(NS, "k0"))
         stale, fresh = os.path.join(d, ".k0.1.2.dead.tmp"), os.path.join(d, ".k0.1.3.live.tmp")
         for p in (stale, fresh):
             open(p, "wb").write(b"partial")
@@ -186,7 +186,7 @@ class TestRestart:
     def test_scan_over_capacity_evicts_oldest(self, root):
         t = DiskTier(root=root, capacity_bytes=1 << 20)
         t.put_many(NS, ["old"], [pl(1)])
-        os.utime(t._path(NS, "old"), (time.time() - 100, time.time() - 100))
+        os.utime(t._layout.path(NS, "old"), (time.time() - 100, time.time() - 100))
         t.put_many(NS, ["new"], [pl(2)])
         t.close()
         t2 = DiskTier(root=root, capacity_bytes=frame_bytes("new") + 10)
@@ -207,7 +207,7 @@ class TestCapacity:
         assert t.drain_evicted() == [(NS, "b")] and t.drain_evicted() == []
         st = t.stats().extra
         assert st["evictions"] == 1 and st["evicted_bytes"] == frame_bytes("b")
-        assert not os.path.exists(t._path(NS, "b"))
+        assert not os.path.exists(t._layout.path(NS, "b"))
         assert t.usage_bytes() <= t.capacity_bytes
         t.check_integrity()
         t.close()
@@ -378,18 +378,18 @@ class TestOverlappedPaths:
         out = [buf(self.N), buf(self.N)]
         assert tier.get_many(NS, ["a", "b"], out) == [True, True]
         assert torch.equal(out[0], pl(1, self.N)) and torch.equal(out[1], pl(2, self.N))
-        overlapped = open(tier._path(NS, "a"), "rb").read()
+        overlapped = open(tier._layout.path(NS, "a"), "rb").read()
         tier.delete_many(NS, ["a"])
         plain = DiskTier(root=tier.root, capacity_bytes=1 << 20, overlap_min_bytes=None)
         plain.put_many(NS, ["a"], [pl(1, self.N)])
-        assert open(tier._path(NS, "a"), "rb").read() == overlapped
+        assert open(tier._layout.path(NS, "a"), "rb").read() == overlapped
         plain.close()
         tier.put_many(NS, ["a"], [pl(1, self.N)])  # re-index it in `tier` for its integrity check
 
     @pytest.mark.parametrize("where", ["first", "last"])
     def test_flipped_byte_in_a_block_is_a_miss(self, tier, where):
         tier.put_many(NS, ["a"], [pl(1, self.N)])
-        path = tier._path(NS, "a")
+        path = tier._layout.path(NS, "a")
         offset = HEADER_BYTES + len(NS) + 1 + (5 if where == "first" else self.N - 2)
         with open(path, "r+b") as f:
             f.seek(offset)
@@ -401,7 +401,7 @@ class TestOverlappedPaths:
 
     def test_truncated_mid_block_is_a_miss(self, tier):
         tier.put_many(NS, ["a"], [pl(1, self.N)])
-        os.truncate(tier._path(NS, "a"), 40 * KiB)
+        os.truncate(tier._layout.path(NS, "a"), 40 * KiB)
         assert tier.get_many(NS, ["a"], [buf(self.N)]) == [False]
 
     def test_enospc_in_helper_write_fails_the_put(self, tier, monkeypatch):

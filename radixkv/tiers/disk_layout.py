@@ -1,0 +1,174 @@
+"""Where the disk tier's files live: chunk paths, directories, the startup scan's walk.
+
+Layout: ``root/<namespace>/<h[0:2]>/<key>.kv`` with ``h`` the xxh3_64 hex of the key (256 directories
+per namespace, made once: a deeper fan-out made nearly every put of a fresh cache pay a ``mkdir``).
+Temp files are ``.<key>.<pid>.<thread>.<rand>.tmp`` beside their chunk; ``root/.spare`` holds
+recycled files (:mod:`radixkv.tiers.disk_spares`). Directories are created 0700, files 0600.
+
+This module knows names and directories only: no index, no capacity, no locking (the tier calls it
+under its own lock where that matters).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import secrets
+import threading
+import time
+from typing import Iterator
+
+import xxhash
+
+from radixkv.errors import ConfigError, InputError
+from radixkv.tiers.framing import HEADER_BYTES, decode_header
+
+__all__ = ["DiskLayout", "check_ident", "SPARE_DIR"]
+
+_IDENT_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
+_SUFFIX = ".kv"
+_TMP_SUFFIX = ".tmp"
+SPARE_DIR = ".spare"  # recycled files (not an identifier: never walked as a namespace)
+
+
+def check_ident(namespace: object, keys: object) -> None:
+    """Raise InputError unless ``namespace`` and every key are safe file-name components."""
+    if not isinstance(namespace, str) or not _IDENT_RE.fullmatch(namespace):
+        raise InputError(f"namespace={namespace!r} must be 1-128 chars of [A-Za-z0-9_-] (Namespace.digest)")
+    if isinstance(keys, (str, bytes)):
+        raise InputError(f"keys={keys!r} must be a sequence of str keys, not a single str")
+    for k in keys:  # type: ignore[union-attr]
+        if not isinstance(k, str) or not _IDENT_RE.fullmatch(k):
+            raise InputError(f"key {k!r} must be 1-128 chars of [A-Za-z0-9_-] (a hex chunk key)")
+
+
+class DiskLayout:
+    """Paths and directories of one tier root. ``path(ns, key)`` is the chunk's committed file."""
+
+    def __init__(self, root: str, tier_name: str) -> None:
+        self.root = os.path.abspath(root)
+        self.spare_dir = os.path.join(self.root, SPARE_DIR)
+        self._prefix = os.path.join(self.root, "")  # root with one trailing separator
+        self._tier_name = tier_name
+        self._dirs: set[str] = set()  # directories known to exist (made or seen by this process)
+
+    def path(self, ns: str, key: str) -> str:
+        h = xxhash.xxh3_64_hexdigest(key.encode("ascii"))
+        return f"{self._prefix}{ns}{os.sep}{h[:2]}{os.sep}{key}{_SUFFIX}"
+
+    def temp_path(self, path: str) -> str:
+        """A fresh temp name beside ``path`` (its directory is made if missing)."""
+        d, base = os.path.split(path)
+        self.ensure_dir(d)
+        tag = f"{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}"
+        return os.path.join(d, f".{base[: -len(_SUFFIX)]}.{tag}{_TMP_SUFFIX}")
+
+    # ----------------------------------------------------------------------------- directories
+
+    def make_ns_dirs(self, ns: str) -> None:
+        """Make a namespace's 256 directories at its first put in this process: otherwise the first
+        few hundred puts each pay a ``mkdir`` (a journaled metadata write), measured at 0.1-0.4 ms."""
+        for i in range(256):
+            try:
+                self.ensure_dir(f"{self._prefix}{ns}{os.sep}{i:02x}")
+            except OSError:
+                return  # a put will retry (and fail cleanly) on its own directory
+
+    def ensure_dir(self, d: str) -> None:
+        if d not in self._dirs:
+            self._mkdirs(d)
+
+    def forget_dir(self, path: str) -> None:
+        """The directory of ``path`` was removed behind our back: make it again on next use."""
+        self._dirs.discard(os.path.dirname(path))
+
+    def _mkdirs(self, d: str) -> None:
+        """Create ``d`` (0700) and any missing parents below the root: one mkdir when the parent exists."""
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            parent = os.path.dirname(d)
+            if len(parent) <= len(self.root):
+                raise  # the root itself is gone: a failed put, not a silent re-creation
+            self._mkdirs(parent)
+            try:
+                os.mkdir(d, 0o700)
+            except FileExistsError:
+                pass
+        self._dirs.add(d)
+
+    def prepare_root(self) -> None:
+        """Make the root (0700) if missing and prove it writable; ConfigError naming the fix if not."""
+        root = self.root
+        try:
+            if not os.path.isdir(root):
+                os.makedirs(root, mode=0o700, exist_ok=True)
+                os.chmod(root, 0o700)
+            probe = os.path.join(root, f".probe.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, b"\0")
+            finally:
+                os.close(fd)
+                os.unlink(probe)
+        except OSError as e:
+            raise ConfigError(
+                f"disk tier {self._tier_name!r}: directory {root!r} is not writable "
+                f"({errno.errorcode.get(e.errno, e.errno)}: {e.strerror}); pass a writable directory "
+                "path (file:///path) the process owns"
+            ) from None
+
+    # ----------------------------------------------------------------------------- scan
+
+    def walk(self, namespace: str | None) -> Iterator[tuple[str, str, str]]:
+        """Yield (namespace, key, path) of committed chunk files."""
+        try:
+            ns_names = [namespace] if namespace is not None else sorted(os.listdir(self.root))
+        except OSError:
+            return
+        for ns in ns_names:
+            if not _IDENT_RE.fullmatch(ns):
+                continue
+            for dirpath, _dirs, files in os.walk(os.path.join(self.root, ns)):
+                for f in files:
+                    if f.endswith(_SUFFIX) and not f.startswith("."):
+                        yield ns, f[: -len(_SUFFIX)], os.path.join(dirpath, f)
+
+    def remove_stale_temps(self, older_than_s: float) -> int:
+        """Remove temp files (crashed writers') older than ``older_than_s``; returns how many."""
+        now = time.time()
+        removed = 0
+        for dirpath, _dirs, files in os.walk(self.root):
+            for f in files:
+                if f.startswith(".") and f.endswith(_TMP_SUFFIX):
+                    p = os.path.join(dirpath, f)
+                    try:
+                        if now - os.stat(p).st_mtime > older_than_s:
+                            os.unlink(p)
+                            removed += 1
+                    except OSError:
+                        pass
+        return removed
+
+    def read_entry(self, ns: str, key: str, path: str) -> tuple[float, int, int] | None:
+        """``(mtime, frame bytes, payload bytes)`` of a committed file whose name, place, header
+        identity and size agree; None for anything else (the payload checksum is checked on read)."""
+        if not _IDENT_RE.fullmatch(key) or path != self.path(ns, key):
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            header = decode_header(os.pread(fd, HEADER_BYTES + len(ns) + len(key), 0))
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        if header is None or (header.namespace, header.key) != (ns, key) or st.st_size != header.frame_bytes:
+            return None
+        return st.st_mtime, header.frame_bytes, header.payload_bytes
