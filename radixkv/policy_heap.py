@@ -184,6 +184,7 @@ class CostPolicy(_HeapPolicy):
             raise ConfigError(f"cost policy: attention_tokens={attention_tokens!r} must be a positive int")
         self._attn = float(attention_tokens)
         self._count: dict[int, int] = {}
+        self._unit: dict[int, float] = {}  # node -> recompute cost per byte (static)
         self._size: list[int] = []
         self._age = 0.0
 
@@ -192,15 +193,28 @@ class CostPolicy(_HeapPolicy):
         self._size = tree._size
 
     def _prio(self, n: int) -> float:
-        tokens = self._tokens[n]
-        prefix_tokens = (self._depth[n] - 1) * tokens
-        cost = tokens * (1.0 + prefix_tokens / self._attn)
-        return self._age + self._count[n] * cost / max(self._size[n], 1)
+        return self._age + self._count[n] * self._unit[n]
 
-    _admit = LFUPolicy._admit
+    def _push(self, n: int) -> None:
+        # _prio written out: this is the cost policy's hottest line (every touch and every new leaf).
+        e = (self._age + self._count[n] * self._unit[n], -self._depth[n], n)
+        self._entry[n] = e
+        heapq.heappush(self._heap, e)
+
+    def _admit(self, node_ids: Sequence[int], now: int) -> None:
+        LFUPolicy._admit(self, node_ids, now)
+        # Recompute cost per byte is static for a node (its tokens, depth and size never change).
+        tokens, depth, size, attn, unit = self._tokens, self._depth, self._size, self._attn, self._unit
+        for n in node_ids:
+            t = tokens[n]
+            unit[n] = t * (1.0 + (depth[n] - 1) * t / attn) / max(size[n], 1)
+
+    def _forget(self, n: int, entry: tuple[float, int, int] | None) -> None:
+        del self._unit[n]
+        LFUPolicy._forget(self, n, entry)
+
     _touch = LFUPolicy._touch
     _fold = LFUPolicy._fold
-    _forget = LFUPolicy._forget
 
 
 @register_policy("agedref")
