@@ -213,6 +213,12 @@ class CostPolicy(_HeapPolicy):
         del self._unit[n]
         LFUPolicy._forget(self, n, entry)
 
+    def check_integrity(self) -> None:
+        super().check_integrity()
+        assert self._unit.keys() == self._count.keys(), (
+            f"cost: {len(self._unit)} nodes with a unit cost, {len(self._count)} with a count"
+        )
+
     _touch = LFUPolicy._touch
     _fold = LFUPolicy._fold
 

@@ -17,8 +17,8 @@ with ``os.replace``. A reader reads header and payload straight into the caller'
 Recycling (``recycle=True``, the default unless shared): the file of a removed chunk (evicted,
 deleted, cleared) is renamed into ``root/.spare`` instead of unlinked, within the capacity; a later put
 overwrites the newest spare in place and renames it to its own name
-(:mod:`radixkv.tiers.disk_spares`). A reader that opened a file just before it was recycled reads bytes that fail its checks: a
-miss, never another chunk's bytes.
+(:mod:`radixkv.tiers.disk_spares`). A reader that opened a file just before it was recycled reads
+bytes that fail its checks: a miss, never another chunk's bytes.
 
 Capacity: the index counts whole frame bytes (header + payload) of the files it knows, plus bytes of
 puts in flight; a put that would exceed ``capacity_bytes`` first evicts this tier's least-recently-used
