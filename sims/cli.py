@@ -31,6 +31,11 @@ DEFAULT_POLICIES = "lru,s3fifo,cost,agedref,oddsref,opt"
 DEFAULT_MODEL = "llama3-8b"
 
 
+def _pct(text: str) -> str:
+    """``text`` for an argparse help string, which %-formats it (a bare "%" would crash ``--help``)."""
+    return text.replace("%", "%%")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="radixkv sim",
@@ -46,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens per block (Mooncake: 512; radixkv traces: their header; synthetic: 256)")
     p.add_argument("--limit", type=int, default=None, help="read only the first N requests of a trace")
     p.add_argument("--capacity", default=DEFAULT_CAPACITIES,
-                   help=f"top-tier capacities: 5%% of unique blocks, 1828 blocks, or 64GiB (default {DEFAULT_CAPACITIES})")
-    p.add_argument("--policy", default=DEFAULT_POLICIES, help=f"comma-separated policies (default {DEFAULT_POLICIES})")
+                   help=f"top-tier capacities: 5%% of unique blocks, 1828 blocks, or 64GiB (default {_pct(DEFAULT_CAPACITIES)})")
+    p.add_argument("--policy", default=DEFAULT_POLICIES, help=f"comma-separated policies (default {_pct(DEFAULT_POLICIES)})")
     p.add_argument("--tiers", default="mem",
                    help="tiers fastest first, NAME[=CAPACITY][@GBps]; the first tier's capacity is --capacity "
                         "(default: mem). Example: mem@50,disk=25%%@7")

@@ -56,3 +56,29 @@ def test_core_never_imports_an_engine():
 def test_console_command():
     res = subprocess.run([sys.executable, "-m", "radixkv.cli", "--help"], capture_output=True, text=True)
     assert res.returncode == 0 and "sim" in res.stdout and "bench" in res.stdout
+
+
+def _help_of(argv: list[str]) -> str:
+    """Run ``radixkv ARGV --help`` in-process; argparse prints the help and exits 0."""
+    import contextlib
+    import io
+
+    from radixkv.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exc:
+        main([*argv, "--help"])
+    assert exc.value.code == 0, f"radixkv {' '.join(argv)} --help exited {exc.value.code}"
+    return out.getvalue()
+
+
+def test_sim_help_lists_its_defaults():
+    # argparse %-formats help strings: a default like "1%,5%" once crashed ``radixkv sim --help``.
+    text = _help_of(["sim"])
+    assert "--capacity" in text and "1%,5%,10%,25%" in text and "mem@50,disk=25%@7" in text
+
+
+@pytest.mark.parametrize("name", __import__("radixkv.bench.__main__", fromlist=["available"]).available())
+def test_every_benchmark_has_a_working_help(name):
+    # Benchmarks parse their arguments before importing an engine, so --help works in any env.
+    assert "usage:" in _help_of(["bench", name])
