@@ -236,7 +236,9 @@ class AgedRefPolicy(_HeapPolicy):
 
     * ``H`` adapts to the workload: it tracks the ``gap_quantile`` (default: 60th percentile) of the
       reuse gaps the policy sees (a request's deepest hit chunk, a chunk coming back from the ghost
-      history), so references are remembered for about one typical reuse gap, on any time scale;
+      history), so references are remembered for about one typical reuse gap, on any time scale. It
+      moves by a relative ``gap_step`` (default 1 %) per observed gap: smaller steps track slower but
+      keep the priorities in the heap (each computed with the ``H`` of its time) comparable;
     * the count's bonus is scaled by ``count_weight`` (default 0.5): the priority is
       ``last use + count_weight * (score - last use)``, about ``last use + count_weight * H *
       log2(references)``, so a long memory of references does not also make stale chunks outstay;
@@ -252,10 +254,12 @@ class AgedRefPolicy(_HeapPolicy):
     _PARTIAL_PENALTY = 1e15
 
     def __init__(self, gap_quantile: float = 0.6, ghost_factor: float = 32.0,
-                 initial_half_life: float = 100.0, count_weight: float = 0.5) -> None:
+                 initial_half_life: float = 100.0, count_weight: float = 0.5, gap_step: float = 0.01) -> None:
         super().__init__()
         if not 0.0 < gap_quantile < 1.0:
             raise ConfigError(f"agedref: gap_quantile={gap_quantile!r} must be in (0, 1)")
+        if not 0.0 < gap_step < 0.5:
+            raise ConfigError(f"agedref: gap_step={gap_step!r} must be in (0, 0.5) (a relative step of H)")
         if not 0.0 < count_weight <= 1.0:
             raise ConfigError(f"agedref: count_weight={count_weight!r} must be in (0, 1]")
         if not ghost_factor >= 0:
@@ -263,6 +267,8 @@ class AgedRefPolicy(_HeapPolicy):
         if not initial_half_life > 0:
             raise ConfigError(f"agedref: initial_half_life={initial_half_life!r} must be > 0 requests")
         self._q = gap_quantile
+        self._up = 1.0 + gap_step * gap_quantile  # H's step per gap above it, and below it
+        self._down = 1.0 - gap_step * (1.0 - gap_quantile)
         self._w = float(count_weight)
         self._h = float(initial_half_life)
         self._ghost_factor = float(ghost_factor)
@@ -281,9 +287,9 @@ class AgedRefPolicy(_HeapPolicy):
     def _observe_gap(self, gap: int) -> None:
         # Streaming quantile: H settles where P(gap > H) = 1 - q.
         if gap > self._h:
-            self._h *= 1.0 + 0.01 * self._q
+            self._h *= self._up
         else:
-            self._h = max(1.0, self._h * (1.0 - 0.01 * (1.0 - self._q)))
+            self._h = max(1.0, self._h * self._down)
 
     def _add(self, a: float, b: float) -> float:
         h = self._h

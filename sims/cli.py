@@ -16,8 +16,7 @@ import sys
 import time
 
 from radixkv.errors import RadixKVError
-from radixkv.policies import POLICIES
-from radixkv.sims import opt as _opt  # noqa: F401  (registers "opt")
+from radixkv.sims.policy_spec import parse_policy_spec
 from radixkv.sims.model import DEFAULT_TIER_MODELS, TierModel, parse_model
 from radixkv.sims.report import format_table, plot, records, write_csv, write_json
 from radixkv.sims.sweep import LowerTier, parse_capacity, run_sweep
@@ -52,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="read only the first N requests of a trace")
     p.add_argument("--capacity", default=DEFAULT_CAPACITIES,
                    help=f"top-tier capacities: 5%% of unique blocks, 1828 blocks, or 64GiB (default {_pct(DEFAULT_CAPACITIES)})")
-    p.add_argument("--policy", default=DEFAULT_POLICIES, help=f"comma-separated policies (default {_pct(DEFAULT_POLICIES)})")
+    p.add_argument("--policy", default=DEFAULT_POLICIES,
+                   help=f"comma-separated policies, each NAME or NAME:KEY=VALUE[:KEY=VALUE...] with the policy's "
+                        f"options, e.g. oddsref:gap_quantile=0.7 (default {_pct(DEFAULT_POLICIES)})")
     p.add_argument("--tiers", default="mem",
                    help="tiers fastest first, NAME[=CAPACITY][@GBps]; the first tier's capacity is --capacity "
                         "(default: mem). Example: mem@50,disk=25%%@7")
@@ -94,10 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    policies = [s.strip() for s in args.policy.split(",") if s.strip()]
-    for pol in policies:
-        if pol not in POLICIES:
-            raise RadixKVError(f"unknown policy {pol!r}; supported policies: {', '.join(sorted(POLICIES))}")
+    policies = [parse_policy_spec(s).label for s in args.policy.split(",") if s.strip()]
     if args.trace:
         trace = read_trace(args.trace, block_tokens=args.block_tokens, limit=args.limit)
         source = args.trace

@@ -16,9 +16,9 @@ from typing import Sequence
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.policies import POLICIES
 from radixkv.sims.model import DEFAULT_TIER_MODELS, ModelSpec, TierModel, parse_size_bytes, ttft_s
 from radixkv.sims.opt import next_use_table
+from radixkv.sims.policy_spec import PolicySpec, parse_policy_spec
 from radixkv.sims.replay import TierCapacity, replay
 from radixkv.sims.report import Point
 from radixkv.sims.traces import Trace
@@ -72,7 +72,7 @@ def parse_capacity(text: str, unique_blocks: int, block_bytes: int | None) -> Ca
 
 @dataclass(slots=True)
 class _Job:
-    policy: str
+    policy: PolicySpec
     capacity: Capacity
     tiers: list[TierCapacity]
     block_bytes: int | None
@@ -89,10 +89,11 @@ _NEXT_USE: list[list[int]] | None = None  # the trace's next-use table, when an 
 def _run(job: _Job) -> Point:
     trace = _TRACE
     assert trace is not None
-    r = replay(trace, job.policy, job.tiers, block_bytes=job.block_bytes, progress=job.progress,
-               next_use=_NEXT_USE if getattr(POLICIES.get(job.policy), "offline", False) else None)
+    spec = job.policy
+    r = replay(trace, spec.name, job.tiers, block_bytes=job.block_bytes, policy_options=spec.options,
+               progress=job.progress, next_use=_NEXT_USE if spec.offline else None)
     point = Point(
-        policy=job.policy,
+        policy=spec.label,
         capacity_fraction=job.capacity.fraction,
         capacity_blocks=job.capacity.blocks,
         requests=r.requests,
@@ -125,10 +126,17 @@ def run_sweep(
     jobs: int | None = None,
     progress: bool = False,
 ) -> list[Point]:
-    """Replay every (policy, capacity) point; results in (policy, capacity) order."""
+    """Replay every (policy, capacity) point; results in (policy, capacity) order.
+
+    ``policies``: specs, ``NAME`` or ``NAME:KEY=VALUE...`` (:mod:`radixkv.sims.policy_spec`); a
+    point's ``policy`` is its spec's label."""
     global _TRACE, _NEXT_USE
     if not policies or not capacities:
         raise ConfigError("a sweep needs at least one policy and one capacity")
+    specs = [parse_policy_spec(p) for p in policies]
+    labels = [s.label for s in specs]
+    if len(set(labels)) < len(labels):
+        raise ConfigError(f"policies {labels} name the same spec twice; list each once")
     block_bytes = model.block_bytes(trace.block_tokens) if model else None
     unique = trace.unique_blocks
     tier_models = [top_tier_model or DEFAULT_TIER_MODELS.get(top_tier) or DEFAULT_TIER_MODELS["mem"]]
@@ -136,17 +144,17 @@ def run_sweep(
     for lt in lower_tiers:
         lower.append(TierCapacity(lt.name, parse_capacity(lt.capacity_text, unique, block_bytes).blocks))
         tier_models.append(lt.model or DEFAULT_TIER_MODELS.get(lt.name) or DEFAULT_TIER_MODELS["disk"])
-    if lower and "opt" in policies:
+    if lower and any(s.offline for s in specs):
         raise ConfigError("the opt policy models a single tier; drop --tiers or the opt policy")
     todo = [
-        _Job(p, c, [TierCapacity(top_tier, c.blocks)] + lower, block_bytes, model, tier_models, overlap)
-        for p in policies
+        _Job(s, c, [TierCapacity(top_tier, c.blocks)] + lower, block_bytes, model, tier_models, overlap)
+        for s in specs
         for c in capacities
     ]
     _TRACE = trace
     # Offline policies need the future: one table for all their points, shared with the forked
     # workers (not one per point).
-    if any(getattr(POLICIES.get(p), "offline", False) for p in policies):
+    if any(s.offline for s in specs):
         _NEXT_USE = next_use_table(trace)
     try:
         n_jobs = jobs or min(len(todo), os.cpu_count() or 1)
@@ -158,7 +166,7 @@ def run_sweep(
         # Longest first, so the last jobs to finish are short ones (a greedy schedule's makespan is
         # the sum over workers plus about the last job): small capacities evict the most, and LRU
         # (one ordered dict, no heap) is the cheapest policy to replay, so its points go last.
-        order = sorted(range(len(todo)), key=lambda i: (todo[i].policy == "lru", todo[i].capacity.blocks))
+        order = sorted(range(len(todo)), key=lambda i: (todo[i].policy.name == "lru", todo[i].capacity.blocks))
         with ProcessPoolExecutor(max_workers=n_jobs, mp_context=ctx) as pool:
             futures = {i: pool.submit(_run, todo[i]) for i in order}
             results: dict[int, Point] = {}

@@ -125,7 +125,8 @@ def test_agedref_count_weight_scales_the_bonus_of_references(count_weight, hot_k
 @pytest.mark.parametrize(
     ("name", "options"),
     [("cost", {"attention_tokens": 0}), ("s3fifo", {"small_fraction": 1.5}), ("agedref", {"gap_quantile": 2}),
-     ("agedref", {"count_weight": 0}), ("lru", {"bogus": 1})],
+     ("agedref", {"count_weight": 0}), ("agedref", {"gap_step": 0}), ("agedref", {"gap_step": 0.5}),
+     ("lru", {"bogus": 1})],
 )
 def test_bad_policy_options(name, options):
     with pytest.raises(ConfigError):
