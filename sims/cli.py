@@ -16,8 +16,8 @@ import sys
 import time
 
 from radixkv.errors import RadixKVError
-from radixkv.sims.policy_spec import parse_policy_spec
 from radixkv.sims.model import DEFAULT_TIER_MODELS, TierModel, parse_model
+from radixkv.sims.policy_spec import parse_policy_spec
 from radixkv.sims.report import format_table, plot, records, write_csv, write_json
 from radixkv.sims.sweep import LowerTier, parse_capacity, run_sweep
 from radixkv.sims.traces import read_trace
