@@ -2,7 +2,8 @@
 
 One record per (policy, capacity)::
 
-    policy, capacity_fraction (of the trace's unique blocks; null when given in bytes/blocks),
+    policy (the spec's label, e.g. ``oddsref:gap_quantile=0.7``), policy_options (its options),
+    capacity_fraction (of the trace's unique blocks; null when given in bytes/blocks),
     capacity_blocks, requests, block_references, block_hits, block_hit_rate, token_hit_rate,
     infinite_block_hit_rate, gap_closed (fraction of the LRU-to-OPT gap; null without both),
     elapsed_s, accesses_per_s, and with a model: ttft_mean_ms, ttft_p50_ms, ttft_p90_ms,
@@ -39,6 +40,7 @@ class Point:
     ttft_s: np.ndarray | None = None
     loaded_bytes: dict[str, float] | None = None
     recomputed_tokens: int | None = None
+    policy_options: dict[str, Any] | None = None
 
 
 def records(points: Sequence[Point], infinite_rate: float) -> list[dict[str, Any]]:
@@ -54,6 +56,7 @@ def records(points: Sequence[Point], infinite_rate: float) -> list[dict[str, Any
             gap = (p.block_hit_rate - rates["lru"]) / (rates["opt"] - rates["lru"])
         rec: dict[str, Any] = {
             "policy": p.policy,
+            "policy_options": dict(p.policy_options or {}),
             "capacity_fraction": p.capacity_fraction,
             "capacity_blocks": p.capacity_blocks,
             "requests": p.requests,
@@ -112,7 +115,7 @@ def write_json(recs: Sequence[dict[str, Any]], path: str) -> None:
 def write_csv(recs: Sequence[dict[str, Any]], path: str) -> None:
     fields: list[str] = []
     for r in recs:
-        fields += [k for k in r if k not in fields and k != "loaded_bytes"]
+        fields += [k for k in r if k not in fields and k not in ("loaded_bytes", "policy_options")]
     with open(path, "w", encoding="utf-8", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()

@@ -94,6 +94,7 @@ def _run(job: _Job) -> Point:
                progress=job.progress, next_use=_NEXT_USE if spec.offline else None)
     point = Point(
         policy=spec.label,
+        policy_options=dict(spec.options),
         capacity_fraction=job.capacity.fraction,
         capacity_blocks=job.capacity.blocks,
         requests=r.requests,

@@ -59,7 +59,9 @@ def test_cli_labels_records_with_the_spec(tmp_path, capsys):
                    "--policy", "lru,agedref:gap_quantile=0.7,opt", "--json", str(out), "--jobs", "1",
                    "--no-progress"])
     assert rc == 0
-    assert [r["policy"] for r in json.loads(out.read_text())] == ["lru", "agedref:gap_quantile=0.7", "opt"]
+    recs = json.loads(out.read_text())
+    assert [r["policy"] for r in recs] == ["lru", "agedref:gap_quantile=0.7", "opt"]
+    assert [r["policy_options"] for r in recs] == [{}, {"gap_quantile": 0.7}, {}]
     assert "agedref:gap_quantile=0.7" in capsys.readouterr().out
     assert cli.main(["--workload", "chat", "--requests", "20", "--policy", "agedref:gap_quantile=2"]) == 2
     assert "gap_quantile=2" in capsys.readouterr().err
