@@ -24,6 +24,7 @@ from typing import Any, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
 from radixkv.errors import ConfigError
+from radixkv.sizes import parse_bytes
 
 __all__ = ["TierConfig", "StoreConfig", "parse_bytes", "WRITE_POLICIES", "TIER_SCHEMES"]
 
@@ -38,52 +39,6 @@ TIER_SCHEMES = {
     "redis+cluster": "redis",
     "rediss+cluster": "redis",
 }
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-}
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_bytes(value: Any, what: str) -> int:
-    """An int >= 0 from an int or a size string (``"8GiB"``); ConfigError naming ``what`` otherwise."""
-    if isinstance(value, bool):
-        raise ConfigError(
-            f"{what}={value!r} is not a size: give bytes as an integer or a string like '8GiB'"
-        )
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, float) and value.is_integer():
-        n = int(value)
-    elif isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        unit = m.group(2).lower() if m else None
-        if m is None or unit not in _UNITS:
-            raise ConfigError(
-                f"{what}={value!r} is not a size: use an integer number of bytes or a number with a "
-                f"unit from {sorted(u for u in _UNITS if u)} (for example '8GiB')"
-            )
-        n = int(float(m.group(1)) * _UNITS[unit])
-    else:
-        raise ConfigError(
-            f"{what}={value!r} is not a size: give bytes as an integer or a string like '8GiB'"
-        )
-    if n < 0:
-        raise ConfigError(f"{what}={value!r} must be >= 0 bytes")
-    return n
 
 
 def _parse_bool(value: Any, what: str) -> bool:

@@ -11,7 +11,7 @@ Schemes::
     redis+cluster://host:port[,host:port...]   rediss+cluster://...        RedisTier, Redis Cluster
 
 SIZE is bytes (``1048576``) or a number with a unit: ``KiB MiB GiB TiB`` (powers of 1024) or
-``KB MB GB TB`` (powers of 1000). Keyword arguments give the same options (``capacity_bytes=``,
+``KB MB GB TB`` / ``K M G T`` (powers of 1000); see :mod:`radixkv.sizes`. Keyword arguments give the same options (``capacity_bytes=``,
 ``pin=``, ``io_threads=``, ...); an option given both ways must agree. The Redis tier is imported only
 when a Redis URL is used, and receives the URL unchanged (its options are documented in
 :mod:`radixkv.tiers.redis_client`).
@@ -20,41 +20,19 @@ when a Redis URL is used, and receives the URL unchanged (its options are docume
 from __future__ import annotations
 
 import importlib
-import re
 import urllib.parse
 from typing import Any
 
 from radixkv.errors import ConfigError
+from radixkv.sizes import parse_bytes
 from radixkv.tiers.base import Tier
 
 __all__ = ["make_tier", "parse_bytes", "SUPPORTED_SCHEMES"]
 
 SUPPORTED_SCHEMES = ("mem", "memory", "file", "redis", "rediss", "redis+cluster", "rediss+cluster")
 _REDIS_SCHEMES = frozenset({"redis", "rediss", "redis+cluster", "rediss+cluster"})
-_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
-
-
-def parse_bytes(value: str | int, what: str = "size") -> int:
-    """``"8GiB"`` -> 8589934592. Raises :class:`ConfigError` naming the value and the accepted forms."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
-            raise ConfigError(f"{what}={value!r} must be >= 0 bytes")
-        return value
-    m = _SIZE_RE.fullmatch(str(value))
-    unit = m.group(2).lower() if m else None
-    if m is None or unit not in _UNITS:
-        raise ConfigError(
-            f"{what}={value!r} is not a size; write bytes (1048576) or a number with a unit: "
-            "KiB MiB GiB TiB (1024-based) or KB MB GB TB (1000-based), e.g. 8GiB"
-        )
-    n = float(m.group(1)) * _UNITS[unit]
-    if n != int(n):
-        raise ConfigError(f"{what}={value!r} is not a whole number of bytes")
-    return int(n)
 
 
 def _parse_bool(value: Any, what: str) -> bool:

@@ -133,7 +133,19 @@ class TestLoaders:
             parse_bytes("1.5KiB", "x") == 1536
             and parse_bytes(7, "x") == 7
             and parse_bytes("3 MB", "x") == 3_000_000
+            and parse_bytes("64M", "x") == 64_000_000
         )
+        with pytest.raises(ConfigError, match="whole number of bytes"):
+            parse_bytes("1.0001KiB", "x")
+
+    def test_every_size_the_config_takes_opens_a_store(self, tmp_path):
+        # The tier registry once had its own size parser without K/M/G/T: a config that validated
+        # then failed to open ("capacity_bytes='1M' is not a size").
+        from radixkv.store import HierarchicalStore
+
+        cfg = StoreConfig(tiers=["mem://?capacity=1M", {"url": f"file://{tmp_path}?capacity=10M"}])
+        with HierarchicalStore(cfg) as store:
+            assert [t.capacity_bytes for t in store.tiers] == [1_000_000, 10_000_000]
 
 
 BAD = [

@@ -1,0 +1,52 @@
+"""Byte sizes written by people: ``8GiB``, ``512 MB``, ``64M``, ``1048576``.
+
+One parser for every place a size is read (store and tier config, tier URLs, environment variables),
+so a size valid in one is valid in all: units ``KiB MiB GiB TiB`` (powers of 1024), ``KB MB GB TB``
+and ``K M G T`` (powers of 1000), case-insensitive, or none (bytes).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from radixkv.errors import ConfigError
+
+__all__ = ["parse_bytes"]
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}
+_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*")
+
+
+def parse_bytes(value: Any, what: str = "size") -> int:
+    """An int >= 0 from an int, a whole float, or a size string (``"8GiB"`` -> 8589934592).
+
+    Raises :class:`ConfigError` naming ``what`` and the value, with the accepted forms."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}={value!r} is not a size: give bytes as an integer or a string like '8GiB'")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, float) and value.is_integer():
+        n = int(value)
+    elif isinstance(value, str):
+        m = _SIZE_RE.fullmatch(value)
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _UNITS:
+            raise ConfigError(
+                f"{what}={value!r} is not a size: write bytes (1048576) or a number with a unit: "
+                "KiB MiB GiB TiB (1024-based), KB MB GB TB or K M G T (1000-based), e.g. 8GiB"
+            )
+        x = float(m.group(1)) * _UNITS[unit]
+        if x != int(x):
+            raise ConfigError(f"{what}={value!r} is not a whole number of bytes; round it, e.g. "
+                              f"{int(x)} or {int(x) + 1}")
+        n = int(x)
+    else:
+        raise ConfigError(f"{what}={value!r} is not a size: give bytes as an integer or a string like '8GiB'")
+    if n < 0:
+        raise ConfigError(f"{what}={value!r} must be >= 0 bytes")
+    return n
