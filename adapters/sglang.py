@@ -120,7 +120,7 @@ class RadixKVStore(HiCacheStorage):
         """Leading run of ``keys`` available: the tree, then (on a miss, ``probe_tiers``) the chunks
         the persistent/shared tiers hold, adopted by the store (``HierarchicalStore.adopt``)."""
         n = self.store.lookup(ns, keys, probe=False)
-        if n < len(keys) and self.options.probe_tiers:
+        if n < len(keys) and self.store.config.probe_tiers:  # the final config's: extra, file or env
             got = self.store.adopt(ns, keys, parent_key=parent, chunk_bytes=chunk_bytes)
             if got:
                 self.counters["adopted_chunks"] += got

@@ -13,16 +13,24 @@ SGLang's own (``backend_name``, ``module_path``, ``class_name``, ...):
                     also accepted at the top level
 ``model``           model identity for the namespace (default: SGLang's ``model_name``)
 ``probe_tiers``     on a tree miss, ask the disk/Redis tiers (pages from before a restart or from
-                    another server); default true
+                    another server); default true. A StoreConfig field: it may also come from
+                    ``store``, ``config_file`` or ``RADIXKV_PROBE_TIERS``
 ``interface_v1``    SGLang's own switch: 1 = zero-copy ``batch_*_v1`` (recommended)
 ==================  =============================================================================
 
-Without ``tiers``/``config_file``, ``RADIXKV_*`` environment variables (``StoreConfig.from_env``)
-are used when set, else one 4 GiB memory tier.
+Without ``tiers``/``config_file``, the ``RADIXKV_*`` environment (``StoreConfig.from_env``) is used
+when it names tiers (``RADIXKV_TIERS``, ``RADIXKV_TIER0_URL``) or a config (``RADIXKV_CONFIG``), else
+one 4 GiB memory tier.
+
+A top-level key that is neither radixkv's nor one SGLang 0.5.23 reads itself is an error when it is
+one typo away from a radixkv option (``write_polcy``), else a logged warning (it may be another
+SGLang version's own key).
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
@@ -32,9 +40,29 @@ from radixkv.keys import Namespace
 
 __all__ = ["RadixKVOptions", "namespace_for", "DEFAULT_TIERS"]
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_TIERS = [{"url": "mem://", "capacity": "4GiB"}]
 _STORE_FIELDS = {f.name for f in fields(StoreConfig)}
-_OURS = {"tiers", "config_file", "store", "model", "probe_tiers"}
+_OURS = _STORE_FIELDS | {"config_file", "store", "model", "interface_v1"}
+# Keys SGLang 0.5.23 itself reads from the extra config (factory, controllers, hybrid controller).
+_SGLANG_KEYS = frozenset({
+    "backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size",
+    "hicache_storage_pass_prefix_keys", "prefetch_threshold", "prefetch_timeout_base",
+    "prefetch_timeout_per_ki_token", "enable_metadata_cache", "metadata_ttl", "extra_backend_tag",
+})
+
+
+def _check_keys(extra: Mapping[str, Any]) -> None:
+    stray = sorted(k for k in extra if k not in _OURS and k not in _SGLANG_KEYS)
+    for k in stray:
+        near = difflib.get_close_matches(str(k), sorted(_OURS), n=1, cutoff=0.8)
+        if near:
+            raise ConfigError(f"extra_config key {k!r} is not a radixkv option; did you mean {near[0]!r}? "
+                              f"(radixkv options: {sorted(_OURS)})")
+    if stray:
+        logger.warning("radixkv: extra_config keys %s are neither radixkv options nor keys SGLang 0.5.23 "
+                       "reads; ignored", stray)
 
 
 def _as_bool(v: Any, what: str) -> bool:
@@ -54,7 +82,6 @@ class RadixKVOptions:
     store: dict[str, Any] = field(default_factory=dict)
     config_file: str | None = None
     model: str | None = None
-    probe_tiers: bool = True
     interface_v1: bool = False
 
     def __post_init__(self) -> None:
@@ -68,6 +95,7 @@ class RadixKVOptions:
     def from_extra_config(cls, extra: Mapping[str, Any]) -> RadixKVOptions:
         if not isinstance(extra, Mapping):
             raise ConfigError(f"extra_config={extra!r} must be a JSON object")
+        _check_keys(extra)
         store: dict[str, Any] = {}
         nested = extra.get("store", {})
         if not isinstance(nested, Mapping):
@@ -80,7 +108,6 @@ class RadixKVOptions:
             store=store,
             config_file=extra.get("config_file"),
             model=extra.get("model"),
-            probe_tiers=_as_bool(extra.get("probe_tiers", True), "probe_tiers"),
             interface_v1=_as_bool(extra.get("interface_v1", 0), "interface_v1"),
         )
 

@@ -126,3 +126,32 @@ def test_clear_close_and_stats(tmp_path):
     finally:
         h.close()
     unwrap(h.controller.storage_backend or backend).close()  # idempotent after SGLang's detach
+
+
+@pytest.mark.parametrize("where", ["top", "store", "env"])
+def test_probe_tiers_off_is_honoured_wherever_it_is_set(tmp_path, monkeypatch, where):
+    # probe_tiers is a StoreConfig field; the backend once read only the top-level key, so setting it
+    # in "store" or the environment left probing on.
+    spec = PoolSpec(layout="page_first", page_size=4, host_tokens=256)
+    toks = tokens(16, seed=12)
+    a = ControllerHarness(spec, extra_config=extra_config([disk_tier(tmp_path / "l3")]))
+    try:
+        src = a.alloc(16)
+        a.fill_random(src, seed=6)
+        assert a.backup(toks, src) == 16
+    finally:
+        a.close()
+    more = {"top": {"probe_tiers": False}, "store": {"store": {"probe_tiers": False}}, "env": {}}[where]
+    if where == "env":
+        monkeypatch.setenv("RADIXKV_PROBE_TIERS", "false")
+        monkeypatch.setenv("RADIXKV_TIERS", f"file://{tmp_path / 'l3'}?capacity=256MiB")
+        cfg = {k: v for k, v in extra_config([]).items() if k != "tiers"}
+    else:
+        cfg = extra_config([disk_tier(tmp_path / "l3")], **more)
+    b = ControllerHarness(spec, extra_config=cfg)
+    try:
+        assert unwrap(b.backend).store.config.probe_tiers is False
+        assert b.prefetch(toks).hit_tokens == 0  # on disk, but not probed: a fresh tree misses
+        assert unwrap(b.backend).counters["adopted_chunks"] == 0
+    finally:
+        b.close()

@@ -50,6 +50,16 @@ def test_bad_options_fail_at_construction_with_the_fix():
         RadixKVStore(_config(extra_config(["not-a-url"])), {})
     with pytest.raises(ConfigError, match="probe_tiers"):
         RadixKVStore(_config(extra_config([mem_tier()], probe_tiers="maybe")), {})
+    # A misspelt radixkv option is an error naming the right one, not a silent default.
+    with pytest.raises(ConfigError, match="did you mean 'write_policy'"):
+        RadixKVStore(_config(extra_config([mem_tier()], write_polcy="write_back")), {})
+
+
+def test_foreign_extra_config_keys_are_logged_not_fatal(caplog):
+    # Another backend's (or SGLang version's) keys may share the extra config: warn, keep going.
+    s = RadixKVStore(_config(extra_config([mem_tier()], master_server_address="x:1", metadata_ttl=5)), {})
+    s.close()
+    assert "master_server_address" in caplog.text and "metadata_ttl" not in caplog.text
 
 
 def test_config_file_and_defaults(tmp_path, monkeypatch):
