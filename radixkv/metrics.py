@@ -21,6 +21,8 @@ from typing import Callable, Iterator, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from radixkv.tiers.base import capacity_limit
+
 __all__ = ["StoreMetrics"]
 
 # Latency buckets from 50 us (memory copies) to 10 s (a slow remote store).
@@ -82,7 +84,7 @@ class _TierStatsCollector:
                 usage.add_metric([name], tier.usage_bytes())  # type: ignore[attr-defined]
             except Exception:  # a closed or failing tier must not break the scrape
                 continue
-            cap.add_metric([name], tier.capacity_bytes)  # type: ignore[attr-defined]
+            cap.add_metric([name], capacity_limit(tier))
         yield from (checks, errors, usage, cap)
 
 

@@ -105,7 +105,7 @@ def store_stats(store: HierarchicalStore) -> dict[str, Any]:
     with s.cond:
         for t, tier in enumerate(s.tiers):
             out["tiers"][tier.name] = {
-                "capacity_bytes": tier.capacity_bytes,
+                "capacity_bytes": s.capacity(t),  # 0 = unbounded
                 "tree_chunks": s.tree.tier_chunks(tier.name),
                 "tree_bytes": s.tree.tier_bytes(tier.name),
                 "reserved_bytes": s.reserved[t],

@@ -35,12 +35,12 @@ from radixkv import eviction, reads
 from radixkv.intents import WriteDeleteIntents
 from radixkv.errors import CapacityError, InputError, PinError
 from radixkv.metrics import StoreMetrics
+from radixkv.tiers.base import capacity_limit
 from radixkv.tiers.framing import HEADER_BYTES
 from radixkv.tree import RadixTree
 
 __all__ = ["TierStack", "ChunkRef"]
 
-_UNBOUNDED_BYTES = 1 << 62
 _NS_DIGEST_CHARS = 32
 
 
@@ -86,8 +86,7 @@ class TierStack(WriteDeleteIntents):
         return f"{kind}-{next(self._owner_seq)}"
 
     def capacity(self, t: int) -> int:
-        cap = self.tiers[t].capacity_bytes
-        return 0 if not cap or cap >= _UNBOUNDED_BYTES else cap
+        return capacity_limit(self.tiers[t])
 
     def overhead(self, t: int) -> int:
         return HEADER_BYTES + _NS_DIGEST_CHARS + self.max_key_chars if self._framed[t] else 0

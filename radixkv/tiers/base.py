@@ -20,9 +20,18 @@ import torch
 
 from radixkv.errors import ConfigError, InputError
 
-__all__ = ["Tier", "TierStats", "check_payload_size", "config_or_options"]
+__all__ = ["Tier", "TierStats", "check_payload_size", "config_or_options", "UNBOUNDED_BYTES", "capacity_limit"]
 
 _C = TypeVar("_C")
+
+# ``capacity_bytes`` of a tier without a byte bound of its own (Redis: the server's maxmemory bounds it).
+UNBOUNDED_BYTES = (1 << 63) - 1
+
+
+def capacity_limit(tier: object) -> int:
+    """The tier's capacity in bytes for accounting and reports: 0 when it is unbounded."""
+    cap = getattr(tier, "capacity_bytes", 0)
+    return 0 if not cap or cap >= 1 << 62 else int(cap)
 
 
 def config_or_options(config_cls: type[_C], config: _C | None, options: dict[str, object]) -> _C:

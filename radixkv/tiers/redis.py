@@ -50,7 +50,7 @@ from typing import Any, Sequence
 import torch
 
 from radixkv.errors import CapacityError, InputError
-from radixkv.tiers.base import TierStats, byte_tensor
+from radixkv.tiers.base import UNBOUNDED_BYTES, TierStats, byte_tensor
 from radixkv.tiers.framing import HEADER_BYTES, encode_header
 from radixkv.tiers.redis_accounting import ByteLedger
 from radixkv.tiers.redis_client import NAME_RE, FramedValue, RedisTierConfig, RedisUrl, build_config
@@ -59,7 +59,6 @@ from radixkv.tiers.redis_link import DOWN_ERRORS, RedisLink, is_topology_error
 
 __all__ = ["RedisTier", "RedisTierConfig", "UNBOUNDED_BYTES"]
 
-UNBOUNDED_BYTES = (1 << 63) - 1
 _KEY_RE = re.compile(r"[\x21-\x7e]{1,256}")
 
 

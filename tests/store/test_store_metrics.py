@@ -57,3 +57,15 @@ def test_metrics_off_keeps_plain_stats(make_store):
     assert store.get(ns, keys, buffers(2)) == 2
     assert store.metrics.registry is None
     assert store.stats()["store"]["mem.hit_chunks"] == 2
+
+
+def test_unbounded_redis_tier_reports_capacity_zero(redis_url):
+    # Documented as "0 = unbounded"; the tier's internal sentinel (2^63 - 1) once leaked into both.
+    from radixkv.config import StoreConfig, TierConfig
+    from radixkv.store import HierarchicalStore
+
+    cfg = StoreConfig(tiers=[TierConfig(url="mem://", capacity_bytes=1 << 20), TierConfig(url=redis_url)])
+    with HierarchicalStore(cfg) as store:
+        assert store.stats()["tiers"]["redis"]["capacity_bytes"] == 0
+        assert samples(store)[("radixkv_tier_capacity_bytes", (("tier", "redis"),))] == 0
+        assert store.stats()["tiers"]["mem"]["capacity_bytes"] == 1 << 20
