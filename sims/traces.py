@@ -21,14 +21,17 @@ Readers (each returns a :class:`Trace`; :func:`read_trace` picks one by sniffing
   block_tokens``.
 
 Keys of every trace are strings (the tree's key type); Mooncake integer ids become their decimal text.
+Files ending in ``.xz`` or ``.gz`` are read compressed.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
+import lzma
 import os
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol, Sequence
+from typing import IO, Iterable, Iterator, Protocol, Sequence
 
 from radixkv.errors import InputError
 from radixkv.keys import chunk_keys
@@ -127,12 +130,22 @@ class TraceReader(Protocol):
     def __call__(self, path: str, *, block_tokens: int | None = None, limit: int | None = None) -> Trace: ...
 
 
+def _open_trace(path: str) -> IO[bytes]:
+    """The trace's bytes; ``.xz`` and ``.gz`` files are decompressed on the fly (published traces are
+    usually shipped compressed; the repo's copy of the Mooncake trace is ``.xz``)."""
+    if path.endswith(".xz"):
+        return lzma.open(path, "rb")
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
 def _iter_json_lines(path: str, limit: int | None) -> Iterable[tuple[int, dict]]:
     if not os.path.isfile(path):
         raise InputError(f"trace file {path!r} does not exist; pass --trace PATH to a JSONL trace")
-    with open(path, "rb") as f:
+    with _open_trace(path) as f:
         n = 0
-        for lineno, line in enumerate(f, 1):
+        for lineno, line in _numbered(path, f):
             line = line.strip()
             if not line:
                 continue
@@ -146,6 +159,13 @@ def _iter_json_lines(path: str, limit: int | None) -> Iterable[tuple[int, dict]]
             n += 1
             if limit is not None and n >= limit:
                 return
+
+
+def _numbered(path: str, f: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    try:
+        yield from enumerate(f, 1)
+    except (lzma.LZMAError, EOFError, OSError) as e:  # gzip raises BadGzipFile (an OSError)
+        raise InputError(f"{path}: cannot decompress ({e}); is the file complete?") from None
 
 
 def _int_field(path: str, lineno: int, record: dict, name: str, default: int | None = None) -> int:

@@ -82,3 +82,32 @@ def test_prefix_conflict_detected():
     t = Trace("x", 4, [Request(0, 8, 0, ["a", "b"]), Request(1, 8, 0, ["c", "b"])])
     with pytest.raises(InputError, match="chained"):
         t.check_prefix_closed()
+
+
+def test_compressed_traces_read_like_plain_ones(tmp_path):
+    import gzip
+    import lzma
+
+    records = [{"timestamp": i * 100, "input_length": 700 + i, "output_length": 3, "hash_ids": [0, i + 1]}
+               for i in range(20)]
+    plain = _write(tmp_path / "m.jsonl", records)
+    raw = open(plain, "rb").read()
+    (tmp_path / "m.jsonl.xz").write_bytes(lzma.compress(raw))
+    (tmp_path / "m.jsonl.gz").write_bytes(gzip.compress(raw))
+    want = read_trace(plain)
+    for name in ("m.jsonl.xz", "m.jsonl.gz"):
+        got = read_trace(str(tmp_path / name))
+        assert [r.block_keys for r in got.requests] == [r.block_keys for r in want.requests]
+        assert got.block_references == want.block_references
+    (tmp_path / "cut.jsonl.xz").write_bytes(lzma.compress(raw)[:-40])
+    with pytest.raises(InputError, match="cannot decompress"):
+        read_trace(str(tmp_path / "cut.jsonl.xz"))
+
+
+def test_the_shipped_mooncake_trace_reads_as_is(mooncake_trace):
+    import os
+
+    shipped = os.path.join(os.path.dirname(__file__), "..", "data", "mooncake_conversation.jsonl.xz")
+    t = read_trace(shipped)  # the .xz copy in tests/data, as `radixkv sim --trace` gets it
+    assert (len(t), t.block_references, t.unique_blocks) == (12_031, 288_500, 182_790)
+    assert [r.block_keys for r in t.requests[:50]] == [r.block_keys for r in mooncake_trace.requests[:50]]
