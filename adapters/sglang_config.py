@@ -18,9 +18,8 @@ SGLang's own (``backend_name``, ``module_path``, ``class_name``, ...):
 ``interface_v1``    SGLang's own switch: 1 = zero-copy ``batch_*_v1`` (recommended)
 ==================  =============================================================================
 
-Without ``tiers``/``config_file``, the ``RADIXKV_*`` environment (``StoreConfig.from_env``) is used
-when it names tiers (``RADIXKV_TIERS``, ``RADIXKV_TIER0_URL``) or a config (``RADIXKV_CONFIG``), else
-one 4 GiB memory tier.
+Without ``tiers``/``config_file``, the store comes from the ``RADIXKV_*`` environment
+(``StoreConfig.from_env``), with one 4 GiB memory tier when it names no tiers and no config file.
 
 A top-level key that is neither radixkv's nor one SGLang 0.5.23 reads itself is an error when it is
 one typo away from a radixkv option (``write_polcy``), else a logged warning (it may be another
@@ -118,15 +117,11 @@ class RadixKVOptions:
             data = {f: getattr(base, f) for f in _STORE_FIELDS}
             data.update(self.store)
             return StoreConfig(**data)
-        if "tiers" not in self.store:
-            import os
-
-            if os.environ.get("RADIXKV_TIERS") or os.environ.get("RADIXKV_CONFIG") or os.environ.get("RADIXKV_TIER0_URL"):
-                base = StoreConfig.from_env()
-                data = {f: getattr(base, f) for f in _STORE_FIELDS}
-                data.update(self.store)
-                return StoreConfig(**data)
-            return StoreConfig(**{"tiers": [dict(t) for t in DEFAULT_TIERS], **self.store})
+        if "tiers" not in self.store:  # the RADIXKV_* environment, DEFAULT_TIERS unless it names tiers
+            base = StoreConfig.from_env(default_tiers=DEFAULT_TIERS)
+            data = {f: getattr(base, f) for f in _STORE_FIELDS}
+            data.update(self.store)
+            return StoreConfig(**data)
         return StoreConfig.from_dict(self.store)
 
 

@@ -48,8 +48,6 @@ logger = logging.getLogger(__name__)
 
 def open_store(options: VllmConnectorOptions) -> Any:
     """The worker's :class:`radixkv.store.HierarchicalStore` for ``options`` (see VllmConnectorOptions)."""
-    import os
-
     from radixkv.config import StoreConfig
     from radixkv.store import HierarchicalStore
 
@@ -57,10 +55,8 @@ def open_store(options: VllmConnectorOptions) -> Any:
         cfg = StoreConfig.from_dict(options.store)
     elif options.store_config_file is not None:
         cfg = StoreConfig.from_yaml(options.store_config_file)
-    elif any(k.startswith("RADIXKV_TIER") or k == "RADIXKV_CONFIG" for k in os.environ):
-        cfg = StoreConfig.from_env()
-    else:
-        cfg = StoreConfig.from_dict({"tiers": [{"url": "mem://", "capacity_bytes": 4 << 30}]})
+    else:  # the RADIXKV_* environment, with one 4 GiB memory tier unless it names tiers
+        cfg = StoreConfig.from_env(default_tiers=[{"url": "mem://", "capacity_bytes": 4 << 30}])
     return HierarchicalStore(cfg)
 
 

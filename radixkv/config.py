@@ -321,18 +321,21 @@ class StoreConfig:
         return cls.from_dict(data)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> StoreConfig:
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, default_tiers: list[Any] | None = None
+    ) -> StoreConfig:
         """Build from ``RADIXKV_*`` variables (see docs/configuration.md).
 
         ``RADIXKV_CONFIG`` names a YAML file read first; every other variable overrides it. Tiers come
         from ``RADIXKV_TIERS`` (comma-separated URLs, fastest first) with
         ``RADIXKV_TIER_CAPACITIES`` (comma-separated sizes), or from indexed variables
-        ``RADIXKV_TIER<i>_URL`` / ``_CAPACITY`` / ``_POLICY`` / ``_NAME``. Variables of other
-        radixkv components are ignored.
+        ``RADIXKV_TIER<i>_URL`` / ``_CAPACITY`` / ``_POLICY`` / ``_NAME``; else ``default_tiers``
+        (an adapter's default), else it is an error. Variables of other radixkv components are
+        ignored.
         """
         from radixkv.config_env import store_config_from_env
 
-        return store_config_from_env(cls, os.environ if environ is None else environ)
+        return store_config_from_env(cls, os.environ if environ is None else environ, default_tiers)
 
 
 def _assign_names(tiers: list[TierConfig]) -> None:

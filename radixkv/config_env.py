@@ -22,8 +22,11 @@ __all__ = ["store_config_from_env"]
 _ENV_PREFIX = "RADIXKV_"
 
 
-def store_config_from_env(cls: type[StoreConfig], env: Mapping[str, str]) -> StoreConfig:
-    """The :class:`StoreConfig` the variables in ``env`` describe."""
+def store_config_from_env(
+    cls: type[StoreConfig], env: Mapping[str, str], default_tiers: list[Any] | None = None
+) -> StoreConfig:
+    """The :class:`StoreConfig` the variables in ``env`` describe (``default_tiers`` when they name
+    no tiers and no config file)."""
     data: dict[str, Any] = {}
     if env.get(_ENV_PREFIX + "CONFIG"):
         base = cls.from_yaml(env[_ENV_PREFIX + "CONFIG"])
@@ -39,6 +42,8 @@ def store_config_from_env(cls: type[StoreConfig], env: Mapping[str, str]) -> Sto
     tiers = _tiers_from_env(env)
     if tiers is not None:
         data["tiers"] = tiers
+    if "tiers" not in data and default_tiers is not None:
+        data["tiers"] = [dict(t) if isinstance(t, Mapping) else t for t in default_tiers]
     if "tiers" not in data:
         raise ConfigError(
             "no tiers configured: set RADIXKV_TIERS (e.g. 'mem://,file:///var/cache/radixkv') with "
@@ -65,6 +70,9 @@ def _tiers_from_env(env: Mapping[str, str]) -> list[TierConfig] | None:
             )
     if listed is not None and indexed:
         raise ConfigError("set either RADIXKV_TIERS or RADIXKV_TIER<i>_* variables, not both")
+    if listed is None and env.get(_ENV_PREFIX + "TIER_CAPACITIES", "").strip():
+        raise ConfigError("RADIXKV_TIER_CAPACITIES is set without RADIXKV_TIERS: set RADIXKV_TIERS to the "
+                          "tiers' URLs (e.g. 'mem://,file:///var/cache/radixkv'), one capacity each")
     if listed is not None:
         urls = [u.strip() for u in listed.split(",") if u.strip()]
         caps_raw = env.get(_ENV_PREFIX + "TIER_CAPACITIES", "")

@@ -78,6 +78,12 @@ def test_config_file_and_defaults(tmp_path, monkeypatch):
         assert [t.name for t in d.store.tiers] == ["mem"]
     finally:
         d.close()
+    monkeypatch.setenv("RADIXKV_POLICY", "s3fifo")  # refines the default tier; never silently ignored
+    e = RadixKVStore(_config({}), {})
+    try:
+        assert [t.name for t in e.store.tiers] == ["mem"] and e.store.config.policy == "s3fifo"
+    finally:
+        e.close()
 
 
 def test_v2_kv_plus_trailing_sidecar_pool():

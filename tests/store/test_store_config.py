@@ -97,6 +97,20 @@ class TestLoaders:
             "redis",
         )
 
+    def test_env_refines_an_adapters_default_tiers(self):
+        # An adapter's default (one memory tier) when the environment names no tiers; every other
+        # variable still applies, so RADIXKV_POLICY alone is not silently ignored.
+        default = [{"url": "mem://", "capacity": "4GiB"}]
+        cfg = StoreConfig.from_env({"RADIXKV_POLICY": "s3fifo"}, default_tiers=default)
+        assert cfg.policy == "s3fifo" and cfg.tiers[0].capacity_bytes == 4 << 30
+        named = StoreConfig.from_env({"RADIXKV_TIERS": "mem://", "RADIXKV_TIER_CAPACITIES": "1MiB"},
+                                     default_tiers=default)
+        assert named.tiers[0].capacity_bytes == 1 << 20
+        with pytest.raises(ConfigError, match="no tiers configured"):
+            StoreConfig.from_env({"RADIXKV_POLICY": "s3fifo"})
+        with pytest.raises(ConfigError, match="without RADIXKV_TIERS"):
+            StoreConfig.from_env({"RADIXKV_TIER_CAPACITIES": "1GiB"}, default_tiers=default)
+
     def test_url_capacity_form(self):
         assert TierConfig("mem://?capacity=2MiB").capacity_bytes == 2 << 20
         with pytest.raises(ConfigError, match="give it once"):
