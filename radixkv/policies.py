@@ -24,6 +24,7 @@ one iterator for a whole batch while staying exact.
 
 from __future__ import annotations
 
+import inspect
 from collections import OrderedDict
 from itertools import compress
 from operator import not_
@@ -94,10 +95,27 @@ def make_policy(name: str, **options: Any) -> EvictionPolicy:
         raise ConfigError(
             f"unknown eviction policy {name!r}; supported policies: {', '.join(sorted(POLICIES))}"
         ) from None
+    _check_option_types(name, cls, options)
     try:
         return cls(**options)  # type: ignore[no-any-return]
     except TypeError as exc:
         raise ConfigError(f"bad options {options!r} for eviction policy {name!r}: {exc}") from None
+
+
+def _check_option_types(name: str, cls: type, options: dict[str, Any]) -> None:
+    """A numeric option (its default is a number) must be given a number: a string from a config
+    file or a command line would otherwise fail deep inside the policy with a comparison error."""
+    params: dict[str, inspect.Parameter] = {}
+    for klass in reversed(cls.__mro__):  # a subclass may pass its base's options on as **kwargs
+        if "__init__" in vars(klass):
+            params.update(inspect.signature(klass.__init__).parameters)
+    for key, value in options.items():
+        p = params.get(key)
+        if p is None or isinstance(p.default, bool) or not isinstance(p.default, (int, float)):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"option {key}={value!r} of eviction policy {name!r} must be a number "
+                              f"(default {p.default!r})")
 
 
 @register_policy("lru")

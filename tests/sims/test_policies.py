@@ -126,8 +126,9 @@ def test_agedref_count_weight_scales_the_bonus_of_references(count_weight, hot_k
     ("name", "options"),
     [("cost", {"attention_tokens": 0}), ("s3fifo", {"small_fraction": 1.5}), ("agedref", {"gap_quantile": 2}),
      ("agedref", {"count_weight": 0}), ("agedref", {"gap_step": 0}), ("agedref", {"gap_step": 0.5}),
-     ("lru", {"bogus": 1})],
+     ("lru", {"bogus": 1}), ("agedref", {"gap_quantile": "0.7"}), ("oddsref", {"gap_step": "abc"}),
+     ("s3fifo", {"small_fraction": True})],
 )
 def test_bad_policy_options(name, options):
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=next(iter(options))):  # the message names the option
         make_policy(name, **options)
