@@ -12,6 +12,7 @@ downwards, so threads never wait on each other in a cycle), then cleared and del
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Sequence
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from radixkv.transfer import ChunkRef, TierStack
 
 __all__ = ["reserve"]
+
+logger = logging.getLogger(__name__)
 
 _ROOM_WAIT_S = 2.0  # how long a writer waits for other threads' evictions before giving up
 
@@ -124,7 +127,13 @@ def _evict(stack: TierStack, t: int, victims: list[ChunkRef], owner: str, claim:
                 move = [v for v in victims if not stack.mask_locked(v) & (1 << (t + 1))]
                 below = {v.node_id for v in victims if stack.mask_locked(v) & (1 << (t + 1))}
             if move:
-                ok = stack.copy(t, t + 1, move)
+                try:
+                    ok = stack.copy(t, t + 1, move)
+                except Exception as e:  # a tier must fail a put, not raise; if one does, the
+                    # demotion failed: the caller's put goes on and the victims' pins are released
+                    logger.warning("radixkv: demoting %d chunks from tier %r failed: %s: %s",
+                                   len(move), name, type(e).__name__, e)
+                    ok = [False] * len(move)
                 demoted = {v.node_id for v, o in zip(move, ok) if o}
         with stack.cond:
             out: list[ChunkRef] = []

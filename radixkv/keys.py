@@ -22,6 +22,7 @@ other's chunks.
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -34,7 +35,13 @@ __all__ = [
     "sglang_page_keys",
     "namespace_seed",
     "hash_page",
+    "KEY_RE",
 ]
+
+# What a stored chunk key (and a namespace digest) may be: every tier can name it as it is, as a file
+# name (disk) or within a Redis key. The keys of chunk_keys / SGLang are 64 hex characters (with an
+# adapter's "-1" segment suffix at most).
+KEY_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
 
 _NAMESPACE_TAG = b"sglang-cache-namespace-v1"
 _U32_MAX = (1 << 32) - 1

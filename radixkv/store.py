@@ -175,7 +175,8 @@ class HierarchicalStore:
         """Store one chain of chunks in the top tier (see the module docstring); returns per-key
         success, always a leading run of True. Keys already in the top tier are not rewritten."""
         self._check_open()
-        nsd = self._check_chain(ns, keys)
+        nsd = self._check_chain(ns, keys, parent_key)
+        checks.check_list(payloads, "payloads")
         if len(payloads) != len(keys):
             raise InputError(
                 f"{len(keys)} keys but {len(payloads)} payloads; pass one payload per key"
@@ -274,7 +275,7 @@ class HierarchicalStore:
         (:meth:`adopt`; ``parent_key`` and ``chunk_bytes`` as there). ``probe`` overrides
         ``config.probe_tiers`` for this call."""
         self._check_open()
-        nsd = self._check_chain(ns, keys)
+        nsd = self._check_chain(ns, keys, parent_key)
         if self.config.probe_tiers if probe is None else probe:
             return adoption.adopt(self, ns, nsd, keys, parent_key, chunk_bytes)[0]
         with self._stack.cond:
@@ -299,7 +300,7 @@ class HierarchicalStore:
         the namespace's chunks; it is needed only before the first put/get of the namespace in this
         store (then nothing can be adopted without it: 0). Rules: :mod:`radixkv.adoption`."""
         self._check_open()
-        nsd = self._check_chain(ns, keys)
+        nsd = self._check_chain(ns, keys, parent_key)
         return adoption.adopt(self, ns, nsd, keys, parent_key, chunk_bytes)[1]
 
     def get(
@@ -342,7 +343,8 @@ class HierarchicalStore:
         buffers: Sequence[torch.Tensor],
         parent_key: str | None,
     ) -> tuple[list[ChunkRef], list[int], str]:
-        nsd = self._check_chain(ns, keys)
+        nsd = self._check_chain(ns, keys, parent_key)
+        checks.check_list(buffers, "buffers")
         if len(buffers) != len(keys):
             raise InputError(
                 f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key"
@@ -409,7 +411,7 @@ class HierarchicalStore:
     def clear(self, namespace: Namespace | str | None = None) -> None:
         """Drop every chunk (of one namespace) from the tree and every tier."""
         self._check_open()
-        nsd = namespace.digest if isinstance(namespace, Namespace) else namespace
+        nsd = checks.namespace_digest(namespace)
         s = self._stack
         with s.cond:
             s.spoil_namespace_locked(nsd)
@@ -471,8 +473,8 @@ class HierarchicalStore:
         if self._closed:
             raise RuntimeError("the store is closed; create a new HierarchicalStore")
 
-    def _check_chain(self, ns: Namespace, keys: Sequence[str]) -> str:
-        return checks.check_chain(self, ns, keys)
+    def _check_chain(self, ns: Namespace, keys: Sequence[str], parent_key: str | None = None) -> str:
+        return checks.check_chain(self, ns, keys, parent_key)
 
     def _check_tensors(
         self, ns: Namespace, tensors: Sequence[torch.Tensor], what: str, register: bool = True

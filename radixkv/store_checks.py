@@ -5,18 +5,23 @@ The store's public methods delegate here in one line each; nothing in this modul
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from radixkv.errors import CapacityError, InputError
-from radixkv.keys import Namespace
+from radixkv.keys import KEY_RE, Namespace
 
 if TYPE_CHECKING:
     from radixkv.store import HierarchicalStore
 
+_DIGEST_RE = re.compile(r"[0-9a-f]{32}")
+
 __all__ = [
+    "check_list",
+    "namespace_digest",
     "check_chain",
     "check_tensors",
     "register_namespace",
@@ -26,22 +31,46 @@ __all__ = [
 ]
 
 
-def check_chain(store: HierarchicalStore, ns: Namespace, keys: Sequence[str]) -> str:
+def check_list(value: Any, what: str) -> None:
+    """``value`` must be a list-like of items (one per key), not None, a str or one tensor."""
+    if value is None or isinstance(value, (str, bytes, torch.Tensor)) or not hasattr(value, "__len__"):
+        raise InputError(f"{what}={value!r:.80} must be a sequence (a list with one item per chunk key), "
+                         f"not {type(value).__name__}")
+
+
+def check_chain(
+    store: HierarchicalStore, ns: Namespace, keys: Sequence[str], parent_key: str | None = None
+) -> str:
+    """The namespace digest; InputError unless ``keys`` is one chain of valid chunk keys (every tier
+    must be able to store each key as it is: :data:`radixkv.keys.KEY_RE`, checked here so a bad
+    key fails its own call, not a later eviction that demotes it)."""
     if not isinstance(ns, Namespace):
         raise InputError(f"ns={ns!r} must be a radixkv.keys.Namespace")
     if isinstance(keys, (str, bytes)):
-        raise InputError(f"keys={keys!r} must be a sequence of str chunk keys, not one str")
+        raise InputError(f"keys={keys!r:.80} must be a sequence of str chunk keys, not one str")
+    check_list(keys, "keys")
     if len(set(keys)) != len(keys):
         raise InputError("keys repeat a chunk key; pass one chain (each key once, root to leaf)")
-    for k in keys:
-        if not isinstance(k, str) or not k or not k.isascii():
+    for k in keys if parent_key is None else [*keys, parent_key]:
+        if not isinstance(k, str) or not KEY_RE.fullmatch(k):
             raise InputError(
-                f"chunk key {k!r} must be a non-empty ASCII str (see radixkv.keys.chunk_keys)"
+                f"chunk key {k!r:.80} must be 1-128 chars of [A-Za-z0-9_-], as radixkv.keys.chunk_keys "
+                "makes them (every tier stores the key as a file name or within a Redis key)"
             )
         if len(k) > store._stack.max_key_chars:
             with store._stack.cond:
                 store._stack.max_key_chars = max(store._stack.max_key_chars, len(k))
     return ns.digest
+
+
+def namespace_digest(namespace: Any) -> str | None:
+    """``clear()``'s argument as a digest: a Namespace, its ``.digest``, or None (every namespace)."""
+    if isinstance(namespace, Namespace):
+        return namespace.digest
+    if namespace is None or (isinstance(namespace, str) and _DIGEST_RE.fullmatch(namespace)):
+        return namespace
+    raise InputError(f"namespace={namespace!r} must be a radixkv.keys.Namespace, its .digest (32 hex "
+                     "characters) or None (every namespace)")
 
 
 def check_tensors(

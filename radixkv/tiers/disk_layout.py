@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import secrets
 import threading
 import time
@@ -22,11 +21,12 @@ from typing import Iterator
 import xxhash
 
 from radixkv.errors import ConfigError, InputError
+from radixkv.keys import KEY_RE
 from radixkv.tiers.framing import HEADER_BYTES, decode_header
 
 __all__ = ["DiskLayout", "check_ident", "SPARE_DIR"]
 
-_IDENT_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
+_IDENT_RE = KEY_RE
 _SUFFIX = ".kv"
 _TMP_SUFFIX = ".tmp"
 SPARE_DIR = ".spare"  # recycled files (not an identifier: never walked as a namespace)

@@ -216,6 +216,43 @@ class TestBadInput:
             store.lookup(ns, keys[0])
         store.check_integrity()
 
+    @pytest.mark.parametrize("bad", ["x/y", "a b", "../../etc/passwd", "k" * 129, "", "é"])
+    def test_a_key_no_tier_can_store_fails_its_own_call(self, make_store, bad):
+        # Such keys were once accepted by a memory tier and raised later, inside another caller's put,
+        # when eviction demoted them to disk (leaking that caller's pin).
+        store = make_store("mem-disk", chunks={"mem": 2})
+        ns = new_namespace()
+        with pytest.raises(InputError, match="A-Za-z0-9_-"):
+            store.put(ns, [bad], [payload_for("x")])
+        with pytest.raises(InputError, match="A-Za-z0-9_-"):
+            store.get(ns, ["ok", bad], buffers(2))
+        for seed in (71, 73, 74):  # each chain demotes the one before it to disk
+            _, keys = chain(seed, 2)
+            assert store.put(ns, keys, [payload_for(k) for k in keys]) == [True, True]
+        assert store.flush(timeout_s=30)  # write-through copies hold pins while they run
+        assert store.stats()["tiers"]["disk"]["tree_chunks"] >= 2
+        assert store.stats()["tree"]["pinned_chunks"] == 0
+        store.check_integrity()
+
+    def test_non_sequences_and_foreign_namespaces_are_input_errors(self, make_store):
+        store = make_store("mem")
+        ns = new_namespace()
+        _, keys = chain(72, 1)
+        p = [payload_for(keys[0])]
+        for call, match in [
+            (lambda: store.put(ns, None, p), "keys=None"),
+            (lambda: store.put(ns, keys, None), "payloads=None"),
+            (lambda: store.put(ns, keys, p[0]), "payloads="),
+            (lambda: store.get(ns, keys, None), "buffers=None"),
+            (lambda: store.put(ns, keys, p, parent_key=123), "123"),
+            (lambda: store.clear(5), "namespace=5"),
+            (lambda: store.clear(str(ns)), "digest"),
+        ]:
+            with pytest.raises(InputError, match=match):
+                call()
+        store.clear(ns.digest)  # the digest itself is fine
+        store.check_integrity()
+
     def test_unknown_tier_url(self):
         with pytest.raises(ConfigError, match="unknown scheme 'ftp'"):
             StoreConfig(tiers=[TierConfig("ftp://host/x", 1 << 20)])
@@ -265,4 +302,26 @@ def test_chain_contradicting_the_tree_is_an_error_and_leaks_nothing(make_store):
     st = store.stats()
     assert st["tiers"]["mem"]["reserved_bytes"] == 0 and st["tree"]["pinned_chunks"] == 0
     assert store.tiers[0].contains_many(ns.digest, [b[0]]) == 0
+    store.check_integrity()
+
+
+def test_a_tier_that_raises_during_demotion_is_a_failed_demotion(make_store, monkeypatch, caplog):
+    # A tier's InputError is re-raised to the caller whose input it is; during a demotion that is
+    # another caller (the store validates keys up front, so this takes a tier bug): it must not make
+    # that caller's put raise or leave the victims pinned.
+    store = make_store("mem-disk", chunks={"mem": 2}, write_policy="write_back")
+    ns = new_namespace()
+    _, first = chain(81, 2)
+    assert store.put(ns, first, [payload_for(k) for k in first]) == [True, True]
+
+    def boom(*_a, **_k):
+        raise InputError("injected")
+
+    monkeypatch.setattr(store.tiers[1], "put_many", boom)
+    _, second = chain(82, 2)
+    assert store.put(ns, second, [payload_for(k) for k in second]) == [True, True]
+    assert "demoting" in caplog.text and "injected" in caplog.text
+    assert store.stats()["tree"]["pinned_chunks"] == 0
+    got = buffers(2)
+    assert store.get(ns, second, got) == 2 and all(torch.equal(g, payload_for(k)) for g, k in zip(got, second))
     store.check_integrity()
