@@ -171,6 +171,14 @@ class RadixKVStore(HiCacheStorage):
             plan.scatter(starts[:pages], bufs[:pages])
         return [i < pages for i in range(n)]
 
+    @staticmethod
+    def _n(keys: Any) -> int:
+        """len(keys), or 0 for a malformed argument (which then fails inside the guard, not here)."""
+        try:
+            return len(keys)
+        except TypeError:
+            return 0
+
     def _guard(self, what: str, n: int, fn: Any, *args: Any) -> List[bool]:
         try:
             return fn(*args)
@@ -194,8 +202,8 @@ class RadixKVStore(HiCacheStorage):
         t0 = time.perf_counter()
         b = self._bindings.get("kv")
         if b is None:
-            return [False] * len(keys)
-        ok = self._guard("batch_set_v1", len(keys), self._write_pages, b, b.plan, b.ns, keys, host_indices, extra_info)
+            return [False] * self._n(keys)
+        ok = self._guard("batch_set_v1", self._n(keys), self._write_pages, b, b.plan, b.ns, keys, host_indices, extra_info)
         self._record("backup", sum(ok), sum(ok) * b.flat.chunk_bytes, t0)
         return ok
 
@@ -204,8 +212,8 @@ class RadixKVStore(HiCacheStorage):
         t0 = time.perf_counter()
         b = self._bindings.get("kv")
         if b is None:
-            return [False] * len(keys)
-        ok = self._guard("batch_get_v1", len(keys), self._read_pages, b, b.plan, b.ns, keys, host_indices, extra_info)
+            return [False] * self._n(keys)
+        ok = self._guard("batch_get_v1", self._n(keys), self._read_pages, b, b.plan, b.ns, keys, host_indices, extra_info)
         self._record("prefetch", sum(ok), sum(ok) * b.flat.chunk_bytes, t0)
         return ok
 
@@ -218,7 +226,7 @@ class RadixKVStore(HiCacheStorage):
                                 plan.chunk_bytes) // per
         except Exception as e:
             self.counters["failed_calls"] += 1
-            logger.warning("radixkv: batch_exists of %d pages failed: %s: %s", len(keys), type(e).__name__, e)
+            logger.warning("radixkv: batch_exists of %d pages failed: %s: %s", self._n(keys), type(e).__name__, e)
             return 0
 
     # ------------------------------------------------------------------ copying path (interface_v1 off)
@@ -236,10 +244,10 @@ class RadixKVStore(HiCacheStorage):
             return self._put(b.ns_flat, list(keys), payloads, None)
 
         t0 = time.perf_counter()
-        ok = self._guard("batch_set", len(keys), run)
+        ok = self._guard("batch_set", self._n(keys), run)
         b = self._bindings.get("kv")
         self._record("backup", sum(ok), sum(ok) * (b.flat.chunk_bytes if b else 0), t0)
-        return bool(keys) and all(ok)
+        return bool(ok) and all(ok)
 
     def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> List[torch.Tensor | None]:
@@ -253,10 +261,10 @@ class RadixKVStore(HiCacheStorage):
             got = self.store.get(b.ns_flat, list(keys[:n]), [self._u8(t) for t in targets[:n]]) if n else 0
         except Exception as e:  # never raise into SGLang's storage threads
             self.counters["failed_calls"] += 1
-            logger.warning("radixkv: batch_get of %d pages failed: %s: %s", len(keys), type(e).__name__, e)
+            logger.warning("radixkv: batch_get of %d pages failed: %s: %s", self._n(keys), type(e).__name__, e)
             got = 0
         self._record("prefetch", got, got * (b.flat.chunk_bytes if b else 0), t0)
-        return [targets[i] if i < got and targets is not None else None for i in range(len(keys))]
+        return [targets[i] if i < got and targets is not None else None for i in range(self._n(keys))]
 
     def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None):
         return self.batch_get([key], [target_location] if target_location is not None else None)[0]
@@ -276,9 +284,18 @@ class RadixKVStore(HiCacheStorage):
     # ------------------------------------------------------------------ v2 (KV + sidecar pools)
     def _io_v2(self, transfers: List[PoolTransfer], extra_info: Any, write: bool) -> dict[str, List[bool]]:
         out: dict[str, List[bool]] = {}
-        for tr in transfers:
-            name = str(tr.name)
-            keys = list(tr.keys or [])
+        try:
+            items = list(transfers or [])
+        except TypeError:
+            items = [transfers]  # not a list: reported as one malformed transfer below
+        for tr in items:
+            try:
+                name = str(tr.name)
+                keys = list(tr.keys or [])
+            except Exception as e:  # not a PoolTransfer: never raise into SGLang's storage threads
+                self.counters["failed_calls"] += 1
+                logger.warning("radixkv: batch_*_v2 got a malformed transfer %r: %s: %s", tr, type(e).__name__, e)
+                continue
             what = f"batch_{'set' if write else 'get'}_v2[{name}]"
 
             def run(tr: PoolTransfer = tr, name: str = name, keys: List[str] = keys) -> List[bool]:
@@ -338,7 +355,7 @@ class RadixKVStore(HiCacheStorage):
             return PoolTransferResult(final, hits, sorted(restorable))
         except Exception as e:
             self.counters["failed_calls"] += 1
-            logger.warning("radixkv: batch_exists_v2 of %d pages failed: %s: %s", len(keys), type(e).__name__, e)
+            logger.warning("radixkv: batch_exists_v2 of %d pages failed: %s: %s", self._n(keys), type(e).__name__, e)
             return PoolTransferResult.empty()
 
     # ------------------------------------------------------------------ lifecycle / metrics

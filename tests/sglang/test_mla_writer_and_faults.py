@@ -123,3 +123,22 @@ def test_failure_injector_no_exception_no_wrong_bytes(tmp_path, monkeypatch, int
         backend.check_integrity()
     finally:
         h.close()
+
+
+@pytest.mark.parametrize("bad", [None, 7, ["not a key"]])
+def test_malformed_batch_arguments_never_raise(bad):
+    # SGLang's storage threads must never see an exception: a malformed call is a logged failure.
+    h = ControllerHarness(PoolSpec(layout="page_first", page_size=4, host_tokens=64),
+                          extra_config=extra_config([mem_tier()]))
+    try:
+        be = unwrap(h.backend)
+        idx = h.alloc(4)
+        assert be.batch_set_v1(bad, idx) in ([], [False])
+        assert be.batch_get_v1(bad, idx) in ([], [False])
+        assert be.batch_exists(bad) == 0
+        assert be.batch_set(bad, [idx]) is False
+        assert all(x is None for x in be.batch_get(bad))
+        assert be.batch_set_v2(bad) == {} and be.batch_get_v2(bad) == {}
+        be.check_integrity()
+    finally:
+        h.close()
