@@ -222,8 +222,11 @@ class DiskTier:
                     n += 1
                 except FileNotFoundError:
                     n += frame is not None
-                except OSError:
+                except OSError:  # read-only, EIO, a directory: still there, so still indexed
                     self._stats.errors += 1
+                    if frame is not None:
+                        self._index[(namespace, k)] = frame
+                        self._usage += frame
             self._stats.deletes += n
         return n
 
@@ -235,8 +238,17 @@ class DiskTier:
                 self._usage -= frames[ident]
             for ns, key, path in self._layout.walk(namespace):
                 frame = frames.get((ns, key))
-                if frame is None or not self._recycle_locked(path, frame):
-                    unlink_quietly(path)
+                if frame is not None and self._recycle_locked(path, frame):
+                    continue
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                except OSError:  # cannot be removed (read-only): it is still there, so still indexed
+                    self._stats.errors += 1
+                    if frame is not None:
+                        self._index[(ns, key)] = frame
+                        self._usage += frame
             if namespace is None:
                 self._ns_payload_bytes.clear()
             else:
@@ -423,9 +435,11 @@ class DiskTier:
             elif verdict == "ok" and not indexed:
                 self._adopt(ident, os.fstat(fd).st_size)
             return verdict == "ok"
-        except OSError:
+        except OSError as e:
             with self._lock:
                 self._stats.errors += 1
+            if isinstance(e, IsADirectoryError) and indexed:
+                self._forget(ident)  # no longer our file: a miss from now on
             return False
         finally:
             os.close(fd)
@@ -509,7 +523,8 @@ class DiskTier:
                 return False
             ident, victim = self._index.popitem(last=False)
             self._usage -= victim
-            aside = self._spares.move_aside(self._layout.path(*ident)) if take_victim is not None and not take_victim else None
+            aside = (self._spares.move_aside(self._layout.path(*ident), victim)
+                     if take_victim is not None and not take_victim else None)
             if aside is not None:
                 take_victim.append((aside, victim))  # type: ignore[union-attr]
                 frame = max(frame, victim)  # the put overwrites this file: its bytes hold the frame
@@ -527,7 +542,7 @@ class DiskTier:
         already out of the usage); False (nothing moved) when off or over the capacity."""
         if self._usage + self._reserved + self._spares.bytes + size > self.capacity_bytes:
             return False
-        spare = self._spares.move_aside(path)
+        spare = self._spares.move_aside(path, size)
         if spare is None:
             return False
         self._spares.add(spare, size)

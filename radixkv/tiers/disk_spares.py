@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import os
+import stat
 
 __all__ = ["SpareFiles", "unlink_quietly"]
 
@@ -53,10 +54,18 @@ class SpareFiles:
             except OSError:
                 self.enabled = False
 
-    def move_aside(self, path: str) -> str | None:
-        """Rename a chunk file into the spare directory; its new path, or None when recycling is off
-        or the rename fails. The caller decides whether it becomes a spare (:meth:`add`)."""
+    def move_aside(self, path: str, size: int) -> str | None:
+        """Rename a chunk file of ``size`` bytes into the spare directory; its new path, or None when
+        recycling is off, the rename fails, or ``path`` is no longer that file (replaced by a
+        directory, truncated or extended behind our back: not worth recycling). The caller decides
+        whether it becomes a spare (:meth:`add`)."""
         if not self.enabled:
+            return None
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
             return None
         self._seq += 1
         spare = os.path.join(self.dir, f"{self._seq}.spare")

@@ -154,6 +154,40 @@ class TestCorruption:
         assert tier.usage_bytes() == 0
 
 
+    def test_file_replaced_by_a_directory_is_a_miss_never_a_spare(self, tier):
+        # Once recycled into the spare list as a "file", which later broke check_integrity.
+        tier.put_many(NS, ["a", "b"], [pl(1), pl(2)])
+        p = tier._layout.path(NS, "a")
+        os.unlink(p)
+        os.mkdir(p)
+        assert tier.get_many(NS, ["a"], [buf()]) == [False]
+        assert tier.contains_many(NS, ["a"]) == 0
+        tier.delete_many(NS, ["a", "b"])  # "b" is recycled, the directory is not
+        tier.put_many(NS, ["c"], [pl(3)])
+        out = buf()
+        assert tier.get_many(NS, ["c"], [out]) == [True] and torch.equal(out, pl(3))
+        os.rmdir(p)  # the tier never removes what is not its file; the fixture checks integrity
+
+    def test_undeletable_file_stays_indexed(self, tier, monkeypatch):
+        # On a read-only filesystem delete/clear cannot remove the file: the index must keep it
+        # (it is still there and still serves its verified bytes), not forget it.
+        tier.put_many(NS, ["a", "b"], [pl(1), pl(2)])
+
+        def refuse(*_a, **_k):
+            raise OSError(errno.EROFS, "Read-only file system")
+
+        monkeypatch.setattr(os, "unlink", refuse)
+        monkeypatch.setattr(os, "rename", refuse)
+        assert tier.delete_many(NS, ["a"]) == 0
+        tier.clear(NS)
+        tier.check_integrity()
+        out = buf()
+        assert tier.get_many(NS, ["a"], [out]) == [True] and torch.equal(out, pl(1))
+        monkeypatch.undo()
+        tier.clear(NS)
+        assert tier.contains_many(NS, ["a", "b"]) == 0
+
+
 class TestRestart:
     def test_index_rebuilt_by_scan(self, root):
         """A new tier on the same directory sees the old chunks; bad files and stale temps are removed."""
