@@ -109,6 +109,8 @@ def sglang_page_keys(
     Raises :class:`InputError` for a non-positive page size or a token id outside [0, 2**63).
     """
     _validate_page_size(page_size)
+    if token_ids is None or isinstance(token_ids, (str, bytes)) or not hasattr(token_ids, "__len__"):
+        raise InputError(f"token_ids={token_ids!r:.80} must be a sequence of int token ids (a list)")
     prior: bytes | None
     if prior_key is not None:
         prior = _parse_hex_key(prior_key)

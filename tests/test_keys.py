@@ -103,7 +103,8 @@ def test_chunk_keys_multiple_of_page():
 @pytest.mark.parametrize(
     "tokens, page, match",
     [([1, -2, 3, 4], 2, "out of range"), ([1, 2], 0, "page_size"), ([1, 2], -1, "page_size"),
-     ([1.5, 2], 2, "out of range"), ([2**64, 1], 2, "out of range")],
+     ([1.5, 2], 2, "out of range"), ([2**64, 1], 2, "out of range"), (None, 2, "token_ids=None"),
+     ("1234", 2, "sequence of int"), (7, 2, "sequence of int")],
 )
 def test_bad_input(tokens, page, match):
     with pytest.raises(InputError, match=match):
