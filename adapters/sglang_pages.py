@@ -72,10 +72,18 @@ class PagePlan:
 
     def page_starts(self, host_indices: torch.Tensor, n_pages: int) -> list[int]:
         """Token index of each page's first slot (SGLang passes token indices, page-aligned)."""
-        if host_indices is None or host_indices.numel() < n_pages * self.page_size:
-            got = 0 if host_indices is None else host_indices.numel()
+        if not isinstance(host_indices, torch.Tensor) or host_indices.numel() < n_pages * self.page_size:
+            got = host_indices.numel() if isinstance(host_indices, torch.Tensor) else type(host_indices).__name__
             raise InputError(f"host_indices has {got} entries for {n_pages} pages of {self.page_size} tokens")
-        return host_indices[: n_pages * self.page_size : self.page_size].tolist()
+        if host_indices.dtype.is_floating_point or host_indices.dtype.is_complex or host_indices.dtype == torch.bool:
+            raise InputError(f"host_indices has dtype {host_indices.dtype}; pass SGLang's integer token indices")
+        starts = host_indices[: n_pages * self.page_size : self.page_size].tolist()
+        # A page starts at a page boundary (SGLang allocates host slots page by page); anything else
+        # would straddle two pages' slots.
+        if any(st % self.page_size or st < 0 for st in starts):
+            raise InputError(f"host_indices {starts[:8]} are not page-aligned token indices "
+                             f"(page size {self.page_size})")
+        return starts
 
     def _segments(self, starts: Sequence[int]) -> list[torch.Tensor]:
         """Uint8 views of every segment of the pages starting at ``starts`` (SGLang's pointer order).

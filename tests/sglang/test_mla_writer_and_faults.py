@@ -142,3 +142,20 @@ def test_malformed_batch_arguments_never_raise(bad):
         be.check_integrity()
     finally:
         h.close()
+
+
+def test_float_or_misaligned_host_indices_are_refused():
+    # Slots that are not SGLang's page-aligned integer token indices would address the wrong bytes.
+    h = ControllerHarness(PoolSpec(layout="page_first", page_size=4, host_tokens=64),
+                          extra_config=extra_config([mem_tier()]))
+    try:
+        be = unwrap(h.backend)
+        idx = h.alloc(8)
+        keys = ["ab" * 32, "cd" * 32]
+        assert be.batch_set_v1(keys, idx.double()) == [False, False]
+        assert be.batch_set_v1(keys, idx + 1) == [False, False]
+        assert be.counters["failed_calls"] == 2
+        assert be.batch_set_v1(keys, idx) == [True, True]
+        be.check_integrity()
+    finally:
+        h.close()
