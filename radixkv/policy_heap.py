@@ -257,15 +257,15 @@ class AgedRefPolicy(_HeapPolicy):
                  initial_half_life: float = 100.0, count_weight: float = 0.5, gap_step: float = 0.01) -> None:
         super().__init__()
         if not 0.0 < gap_quantile < 1.0:
-            raise ConfigError(f"agedref: gap_quantile={gap_quantile!r} must be in (0, 1)")
+            raise ConfigError(f"{self.name}: gap_quantile={gap_quantile!r} must be in (0, 1)")
         if not 0.0 < gap_step < 0.5:
-            raise ConfigError(f"agedref: gap_step={gap_step!r} must be in (0, 0.5) (a relative step of H)")
+            raise ConfigError(f"{self.name}: gap_step={gap_step!r} must be in (0, 0.5) (a relative step of H)")
         if not 0.0 < count_weight <= 1.0:
-            raise ConfigError(f"agedref: count_weight={count_weight!r} must be in (0, 1]")
+            raise ConfigError(f"{self.name}: count_weight={count_weight!r} must be in (0, 1]")
         if not ghost_factor >= 0:
-            raise ConfigError(f"agedref: ghost_factor={ghost_factor!r} must be >= 0")
+            raise ConfigError(f"{self.name}: ghost_factor={ghost_factor!r} must be >= 0")
         if not initial_half_life > 0:
-            raise ConfigError(f"agedref: initial_half_life={initial_half_life!r} must be > 0 requests")
+            raise ConfigError(f"{self.name}: initial_half_life={initial_half_life!r} must be > 0 requests")
         self._q = gap_quantile
         self._up = 1.0 + gap_step * gap_quantile  # H's step per gap above it, and below it
         self._down = 1.0 - gap_step * (1.0 - gap_quantile)

@@ -12,6 +12,7 @@ policies and prints the table. Examples::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -84,6 +85,42 @@ def _tier(text: str) -> tuple[str, str | None, TierModel | None]:
     return name, (cap or None), model
 
 
+_PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")
+
+
+def _check_output(path: str | None, what: str) -> None:
+    """Fail before the sweep (minutes, on a real trace), not after it."""
+    if path is None:
+        return
+    if not path.strip():
+        raise RadixKVError(f"{what} needs a file path, got an empty string")
+    if os.path.isdir(path):
+        raise RadixKVError(f"{what} {path!r} is a directory; give a file path")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise RadixKVError(f"{what} {path!r}: directory {parent!r} does not exist")
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise RadixKVError(f"{what} {path!r} is not writable")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if args.trace is not None and not args.trace.strip():
+        raise RadixKVError("--trace needs a file path, got an empty string")
+    if args.limit is not None:
+        if args.trace is None:
+            raise RadixKVError("--limit reads the first N requests of a --trace; for a --workload use --requests")
+        if args.limit < 1:
+            raise RadixKVError(f"--limit {args.limit} must be at least 1 request")
+    if args.jobs is not None and args.jobs < 1:
+        raise RadixKVError(f"--jobs {args.jobs} must be at least 1 process")
+    _check_output(args.json, "--json")
+    _check_output(args.csv, "--csv")
+    _check_output(args.plot, "--plot")
+    if args.plot is not None and args.plot.rsplit(".", 1)[-1].lower() not in _PLOT_FORMATS:
+        raise RadixKVError(f"--plot {args.plot!r}: name the image with one of the extensions "
+                           f"{', '.join('.' + f for f in _PLOT_FORMATS)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -96,13 +133,14 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     policies = [parse_policy_spec(s).label for s in args.policy.split(",") if s.strip()]
-    if args.trace:
+    _check_args(args)
+    if args.trace is not None:
         trace = read_trace(args.trace, block_tokens=args.block_tokens, limit=args.limit)
         source = args.trace
     else:
         name = args.workload or DEFAULT_WORKLOAD
         trace = generate(name, WorkloadConfig(requests=args.requests, seed=args.seed,
-                                              block_tokens=args.block_tokens or 256))
+                                              block_tokens=256 if args.block_tokens is None else args.block_tokens))
         source = f"workload {trace.name}"
     if not trace.requests:
         raise RadixKVError(f"{source}: no requests to replay")
@@ -114,7 +152,13 @@ def _main(args: argparse.Namespace) -> int:
     tiers = [_tier(t) for t in args.tiers.split(",") if t.strip()]
     if not tiers:
         raise RadixKVError("--tiers needs at least one tier name")
-    top_name, _, top_model = tiers[0]
+    top_name, top_cap, top_model = tiers[0]
+    if top_cap is not None:
+        raise RadixKVError(f"--tiers: the first tier's capacity is --capacity; drop '={top_cap}' from {top_name!r}")
+    for name, _, tm in tiers:
+        if tm is None and name not in DEFAULT_TIER_MODELS:
+            raise RadixKVError(f"--tiers: tier {name!r} has no default bandwidth (known: "
+                               f"{', '.join(sorted(DEFAULT_TIER_MODELS))}); give one, e.g. {name}@7 for 7 GB/s")
     lower = []
     for name, cap, tm in tiers[1:]:
         if cap is None:
@@ -136,11 +180,14 @@ def _main(args: argparse.Namespace) -> int:
         + (f"; model {model.name}" if model else "")
     )
     print(format_table(recs, title))
-    if args.json:
-        write_json(recs, args.json)
-    if args.csv:
-        write_csv(recs, args.csv)
-    if args.plot:
-        plot(points, infinite, args.plot, title=trace.name)
+    try:
+        if args.json is not None:
+            write_json(recs, args.json)
+        if args.csv is not None:
+            write_csv(recs, args.csv)
+        if args.plot is not None:
+            plot(points, infinite, args.plot, title=trace.name)
+    except OSError as e:  # checked before the sweep, but the disk may fill or vanish meanwhile
+        raise RadixKVError(f"cannot write {e.filename or 'an output file'}: {e.strerror or e}") from None
     print(f"({len(points)} points in {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     return 0

@@ -24,6 +24,8 @@ TTFT of one request (seconds)::
 
 from __future__ import annotations
 
+import math
+
 import re
 from dataclasses import dataclass
 
@@ -50,10 +52,14 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.kv_bytes_per_token <= 0:
             raise ConfigError(f"model {self.name!r}: kv_bytes_per_token={self.kv_bytes_per_token} must be > 0")
-        if not self.prefill_tokens_per_s > 0:
-            raise ConfigError(f"model {self.name!r}: prefill_tokens_per_s must be > 0")
-        if self.layers <= 0:
-            raise ConfigError(f"model {self.name!r}: layers={self.layers} must be > 0")
+        if not 0 < self.prefill_tokens_per_s < math.inf:
+            raise ConfigError(f"model {self.name!r}: prefill_tokens_per_s={self.prefill_tokens_per_s} must be a "
+                              "finite number > 0")
+        if not 0 < self.layers <= 10_000:
+            raise ConfigError(f"model {self.name!r}: layers={self.layers} must be in 1..10000")
+        if self.kv_bytes_per_token > 1 << 40:
+            raise ConfigError(f"model {self.name!r}: kv_bytes_per_token={self.kv_bytes_per_token} is beyond any "
+                              "model (1 TiB per token); check layers, kv_heads and head_dim")
 
     def block_bytes(self, block_tokens: int) -> int:
         return self.kv_bytes_per_token * block_tokens
@@ -80,6 +86,8 @@ def parse_model(text: str) -> ModelSpec:
     fields: dict[str, str] = {}
     for part in text.split(","):
         k, _, v = part.partition("=")
+        if k.strip() in fields:
+            raise ConfigError(f"custom model {text!r} gives {k.strip()} twice; give each field once")
         fields[k.strip()] = v.strip()
     try:
         layers = int(fields.pop("layers"))

@@ -7,6 +7,7 @@ so they share the parsed trace copy-on-write; ``jobs=1`` runs in-process (tests,
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -51,8 +52,8 @@ def parse_capacity(text: str, unique_blocks: int, block_bytes: int | None) -> Ca
             frac = float(t[:-1]) / 100.0
         except ValueError:
             raise ConfigError(f"capacity {text!r} is not a percentage like 5%") from None
-        if not 0 < frac:
-            raise ConfigError(f"capacity {text!r} must be > 0%")
+        if not 0 < frac < math.inf:
+            raise ConfigError(f"capacity {text!r} must be a finite percentage > 0%")
         # round half up, like the table (1% of 182,790 = 1,827.9 -> 1,828)
         return Capacity(max(1, int(frac * unique_blocks + 0.5)), frac)
     if t.endswith("blocks"):

@@ -141,8 +141,12 @@ def _open_trace(path: str) -> IO[bytes]:
 
 
 def _iter_json_lines(path: str, limit: int | None) -> Iterable[tuple[int, dict]]:
+    if os.path.isdir(path):
+        raise InputError(f"trace {path!r} is a directory; pass --trace PATH to a JSONL trace file")
     if not os.path.isfile(path):
         raise InputError(f"trace file {path!r} does not exist; pass --trace PATH to a JSONL trace")
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise InputError(f"limit={limit!r} must be a positive number of requests")
     with _open_trace(path) as f:
         n = 0
         for lineno, line in _numbered(path, f):
@@ -189,17 +193,24 @@ def read_mooncake(path: str, *, block_tokens: int | None = None, limit: int | No
         for h in ids:
             s = interned.get(h)
             if s is None:
-                if not isinstance(h, int) or isinstance(h, bool):
-                    raise InputError(f"{path}:{lineno}: hash id {h!r} must be an integer")
+                if not isinstance(h, int) or isinstance(h, bool) or h < 0:
+                    raise InputError(f"{path}:{lineno}: hash id {h!r} must be a non-negative integer")
                 s = interned[h] = str(h)
             keys.append(s)
+        input_tokens = _int_field(path, lineno, rec, "input_length", len(ids) * bt)
+        if len(ids) != -(-input_tokens // bt):  # one id per started block of the prompt
+            raise InputError(
+                f"{path}:{lineno}: input_length={input_tokens} makes {-(-input_tokens // bt)} blocks of {bt} "
+                f"tokens but hash_ids has {len(ids)}; is the block size right (Mooncake: 512, "
+                "--block-tokens)?"
+            )
         ts = rec.get("timestamp", 0)
         if not isinstance(ts, (int, float)) or ts < 0:
             raise InputError(f"{path}:{lineno}: 'timestamp'={ts!r} must be non-negative milliseconds")
         trace.requests.append(
             Request(
                 arrival_s=ts / 1000.0,
-                input_tokens=_int_field(path, lineno, rec, "input_length", len(ids) * bt),
+                input_tokens=input_tokens,
                 output_tokens=_int_field(path, lineno, rec, "output_length", 0),
                 block_keys=keys,
             )
@@ -216,6 +227,9 @@ def read_radixkv(path: str, *, block_tokens: int | None = None, limit: int | Non
         if "radixkv_trace" in rec:
             if trace is not None:
                 raise InputError(f"{path}:{lineno}: the radixkv_trace header must be the first line")
+            if rec["radixkv_trace"] != 1:
+                raise InputError(f"{path}:{lineno}: radixkv_trace={rec['radixkv_trace']!r} is not a version "
+                                 "this reader knows (1)")
             if bt is None:
                 bt = _int_field(path, lineno, rec, "block_tokens", 256)
             trace = Trace(name=os.path.basename(path), block_tokens=bt)
@@ -225,6 +239,8 @@ def read_radixkv(path: str, *, block_tokens: int | None = None, limit: int | Non
         if limit is not None and len(trace.requests) >= limit:
             break
         b = trace.block_tokens
+        if "block_keys" in rec and "token_ids" in rec:
+            raise InputError(f"{path}:{lineno}: a request has 'block_keys' or 'token_ids', not both")
         if "block_keys" in rec:
             raw = rec["block_keys"]
             if not isinstance(raw, list):
@@ -240,8 +256,10 @@ def read_radixkv(path: str, *, block_tokens: int | None = None, limit: int | Non
             input_tokens = _int_field(path, lineno, rec, "input_tokens", len(keys) * b)
         elif "token_ids" in rec:
             tokens = rec["token_ids"]
-            if not isinstance(tokens, list):
-                raise InputError(f"{path}:{lineno}: 'token_ids' must be a list of integers")
+            if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 63 for t in tokens
+            ):
+                raise InputError(f"{path}:{lineno}: 'token_ids' must be a list of integers in [0, 2**63)")
             keys = chunk_keys(tokens, b, cache_salt=rec.get("tenant"))
             input_tokens = _int_field(path, lineno, rec, "input_tokens", len(tokens))
         else:

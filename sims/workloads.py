@@ -49,6 +49,8 @@ class WorkloadConfig:
             raise ConfigError(f"WorkloadConfig.block_tokens={self.block_tokens!r} must be a positive integer")
         if not self.rate_per_s > 0:
             raise ConfigError(f"WorkloadConfig.rate_per_s={self.rate_per_s!r} must be positive")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ConfigError(f"WorkloadConfig.seed={self.seed!r} must be a non-negative integer")
 
 
 class _Prompt:

@@ -3,6 +3,8 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
+
 from radixkv.sims import cli
 
 
@@ -67,3 +69,40 @@ def test_radixkv_console_dispatches_sim(capsys):
     assert main(["sim", "--workload", "rag", "--requests", "60", "--capacity", "10%", "--policy", "lru",
                  "--model", "none", "--jobs", "1", "--no-progress"]) == 0
     assert "rag(seed=0,n=60)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--seed", "-1"], "seed=-1"),
+        (["--capacity", "inf%"], "inf%"),
+        (["--limit", "5"], "--limit"),  # --limit with a workload
+        (["--trace", ""], "--trace"),
+        (["--json", ""], "--json"),
+        (["--block-tokens", "0"], "block_tokens=0"),
+        (["--jobs", "0"], "--jobs 0"),
+        (["--tiers", "mem=99%"], "--capacity"),
+        (["--tiers", "mem,foo=25%"], "'foo'"),
+        (["--model", "layers=32,layers=8,kv_heads=8,head_dim=128"], "layers twice"),
+        (["--model", "layers=32,kv_heads=8,head_dim=128,prefill_tps=inf"], "finite"),
+        (["--json", "/nonexistent/dir/x.json"], "does not exist"),
+        (["--csv", "."], "is a directory"),
+        (["--plot", "out.notanimage"], ".png"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors_before_the_sweep(argv, named, capsys):
+    # Each was a traceback or a silently different run; output paths are checked before the sweep.
+    rc = cli.main(["--requests", "30", "--policy", "lru", "--model", "none", "--no-progress", "--jobs", "1", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and named in err, err
+
+
+def test_limit_on_a_trace(tmp_path, capsys):
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(json.dumps({"timestamp": i, "input_length": 600, "output_length": 1,
+                                     "hash_ids": [0, i + 1]}) + "\n" for i in range(5)))
+    assert cli.main(["--trace", str(p), "--limit", "0", "--model", "none"]) == 2
+    assert "--limit 0" in capsys.readouterr().err
+    assert cli.main(["--trace", str(p), "--limit", "3", "--model", "none", "--policy", "lru", "--capacity", "2",
+                     "--no-progress", "--jobs", "1"]) == 0
+    assert "3 requests" in capsys.readouterr().out

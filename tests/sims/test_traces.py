@@ -61,6 +61,12 @@ def test_radixkv_roundtrip(tmp_path):
         ([{"timestamp": 0, "input_length": -5, "hash_ids": [1]}], "input_length"),
         ([{"arrival_s": 0}], "block_keys"),
         ([{"hello": 1}], "cannot tell the trace format"),
+        ([{"timestamp": 0, "input_length": 600, "hash_ids": [1, -2]}], "non-negative integer"),
+        ([{"timestamp": 0, "input_length": 100, "hash_ids": [1, 2, 3, 4]}], "makes 1 blocks of 512"),
+        ([{"timestamp": 0, "input_length": 5000, "hash_ids": [1]}], "makes 10 blocks"),
+        ([{"radixkv_trace": 2}, {"block_keys": ["a"]}], "version"),
+        ([{"block_keys": ["a"], "token_ids": [1, 2]}], "not both"),
+        ([{"token_ids": [-1, "x"]}], "integers in"),
     ],
 )
 def test_bad_records_name_the_field(tmp_path, records, match):
@@ -111,3 +117,8 @@ def test_the_shipped_mooncake_trace_reads_as_is(mooncake_trace):
     t = read_trace(shipped)  # the .xz copy in tests/data, as `radixkv sim --trace` gets it
     assert (len(t), t.block_references, t.unique_blocks) == (12_031, 288_500, 182_790)
     assert [r.block_keys for r in t.requests[:50]] == [r.block_keys for r in mooncake_trace.requests[:50]]
+
+
+def test_a_directory_is_not_a_trace(tmp_path):
+    with pytest.raises(InputError, match="is a directory"):
+        read_trace(str(tmp_path))
