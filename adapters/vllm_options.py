@@ -96,6 +96,23 @@ class VllmConnectorOptions:
             raise ConfigError(f"layerwise={self.layerwise!r} must be true or false")
         if not isinstance(self.save_generated, bool):
             raise ConfigError(f"save_generated={self.save_generated!r} must be true or false")
+        if self.model_name is not None and (not isinstance(self.model_name, str) or not self.model_name.strip()):
+            raise ConfigError(f"model_name={self.model_name!r} must be a non-empty string (or left out: "
+                              "vLLM's served model)")
+        if self.store_config_file is not None and (
+            not isinstance(self.store_config_file, str) or not self.store_config_file.strip()
+        ):
+            raise ConfigError(f"store_config_file={self.store_config_file!r} must be the path of a YAML file")
+        if self.store is not None:  # fail at startup on the scheduler too, not first in a worker
+            from radixkv.config import StoreConfig
+
+            StoreConfig.from_dict(self.store)
+        if isinstance(self.max_staging_bytes, bool) or isinstance(self.lookup_min_chunks, bool) or isinstance(
+            self.sync_load_wait_s, bool
+        ):
+            raise ConfigError("max_staging_bytes, lookup_min_chunks and sync_load_wait_s take numbers, not "
+                              f"true/false (got {self.max_staging_bytes!r}, {self.lookup_min_chunks!r}, "
+                              f"{self.sync_load_wait_s!r})")
         if not isinstance(self.max_staging_bytes, int) or self.max_staging_bytes < 0:
             raise ConfigError(
                 f"max_staging_bytes={self.max_staging_bytes!r} must be a non-negative integer"

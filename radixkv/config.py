@@ -285,7 +285,7 @@ class StoreConfig:
     def from_dict(cls, d: Mapping[str, Any]) -> StoreConfig:
         if not isinstance(d, Mapping):
             raise ConfigError(
-                f"store config must be a mapping of options, got {type(d).__name__}: {d!r}"
+                f"store config must be a mapping of options, got {type(d).__name__}: {d!r:.60}"
             )
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - allowed)

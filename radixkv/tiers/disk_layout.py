@@ -12,6 +12,7 @@ under its own lock where that matters).
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import secrets
 import threading
@@ -25,6 +26,8 @@ from radixkv.keys import KEY_RE
 from radixkv.tiers.framing import HEADER_BYTES, decode_header
 
 __all__ = ["DiskLayout", "check_ident", "SPARE_DIR"]
+
+logger = logging.getLogger(__name__)
 
 _IDENT_RE = KEY_RE
 _SUFFIX = ".kv"
@@ -115,6 +118,10 @@ class DiskLayout:
                 os.close(fd)
                 os.unlink(probe)
         except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):  # writable but full: a fault, not a config error
+                logger.warning("radixkv: disk tier %r: %s is full (%s); puts fail until space frees",
+                               self._tier_name, root, errno.errorcode.get(e.errno))
+                return
             raise ConfigError(
                 f"disk tier {self._tier_name!r}: directory {root!r} is not writable "
                 f"({errno.errorcode.get(e.errno, e.errno)}: {e.strerror}); pass a writable directory "

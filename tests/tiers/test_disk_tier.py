@@ -285,6 +285,23 @@ class TestConstructionErrors:
 
 
 class TestDiskFull:
+    def test_full_at_start_is_a_warning_not_a_config_error(self, root, monkeypatch, caplog):
+        # A full disk is a fault (puts fail until space frees), unlike an unwritable directory.
+        real_write = os.write
+
+        def full(fd, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "write", full)
+        t = DiskTier(root=root, capacity_bytes=1 << 20)
+        monkeypatch.setattr(os, "write", real_write)
+        try:
+            assert "is full" in caplog.text
+            assert t.put_many(NS, ["a"], [pl(1)]) == [True]  # space came back
+            t.check_integrity()
+        finally:
+            t.close()
+
     def test_enospc_from_pwritev_degrades_to_failed_put(self, tier, monkeypatch):
         """ENOSPC mid-write: put returns False, no temp file left, accounting restored, later puts work."""
         tier.put_many(NS, ["ok"], [pl(0)])

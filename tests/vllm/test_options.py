@@ -28,6 +28,14 @@ def test_options_validate():
         VllmConnectorOptions(store={"tiers": []}, store_config_file="x.yaml")
     with pytest.raises(ConfigError, match="save_generated"):
         VllmConnectorOptions(save_generated="yes")
+    # Once plain TypeErrors at worker startup, or silently accepted:
+    for bad, match in [({"model_name": 123}, "model_name=123"), ({"model_name": ""}, "model_name=''"),
+                       ({"store_config_file": 5}, "store_config_file=5"),
+                       ({"lookup_min_chunks": True}, "not true/false"),
+                       ({"store": {}}, "tiers"),  # validated on the scheduler side too
+                       ({"store": {"tiers": ["mem://?capacity=1GiB"], "colour": 1}}, "colour")]:
+        with pytest.raises(ConfigError, match=match):
+            VllmConnectorOptions.from_extra_config(bad)
 
 
 def test_chunk_geometry():
