@@ -338,7 +338,10 @@ class AgedRefPolicy(_HeapPolicy):
             if s <= base:
                 return
             h = self._h
-            s = s + h * math.log2(1.0 - 2.0 ** ((base - s) / h))
+            rest = 1.0 - 2.0 ** ((base - s) / h)
+            if rest <= 0.0:  # s is base re-rounded (an ulp above it): nothing was added since
+                return
+            s = s + h * math.log2(rest)
         self._score[parent] = self._add(self._score[parent], s)
         lc = self._last.get(child)
         if lc is not None and lc > self._last.get(parent, -1):

@@ -132,3 +132,20 @@ def test_agedref_count_weight_scales_the_bonus_of_references(count_weight, hot_k
 def test_bad_policy_options(name, options):
     with pytest.raises(ConfigError, match=next(iter(options))):  # the message names the option
         make_policy(name, **options)
+
+
+@pytest.mark.parametrize("policy", ["agedref", "oddsref"])
+def test_restored_chunk_folded_twice_never_hits_a_math_domain_error(policy):
+    # Found by fuzzing: folding a never-touched child (-inf) re-rounds a restored parent's score to
+    # one ulp above its base, and the "references since it came back" became log2(0).
+    tr = RadixTree(("mem", "disk"), policy=policy,
+                   policy_options={"mem": {"initial_half_life": 117.92854062256833}, "disk": {}})
+    tr.insert("ns", ["g", "p"], "mem", 16, 1)
+    tr.clear_resident([tr.lookup("ns", "p")], "mem")  # p goes to the ghost history
+    tr.insert("ns", ["p"], "disk", 16, 1, parent_key="g")
+    tr.insert("ns", ["c"], "disk", 16, 1, parent_key="p")
+    tr.set_resident([tr.lookup("ns", "p")], "mem")  # restored from the ghost history
+    tr.set_resident([tr.lookup("ns", "c")], "mem")
+    tr.clear_resident([tr.lookup("ns", "c")], "mem")
+    tr.clear_resident([tr.lookup("ns", "p")], "mem")
+    tr.check_integrity()
