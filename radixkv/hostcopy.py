@@ -14,6 +14,7 @@ the first byte moves.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import os
 from typing import Sequence
@@ -70,6 +71,7 @@ class HostCopier:
             if n:
                 jobs.append((d.data_ptr(), s.data_ptr(), n))
                 total += n
+        _check_disjoint(jobs)
         k = min(self.threads, -(-total // _PIECE_BYTES)) if total >= self.parallel_min_bytes else 1
         if k <= 1:
             for dst, src, n in jobs:
@@ -83,6 +85,25 @@ class HostCopier:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+
+def _check_disjoint(jobs: list[tuple[int, int, int]]) -> None:
+    """No destination may overlap another destination or any source: the bytes would depend on the
+    order the threads' pieces run in. (Sources may overlap each other: reads do not conflict.)"""
+    if len(jobs) == 1:
+        dst, src, n = jobs[0]
+        if dst < src + n and src < dst + n:
+            raise InputError("pair 0: destination and source overlap; copy between separate buffers")
+        return
+    dsts = sorted((d, d + n) for d, _s, n in jobs)
+    for (_a0, b0), (a1, _b1) in zip(dsts, dsts[1:]):
+        if a1 < b0:
+            raise InputError("two destinations overlap; every pair needs its own destination bytes")
+    starts = [a for a, _b in dsts]
+    for _d, src, n in jobs:
+        k = bisect.bisect_right(starts, src) - 1
+        if (k >= 0 and dsts[k][1] > src) or (k + 1 < len(dsts) and dsts[k + 1][0] < src + n):
+            raise InputError("a source overlaps a destination; copy between separate buffers")
 
 
 def _nbytes(t: object, what: str, i: int) -> int:

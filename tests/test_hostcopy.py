@@ -62,6 +62,25 @@ def test_non_contiguous_and_count_mismatch_rejected():
         HostCopier(1).copy([t, t], [t])
 
 
+def test_overlapping_buffers_are_refused_before_any_byte_moves():
+    # Documented from the start but unchecked: a 4-thread copy of overlapping halves garbled bytes.
+    buf = rnd(3, 40 * MiB)
+    before = buf.clone()
+    cases = [
+        ([buf[MiB : 33 * MiB]], [buf[: 32 * MiB]], "pair 0: destination and source overlap"),
+        ([buf[:MiB], buf[MiB // 2 : MiB + MiB // 2]], [rnd(4, MiB), rnd(5, MiB)], "two destinations overlap"),
+        ([buf[:MiB], buf[2 * MiB : 3 * MiB]], [buf[2 * MiB + 1 : 3 * MiB + 1], rnd(6, MiB)], "source overlaps"),
+    ]
+    for dsts, srcs, match in cases:
+        with pytest.raises(InputError, match=match):
+            HostCopier(4, parallel_min_bytes=0).copy(dsts, srcs)
+    assert torch.equal(buf, before)
+    shared_source = rnd(7, MiB)  # one source read into two destinations is fine
+    d = [torch.empty(MiB, dtype=torch.uint8), torch.empty(MiB, dtype=torch.uint8)]
+    HostCopier(2, parallel_min_bytes=0).copy(d, [shared_source, shared_source])
+    assert torch.equal(d[0], shared_source) and torch.equal(d[1], shared_source)
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
 def test_bad_threads(bad):
     with pytest.raises(ConfigError, match="copy threads"):

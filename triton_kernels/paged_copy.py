@@ -11,8 +11,10 @@ page of one (layer, component) as ``[BLOCK_R (token, head) rows x BLOCK_D dims]`
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Sequence
+from numbers import Integral
 from dataclasses import dataclass
 
 import torch
@@ -263,9 +265,29 @@ def _plan(layout, page_ids, chunks, layers, *, to_chunk: bool) -> _Plan:
     ids = _page_ids(layout, page_ids, unique=not to_chunk)
     num_chunks, pages_per_chunk = ids.shape
     views = _chunk_views(layout, chunks, num_chunks, pages_per_chunk)
-    if to_chunk and len({v.data_ptr() for v in views}) != len(views):
-        raise InputError("two chunks share one buffer; gather needs a distinct buffer per chunk")
+    _check_aliasing(layout, views, to_chunk)
     return _Plan(ids, views, _layers(layout, layers), int((ids >= 0).sum()))
+
+
+def _check_aliasing(layout: PagedLayout, views: Sequence[torch.Tensor], to_chunk: bool) -> None:
+    """Gather targets must be disjoint (else the bytes depend on the copy order), and no chunk may
+    lie inside the engine's page storage (a copy would read what it writes)."""
+    spans = sorted((v.data_ptr(), v.data_ptr() + v.numel() * v.element_size(), i) for i, v in enumerate(views))
+    if to_chunk:
+        for (_a0, b0, i0), (a1, _b1, i1) in zip(spans, spans[1:]):
+            if a1 < b0:
+                raise InputError(f"chunks {min(i0, i1)} and {max(i0, i1)} share one buffer or overlap; "
+                                 "gather needs a distinct buffer per chunk")
+    engine = layout.storage_spans
+    starts = [a for a, _b in engine]
+    for a, b, i in spans:
+        if views[i].device != layout.device:
+            continue  # another device's addresses: cannot alias
+        k = bisect.bisect_right(starts, a) - 1
+        hit = (k >= 0 and engine[k][1] > a) or (k + 1 < len(engine) and engine[k + 1][0] < b)
+        if hit:
+            raise InputError(f"chunk {i} lies inside the engine's page storage; chunks must be separate "
+                             "buffers (alloc_chunks)")
 
 
 def _page_ids(layout: PagedLayout, page_ids, *, unique: bool) -> torch.Tensor:
@@ -281,11 +303,21 @@ def _page_ids(layout: PagedLayout, page_ids, *, unique: bool) -> torch.Tensor:
             or page_ids.dtype == torch.bool
         ):
             raise InputError(f"page_ids must be integers; got dtype {page_ids.dtype}")
+        if page_ids.dtype == torch.uint64 and page_ids.numel() and int(page_ids.max()) >= 1 << 63:
+            raise InputError("page_ids hold a uint64 id >= 2**63 (it would wrap to a negative id)")
         ids = page_ids.to(torch.int64)
     else:
         try:
-            ids = torch.tensor([list(row) for row in page_ids], dtype=torch.int64)
-        except (TypeError, ValueError) as exc:
+            rows = [list(row) for row in page_ids]
+        except TypeError as exc:
+            raise InputError(f"page_ids must be [num_chunks][pages_per_chunk] ints: {exc}") from exc
+        # torch.tensor(..., int64) would truncate 1.7 to 1 and turn True into 1: ids must be ints.
+        odd = next((x for row in rows for x in row if isinstance(x, bool) or not isinstance(x, Integral)), None)
+        if odd is not None:
+            raise InputError(f"page_ids must be [num_chunks][pages_per_chunk] ints; got {odd!r}")
+        try:
+            ids = torch.tensor(rows, dtype=torch.int64)
+        except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
             raise InputError(
                 f"page_ids must be [num_chunks][pages_per_chunk] ints (equal-length rows): {exc}"
             ) from exc
@@ -334,7 +366,9 @@ def _chunk_views(layout, chunks, num_chunks: int, pages_per_chunk: int) -> tuple
     for i, c in enumerate(items):
         if not isinstance(c, torch.Tensor):
             raise InputError(f"chunk {i} is a {type(c).__name__}, expected a torch.Tensor")
-        if c.dtype == torch.uint8 and layout.dtype != torch.uint8:
+        if c.dtype == torch.uint8 and (layout.dtype != torch.uint8 or tuple(c.shape) != shape):
+            # A payload: also for uint8 layouts (fp8 KV caches stored as uint8), whose chunk shape a
+            # flat payload does not have.
             c = chunk_from_payload(c, layout, pages_per_chunk)
         elif c.dtype != layout.dtype or tuple(c.shape) != shape:
             raise InputError(

@@ -60,6 +60,8 @@ class PagedLayout:
     device: torch.device = field(init=False)
     page_strides: tuple[int, int, int, int] = field(init=False)
     _view_offsets: dict = field(init=False, repr=False)
+    # Byte ranges of the engine's storage behind the views, sorted and merged (aliasing checks).
+    storage_spans: tuple[tuple[int, int], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         views = tuple(tuple(layer) for layer in self.views)
@@ -102,6 +104,10 @@ class PagedLayout:
         self.device = ref.device
         self.page_strides = tuple(int(s) for s in ref.stride())  # type: ignore[assignment]
         self._view_offsets = {}
+        self.storage_spans = _merged_spans(
+            (v.untyped_storage().data_ptr(), v.untyped_storage().data_ptr() + v.untyped_storage().nbytes())
+            for layer in views for v in layer
+        )
 
     # --- builders -------------------------------------------------------------------------------
 
@@ -309,6 +315,16 @@ def chunk_from_payload(
     return payload.view(layout.dtype).view(layout.chunk_shape(pages_per_chunk))
 
 
+def _merged_spans(spans) -> tuple[tuple[int, int], ...]:
+    out: list[list[int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return tuple((a, b) for a, b in out)
+
+
 def pages_from_token_indices(token_indices: torch.Tensor, page_tokens: int) -> torch.Tensor:
     """Page ids of a token-index list that covers whole pages (SGLang ``host_indices``).
 
@@ -317,7 +333,10 @@ def pages_from_token_indices(token_indices: torch.Tensor, page_tokens: int) -> t
     that each page's indices are one aligned run of consecutive tokens.
     """
     _check_positive(page_tokens, "page_tokens")
-    idx = torch.as_tensor(token_indices).to("cpu", torch.int64).reshape(-1)
+    raw = torch.as_tensor(token_indices)
+    if raw.dtype.is_floating_point or raw.dtype.is_complex or raw.dtype == torch.bool:
+        raise InputError(f"token indices must be integers; got dtype {raw.dtype}")
+    idx = raw.to("cpu", torch.int64).reshape(-1)
     if idx.numel() == 0 or idx.numel() % page_tokens:
         raise InputError(
             f"{idx.numel()} token indices do not cover whole pages of {page_tokens} tokens"

@@ -226,6 +226,30 @@ class TestValidation:
         with pytest.raises(InputError, match="share one buffer"):
             gather_chunks(self.layout, [[0, 1, 2], [3, 4, 5]], [self.chunks[0], self.chunks[0]])
 
+    def test_overlapping_or_engine_aliased_chunks(self) -> None:
+        # Overlapping gather targets, or a chunk inside the engine's pages: the bytes would depend
+        # on the copy order (the torch path raised a bare RuntimeError, the interpreter went on).
+        flat = torch.empty(2 * self.chunks[0].numel() + 8, dtype=self.layout.dtype)
+        n = self.chunks[0].numel()
+        shape = self.chunks[0].shape
+        a, b = flat[:n].view(shape), flat[4 : 4 + n].view(shape)
+        with pytest.raises(InputError, match="overlap"):
+            gather_chunks(self.layout, [[0, 1, 2], [3, 4, 5]], [a, b])
+        from radixkv.kernels import PagedLayout
+
+        k, v = torch.zeros(16, 4, 1, 8, dtype=torch.bfloat16), torch.zeros(16, 4, 1, 8, dtype=torch.bfloat16)
+        small = PagedLayout.from_views([[k, v]])
+        (chunk,) = alloc_chunks(small, 1, 1)
+        inside = k.reshape(-1)[: chunk.numel()].view(chunk.shape)
+        for fn in (gather_chunks, scatter_chunks):
+            with pytest.raises(InputError, match="engine's page storage"):
+                fn(small, [[3]], [inside])
+
+    def test_page_ids_must_be_integers_not_truncated(self) -> None:
+        for ids in ([[0, 1, 2.7], [3, 4, 5]], [[True, False, 2], [3, 4, 5]]):
+            with pytest.raises(InputError, match="ints"):
+                gather_chunks(self.layout, ids, self.chunks)
+
     def test_bad_page_id_shapes_and_types(self) -> None:
         for ids, match in [
             (torch.zeros(6, dtype=torch.int64), "2-D"),
@@ -257,3 +281,17 @@ class TestValidation:
         for layers in (3, -1, range(2, 5), range(0, 3, 2), range(1, 1), "0"):
             with pytest.raises(InputError, match="layers"):
                 gather_chunks(self.layout, ids, self.chunks, layers=layers)
+
+
+def test_uint8_layouts_take_flat_payloads() -> None:
+    # fp8 KV caches are stored as uint8 by engines; a flat uint8 payload (the form the adapters
+    # move) was rejected for them because its dtype already matched.
+    from radixkv.kernels import PagedLayout
+
+    v = torch.randint(0, 256, (4, 16, 1, 8), dtype=torch.uint8)
+    layout = PagedLayout.from_views([[v, v.clone()]])
+    payload = torch.empty(layout.chunk_bytes(1), dtype=torch.uint8)
+    gather_chunks(layout, [[2]], [payload])
+    typed = alloc_chunks(layout, 1, 1)
+    gather_chunks_reference(layout, [[2]], typed)
+    assert torch.equal(payload, chunk_payload(typed[0]))
