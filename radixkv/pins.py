@@ -49,7 +49,7 @@ class PinTable:
 
     def unpin(self, node_ids: Iterable[int], owner: str) -> None:
         """Release ``owner``'s pins; PinError (and nothing released) if a node is not pinned by it."""
-        ids = list(node_ids)
+        ids = list(dict.fromkeys(node_ids))  # a node listed twice is released once
         for n in ids:
             held = self.by_node.get(n)
             if held is None or owner not in held:

@@ -22,6 +22,7 @@ not a walk over every chunk.
 
 from __future__ import annotations
 
+import operator
 import time
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -268,6 +269,8 @@ class RadixTree:
             raise InputError(f"chunk_tokens={chunk_tokens!r} must be a positive integer")
         if not isinstance(size_bytes, int) or size_bytes < 0:
             raise InputError(f"size_bytes={size_bytes!r} must be a non-negative integer")
+        if isinstance(keys, (str, bytes)):
+            raise InputError(f"keys={keys!r:.60} must be a sequence of chunk keys, not one str")
         if not keys:
             return InsertResult()
         idx = self._index.setdefault(namespace, {})
@@ -550,6 +553,10 @@ class RadixTree:
         simulator uses); for other policies a fresh iterator is taken per eviction."""
         t = self.tier_index(tier)
         removed: list[int] = []
+        try:
+            n_chunks = operator.index(n_chunks)
+        except TypeError:
+            raise InputError(f"n_chunks={n_chunks!r} must be an integer number of chunks") from None
         if n_chunks <= 0:
             return DropResult()
         if not getattr(self._policies[t], "live_candidates", False):

@@ -122,6 +122,15 @@ class TestMatchInsert:
             tree.insert(NS, ["c0", "c1", "c0"], "mem", 16, 10)
         with pytest.raises(InputError, match="another parent"):
             tree.insert(NS, keys[2:], "mem", 16, 10, parent_key=keys[0])
+        with pytest.raises(InputError, match="not one str"):  # would be read as three 1-char keys
+            tree.insert(NS, "xyz", "mem", 16, 10)
+        with pytest.raises(InputError, match="n_chunks=1.5"):
+            tree.evict("mem", 1.5)
+        ids = [tree.lookup(NS, keys[0])] * 2
+        tree.pin(ids, "o")
+        tree.unpin(ids, "o")  # a node listed twice is released once (was a bare KeyError)
+        assert not tree.is_pinned(ids[0])
+        tree.check_integrity()
 
     def test_refused_insert_leaves_the_tree_unchanged(self, tree):
         keys = chain("a", 6)
