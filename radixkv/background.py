@@ -13,6 +13,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from typing import Any, Callable, Generic, TypeVar
 
 __all__ = ["Job", "WorkerPool"]
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _PENDING, _RUNNING, _DONE, _CANCELLED = "pending", "running", "done", "cancelled"
+_SUBMIT_POLL_S = 0.05  # how often a submit waiting for room checks whether the pool closed
 
 
 class Job(Generic[T]):
@@ -158,11 +160,22 @@ class WorkerPool:
         job: Job[T] = Job(fn, cancel_result, name)
         with self._idle:
             self._inflight += 1
-        try:
-            self._queue.put(job, block=block, timeout=timeout_s)
-        except queue.Full:
-            self._finish_one()
-            return None
+        # Wait for room in slices, so a close() while we wait rejects us instead of leaving us
+        # blocked forever behind a queue no thread serves any more.
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            wait_s = _SUBMIT_POLL_S if deadline is None else min(_SUBMIT_POLL_S, deadline - time.monotonic())
+            try:
+                self._queue.put(job, block=block and wait_s > 0, timeout=max(wait_s, 0.0) if block else None)
+                break
+            except queue.Full:
+                if self._closed:
+                    self._finish_one()
+                    raise RuntimeError(f"worker pool {self.name!r} closed while waiting for room; "
+                                       "create a new store") from None
+                if not block or (deadline is not None and time.monotonic() >= deadline):
+                    self._finish_one()
+                    return None
         self._report_depth()
         return job
 
@@ -194,6 +207,12 @@ class WorkerPool:
         for t in self._threads:
             t.join(timeout_s)
             ok = ok and not t.is_alive()
+        # A submit that found room after the stop markers queued a job no thread will run: cancel it,
+        # so its handle completes (as cancelled) instead of waiting forever. Stop markers a thread
+        # still stuck in a job has not reached yet go back.
+        markers = self._cancel_queued()
+        for _ in range(markers):
+            self._queue.put_nowait(None)
         self._report_depth()
         return ok
 
@@ -201,13 +220,17 @@ class WorkerPool:
         return sum(t.is_alive() for t in self._threads)
 
     # ------------------------------------------------------------------ internals
-    def _cancel_queued(self) -> None:
+    def _cancel_queued(self) -> int:
+        """Cancel every queued job; returns how many stop markers were taken out with them."""
+        markers = 0
         while True:
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:
-                return
-            if job is not None:
+                return markers
+            if job is None:
+                markers += 1
+            else:
                 job.cancel()
                 self._finish_one()
 

@@ -36,6 +36,7 @@ cannot hold one chunk raises :class:`~radixkv.errors.CapacityError` at the first
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Sequence
 
@@ -53,6 +54,8 @@ from radixkv.transfer import ChunkRef, TierStack
 from radixkv.tree import RadixTree
 
 __all__ = ["HierarchicalStore", "PrefetchHandle", "open_tier"]
+
+logger = logging.getLogger(__name__)
 
 
 def open_tier(tc: Any) -> Any:
@@ -451,11 +454,20 @@ class HierarchicalStore:
         not started, join every store thread, close the tiers. Idempotent."""
         if self._closed:
             return
+        self._closed = True  # first: callers racing close() get "the store is closed", not a tier's error
         flush = self.config.flush_on_close if flush is None else flush
         timeout = self.config.close_timeout_s
         self._reader.close(flush=False, timeout_s=timeout)
         self._writer.close(flush=flush, timeout_s=timeout)
-        self._closed = True
+        s = self._stack
+        if self.config.write_policy == "write_back" and len(s.tiers) > 1:
+            with s.cond:
+                only_top = s.tree.chunks_only_in(s.names[0])
+            if only_top:
+                # write_back writes a chunk down only when it is evicted: what the top tier alone
+                # holds is not persisted (use write_through for chunks that must survive restarts).
+                logger.warning("radixkv: closing a write_back store: %d chunks held only in tier %r are "
+                               "not written to the tiers below", only_top, s.names[0])
         for tier in self._stack.tiers:
             try:
                 tier.close()

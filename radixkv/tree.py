@@ -143,6 +143,11 @@ class RadixTree:
     def tier_chunks(self, tier: str) -> int:
         return self._tier_chunks[self.tier_index(tier)]
 
+    def chunks_only_in(self, tier: str) -> int:
+        """Chunks no other tier holds (a scan of every node: for reports, not hot paths)."""
+        bit = 1 << self.tier_index(tier)
+        return sum(1 for m in self._mask if m == bit)
+
     def tier_leaf_predicate(self, tier_index: int) -> Callable[[int], bool]:
         """``f(node_id) -> True`` when the node has no child resident in the tier (for policies)."""
         tchild = self._tchild[tier_index]

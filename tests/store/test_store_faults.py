@@ -325,3 +325,17 @@ def test_a_tier_that_raises_during_demotion_is_a_failed_demotion(make_store, mon
     got = buffers(2)
     assert store.get(ns, second, got) == 2 and all(torch.equal(g, payload_for(k)) for g, k in zip(got, second))
     store.check_integrity()
+
+
+@pytest.mark.parametrize("policy", ["write_back", "write_through"])
+def test_closing_a_write_back_store_says_what_is_not_persisted(make_store, caplog, policy):
+    # write_back writes a chunk down only on eviction: a close must not drop such chunks silently.
+    store = make_store("mem-disk", write_policy=policy)
+    ns = new_namespace()
+    _, keys = chain(91, 3)
+    assert store.put(ns, keys, [payload_for(k) for k in keys]) == [True] * 3
+    store.close()
+    warned = "3 chunks held only in tier 'mem'" in caplog.text
+    assert warned is (policy == "write_back")
+    with pytest.raises(RuntimeError, match="store is closed"):
+        store.put(ns, keys, [payload_for(k) for k in keys])

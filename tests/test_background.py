@@ -1,0 +1,50 @@
+"""WorkerPool: submitters waiting for room when the pool closes are rejected, never left blocked,
+and no job is stranded behind the stop markers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from radixkv.background import WorkerPool
+
+
+def test_close_rejects_submitters_waiting_for_room():
+    # Found by a review: close() while callers waited in a blocking queue.put left them blocked
+    # forever (and a job queued after the stop markers never ran, so its handle never completed).
+    pool = WorkerPool("t", n_threads=1, max_queue=1)
+    release = threading.Event()
+    first = pool.submit(lambda j: release.wait(5), False)  # occupies the only thread
+    deadline = time.monotonic() + 5
+    while first.done() is False and pool.depth == 0 and time.monotonic() < deadline:
+        queued = pool.submit(lambda j: True, False, block=False)  # fills the queue once taken
+        if queued is not None:
+            break
+        time.sleep(0.01)
+    outcomes: list[object] = []
+
+    def waiter() -> None:
+        try:
+            outcomes.append(pool.submit(lambda j: True, False))  # blocks: the queue is full
+        except RuntimeError as e:
+            outcomes.append(e)
+
+    threads = [threading.Thread(target=waiter) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    closer = threading.Thread(target=pool.close, kwargs={"flush": False, "timeout_s": 0.5})
+    closer.start()
+    time.sleep(0.1)
+    release.set()
+    closer.join(10)
+    for t in threads:
+        t.join(10)
+    assert not closer.is_alive() and not any(t.is_alive() for t in threads)
+    assert len(outcomes) == 3
+    for o in outcomes:  # rejected, or queued and then run or cancelled: never pending forever
+        assert isinstance(o, RuntimeError) or o.wait(5) in (True, False)
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.submit(lambda j: True, False)
