@@ -447,6 +447,7 @@ class HierarchicalStore:
         """Ask every tier whether it still holds each chunk the tree places there and forget the
         residencies it lost (a restarted Redis, files removed by hand); returns how many. One
         ``contains`` per chunk: for tests, tools and small stores (reads find such losses lazily)."""
+        self._check_open()
         return checks.reconcile_store(self)
 
     def close(self, flush: bool | None = None) -> None:

@@ -337,5 +337,6 @@ def test_closing_a_write_back_store_says_what_is_not_persisted(make_store, caplo
     store.close()
     warned = "3 chunks held only in tier 'mem'" in caplog.text
     assert warned is (policy == "write_back")
-    with pytest.raises(RuntimeError, match="store is closed"):
-        store.put(ns, keys, [payload_for(k) for k in keys])
+    for call in (lambda: store.put(ns, keys, [payload_for(k) for k in keys]), store.reconcile):
+        with pytest.raises(RuntimeError, match="store is closed"):
+            call()
