@@ -208,6 +208,7 @@ class HierarchicalStore:
             wkeys = [keys[i] for i in wrote]
             with s.cond:
                 s.begin_write_locked(0, nsd, wkeys)
+                clears = s.clears
             try:
                 ok_w = s.put_refit(0, nsd, wkeys, [payloads[i] for i in wrote], charges[:granted])
             except BaseException:
@@ -219,6 +220,10 @@ class HierarchicalStore:
             written = dict(zip(wrote, ok_w))
             with s.cond:
                 s.end_write_locked(0, nsd, wkeys)
+                cleared = s.clears != clears  # a clear() ran meanwhile: what we wrote may be gone
+                if cleared:
+                    leaked_by_clear = [(0, nsd, keys[i]) for i, o in written.items() if o]
+                    written = {}
                 run = 0  # chunks already in the top tier count only if still there now
                 while run < len(keys) and (
                     written.get(run, False) or _has(s.tree, nsd, keys[run], 0)
@@ -249,6 +254,7 @@ class HierarchicalStore:
                     s.transfers_inflight += bool(refs)
                 leaked = s.mark_deleting_locked(
                     [(0, nsd, keys[i]) for i, o in written.items() if o and i >= run]
+                    + (leaked_by_clear if cleared else [])
                 )
             s.delete_entries(leaked)
             if error is not None:
@@ -417,6 +423,7 @@ class HierarchicalStore:
         nsd = checks.namespace_digest(namespace)
         s = self._stack
         with s.cond:
+            s.clears += 1
             s.spoil_namespace_locked(nsd)
             s.tree.clear(namespace=nsd)
             for t in s.tiers:

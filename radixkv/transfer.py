@@ -71,6 +71,7 @@ class TierStack(WriteDeleteIntents):
         self.reserved = [0] * n
         self.claimed = [0] * n
         self.transfers_inflight = 0  # background copies holding pins (a writer may wait for them)
+        self.clears = 0  # store.clear() calls so far: a put that saw one while writing discards its writes
         self.init_intents(len(self.tiers))
         self.max_key_chars = 64
         # Tiers that persist frames count header + identity per chunk against their capacity.

@@ -340,3 +340,26 @@ def test_closing_a_write_back_store_says_what_is_not_persisted(make_store, caplo
     for call in (lambda: store.put(ns, keys, [payload_for(k) for k in keys]), store.reconcile):
         with pytest.raises(RuntimeError, match="store is closed"):
             call()
+
+
+def test_a_clear_during_a_put_is_not_acknowledged_as_stored(make_store, monkeypatch):
+    # Found by a review: clear() between the tier write and the tree insert left the put reporting
+    # True for chunks the tier no longer held (check_integrity failed until a read found the gap).
+    store = make_store("mem", write_policy="write_back")
+    ns = new_namespace()
+    _, keys = chain(92, 3)
+    tier = store.tiers[0]
+    real_put = tier.put_many
+
+    def put_then_clear(*a, **k):
+        ok = real_put(*a, **k)
+        store.clear(ns)  # lands between the tier's write and the store's tree insert
+        return ok
+
+    monkeypatch.setattr(tier, "put_many", put_then_clear)
+    assert store.put(ns, keys, [payload_for(k) for k in keys]) == [False] * 3
+    monkeypatch.undo()
+    store.check_integrity()
+    assert store.lookup(ns, keys) == 0
+    assert store.put(ns, keys, [payload_for(k) for k in keys]) == [True] * 3  # the store goes on
+    store.check_integrity()
