@@ -208,7 +208,7 @@ class HierarchicalStore:
             wkeys = [keys[i] for i in wrote]
             with s.cond:
                 s.begin_write_locked(0, nsd, wkeys)
-                clears = s.clears
+                clears = (s.clears[None], s.clears[nsd])
             try:
                 ok_w = s.put_refit(0, nsd, wkeys, [payloads[i] for i in wrote], charges[:granted])
             except BaseException:
@@ -220,7 +220,7 @@ class HierarchicalStore:
             written = dict(zip(wrote, ok_w))
             with s.cond:
                 s.end_write_locked(0, nsd, wkeys)
-                cleared = s.clears != clears  # a clear() ran meanwhile: what we wrote may be gone
+                cleared = (s.clears[None], s.clears[nsd]) != clears  # what we wrote may be gone
                 if cleared:
                     leaked_by_clear = [(0, nsd, keys[i]) for i, o in written.items() if o]
                     written = {}
@@ -423,7 +423,7 @@ class HierarchicalStore:
         nsd = checks.namespace_digest(namespace)
         s = self._stack
         with s.cond:
-            s.clears += 1
+            s.clears[nsd] += 1
             s.spoil_namespace_locked(nsd)
             s.tree.clear(namespace=nsd)
             for t in s.tiers:

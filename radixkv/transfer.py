@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -71,7 +71,9 @@ class TierStack(WriteDeleteIntents):
         self.reserved = [0] * n
         self.claimed = [0] * n
         self.transfers_inflight = 0  # background copies holding pins (a writer may wait for them)
-        self.clears = 0  # store.clear() calls so far: a put that saw one while writing discards its writes
+        # store.clear() calls so far, per namespace digest (None: all namespaces); a put that a clear
+        # of its namespace overtook while it wrote discards its writes.
+        self.clears: Counter[str | None] = Counter()
         self.init_intents(len(self.tiers))
         self.max_key_chars = 64
         # Tiers that persist frames count header + identity per chunk against their capacity.
