@@ -83,6 +83,7 @@ class RadixKVStore(HiCacheStorage):
         self._lock = threading.Lock()
         self._metrics_lock = threading.Lock()
         self._pending = self._empty_metrics()
+        self._metrics_on = bool(getattr(storage_config, "enable_storage_metrics", False))
         self.counters = {"failed_calls": 0, "skipped_non_writer_pages": 0, "adopted_chunks": 0}
         self._closed = False
 
@@ -143,9 +144,12 @@ class RadixKVStore(HiCacheStorage):
     def _write_pages(self, b: _PoolBinding, plan: PagePlan, ns: Namespace, keys: List[str],
                      host_indices: torch.Tensor, extra_info: Any) -> List[bool]:
         n = len(keys)
-        if not self.is_writer:
+        if not self.is_writer and ns.shard.startswith("mla."):
+            # Pages replicated across TP (MLA KV and its shared sidecars): the writer rank stores
+            # these exact bytes. TP-sharded pools (Mamba state, even in MLA models) are written by
+            # every rank, as SGLang's should_backup asks: their namespace is per rank.
             self.counters["skipped_non_writer_pages"] += n
-            return [True] * n  # MLA: the writer rank stores these exact bytes
+            return [True] * n
         starts = plan.page_starts(host_indices, n)
         per = plan.chunks_per_page()
         ckeys = segment_keys(keys, per)
@@ -188,9 +192,11 @@ class RadixKVStore(HiCacheStorage):
             return [False] * n
 
     def _record(self, kind: str, pages: int, nbytes: int, t0: float) -> None:
-        dt = time.perf_counter() - t0
-        if self._pending is None:
+        # SGLang drains these only through get_stats(), which it calls only with storage metrics on:
+        # otherwise they would grow forever. Calls that moved nothing are not samples.
+        if self._pending is None or not pages or not self._metrics_on:
             return
+        dt = time.perf_counter() - t0
         with self._metrics_lock:
             getattr(self._pending, f"{kind}_pgs").append(pages)
             if dt > 0 and nbytes:
@@ -247,7 +253,7 @@ class RadixKVStore(HiCacheStorage):
         ok = self._guard("batch_set", self._n(keys), run)
         b = self._bindings.get("kv")
         self._record("backup", sum(ok), sum(ok) * (b.flat.chunk_bytes if b else 0), t0)
-        return bool(ok) and all(ok)
+        return all(ok) if ok or isinstance(keys, (list, tuple)) else False  # nothing to store: True
 
     def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> List[torch.Tensor | None]:
@@ -359,14 +365,17 @@ class RadixKVStore(HiCacheStorage):
             return PoolTransferResult.empty()
 
     # ------------------------------------------------------------------ lifecycle / metrics
-    def clear(self) -> None:
-        """Drop every page of this backend's namespaces from every tier (other servers' untouched)."""
+    def clear(self) -> bool:
+        """Drop every page of this backend's namespaces from every tier (other servers' untouched);
+        True on success (as HiCacheFile reports)."""
         try:
             for b in list(self._bindings.values()):
                 self.store.clear(b.ns)
                 self.store.clear(b.ns_flat)
+            return True
         except Exception as e:
             logger.warning("radixkv: clear failed: %s: %s", type(e).__name__, e)
+            return False
 
     def close(self) -> None:
         """Flush background writes and close the tiers (SGLang calls this on detach). Idempotent."""

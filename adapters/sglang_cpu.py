@@ -145,7 +145,10 @@ class ControllerHarness:
         extra_config: dict | None = None,
         model_name: str = "test-model",
         pools: Pools | None = None,
+        storage_metrics: bool = True,
     ) -> None:
+        """``storage_metrics``: SGLang's ``enable_storage_metrics`` (on, as with ``--enable-metrics``;
+        only then does SGLang drain the backend's per-call samples through ``get_stats``)."""
         from sglang.srt.managers.cache_controller import HiCacheController
 
         self.spec = spec
@@ -162,6 +165,7 @@ class ControllerHarness:
             storage_backend_extra_config=dict(extra_config or {}),
             model_name=model_name,
             prefetch_threshold=spec.page_size,
+            enable_storage_metrics=storage_metrics,
         )
         self._rid = 0
 

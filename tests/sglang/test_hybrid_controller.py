@@ -123,3 +123,39 @@ def test_longer_request_resumes_at_the_stored_window(tmp_path):
         assert h.page_bytes_at(PoolName.SWA, swa_dst) == h.page_bytes_at(PoolName.SWA, swa_src)
     finally:
         h.close()
+
+
+def test_mla_model_mamba_state_is_written_by_every_tp_rank(tmp_path):
+    # MLA KV is replicated across TP (only the writer rank writes it), but Mamba state is TP-sharded
+    # even then: SGLang's should_backup asks every rank to write it. Rank 1 once skipped it, so its
+    # namespace stayed empty and the whole TP group lost its L3 hits (SGLang takes the minimum).
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
+
+    from radixkv.adapters.sglang_cpu import set_parallel_context
+
+    tiers = [mem_tier(), {"url": f"file://{tmp_path / 'l3'}", "capacity": "256MiB", "options": {"shared": True}}]
+    try:
+        for rank in (0, 1):
+            set_parallel_context(tp_rank=rank, tp_size=2)
+            h = HybridHarness(PoolSpec(kind="mla", layout="page_first", page_size=PS, host_tokens=256),
+                              {PoolName.MAMBA: PoolSpec(layout="layer_first", page_size=PS, layers=1, heads=1,
+                                                        host_tokens=128)},
+                              extra_config=extra_config(tiers))
+            try:
+                b = unwrap(h.backend)
+                toks = tokens(6 * PS, seed=81)
+                keys = h.page_keys(toks)
+                kv, mb = h.alloc(PoolName.KV, 6 * PS), h.alloc(PoolName.MAMBA, WINDOW * PS)
+                h.fill_random(PoolName.KV, kv, 1)
+                h.fill_random(PoolName.MAMBA, mb, 2 + rank)
+                tr = PoolTransfer(name=PoolName.MAMBA, host_indices=mb, keys=keys[-WINDOW:],
+                                  hit_policy=PoolHitPolicy.TRAILING_PAGES)
+                h.backup(toks, kv, [tr])
+                b.store.flush(timeout_s=30)
+                probe = PoolTransfer(name=PoolName.MAMBA, keys=keys[-WINDOW:], hit_policy=PoolHitPolicy.TRAILING_PAGES)
+                r = b.batch_exists_v2(keys, [probe], HiCacheStorageExtraInfo(prefix_keys=None))
+                assert r.kv_hit_pages == 6 and 6 in (r.restorable_prefix_pages or []), (rank, r)
+            finally:
+                h.close()
+    finally:
+        set_parallel_context()

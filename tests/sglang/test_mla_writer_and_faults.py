@@ -159,3 +159,22 @@ def test_float_or_misaligned_host_indices_are_refused():
         be.check_integrity()
     finally:
         h.close()
+
+
+def test_metrics_off_keeps_no_samples_and_empty_or_clear_report_like_hicachefile():
+    # SGLang drains the per-call samples only through get_stats(), which it calls only with storage
+    # metrics on: with them off (its default) they once grew by one entry per call, forever.
+    h = ControllerHarness(PoolSpec(layout="page_first", page_size=4, host_tokens=64),
+                          extra_config=extra_config([mem_tier()]), storage_metrics=False)
+    try:
+        be = unwrap(h.backend)
+        idx = h.alloc(8)
+        keys = ["ab" * 32, "cd" * 32]
+        for _ in range(50):
+            be.batch_set_v1(keys, idx)
+            be.batch_get_v1(keys, idx)
+        assert be._pending is None or (not be._pending.backup_pgs and not be._pending.prefetch_pgs)
+        assert be.batch_set([], []) is True  # nothing to store, as HiCacheFile answers
+        assert be.clear() is True
+    finally:
+        h.close()
