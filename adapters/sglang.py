@@ -40,7 +40,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
-from radixkv.adapters.sglang_config import RadixKVOptions, namespace_for
+from radixkv.adapters.sglang_config import RadixKVOptions, namespace_for, tp_replicated
 from radixkv.adapters.sglang_pages import PagePlan, plan_for, segment_keys
 from radixkv.keys import Namespace
 from radixkv.store import HierarchicalStore
@@ -58,7 +58,7 @@ except Exception:  # pragma: no cover - metrics module missing in a trimmed inst
 class _PoolBinding:
     """One registered host pool: its page plan and namespace (v1/zero-copy and flat/copying)."""
 
-    __slots__ = ("name", "pool", "plan", "flat", "ns", "ns_flat")
+    __slots__ = ("name", "pool", "plan", "flat", "ns", "ns_flat", "replicated")
 
     def __init__(self, name: str, pool: Any, config: HiCacheStorageConfig, opts: RadixKVOptions) -> None:
         self.name = name
@@ -67,6 +67,7 @@ class _PoolBinding:
         self.flat: PagePlan = self.plan if self.plan.mode == "flat" else plan_for(pool, flat=True)
         self.ns: Namespace = namespace_for(config, opts, pool, name, self.plan.tag)
         self.ns_flat: Namespace = namespace_for(config, opts, pool, name, self.flat.tag, layout="flat")
+        self.replicated = tp_replicated(config, name)  # same pages on every TP rank: one rank writes
 
 
 class RadixKVStore(HiCacheStorage):
@@ -144,7 +145,7 @@ class RadixKVStore(HiCacheStorage):
     def _write_pages(self, b: _PoolBinding, plan: PagePlan, ns: Namespace, keys: List[str],
                      host_indices: torch.Tensor, extra_info: Any) -> List[bool]:
         n = len(keys)
-        if not self.is_writer and ns.shard.startswith("mla."):
+        if not self.is_writer and b.replicated:
             # Pages replicated across TP (MLA KV and its shared sidecars): the writer rank stores
             # these exact bytes. TP-sharded pools (Mamba state, even in MLA models) are written by
             # every rank, as SGLang's should_backup asks: their namespace is per rank.

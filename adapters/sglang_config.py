@@ -37,7 +37,7 @@ from radixkv.config import StoreConfig
 from radixkv.errors import ConfigError
 from radixkv.keys import Namespace
 
-__all__ = ["RadixKVOptions", "namespace_for", "DEFAULT_TIERS"]
+__all__ = ["RadixKVOptions", "namespace_for", "tp_replicated", "DEFAULT_TIERS"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +129,12 @@ def _dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def tp_replicated(config: Any, pool_name: str) -> bool:
+    """Whether a pool's pages are the same on every TP rank: MLA KV and its sidecars, but not Mamba
+    state, which SGLang shards by TP even in MLA models (every rank writes its own)."""
+    return bool(getattr(config, "is_mla_model", False)) and pool_name != "mamba"
+
+
 def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, plan_tag: str,
                   layout: str | None = None) -> Namespace:
     """The storage identity of one host pool's pages (SGLang passes no dtype/layout: sglang#33268).
@@ -138,7 +144,7 @@ def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, 
     model = opts.model or getattr(config, "model_name", None) or "unnamed-model"
     pp = f"pp{config.pp_rank}of{config.pp_size}"
     cp = f"cp{config.attn_cp_rank}of{config.attn_cp_size}"
-    if getattr(config, "is_mla_model", False) and pool_name != "mamba":
+    if tp_replicated(config, pool_name):
         shard = f"mla.{pp}.{cp}.dcp{getattr(config, 'dcp_rank', 0)}of{getattr(config, 'dcp_size', 1)}"
     else:
         shard = f"tp{config.tp_rank}of{config.tp_size}.{pp}.{cp}.dp{getattr(config, 'dp_rank', 0)}"
