@@ -121,13 +121,36 @@ class RadixKVStore(HiCacheStorage):
     def _lookup(self, ns: Namespace, keys: List[str], parent: Optional[str], chunk_bytes: int) -> int:
         """Leading run of ``keys`` available: the tree, then (on a miss, ``probe_tiers``) the chunks
         the persistent/shared tiers hold, adopted by the store (``HierarchicalStore.adopt``)."""
-        n = self.store.lookup(ns, keys, probe=False)
+        n = self._run_across_splits(ns, keys)
         if n < len(keys) and self.store.config.probe_tiers:  # the final config's: extra, file or env
             got = self.store.adopt(ns, keys, parent_key=parent, chunk_bytes=chunk_bytes)
             if got:
                 self.counters["adopted_chunks"] += got
-                n = self.store.lookup(ns, keys, probe=False)
+                n = self._run_across_splits(ns, keys)
         return n
+
+    def _run_across_splits(self, ns: Namespace, keys: List[str]) -> int:
+        """Leading run of ``keys`` the tree holds, continued across chain splits: SGLang may back up a
+        child page before its parent (no parent-first rule; leaf-first eviction under write_back);
+        the child then hangs at the namespace root. SGLang's keys are hash chains (a key names its
+        whole prefix), so a run found there continues the prefix byte for byte."""
+        n = self.store.lookup(ns, keys, probe=False)
+        while 0 < n < len(keys):
+            more = self.store.lookup(ns, keys[n:], probe=False)
+            if not more:
+                break
+            n += more
+        return n
+
+    def _get_across_splits(self, ns: Namespace, keys: List[str], bufs: List[torch.Tensor]) -> int:
+        """``store.get`` of a run that may span chain splits (see :meth:`_run_across_splits`)."""
+        done = 0
+        while done < len(keys):
+            got = self.store.get(ns, keys[done:], bufs[done:])
+            if not got:
+                break
+            done += got
+        return done
 
     def _put(self, ns: Namespace, keys: List[str], payloads: List[torch.Tensor], parent: Optional[str]) -> List[bool]:
         ok = self.store.put(ns, keys, payloads, parent_key=parent)
@@ -168,11 +191,11 @@ class RadixKVStore(HiCacheStorage):
         if m == 0:
             return [False] * n
         if plan.mode == "direct":
-            got = self.store.get(ns, ckeys[: m * per], plan.views(starts[:m]))
+            got = self._get_across_splits(ns, ckeys[: m * per], plan.views(starts[:m]))
             pages = got // per
         else:
             bufs = plan.staging(m)
-            pages = self.store.get(ns, ckeys[:m], bufs)
+            pages = self._get_across_splits(ns, ckeys[:m], bufs)
             plan.scatter(starts[:pages], bufs[:pages])
         return [i < pages for i in range(n)]
 
@@ -265,7 +288,7 @@ class RadixKVStore(HiCacheStorage):
             b = self._binding("kv")
             targets = list(target_locations) if target_locations is not None else b.flat.staging(len(keys))
             n = self._lookup(b.ns_flat, list(keys), None, b.flat.chunk_bytes)
-            got = self.store.get(b.ns_flat, list(keys[:n]), [self._u8(t) for t in targets[:n]]) if n else 0
+            got = self._get_across_splits(b.ns_flat, list(keys[:n]), [self._u8(t) for t in targets[:n]]) if n else 0
         except Exception as e:  # never raise into SGLang's storage threads
             self.counters["failed_calls"] += 1
             logger.warning("radixkv: batch_get of %d pages failed: %s: %s", self._n(keys), type(e).__name__, e)

@@ -155,3 +155,32 @@ def test_probe_tiers_off_is_honoured_wherever_it_is_set(tmp_path, monkeypatch, w
         assert unwrap(b.backend).counters["adopted_chunks"] == 0
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("interface_v1", [1, 0])
+def test_child_pages_backed_up_before_their_parent_still_hit(interface_v1):
+    # SGLang backs up node by node with no parent-first rule (write_back evicts leaf-first): the child
+    # lands first, hangs at the namespace root, and hits once stopped at the parent.
+    import time
+
+    spec = PoolSpec(layout="page_first", page_size=4, host_tokens=512)
+    h = ControllerHarness(spec, extra_config=extra_config([mem_tier()], interface_v1))
+    try:
+        toks = tokens(24, seed=1)
+        keys = h.page_keys(toks)
+        src = h.alloc(24)
+        h.fill_random(src, seed=3)
+        want = h.page_bytes_at(src)
+        h.controller.write_storage(src[12:24], toks[12:24], hash_value=keys[3:6], prefix_keys=keys[:3])
+        deadline = time.monotonic() + 10
+        while unwrap(h.backend).store.lookup(unwrap(h.backend)._bindings["kv"].ns if interface_v1 else
+                                             unwrap(h.backend)._bindings["kv"].ns_flat, [keys[3]], probe=False) == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert h.backup(toks[:12], src[:12]) == 12  # the parent, after its child
+        res = h.prefetch(toks)
+        assert res.hit_tokens == 24 and res.loaded_tokens == 24
+        assert h.page_bytes_at(res.host_indices) == want
+        unwrap(h.backend).check_integrity()
+    finally:
+        h.close()
