@@ -14,7 +14,6 @@ the first byte moves.
 
 from __future__ import annotations
 
-import bisect
 import ctypes
 import os
 from typing import Sequence
@@ -23,6 +22,7 @@ import torch
 
 from radixkv.errors import ConfigError, InputError
 from radixkv.forksafe import ForkSafeExecutor, run_shared
+from radixkv.spans import first_overlap, merged, overlaps_any
 
 __all__ = ["HostCopier", "default_copy_threads"]
 
@@ -90,20 +90,16 @@ class HostCopier:
 def _check_disjoint(jobs: list[tuple[int, int, int]]) -> None:
     """No destination may overlap another destination or any source: the bytes would depend on the
     order the threads' pieces run in. (Sources may overlap each other: reads do not conflict.)"""
+    dsts = [(d, d + n) for d, _s, n in jobs]
     if len(jobs) == 1:
-        dst, src, n = jobs[0]
-        if dst < src + n and src < dst + n:
+        if overlaps_any((jobs[0][1], jobs[0][1] + jobs[0][2]), dsts):
             raise InputError("pair 0: destination and source overlap; copy between separate buffers")
         return
-    dsts = sorted((d, d + n) for d, _s, n in jobs)
-    for (_a0, b0), (a1, _b1) in zip(dsts, dsts[1:]):
-        if a1 < b0:
-            raise InputError("two destinations overlap; every pair needs its own destination bytes")
-    starts = [a for a, _b in dsts]
-    for _d, src, n in jobs:
-        k = bisect.bisect_right(starts, src) - 1
-        if (k >= 0 and dsts[k][1] > src) or (k + 1 < len(dsts) and dsts[k + 1][0] < src + n):
-            raise InputError("a source overlaps a destination; copy between separate buffers")
+    if first_overlap(dsts) is not None:
+        raise InputError("two destinations overlap; every pair needs its own destination bytes")
+    targets = merged(dsts)
+    if any(overlaps_any((src, src + n), targets) for _d, src, n in jobs):
+        raise InputError("a source overlaps a destination; copy between separate buffers")
 
 
 def _nbytes(t: object, what: str, i: int) -> int:

@@ -11,7 +11,6 @@ page of one (layer, component) as ``[BLOCK_R (token, head) rows x BLOCK_D dims]`
 
 from __future__ import annotations
 
-import bisect
 import os
 from collections.abc import Sequence
 from numbers import Integral
@@ -23,6 +22,7 @@ import triton.language as tl
 from radixkv.kernels.paged_layout import PagedLayout, chunk_from_payload, word_dtype
 
 from radixkv.errors import InputError
+from radixkv.spans import first_overlap, overlaps_any
 
 __all__ = [
     "CopyResult",
@@ -272,20 +272,14 @@ def _plan(layout, page_ids, chunks, layers, *, to_chunk: bool) -> _Plan:
 def _check_aliasing(layout: PagedLayout, views: Sequence[torch.Tensor], to_chunk: bool) -> None:
     """Gather targets must be disjoint (else the bytes depend on the copy order), and no chunk may
     lie inside the engine's page storage (a copy would read what it writes)."""
-    spans = sorted((v.data_ptr(), v.data_ptr() + v.numel() * v.element_size(), i) for i, v in enumerate(views))
-    if to_chunk:
-        for (_a0, b0, i0), (a1, _b1, i1) in zip(spans, spans[1:]):
-            if a1 < b0:
-                raise InputError(f"chunks {min(i0, i1)} and {max(i0, i1)} share one buffer or overlap; "
-                                 "gather needs a distinct buffer per chunk")
-    engine = layout.storage_spans
-    starts = [a for a, _b in engine]
-    for a, b, i in spans:
-        if views[i].device != layout.device:
-            continue  # another device's addresses: cannot alias
-        k = bisect.bisect_right(starts, a) - 1
-        hit = (k >= 0 and engine[k][1] > a) or (k + 1 < len(engine) and engine[k + 1][0] < b)
-        if hit:
+    spans = [(v.data_ptr(), v.data_ptr() + v.numel() * v.element_size()) for v in views]
+    pair = first_overlap(spans) if to_chunk else None
+    if pair is not None:
+        raise InputError(f"chunks {pair[0]} and {pair[1]} share one buffer or overlap; gather needs a "
+                         "distinct buffer per chunk")
+    for i, span in enumerate(spans):
+        # Another device's addresses cannot alias the engine's pages.
+        if views[i].device == layout.device and overlaps_any(span, layout.storage_spans):
             raise InputError(f"chunk {i} lies inside the engine's page storage; chunks must be separate "
                              "buffers (alloc_chunks)")
 

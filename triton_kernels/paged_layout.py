@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from radixkv.errors import InputError
+from radixkv.spans import merged
 
 __all__ = [
     "PagedLayout",
@@ -104,7 +105,7 @@ class PagedLayout:
         self.device = ref.device
         self.page_strides = tuple(int(s) for s in ref.stride())  # type: ignore[assignment]
         self._view_offsets = {}
-        self.storage_spans = _merged_spans(
+        self.storage_spans = merged(
             (v.untyped_storage().data_ptr(), v.untyped_storage().data_ptr() + v.untyped_storage().nbytes())
             for layer in views for v in layer
         )
@@ -313,16 +314,6 @@ def chunk_from_payload(
             "allocate payloads with torch.empty"
         )
     return payload.view(layout.dtype).view(layout.chunk_shape(pages_per_chunk))
-
-
-def _merged_spans(spans) -> tuple[tuple[int, int], ...]:
-    out: list[list[int]] = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return tuple((a, b) for a, b in out)
 
 
 def pages_from_token_indices(token_indices: torch.Tensor, page_tokens: int) -> torch.Tensor:

@@ -223,10 +223,7 @@ class DiskTier:
                 except FileNotFoundError:
                     n += frame is not None
                 except OSError:  # read-only, EIO, a directory: still there, so still indexed
-                    self._stats.errors += 1
-                    if frame is not None:
-                        self._index[(namespace, k)] = frame
-                        self._usage += frame
+                    self._keep_undeleted_locked((namespace, k), frame)
             self._stats.deletes += n
         return n
 
@@ -245,10 +242,7 @@ class DiskTier:
                 except FileNotFoundError:
                     pass
                 except OSError:  # cannot be removed (read-only): it is still there, so still indexed
-                    self._stats.errors += 1
-                    if frame is not None:
-                        self._index[(ns, key)] = frame
-                        self._usage += frame
+                    self._keep_undeleted_locked((ns, key), frame)
             if namespace is None:
                 self._ns_payload_bytes.clear()
             else:
@@ -536,6 +530,13 @@ class DiskTier:
             self._stats.extra["evictions"] += 1
             self._stats.extra["evicted_bytes"] += victim
         return True
+
+    def _keep_undeleted_locked(self, ident: tuple[str, str], frame: int | None) -> None:
+        """A removal failed (read-only, EIO): the file is still there, so it stays indexed."""
+        self._stats.errors += 1
+        if frame is not None:
+            self._index[ident] = frame
+            self._usage += frame
 
     def _recycle_locked(self, path: str, size: int) -> bool:
         """Move a removed chunk's file aside for a later put to overwrite (lock held, its bytes
