@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from radixkv.kernels.paged_layout import PagedLayout, chunk_from_payload, word_dtype
+from radixkv.kernels.paged_layout import PagedLayout, check_integer_dtype, chunk_from_payload, word_dtype
 
 from radixkv.errors import InputError
 from radixkv.spans import first_overlap, overlaps_any
@@ -291,12 +291,7 @@ def _page_ids(layout: PagedLayout, page_ids, *, unique: bool) -> torch.Tensor:
                 f"page_ids must be a CPU tensor or lists (validated on the host); got device "
                 f"{page_ids.device}"
             )
-        if (
-            page_ids.dtype.is_floating_point
-            or page_ids.dtype.is_complex
-            or page_ids.dtype == torch.bool
-        ):
-            raise InputError(f"page_ids must be integers; got dtype {page_ids.dtype}")
+        check_integer_dtype(page_ids.dtype, "page_ids")
         if page_ids.dtype == torch.uint64 and page_ids.numel() and int(page_ids.max()) >= 1 << 63:
             raise InputError("page_ids hold a uint64 id >= 2**63 (it would wrap to a negative id)")
         ids = page_ids.to(torch.int64)

@@ -316,6 +316,12 @@ def chunk_from_payload(
     return payload.view(layout.dtype).view(layout.chunk_shape(pages_per_chunk))
 
 
+def check_integer_dtype(dtype: torch.dtype, what: str) -> None:
+    """Ids and indices must be integers: a cast to int64 would silently truncate floats and bools."""
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        raise InputError(f"{what} must be integers; got dtype {dtype}")
+
+
 def pages_from_token_indices(token_indices: torch.Tensor, page_tokens: int) -> torch.Tensor:
     """Page ids of a token-index list that covers whole pages (SGLang ``host_indices``).
 
@@ -325,8 +331,7 @@ def pages_from_token_indices(token_indices: torch.Tensor, page_tokens: int) -> t
     """
     _check_positive(page_tokens, "page_tokens")
     raw = torch.as_tensor(token_indices)
-    if raw.dtype.is_floating_point or raw.dtype.is_complex or raw.dtype == torch.bool:
-        raise InputError(f"token indices must be integers; got dtype {raw.dtype}")
+    check_integer_dtype(raw.dtype, "token indices")
     idx = raw.to("cpu", torch.int64).reshape(-1)
     if idx.numel() == 0 or idx.numel() % page_tokens:
         raise InputError(

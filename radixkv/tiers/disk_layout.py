@@ -29,7 +29,6 @@ __all__ = ["DiskLayout", "check_ident", "SPARE_DIR"]
 
 logger = logging.getLogger(__name__)
 
-_IDENT_RE = KEY_RE
 _SUFFIX = ".kv"
 _TMP_SUFFIX = ".tmp"
 SPARE_DIR = ".spare"  # recycled files (not an identifier: never walked as a namespace)
@@ -37,12 +36,12 @@ SPARE_DIR = ".spare"  # recycled files (not an identifier: never walked as a nam
 
 def check_ident(namespace: object, keys: object) -> None:
     """Raise InputError unless ``namespace`` and every key are safe file-name components."""
-    if not isinstance(namespace, str) or not _IDENT_RE.fullmatch(namespace):
+    if not isinstance(namespace, str) or not KEY_RE.fullmatch(namespace):
         raise InputError(f"namespace={namespace!r} must be 1-128 chars of [A-Za-z0-9_-] (Namespace.digest)")
     if isinstance(keys, (str, bytes)):
         raise InputError(f"keys={keys!r} must be a sequence of str keys, not a single str")
     for k in keys:  # type: ignore[union-attr]
-        if not isinstance(k, str) or not _IDENT_RE.fullmatch(k):
+        if not isinstance(k, str) or not KEY_RE.fullmatch(k):
             raise InputError(f"key {k!r} must be 1-128 chars of [A-Za-z0-9_-] (a hex chunk key)")
 
 
@@ -137,7 +136,7 @@ class DiskLayout:
         except OSError:
             return
         for ns in ns_names:
-            if not _IDENT_RE.fullmatch(ns):
+            if not KEY_RE.fullmatch(ns):
                 continue
             for dirpath, _dirs, files in os.walk(os.path.join(self.root, ns)):
                 for f in files:
@@ -163,7 +162,7 @@ class DiskLayout:
     def read_entry(self, ns: str, key: str, path: str) -> tuple[float, int, int] | None:
         """``(mtime, frame bytes, payload bytes)`` of a committed file whose name, place, header
         identity and size agree; None for anything else (the payload checksum is checked on read)."""
-        if not _IDENT_RE.fullmatch(key) or path != self.path(ns, key):
+        if not KEY_RE.fullmatch(key) or path != self.path(ns, key):
             return None
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
