@@ -11,7 +11,8 @@ Contract (what engines and adapters rely on)::
     store.close()
 
 * **put**: new chunks land in the top tier. With ``write_through`` a background job copies them to
-  every lower tier; with ``write_back`` they reach a lower tier only when evicted from the one above.
+  every lower tier; with ``write_back`` they reach a lower tier only when evicted from the one above
+  (and at a flushing :meth:`close`, which persists what only memory holds: :mod:`radixkv.writeback`).
   Chunks are ``keys`` of one chain (continuing ``parent_key``); only a leading run can be stored, so
   the result is True up to the first chunk that could not be (tier full of pinned chunks, medium
   down) and False after it.
@@ -38,11 +39,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Sequence
 
 import torch
 
-from radixkv import adoption
+from radixkv import adoption, writeback
 from radixkv import store_checks as checks
 from radixkv import store_jobs as jobs
 from radixkv.background import Job, WorkerPool
@@ -459,7 +461,8 @@ class HierarchicalStore:
 
     def close(self, flush: bool | None = None) -> None:
         """Finish background work (``flush``, default ``config.flush_on_close``) or cancel what has
-        not started, join every store thread, close the tiers. Idempotent."""
+        not started, join every store thread, close the tiers. Idempotent. A flushing close of a
+        ``write_back`` store first copies what only memory tiers hold to a persistent tier below."""
         if self._closed:
             return
         self._closed = True  # first: callers racing close() get "the store is closed", not a tier's error
@@ -467,20 +470,30 @@ class HierarchicalStore:
         timeout = self.config.close_timeout_s
         self._reader.close(flush=False, timeout_s=timeout)
         self._writer.close(flush=flush, timeout_s=timeout)
-        s = self._stack
-        if self.config.write_policy == "write_back" and len(s.tiers) > 1:
-            with s.cond:
-                only_top = s.tree.chunks_only_in(s.names[0])
-            if only_top:
-                # write_back writes a chunk down only when it is evicted: what the top tier alone
-                # holds is not persisted (use write_through for chunks that must survive restarts).
-                logger.warning("radixkv: closing a write_back store: %d chunks held only in tier %r are "
-                               "not written to the tiers below", only_top, s.names[0])
+        if self.config.write_policy == "write_back" and len(self._stack.tiers) > 1:
+            self._persist_write_back(flush, time.monotonic() + timeout)
         for tier in self._stack.tiers:
             try:
                 tier.close()
             except Exception:  # closing must not leave the other tiers open
                 pass
+
+    def _persist_write_back(self, flush: bool, deadline: float) -> None:
+        """write_back writes a chunk down only when it is evicted: at a flushing close, what only
+        memory tiers hold is copied to the first tier below that outlives the process."""
+        s = self._stack
+        if flush:
+            r = writeback.persist_volatile(s, deadline)
+            if r.left_chunks:
+                logger.warning("radixkv: closing a write_back store: %d chunks held only in memory "
+                               "were not written to a persistent tier (%d were)", r.left_chunks,
+                               r.written_chunks)
+            return
+        with s.cond:
+            only_top = s.tree.chunks_only_in(s.names[0])
+        if only_top:
+            logger.warning("radixkv: closing a write_back store with flush=False: %d chunks held only "
+                           "in tier %r are not written to the tiers below", only_top, s.names[0])
 
     def __enter__(self) -> HierarchicalStore:
         return self

@@ -88,6 +88,10 @@ class TierStack(WriteDeleteIntents):
     def owner(self, kind: str) -> str:
         return f"{kind}-{next(self._owner_seq)}"
 
+    def persists(self, t: int) -> bool:
+        """Whether tier ``t`` outlives the process (disk, Redis; a memory tier does not)."""
+        return self._framed[t]
+
     def capacity(self, t: int) -> int:
         return capacity_limit(self.tiers[t])
 

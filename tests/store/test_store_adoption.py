@@ -188,6 +188,42 @@ class TestRestart:
             assert calls == []
 
 
+    def test_write_back_close_persists_what_only_memory_held(self, tmp_path, caplog):
+        """write_back copies a chunk down only on eviction; a flushing close writes the chunks only
+        memory holds to disk, so a restart over the directory hits them byte for byte."""
+        ns = new_namespace()
+        _, keys = chain(301, 6)
+        with HierarchicalStore(disk_config(tmp_path, write_policy="write_back")) as a:
+            fill(a, ns, keys)
+            assert a.stats()["tiers"]["disk"]["tree_chunks"] == 0  # nothing evicted: all in memory
+            a.check_integrity()
+        assert "not written" not in caplog.text
+        with HierarchicalStore(disk_config(tmp_path)) as b:
+            assert b.lookup(ns, keys, chunk_bytes=CHUNK_BYTES) == 6
+            assert read(b, ns, keys) == 6
+            b.check_integrity()
+
+    def test_write_back_close_past_its_deadline_counts_what_is_left(self, tmp_path, caplog):
+        ns = new_namespace()
+        _, keys = chain(302, 4)
+        a = HierarchicalStore(disk_config(tmp_path, write_policy="write_back", close_timeout_s=1e-6))
+        fill(a, ns, keys)
+        a.close()
+        assert "4 chunks held only in memory were not written to a persistent tier (0 were)" in caplog.text
+        with HierarchicalStore(disk_config(tmp_path)) as b:
+            assert b.lookup(ns, keys, chunk_bytes=CHUNK_BYTES) == 0
+
+    def test_write_back_close_with_a_failing_disk_loses_nothing_it_had(self, tmp_path, caplog, monkeypatch):
+        """A disk that refuses the flush leaves the close clean: pins released, a warning, no raise."""
+        ns = new_namespace()
+        _, keys = chain(303, 3)
+        a = HierarchicalStore(disk_config(tmp_path, write_policy="write_back"))
+        fill(a, ns, keys)
+        monkeypatch.setattr(a.tiers[1], "put_many", lambda ns_, ks, ps: [False] * len(ks))
+        a.close()
+        assert "3 chunks held only in memory were not written" in caplog.text
+        assert a.stats()["tree"]["pinned_chunks"] == 0
+
 class TestShared:
     def test_shared_directory_second_store_sees_first(self, tmp_path):
         ns = new_namespace()

@@ -328,13 +328,16 @@ def test_a_tier_that_raises_during_demotion_is_a_failed_demotion(make_store, mon
 
 
 @pytest.mark.parametrize("policy", ["write_back", "write_through"])
-def test_closing_a_write_back_store_says_what_is_not_persisted(make_store, caplog, policy):
-    # write_back writes a chunk down only on eviction: a close must not drop such chunks silently.
+def test_closing_without_flush_says_what_write_back_leaves_behind(make_store, caplog, policy):
+    # write_back writes a chunk down only on eviction: a close(flush=False) must not drop such
+    # chunks silently.
     store = make_store("mem-disk", write_policy=policy)
     ns = new_namespace()
     _, keys = chain(91, 3)
     assert store.put(ns, keys, [payload_for(k) for k in keys]) == [True] * 3
-    store.close()
+    if policy == "write_through":
+        assert store.flush(30)
+    store.close(flush=False)
     warned = "3 chunks held only in tier 'mem'" in caplog.text
     assert warned is (policy == "write_back")
     for call in (lambda: store.put(ns, keys, [payload_for(k) for k in keys]), store.reconcile):
