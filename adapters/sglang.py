@@ -42,6 +42,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from radixkv.adapters.sglang_config import RadixKVOptions, namespace_for, tp_replicated
 from radixkv.adapters.sglang_pages import PagePlan, plan_for, segment_keys
+from radixkv.config import metrics_port_for_rank
 from radixkv.keys import Namespace
 from radixkv.store import HierarchicalStore
 
@@ -65,7 +66,8 @@ class _PoolBinding:
         self.pool = pool
         self.plan: PagePlan = plan_for(pool, flat=name != str(PoolName.KV))
         self.flat: PagePlan = self.plan if self.plan.mode == "flat" else plan_for(pool, flat=True)
-        self.ns: Namespace = namespace_for(config, opts, pool, name, self.plan.tag)
+        self.ns: Namespace = namespace_for(config, opts, pool, name, self.plan.tag,
+                                           segments=self.plan.chunks_per_page())
         self.ns_flat: Namespace = namespace_for(config, opts, pool, name, self.flat.tag, layout="flat")
         self.replicated = tp_replicated(config, name)  # same pages on every TP rank: one rank writes
 
@@ -78,7 +80,11 @@ class RadixKVStore(HiCacheStorage):
         self.options = RadixKVOptions.from_extra_config(storage_config.extra_config or {})
         self.interface_v1 = self.options.interface_v1
         self.is_writer = bool(storage_config.is_storage_writer)
-        self.store = HierarchicalStore(self.options.store_config())
+        self.store = HierarchicalStore(metrics_port_for_rank(
+            self.options.store_config(),
+            int(getattr(storage_config, "tp_rank", 0) or 0)
+            + int(getattr(storage_config, "tp_size", 1) or 1) * int(getattr(storage_config, "pp_rank", 0) or 0),
+        ))
         self.registered_pools: dict[str, Any] = {}
         self._bindings: dict[str, _PoolBinding] = {}
         self._lock = threading.Lock()
@@ -118,15 +124,20 @@ class RadixKVStore(HiCacheStorage):
             return None
         return segment_keys([prefix[-1]], n_seg)[-1]
 
-    def _lookup(self, ns: Namespace, keys: List[str], parent: Optional[str], chunk_bytes: int) -> int:
+    def _lookup(self, ns: Namespace, keys: List[str], parent: Optional[str], chunk_bytes: int,
+                record: bool = True) -> int:
         """Leading run of ``keys`` available: the tree, then (on a miss, ``probe_tiers``) the chunks
-        the persistent/shared tiers hold, adopted by the store (``HierarchicalStore.adopt``)."""
+        the persistent/shared tiers hold, adopted by the store (``HierarchicalStore.adopt``).
+        ``record``: count it in the store's lookup metrics (SGLang's existence checks; not the
+        lookups that start a read, which SGLang makes after its own existence check)."""
         n = self._run_across_splits(ns, keys)
         if n < len(keys) and self.store.config.probe_tiers:  # the final config's: extra, file or env
             got = self.store.adopt(ns, keys, parent_key=parent, chunk_bytes=chunk_bytes)
             if got:
                 self.counters["adopted_chunks"] += got
                 n = self._run_across_splits(ns, keys)
+        if record:
+            self.store.record_lookup(ns, n, len(keys))
         return n
 
     def _run_across_splits(self, ns: Namespace, keys: List[str]) -> int:
@@ -134,9 +145,9 @@ class RadixKVStore(HiCacheStorage):
         child page before its parent (no parent-first rule; leaf-first eviction under write_back);
         the child then hangs at the namespace root. SGLang's keys are hash chains (a key names its
         whole prefix), so a run found there continues the prefix byte for byte."""
-        n = self.store.lookup(ns, keys, probe=False)
+        n = self.store.lookup(ns, keys, probe=False, record=False)
         while 0 < n < len(keys):
-            more = self.store.lookup(ns, keys[n:], probe=False)
+            more = self.store.lookup(ns, keys[n:], probe=False, record=False)
             if not more:
                 break
             n += more
@@ -146,10 +157,11 @@ class RadixKVStore(HiCacheStorage):
         """``store.get`` of a run that may span chain splits (see :meth:`_run_across_splits`)."""
         done = 0
         while done < len(keys):
-            got = self.store.get(ns, keys[done:], bufs[done:])
+            got = self.store.get(ns, keys[done:], bufs[done:], count_misses=False)
             if not got:
                 break
             done += got
+        self.store.record_misses(ns, len(keys) - done)
         return done
 
     def _put(self, ns: Namespace, keys: List[str], payloads: List[torch.Tensor], parent: Optional[str]) -> List[bool]:
@@ -186,7 +198,7 @@ class RadixKVStore(HiCacheStorage):
         starts = plan.page_starts(host_indices, n)
         per = plan.chunks_per_page()
         ckeys = segment_keys(keys, per)
-        avail = self._lookup(ns, ckeys, self._parent(b, ns, per, extra_info), plan.chunk_bytes)
+        avail = self._lookup(ns, ckeys, self._parent(b, ns, per, extra_info), plan.chunk_bytes, record=False)
         m = avail // per
         if m == 0:
             return [False] * n
@@ -287,7 +299,7 @@ class RadixKVStore(HiCacheStorage):
         try:
             b = self._binding("kv")
             targets = list(target_locations) if target_locations is not None else b.flat.staging(len(keys))
-            n = self._lookup(b.ns_flat, list(keys), None, b.flat.chunk_bytes)
+            n = self._lookup(b.ns_flat, list(keys), None, b.flat.chunk_bytes, record=False)
             got = self._get_across_splits(b.ns_flat, list(keys[:n]), [self._u8(t) for t in targets[:n]]) if n else 0
         except Exception as e:  # never raise into SGLang's storage threads
             self.counters["failed_calls"] += 1

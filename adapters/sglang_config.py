@@ -29,11 +29,13 @@ SGLang version's own key).
 from __future__ import annotations
 
 import difflib
+import os
 import logging
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from radixkv.config import StoreConfig
+from radixkv.config_env import env_overrides
 from radixkv.errors import ConfigError
 from radixkv.keys import Namespace
 
@@ -111,10 +113,13 @@ class RadixKVOptions:
         )
 
     def store_config(self) -> StoreConfig:
-        """The radixkv store config: config_file, then the given fields; else env; else defaults."""
+        """The radixkv store config, each layer overriding the one before: defaults, then
+        ``config_file`` (else the ``RADIXKV_*`` tiers, else DEFAULT_TIERS), then the other
+        ``RADIXKV_*`` variables (they apply either way), then the fields given here."""
         if self.config_file:
             base = StoreConfig.from_yaml(self.config_file)
             data = {f: getattr(base, f) for f in _STORE_FIELDS}
+            data.update(env_overrides(StoreConfig, os.environ))
             data.update(self.store)
             return StoreConfig(**data)
         if "tiers" not in self.store:  # the RADIXKV_* environment, DEFAULT_TIERS unless it names tiers
@@ -122,7 +127,7 @@ class RadixKVOptions:
             data = {f: getattr(base, f) for f in _STORE_FIELDS}
             data.update(self.store)
             return StoreConfig(**data)
-        return StoreConfig.from_dict(self.store)
+        return StoreConfig.from_dict({**env_overrides(StoreConfig, os.environ), **self.store})
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -136,7 +141,7 @@ def tp_replicated(config: Any, pool_name: str) -> bool:
 
 
 def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, plan_tag: str,
-                  layout: str | None = None) -> Namespace:
+                  layout: str | None = None, segments: int = 1) -> Namespace:
     """The storage identity of one host pool's pages (SGLang passes no dtype/layout: sglang#33268).
 
     Shard: MLA KV is replicated across TP, so its pages are shared by all TP ranks (only the PP/CP
@@ -156,4 +161,5 @@ def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, 
         chunk_tokens=page_size,
         shard=shard,
         extra=f"sglang-0.5.23/{pool_name}/{plan_tag}",
+        segments=segments,  # chunks per page (the direct plan stores K and V apart): token metrics
     )

@@ -46,18 +46,27 @@ __all__ = ["WorkerSide", "open_store"]
 logger = logging.getLogger(__name__)
 
 
-def open_store(options: VllmConnectorOptions) -> Any:
-    """The worker's :class:`radixkv.store.HierarchicalStore` for ``options`` (see VllmConnectorOptions)."""
-    from radixkv.config import StoreConfig
+def open_store(options: VllmConnectorOptions, rank: int = 0) -> Any:
+    """The worker's :class:`radixkv.store.HierarchicalStore` for ``options`` (see VllmConnectorOptions):
+    the ``store`` mapping, else ``store_config_file``, each over the non-tier ``RADIXKV_*``
+    variables (the mapping's keys win; the variables override the file), else the ``RADIXKV_*``
+    environment. ``rank`` (the worker's TP/PP rank) moves
+    ``metrics_port`` up so each worker serves its own."""
+    import dataclasses
+    import os
+
+    from radixkv.config import StoreConfig, metrics_port_for_rank
+    from radixkv.config_env import env_overrides
     from radixkv.store import HierarchicalStore
 
     if options.store is not None:
-        cfg = StoreConfig.from_dict(options.store)
+        cfg = StoreConfig.from_dict({**env_overrides(StoreConfig, os.environ), **options.store})
     elif options.store_config_file is not None:
         cfg = StoreConfig.from_yaml(options.store_config_file)
+        cfg = dataclasses.replace(cfg, **env_overrides(StoreConfig, os.environ))
     else:  # the RADIXKV_* environment, with one 4 GiB memory tier unless it names tiers
         cfg = StoreConfig.from_env(default_tiers=[{"url": "mem://", "capacity_bytes": 4 << 30}])
-    return HierarchicalStore(cfg)
+    return HierarchicalStore(metrics_port_for_rank(cfg, rank))
 
 
 @dataclass(slots=True)
@@ -150,7 +159,8 @@ class WorkerSide:
         from radixkv.kernels import LayerPipeline, PagedLayout
 
         if self.store is None:
-            self.store = open_store(self.options)
+            tp_rank, tp_size, pp_rank, _ = self.ranks
+            self.store = open_store(self.options, tp_rank + tp_size * pp_rank)
         self.groups = []
         for g in self.geometries:
             names = [n for n in g.layer_names if n in kv_caches]

@@ -15,6 +15,8 @@ Every option is documented in ``docs/configuration.md``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import os
@@ -232,6 +234,8 @@ class StoreConfig:
     close_timeout_s: float = 30.0
     flush_on_close: bool = True
     metrics: bool = True
+    metrics_port: int = 0
+    metrics_addr: str = "0.0.0.0"
     policy_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -260,6 +264,12 @@ class StoreConfig:
         self.close_timeout_s = _parse_seconds(self.close_timeout_s, "close_timeout_s")
         self.flush_on_close = _parse_bool(self.flush_on_close, "flush_on_close")
         self.metrics = _parse_bool(self.metrics, "metrics")
+        self.metrics_port = _parse_int(self.metrics_port, "metrics_port", 0)
+        if self.metrics_port > 65535:
+            raise ConfigError(f"metrics_port={self.metrics_port} must be a TCP port (1-65535), or 0 for none")
+        if not isinstance(self.metrics_addr, str) or not self.metrics_addr:
+            raise ConfigError(f"metrics_addr={self.metrics_addr!r} must be an address to listen on, "
+                              "e.g. '0.0.0.0' or '127.0.0.1'")
         self.policy_options = _parse_mapping(self.policy_options, "policy_options")
         from radixkv.policies import make_policy
 
@@ -358,3 +368,11 @@ def _assign_names(tiers: list[TierConfig]) -> None:
                 name = f"{base}-{counts[base]}"
             t.name = name
             seen.add(name)
+
+
+def metrics_port_for_rank(config: StoreConfig, rank: int) -> StoreConfig:
+    """``config`` with ``metrics_port`` moved up by the process's rank on its host (engines run one
+    store per TP/PP rank; each serves its metrics on its own port: base, base + 1, ...)."""
+    if not config.metrics_port or not rank:
+        return config
+    return dataclasses.replace(config, metrics_port=config.metrics_port + rank)

@@ -17,7 +17,7 @@ from radixkv.errors import ConfigError
 if TYPE_CHECKING:
     from radixkv.config import StoreConfig
 
-__all__ = ["store_config_from_env"]
+__all__ = ["store_config_from_env", "env_overrides"]
 
 _ENV_PREFIX = "RADIXKV_"
 
@@ -35,10 +35,7 @@ def store_config_from_env(
             TierConfig(t.url, t.capacity_bytes, t.name, t.policy, dict(t.options), t.policy_options)
             for t in base.tiers
         ]
-    for f in fields(cls):
-        key = _ENV_PREFIX + f.name.upper()
-        if f.name != "tiers" and key in env:
-            data[f.name] = env[key]
+    data.update(env_overrides(cls, env))
     tiers = _tiers_from_env(env)
     if tiers is not None:
         data["tiers"] = tiers
@@ -50,6 +47,32 @@ def store_config_from_env(
             "RADIXKV_TIER_CAPACITIES (e.g. '4GiB,100GiB'), or RADIXKV_CONFIG=<yaml file>"
         )
     return cls(**data)
+
+
+def env_overrides(cls: type[StoreConfig], env: Mapping[str, str]) -> dict[str, str]:
+    """The store fields other than ``tiers`` that ``RADIXKV_<FIELD>`` variables set (raw strings; the
+    StoreConfig parses them), for a caller layering them over a config of its own."""
+    out: dict[str, str] = {}
+    for f in fields(cls):
+        key = _ENV_PREFIX + f.name.upper()
+        if f.name != "tiers" and key in env:
+            out[f.name] = env[key]
+    return out
+
+
+def _split_urls(listed: str) -> list[str]:
+    """``RADIXKV_TIERS`` split at its commas, except those inside one URL: a Redis Cluster URL lists
+    its seed nodes with commas (``redis+cluster://h1:7000,h2:7001``); a piece without ``://`` goes
+    on the URL before it."""
+    urls: list[str] = []
+    for piece in (p.strip() for p in listed.split(",")):
+        if not piece:
+            continue
+        if "://" not in piece and urls:
+            urls[-1] += "," + piece
+        else:
+            urls.append(piece)
+    return urls
 
 
 def _tiers_from_env(env: Mapping[str, str]) -> list[TierConfig] | None:
@@ -74,7 +97,7 @@ def _tiers_from_env(env: Mapping[str, str]) -> list[TierConfig] | None:
         raise ConfigError("RADIXKV_TIER_CAPACITIES is set without RADIXKV_TIERS: set RADIXKV_TIERS to the "
                           "tiers' URLs (e.g. 'mem://,file:///var/cache/radixkv'), one capacity each")
     if listed is not None:
-        urls = [u.strip() for u in listed.split(",") if u.strip()]
+        urls = _split_urls(listed)
         caps_raw = env.get(_ENV_PREFIX + "TIER_CAPACITIES", "")
         caps = [c.strip() for c in caps_raw.split(",")] if caps_raw.strip() else []
         if caps and len(caps) != len(urls):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from radixkv.errors import ConfigError, InputError
@@ -177,6 +177,11 @@ class Namespace:
     chunk_tokens: int
     shard: str = "tp0of1"
     extra: str = ""
+    # How many chunks together hold the KV of ``chunk_tokens`` tokens: 1, or 2 where an engine stores
+    # a page's K and V as two chunks (SGLang's direct plan). Only token counts in metrics use it
+    # (tokens = chunks * chunk_tokens / segments); not part of the identity (the layout and extra
+    # already tell such namespaces apart).
+    segments: int = field(default=1, compare=False)
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -188,6 +193,8 @@ class Namespace:
             )
         if not isinstance(self.chunk_tokens, int) or self.chunk_tokens <= 0:
             raise ConfigError(f"Namespace.chunk_tokens={self.chunk_tokens!r} must be a positive integer")
+        if not isinstance(self.segments, int) or self.segments <= 0:
+            raise ConfigError(f"Namespace.segments={self.segments!r} must be a positive integer")
         for name in ("model", "layout", "shard", "extra"):
             if "\x00" in getattr(self, name):
                 raise ConfigError(f"Namespace.{name} must not contain NUL bytes")
@@ -209,6 +216,10 @@ class Namespace:
     def digest(self) -> str:
         """32-hex-character identity of this namespace, stable across processes and machines."""
         return hashlib.sha256(self.canonical()).hexdigest()[:32]
+
+    def tokens_in(self, chunks: int) -> int:
+        """Tokens whose KV ``chunks`` chunks of this namespace hold (for metrics)."""
+        return chunks * self.chunk_tokens // self.segments
 
     def __str__(self) -> str:
         return (

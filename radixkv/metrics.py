@@ -12,6 +12,7 @@ read from each tier's :class:`~radixkv.tiers.base.TierStats` at scrape time by a
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -24,6 +25,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from radixkv.tiers.base import capacity_limit
 
 __all__ = ["StoreMetrics"]
+
+logger = logging.getLogger(__name__)
 
 # Latency buckets from 50 us (memory copies) to 10 s (a slow remote store).
 _LATENCY_BUCKETS_S = (
@@ -60,17 +63,23 @@ class _TierStatsCollector:
 
     def _families(self, tiers: Sequence[object] = ()) -> Iterator[object]:
         checks = CounterMetricFamily(
-            "radixkv_tier_checksum_failures",
-            "Payloads whose checksum or header did not verify",
+            "radixkv_tier_checksum_failed_chunks",
+            "Chunks whose checksum or header did not verify when read",
             labels=["tier"],
         )
         errors = CounterMetricFamily(
             "radixkv_tier_errors",
-            "Medium errors of a tier (server down, I/O errors)",
+            "Medium errors of a tier (server down, I/O errors), in errors",
             labels=["tier"],
         )
         usage = GaugeMetricFamily(
-            "radixkv_tier_usage_bytes", "Bytes the tier holds", labels=["tier"]
+            "radixkv_tier_usage_bytes", "Bytes of the chunks the tier holds (and puts in flight)",
+            labels=["tier"],
+        )
+        spare = GaugeMetricFamily(
+            "radixkv_tier_spare_bytes",
+            "Bytes of removed files a disk tier keeps to recycle (they count in its capacity)",
+            labels=["tier"],
         )
         cap = GaugeMetricFamily(
             "radixkv_tier_capacity_bytes", "Capacity of the tier (0 = unbounded)", labels=["tier"]
@@ -82,10 +91,12 @@ class _TierStatsCollector:
                 checks.add_metric([name], st.checksum_failures)
                 errors.add_metric([name], st.errors)
                 usage.add_metric([name], tier.usage_bytes())  # type: ignore[attr-defined]
+                if "spare_bytes" in st.extra:
+                    spare.add_metric([name], st.extra["spare_bytes"])
             except Exception:  # a closed or failing tier must not break the scrape
                 continue
             cap.add_metric([name], capacity_limit(tier))
-        yield from (checks, errors, usage, cap)
+        yield from (checks, errors, usage, spare, cap)
 
 
 class StoreMetrics:
@@ -109,7 +120,7 @@ class StoreMetrics:
         self._p_hit_chunks = Counter("radixkv_hit_chunks", "Chunks read from a tier", t, registry=r)
         self._p_miss_chunks = Counter(
             "radixkv_miss_chunks",
-            "Chunks asked for and not served (tier: where the run stopped)",
+            "Chunks asked for and not served by the tier (cascading: a chunk served by a slower tier, or by none, is a miss in every faster one)",
             t,
             registry=r,
         )
@@ -120,16 +131,27 @@ class StoreMetrics:
             "radixkv_miss_tokens", "Tokens in chunks not served", t, registry=r
         )
         self._p_bytes_in = Counter(
-            "radixkv_bytes_in", "Payload bytes written into a tier", t, registry=r
+            "radixkv_written_bytes", "Payload bytes written into a tier", t, registry=r
         )
         self._p_bytes_out = Counter(
-            "radixkv_bytes_out", "Payload bytes read out of a tier", t, registry=r
+            "radixkv_read_bytes", "Payload bytes read out of a tier", t, registry=r
         )
         self._p_evictions = Counter(
-            "radixkv_evictions", "Chunks evicted from a tier", ["tier", "action"], registry=r
+            "radixkv_evicted_chunks", "Chunks evicted from a tier", ["tier", "action"], registry=r
         )
         self._p_promotions = Counter(
-            "radixkv_promotions", "Chunks promoted into a tier", t, registry=r
+            "radixkv_promoted_chunks", "Chunks promoted into a tier", t, registry=r
+        )
+        self._p_lookup_chunks = Counter(
+            "radixkv_lookup_chunks",
+            "Chunks asked for by lookups (engines' existence checks), by result: hit (held by some "
+            "tier, in the leading run) or miss",
+            ["result"],
+            registry=r,
+        )
+        self._p_lookup_tokens = Counter(
+            "radixkv_lookup_tokens", "Tokens in the chunks asked for by lookups, by result", ["result"],
+            registry=r,
         )
         self._p_adopted = Counter(
             "radixkv_adopted_chunks",
@@ -138,27 +160,27 @@ class StoreMetrics:
             registry=r,
         )
         self._p_read_failures = Counter(
-            "radixkv_read_failures",
+            "radixkv_read_failed_chunks",
             "Reads where the tree said present and the tier could not deliver",
             t,
             registry=r,
         )
         self._p_write_failures = Counter(
-            "radixkv_write_failures", "Chunks a tier refused to store", t, registry=r
+            "radixkv_write_failed_chunks", "Chunks a tier refused to store", t, registry=r
         )
         self._p_orphans = Counter(
-            "radixkv_orphan_drops",
+            "radixkv_orphan_dropped_chunks",
             "Chunks dropped because their prefix became unrecoverable",
             registry=r,
         )
         self._p_dropped_jobs = Counter(
             "radixkv_dropped_jobs",
-            "Background jobs skipped (queue full or cancelled)",
+            "Background jobs skipped, in jobs (promotions on a full queue)",
             ["queue"],
             registry=r,
         )
         self._p_queue = Gauge(
-            "radixkv_queue_depth", "Background jobs waiting", ["queue"], registry=r
+            "radixkv_queue_depth_jobs", "Background jobs waiting", ["queue"], registry=r
         )
         self._p_latency = Histogram(
             "radixkv_latency_seconds",
@@ -194,6 +216,18 @@ class StoreMetrics:
         if self.registry is not None:
             self._p_miss_chunks.labels(tier).inc(chunks)
             self._p_miss_tokens.labels(tier).inc(tokens)
+
+    def lookups(self, hit_chunks: int, miss_chunks: int, hit_tokens: int, miss_tokens: int) -> None:
+        """One lookup (an engine's existence check): the leading run held by some tier, and the rest."""
+        self._add("lookup_hit_chunks", hit_chunks)
+        self._add("lookup_miss_chunks", miss_chunks)
+        self._add("lookup_hit_tokens", hit_tokens)
+        self._add("lookup_miss_tokens", miss_tokens)
+        if self.registry is not None:
+            self._p_lookup_chunks.labels("hit").inc(hit_chunks)
+            self._p_lookup_chunks.labels("miss").inc(miss_chunks)
+            self._p_lookup_tokens.labels("hit").inc(hit_tokens)
+            self._p_lookup_tokens.labels("miss").inc(miss_tokens)
 
     def written(self, tier: str, chunks: int, nbytes: int) -> None:
         if chunks <= 0:
@@ -257,6 +291,33 @@ class StoreMetrics:
         self._add(key, n)
         if self.registry is not None:
             getattr(self, attr).labels(tier).inc(n)
+
+    # ------------------------------------------------------------------ serving
+    def serve(self, port: int, addr: str = "0.0.0.0") -> object | None:
+        """Serve the registry over HTTP for Prometheus (``port`` 0: not served). A port in use is a
+        logged warning, not an error: metrics must never stop the cache. Returns a handle for
+        :meth:`stop_serving`."""
+        if not port or self.registry is None:
+            return None
+        from prometheus_client import start_http_server
+
+        try:
+            server, thread = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as e:
+            logger.warning("radixkv: cannot serve metrics on %s:%d (%s); they stay in stats() and "
+                           "store.metrics.registry", addr, port, e)
+            return None
+        logger.info("radixkv: Prometheus metrics on http://%s:%d/metrics", addr, port)
+        return (server, thread)
+
+    @staticmethod
+    def stop_serving(handle: object | None) -> None:
+        if handle is None:
+            return
+        server, thread = handle  # type: ignore[misc]
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
 
     # ------------------------------------------------------------------ reading
     def snapshot(self) -> dict[str, int]:

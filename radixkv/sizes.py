@@ -7,7 +7,9 @@ and ``K M G T`` (powers of 1000), case-insensitive, or none (bytes).
 
 from __future__ import annotations
 
+import math
 import re
+from fractions import Fraction
 from typing import Any
 
 from radixkv.errors import ConfigError
@@ -40,10 +42,10 @@ def parse_bytes(value: Any, what: str = "size") -> int:
                 f"{what}={value!r} is not a size: write bytes (1048576) or a number with a unit: "
                 "KiB MiB GiB TiB (1024-based), KB MB GB TB or K M G T (1000-based), e.g. 8GiB"
             )
-        x = float(m.group(1)) * _UNITS[unit]
-        if x != int(x):
+        x = Fraction(m.group(1)) * _UNITS[unit]  # exact: 1.001KB is 1001 bytes, not 1000.9999...
+        if x.denominator != 1:
             raise ConfigError(f"{what}={value!r} is not a whole number of bytes; round it, e.g. "
-                              f"{int(x)} or {int(x) + 1}")
+                              f"{math.floor(x)} or {math.ceil(x)}")
         n = int(x)
     else:
         raise ConfigError(f"{what}={value!r} is not a size: give bytes as an integer or a string like '8GiB'")

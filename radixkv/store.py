@@ -154,6 +154,7 @@ class HierarchicalStore:
         self._promoter = jobs.Promoter(self._stack, self._writer, config.promote_after_hits)
         for q in ("write", "prefetch"):
             self.metrics.queue_depth(q, 0)
+        self._metrics_server = self.metrics.serve(config.metrics_port, config.metrics_addr)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -280,17 +281,35 @@ class HierarchicalStore:
         parent_key: str | None = None,
         chunk_bytes: int | None = None,
         probe: bool | None = None,
+        record: bool = True,
     ) -> int:
         """Leading run of ``keys`` present in any tier: one tree lookup (recency untouched), then, if
         it ends early and probing is on, the adoption of what the disk/Redis tiers hold
         (:meth:`adopt`; ``parent_key`` and ``chunk_bytes`` as there). ``probe`` overrides
-        ``config.probe_tiers`` for this call."""
+        ``config.probe_tiers`` for this call. The result counts in the lookup metrics (hit: the
+        run, miss: the rest) unless ``record`` is False (see :meth:`record_lookup`)."""
         self._check_open()
         nsd = self._check_chain(ns, keys, parent_key)
         if self.config.probe_tiers if probe is None else probe:
-            return adoption.adopt(self, ns, nsd, keys, parent_key, chunk_bytes)[0]
-        with self._stack.cond:
-            return self._stack.tree.match(nsd, keys, touch=False).hit_chunks
+            n = adoption.adopt(self, ns, nsd, keys, parent_key, chunk_bytes)[0]
+        else:
+            with self._stack.cond:
+                n = self._stack.tree.match(nsd, keys, touch=False).hit_chunks
+        if record:
+            self.record_lookup(ns, n, len(keys))
+        return n
+
+    def record_lookup(self, ns: Namespace, hit_chunks: int, asked_chunks: int) -> None:
+        """Count one lookup in the metrics, for a caller that composes it of several
+        ``lookup(..., record=False)`` calls (a run continued across calls)."""
+        miss = max(0, asked_chunks - hit_chunks)
+        self.metrics.lookups(hit_chunks, miss, ns.tokens_in(hit_chunks), ns.tokens_in(miss))
+
+    def record_misses(self, ns: Namespace, chunks: int) -> None:
+        """Count ``chunks`` asked for and read by no tier (a miss in every tier), for a caller that
+        continues a read across ``get(..., count_misses=False)`` calls."""
+        for name in self._stack.names:
+            self.metrics.misses(name, chunks, ns.tokens_in(chunks))
 
     def adopt(
         self,
@@ -320,13 +339,16 @@ class HierarchicalStore:
         keys: Sequence[str],
         buffers: Sequence[torch.Tensor],
         parent_key: str | None = None,
+        count_misses: bool = True,
     ) -> int:
         """Fill ``buffers[:n]`` with the verified bytes of the leading run of ``keys`` any tier can
         deliver; returns ``n``. ``buffers[n:]`` hold unspecified bytes. Chunks the tree does not
-        know are adopted first when probing is on (``parent_key`` as in :meth:`adopt`)."""
+        know are adopted first when probing is on (``parent_key`` as in :meth:`adopt`). With
+        ``count_misses`` False the unread rest is not counted as misses (the caller continues the
+        run and counts what stays unread with :meth:`record_misses`)."""
         self._check_open()
         refs, masks, owner = self._match_and_pin(ns, keys, buffers, parent_key)
-        return self._read(ns, refs, masks, owner, buffers, None)
+        return self._read(ns, refs, masks, owner, buffers, None, count_misses)
 
     def prefetch(
         self,
@@ -385,6 +407,7 @@ class HierarchicalStore:
         owner: str,
         buffers: Sequence[torch.Tensor],
         job: Job[int] | None,
+        count_misses: bool = True,
     ) -> int:
         s = self._stack
         try:
@@ -393,7 +416,7 @@ class HierarchicalStore:
                 n, served = s.read_run(refs, masks, buffers, cancelled)
             if job is not None and job.cancel_requested:
                 return 0
-            jobs.account(s, ns, refs, served, n, len(buffers))
+            jobs.account(s, ns, refs, served, n, len(buffers) if count_misses else n)
             if self.config.promote_on_hit and len(s.tiers) > 1:
                 self._promoter.promote(refs[:n], served[:n], buffers)
             return n
@@ -472,6 +495,7 @@ class HierarchicalStore:
         self._writer.close(flush=flush, timeout_s=timeout)
         if self.config.write_policy == "write_back" and len(self._stack.tiers) > 1:
             self._persist_write_back(flush, time.monotonic() + timeout)
+        self.metrics.stop_serving(self._metrics_server)
         for tier in self._stack.tiers:
             try:
                 tier.close()

@@ -55,9 +55,9 @@ def account(
     missing = asked
     for t, c in enumerate(per_tier):
         name = stack.names[t]
-        stack.metrics.hits(name, c, c * ns.chunk_tokens, c * size)
+        stack.metrics.hits(name, c, ns.tokens_in(c), c * size)
         missing -= c
-        stack.metrics.misses(name, missing, missing * ns.chunk_tokens)
+        stack.metrics.misses(name, missing, ns.tokens_in(missing))
 
 
 class Promoter:

@@ -36,7 +36,9 @@ skipped, not deleted (they may belong to another format version).
 from __future__ import annotations
 
 import collections
+import math
 import os
+import stat
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -119,6 +121,9 @@ class DiskTier:
         self._usage = 0
         self._reserved = 0
         self._ns_payload_bytes: dict[str, int] = {}
+        # Namespaces whose payload size only the start-up scan saw (files of an earlier process): a
+        # put of another size replaces it, a get of another size is a miss, never an error.
+        self._scanned_sizes: set[str] = set()
         self._ns_dirs: set[str] = set()  # namespaces whose 256 directories were made
         self._evicted: collections.deque[tuple[str, str]] = collections.deque(maxlen=1 << 16)
         # Recycled files; their bytes count in the capacity (usage + reserved + spares.bytes).
@@ -145,6 +150,10 @@ class DiskTier:
         views = [memoryview(byte_tensor(p, "payloads", i).numpy()) for i, p in enumerate(payloads)]
         with self._lock:
             self._check_open()
+            if views and namespace in self._scanned_sizes:
+                self._scanned_sizes.discard(namespace)  # this process's puts fix the size now
+                if self._ns_payload_bytes.get(namespace) != views[0].nbytes:
+                    del self._ns_payload_bytes[namespace]  # old files of the other size read as misses
             first_put = views and namespace not in self._ns_payload_bytes
             if first_put:
                 self._ns_payload_bytes[namespace] = views[0].nbytes
@@ -181,6 +190,8 @@ class DiskTier:
         with self._lock:
             self._check_open()
             fixed = self._ns_payload_bytes.get(namespace)
+            if namespace in self._scanned_sizes:
+                fixed = None  # a size only old files had: another size reads them as misses
         for i, v in enumerate(views):
             if fixed is not None and v.nbytes != fixed:
                 raise InputError(
@@ -245,8 +256,10 @@ class DiskTier:
                     self._keep_undeleted_locked((ns, key), frame)
             if namespace is None:
                 self._ns_payload_bytes.clear()
+                self._scanned_sizes.clear()
             else:
                 self._ns_payload_bytes.pop(namespace, None)
+                self._scanned_sizes.discard(namespace)
 
     def drain_evicted(self) -> list[tuple[str, str]]:
         """(namespace, key) of chunks this tier evicted on its own since the last call (bounded)."""
@@ -256,7 +269,8 @@ class DiskTier:
             return out
 
     def usage_bytes(self) -> int:
-        """Frame bytes (header + payload) of indexed files plus puts in flight."""
+        """Frame bytes (header + payload) of indexed files plus puts in flight. Recycled spare files
+        (which count in the capacity too) are ``stats().extra["spare_bytes"]``."""
         with self._lock:
             return self._usage + self._reserved
 
@@ -417,12 +431,17 @@ class DiskTier:
             return False
         path = self._layout.path(ns, key)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO put at a chunk's path must not block the read (a miss instead).
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:
             if indexed:
                 self._forget(ident)
             return False
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                if indexed:
+                    self._forget(ident)  # no longer our file: a miss from now on
+                return False
             verdict = self._read_verified(fd, ns, key, out)
             if verdict == "corrupt":
                 self._quarantine(fd, path, ident)
@@ -459,17 +478,21 @@ class DiskTier:
         return verdict
 
     def _quarantine(self, fd: int, path: str, ident: tuple[str, str]) -> None:
+        """Drop a file that failed verification, if it is still the one at ``path``. A file replaced
+        meanwhile (the one we opened was recycled for another chunk, and the key was written again)
+        is a new, valid file: the read was a miss, the index keeps it."""
         with self._lock:
+            try:
+                st_path, st_fd = os.stat(path), os.fstat(fd)
+            except OSError:
+                return  # deleted meanwhile: whoever deleted it updated the index
+            if (st_path.st_dev, st_path.st_ino) != (st_fd.st_dev, st_fd.st_ino):
+                return
             self._stats.checksum_failures += 1
             frame = self._index.pop(ident, None)
             if frame is not None:
                 self._usage -= frame
-            try:  # remove only the file we read: a concurrent writer may have replaced it meanwhile
-                st_path, st_fd = os.stat(path), os.fstat(fd)
-                if (st_path.st_dev, st_path.st_ino) == (st_fd.st_dev, st_fd.st_ino):
-                    os.unlink(path)
-            except OSError:
-                pass
+            unlink_quietly(path)
 
     def _forget(self, ident: tuple[str, str]) -> None:
         with self._lock:
@@ -559,11 +582,16 @@ class DiskTier:
 
     def _scan(self) -> None:
         """Rebuild the index from the files' headers (payload checksums are verified on read)."""
-        self._stats.extra["temp_removed"] += self._layout.remove_stale_temps(self.config.stale_temp_s)
+        # A directory this process owns alone (not shared) has no live writer yet: every temp file is
+        # a killed writer's, whatever its age. A shared one may have live writers: only old temps go.
+        stale_s = self.config.stale_temp_s if self.config.shared else -math.inf
+        self._stats.extra["temp_removed"] += self._layout.remove_stale_temps(stale_s)
         found: list[tuple[float, tuple[str, str], int]] = []
         for ns, key, path in self._layout.walk(None):
             entry = self._layout.read_entry(ns, key, path)
             # Every chunk of a namespace has one payload size (the first file found sets it).
+            if entry is not None and ns not in self._ns_payload_bytes:
+                self._scanned_sizes.add(ns)
             if entry is None or self._ns_payload_bytes.setdefault(ns, entry[2]) != entry[2]:
                 self._stats.extra["scan_skipped"] += 1
                 if not self.config.shared:

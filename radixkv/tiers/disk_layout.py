@@ -15,6 +15,7 @@ import errno
 import logging
 import os
 import secrets
+import stat
 import threading
 import time
 from typing import Iterator
@@ -165,11 +166,14 @@ class DiskLayout:
         if not KEY_RE.fullmatch(key) or path != self.path(ns, key):
             return None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO named like a chunk must not hang the start-up scan.
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:
             return None
         try:
             st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None
             header = decode_header(os.pread(fd, HEADER_BYTES + len(ns) + len(key), 0))
         except OSError:
             return None

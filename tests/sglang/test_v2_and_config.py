@@ -86,6 +86,47 @@ def test_config_file_and_defaults(tmp_path, monkeypatch):
         e.close()
 
 
+def test_environment_applies_under_explicit_tiers_and_config_files(tmp_path, monkeypatch):
+    # Found by a review: RADIXKV_* variables were silently ignored once the extra config named
+    # tiers or a config file, though docs/sglang.md says they apply either way.
+    monkeypatch.setenv("RADIXKV_POLICY", "lfu")
+    monkeypatch.setenv("RADIXKV_WRITE_POLICY", "write_back")
+    s = RadixKVStore(_config(extra_config([mem_tier()])), {})
+    try:
+        assert s.store.config.policy == "lfu" and s.store.config.write_policy == "write_back"
+    finally:
+        s.close()
+    y = tmp_path / "radixkv.yaml"
+    y.write_text("tiers:\n  - url: mem://\n    capacity: 8MiB\npolicy: lru\n")
+    f = RadixKVStore(_config({"config_file": str(y), "write_policy": "write_through"}), {})
+    try:  # file < environment < the extra config's own keys
+        assert f.store.config.policy == "lfu" and f.store.config.write_policy == "write_through"
+    finally:
+        f.close()
+
+
+def test_lookup_metrics_and_tokens_count_pages_once():
+    # Found by a review: through the adapter no miss was ever counted (SGLang reads only what
+    # batch_exists found), and the direct plan (K and V of a page as two chunks) doubled hit_tokens.
+    spec = PoolSpec(layout="page_first", page_size=4, host_tokens=256, device_tokens=64)
+    h = ControllerHarness(spec, extra_config=extra_config([mem_tier()]))
+    try:
+        be = unwrap(h.backend)
+        toks = tokens(8 * 4, seed=1)
+        idx = h.alloc(len(toks))
+        h.fill_random(idx, 3)
+        h.backup(toks, idx)
+        be.store.flush()
+        assert h.prefetch(toks).loaded_tokens == 32
+        h.prefetch(tokens(16, seed=99))  # 4 pages nobody stored
+        st = be.store.stats()["store"]
+        assert be._binding("kv").plan.chunks_per_page() == 2  # the direct plan: K and V apart
+        assert st["mem.hit_tokens"] == 32, st  # 8 pages of 4 tokens, not 64
+        assert st["lookup_miss_tokens"] >= 16 and st["lookup_hit_tokens"] >= 32, st
+    finally:
+        h.close()
+
+
 def test_v2_kv_plus_trailing_sidecar_pool():
     spec = PoolSpec(layout="page_first", page_size=4, host_tokens=256)
     h = ControllerHarness(spec, extra_config=extra_config([mem_tier()]))

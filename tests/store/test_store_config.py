@@ -152,6 +152,29 @@ class TestLoaders:
         with pytest.raises(ConfigError, match="whole number of bytes"):
             parse_bytes("1.0001KiB", "x")
 
+    def test_parse_bytes_is_exact_for_decimals(self):
+        # Found by a review: float arithmetic refused exact sizes ("1.001KB is not a whole number of
+        # bytes; round it, e.g. 1000 or 1001") and suggested wrong roundings.
+        assert parse_bytes("1.001KB") == 1001 and parse_bytes("1.015MB") == 1_015_000
+        assert all(parse_bytes(f"{i / 1000:.3f}KB") == i for i in range(1, 5000))
+        with pytest.raises(ConfigError, match=r"round it, e.g. 1 or 2"):
+            parse_bytes("1.5B")
+
+    def test_env_tiers_keep_a_cluster_url_with_seed_commas(self):
+        env = {
+            "RADIXKV_TIERS": "mem://, redis+cluster://h1:7000,h2:7001,h3:7002/0",
+            "RADIXKV_TIER_CAPACITIES": "1GiB,0",
+        }
+        cfg = StoreConfig.from_env(env)
+        assert [t.url for t in cfg.tiers] == ["mem://", "redis+cluster://h1:7000,h2:7001,h3:7002/0"]
+
+    def test_metrics_port_is_checked(self):
+        for bad in (-1, 70000, "x"):
+            with pytest.raises(ConfigError, match="metrics_port"):
+                StoreConfig(tiers=["mem://?capacity=1M"], metrics_port=bad)
+        assert StoreConfig.from_env({"RADIXKV_TIERS": "mem://", "RADIXKV_TIER_CAPACITIES": "1M",
+                                     "RADIXKV_METRICS_PORT": "9400"}).metrics_port == 9400
+
     def test_every_size_the_config_takes_opens_a_store(self, tmp_path):
         # The tier registry once had its own size parser without K/M/G/T: a config that validated
         # then failed to open ("capacity_bytes='1M' is not a size").

@@ -3,6 +3,7 @@ hit/miss counts, tier counters (checksum failures, usage) read at scrape time.""
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -34,11 +35,13 @@ def test_per_store_registry_and_names(make_store):
     assert sa[("radixkv_hit_tokens_total", (("tier", "disk"),))] == 2 * CHUNK_TOKENS
     assert sa[("radixkv_miss_chunks_total", (("tier", "mem"),))] == 3  # cascading: all 3 missed mem
     assert sa[("radixkv_miss_chunks_total", (("tier", "disk"),))] == 1
-    assert sa[("radixkv_evictions_total", (("action", "demote"), ("tier", "mem")))] >= 2
+    assert sa[("radixkv_evicted_chunks_total", (("action", "demote"), ("tier", "mem")))] >= 2
     assert sa[("radixkv_tier_capacity_bytes", (("tier", "mem"),))] == a.tiers[0].capacity_bytes
-    assert ("radixkv_tier_checksum_failures_total", (("tier", "disk"),)) in sa
+    assert ("radixkv_tier_spare_bytes", (("tier", "disk"),)) in sa  # recycled files: on disk, not chunks
+    assert ("radixkv_tier_spare_bytes", (("tier", "mem"),)) not in sa
+    assert ("radixkv_tier_checksum_failed_chunks_total", (("tier", "disk"),)) in sa
     assert sa[("radixkv_latency_seconds_count", (("op", "get"), ("tier", "")))] == 1
-    assert ("radixkv_queue_depth", (("queue", "write"),)) in sa
+    assert ("radixkv_queue_depth_jobs", (("queue", "write"),)) in sa
     assert (
         "radixkv_hit_chunks_total",
         (("tier", "disk"),),
@@ -47,6 +50,43 @@ def test_per_store_registry_and_names(make_store):
         m for m in REGISTRY.collect() if m.name.startswith("radixkv_")
     ]  # global registry untouched
     a.check_integrity()
+
+
+def test_lookups_count_hits_and_misses(make_store):
+    # Engines check existence before they read (SGLang's batch_exists, vLLM's lookup): without
+    # lookup counters the hit ratio of a deployment was invisible (reads only ask for what exists).
+    store = make_store("mem")
+    ns = new_namespace()
+    _, keys = chain(3, 4)
+    store.put(ns, keys[:3], [payload_for(k) for k in keys[:3]])
+    assert store.lookup(ns, keys) == 3
+    assert store.lookup(ns, keys, record=False) == 3  # a caller composing a lookup counts it once
+    store.record_lookup(ns, 2, 4)
+    sa = samples(store)
+    assert sa[("radixkv_lookup_chunks_total", (("result", "hit"),))] == 5
+    assert sa[("radixkv_lookup_chunks_total", (("result", "miss"),))] == 3
+    assert sa[("radixkv_lookup_tokens_total", (("result", "miss"),))] == 3 * CHUNK_TOKENS
+    st = store.stats()["store"]
+    assert st["lookup_hit_chunks"] == 5 and st["lookup_miss_tokens"] == 3 * CHUNK_TOKENS
+
+
+def test_reads_continued_across_calls_count_each_miss_once(make_store):
+    store = make_store("mem")
+    ns = new_namespace()
+    _, keys = chain(4, 3)
+    store.put(ns, keys[:1], [payload_for(keys[0])])
+    assert store.get(ns, keys, buffers(3), count_misses=False) == 1
+    assert store.stats()["store"].get("mem.miss_chunks", 0) == 0
+    store.record_misses(ns, 2)
+    assert store.stats()["store"]["mem.miss_chunks"] == 2
+
+
+def test_every_metric_name_carries_its_unit(make_store):
+    # docs/design.md: names carry units (chunks, tokens, bytes, jobs, errors, seconds).
+    store = make_store("mem-disk")
+    names = {m.name for m in store.metrics.registry.collect()}
+    units = ("_chunks", "_tokens", "_bytes", "_jobs", "_errors", "_seconds")
+    assert names and all(n.endswith(units) for n in names), sorted(n for n in names if not n.endswith(units))
 
 
 def test_metrics_off_keeps_plain_stats(make_store):
@@ -69,3 +109,36 @@ def test_unbounded_redis_tier_reports_capacity_zero(redis_url):
         assert store.stats()["tiers"]["redis"]["capacity_bytes"] == 0
         assert samples(store)[("radixkv_tier_capacity_bytes", (("tier", "redis"),))] == 0
         assert store.stats()["tiers"]["mem"]["capacity_bytes"] == 1 << 20
+
+
+def test_metrics_are_served_over_http_and_stop_with_the_store(make_store):
+    import socket
+    import urllib.request
+
+    with socket.socket() as sk:  # a free port
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    store = make_store("mem", metrics_port=port, metrics_addr="127.0.0.1")
+    ns = new_namespace()
+    _, keys = chain(5, 2)
+    store.put(ns, keys, [payload_for(k) for k in keys])
+    store.lookup(ns, keys)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'radixkv_lookup_chunks_total{result="hit"} 2.0' in body
+    store.close()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_a_metrics_port_in_use_is_a_warning_not_an_error(make_store, caplog):
+    import socket
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        sk.listen()
+        port = sk.getsockname()[1]
+        store = make_store("mem", metrics_port=port, metrics_addr="127.0.0.1")
+        assert "cannot serve metrics" in caplog.text
+        ns = new_namespace()
+        _, keys = chain(6, 1)
+        assert store.put(ns, keys, [payload_for(keys[0])]) == [True]

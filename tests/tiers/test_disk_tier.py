@@ -188,6 +188,33 @@ class TestCorruption:
         assert tier.contains_many(NS, ["a", "b"]) == 0
 
 
+class TestRecyclingRace:
+    def test_a_read_racing_recycling_keeps_the_keys_new_file(self, root, monkeypatch):
+        # Found by a review: a get that opened K's file just before it was recycled for J (and K
+        # was written again) saw J's header, and the quarantine unindexed K's new, valid file.
+        t = DiskTier(root=root, capacity_bytes=1 << 20, io_threads=1, recycle=True)
+        assert t.put_many(NS, ["K"], [pl(1)]) == [True]
+        real = disk_mod.read_frame
+        fired: list[int] = []
+
+        def racing(fd, ns, key, out):
+            if not fired:
+                fired.append(1)
+                t.delete_many(NS, ["K"])  # K's file becomes a spare...
+                t.put_many(NS, ["J"], [pl(2)])  # ...J is written into it...
+                t.put_many(NS, ["K"], [pl(3)])  # ...and K is written again, to a new file
+            return real(fd, ns, key, out)
+
+        monkeypatch.setattr(disk_mod, "read_frame", racing)
+        assert t.get_many(NS, ["K"], [buf()]) == [False]  # the racing read is a miss
+        monkeypatch.setattr(disk_mod, "read_frame", real)
+        out = buf()
+        assert t.get_many(NS, ["K"], [out]) == [True] and torch.equal(out, pl(3))
+        assert t.stats().checksum_failures == 0
+        t.check_integrity()
+        t.close()
+
+
 class TestRestart:
     def test_index_rebuilt_by_scan(self, root):
         """A new tier on the same directory sees the old chunks; bad files and stale temps are removed."""
@@ -203,18 +230,78 @@ class TestRestart:
         for p in (stale, fresh):
             open(p, "wb").write(b"partial")
         os.utime(stale, (time.time() - 3600, time.time() - 3600))
+        shared = DiskTier(root=root, capacity_bytes=1 << 20, shared=True)
+        # shared: another process may be writing the young temp file right now
+        assert not os.path.exists(stale) and os.path.exists(fresh)
+        assert shared.stats().extra["temp_removed"] == 1
+        shared.close()
         t2 = DiskTier(root=root, capacity_bytes=1 << 20)
+        assert not os.path.exists(fresh)  # not shared: no writer but this process's can exist
         assert t2.contains_many(NS, keys) == 4
         assert t2.usage_bytes() == usage - frame_bytes("k4")
         st = t2.stats().extra
         assert (st["scan_indexed"], st["scan_skipped"], st["temp_removed"]) == (4, 1, 1)
-        assert not os.path.exists(stale) and os.path.exists(fresh)
         out = [buf() for _ in range(4)]
         assert t2.get_many(NS, keys[:4], out) == [True] * 4
         assert all(torch.equal(o, pl(i)) for i, o in enumerate(out))
-        with pytest.raises(InputError, match="8192"):  # namespace size recovered from headers
-            t2.put_many(NS, ["z"], [pl(9, 4 * KiB)])
         t2.check_integrity()
+        t2.close()
+
+    def test_a_killed_writers_temp_files_go_at_the_next_start(self, root):
+        # Found by a review: a writer killed mid-put leaves its temp file; a restart within
+        # stale_temp_s kept it, unindexed and uncounted, for the whole life of the new process.
+        t = DiskTier(root=root, capacity_bytes=1 << 20)
+        t.put_many(NS, ["k0"], [pl(0)])
+        t.close()
+        d = os.path.dirname(t._layout.path(NS, "k0"))
+        young = os.path.join(d, ".k0.999.1.abc.tmp")
+        open(young, "wb").write(b"partial")
+        t2 = DiskTier(root=root, capacity_bytes=1 << 20)  # not shared: no other writer exists
+        assert not os.path.exists(young) and t2.stats().extra["temp_removed"] == 1
+        t2.check_integrity()
+        t2.close()
+
+    def test_a_size_only_old_files_had_is_replaced_not_an_error(self, root):
+        # Found by a review: the scan fixed the namespace's chunk size from an earlier process's
+        # files, so a get of another size raised into the store instead of missing, and
+        # write-through copies of the new size failed silently.
+        t = DiskTier(root=root, capacity_bytes=1 << 20)
+        t.put_many(NS, ["a", "b"], [pl(1), pl(2)])
+        t.close()
+        t2 = DiskTier(root=root, capacity_bytes=1 << 20)
+        small = [buf(4 * KiB), buf(4 * KiB)]
+        assert t2.get_many(NS, ["a", "b"], small) == [False, False]  # a miss, not an InputError
+        assert t2.stats().extra["size_mismatches"] == 2
+        assert t2.put_many(NS, ["c"], [pl(3, 4 * KiB)]) == [True]  # this process's size wins
+        out = buf(4 * KiB)
+        assert t2.get_many(NS, ["c"], [out]) == [True] and torch.equal(out, pl(3, 4 * KiB))
+        with pytest.raises(InputError, match="4096"):  # from now on the size is fixed
+            t2.put_many(NS, ["d"], [pl(4)])
+        assert t2.get_many(NS, ["a"], [buf(4 * KiB)]) == [False]
+        t2.check_integrity()
+        t2.close()
+
+    def test_a_fifo_named_like_a_chunk_neither_hangs_the_scan_nor_a_read(self, root):
+        import threading
+
+        t = DiskTier(root=root, capacity_bytes=1 << 20, shared=True)
+        t.put_many(NS, ["k0"], [pl(0)])
+        t.close()
+        path = t._layout.path(NS, "fifo")
+        os.mkfifo(path)
+        made: list[DiskTier] = []
+        th = threading.Thread(target=lambda: made.append(DiskTier(root=root, capacity_bytes=1 << 20, shared=True)),
+                              daemon=True)
+        th.start()
+        th.join(10)
+        assert made, "the start-up scan hung on a FIFO"
+        t2 = made[0]
+        got: list[list[bool]] = []
+        th = threading.Thread(target=lambda: got.append(t2.get_many(NS, ["fifo"], [buf()])), daemon=True)
+        th.start()
+        th.join(10)
+        assert got == [[False]], "a shared tier's read hung on a FIFO"
+        assert t2.contains_many(NS, ["k0"]) == 1
         t2.close()
 
     def test_scan_over_capacity_evicts_oldest(self, root):
