@@ -33,6 +33,7 @@ from radixkv.adapters.vllm_options import (
     VllmConnectorOptions,
     geometries_from_kv_cache_config,
     resolve_chunk_tokens,
+    resolve_hash_block_size,
 )
 from radixkv.adapters.vllm_scheduler import SchedulerSide
 
@@ -78,8 +79,8 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
         )
         cache = vllm_config.cache_config
         self.groups = geometries_from_kv_cache_config(kv_cache_config)
-        self.hash_block_size = int(
-            getattr(cache, "hash_block_size", None) or self.groups[0].block_size
+        self.hash_block_size = resolve_hash_block_size(
+            kv_cache_config, cache, [g.block_size for g in self.groups]
         )
         self.chunk_tokens = resolve_chunk_tokens(
             self.options.chunk_tokens, [g.block_size for g in self.groups], self.hash_block_size

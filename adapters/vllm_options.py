@@ -159,6 +159,24 @@ class GroupGeometry:
         return chunk_tokens // self.block_size
 
 
+def resolve_hash_block_size(kv_cache_config: Any, cache_config: Any, block_sizes: Sequence[int]) -> int:
+    """The token span of one of vLLM's block hashes, as both connector sides must use it.
+
+    ``KVCacheConfig.hash_block_size`` first: vLLM's EngineCore sets it for the scheduler-side
+    connector, whose process never sees ``cache_config.hash_block_size`` with a multi-process
+    executor (TP/PP > 1; only worker processes set it). Then ``cache_config.hash_block_size``, then
+    the GCD of the groups' block sizes (what vLLM resolves for several KV-cache groups), never one
+    group's block size: a span too coarse would derive a chunk's key from a hash in its middle, so
+    two prompts agreeing on half a chunk would share its key (and its KV)."""
+    for src in (kv_cache_config, cache_config):
+        v = getattr(src, "hash_block_size", None)
+        if v:
+            return int(v)
+    if not block_sizes:
+        raise ConfigError("the KV-cache config has no groups; nothing to store")
+    return math.gcd(*(int(b) for b in block_sizes))
+
+
 def resolve_chunk_tokens(
     requested: int | None, block_sizes: Sequence[int], hash_block_size: int
 ) -> int:

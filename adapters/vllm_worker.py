@@ -76,7 +76,7 @@ class _Staged:
     seq: int
     first_chunk: int
     hit_chunks: int
-    buffers: list[list[torch.Tensor]]  # [group][chunk] 1-D uint8 payloads
+    buffers: list[list[torch.Tensor] | None]  # [group][chunk] 1-D uint8 payloads (None: not here)
     handles: list[Any]  # one prefetch handle per group (None: nothing to read)
     nbytes: int
 
@@ -86,7 +86,9 @@ class _Staged:
     def readable_chunks(self) -> int:
         """Chunks actually read (blocks until every read finished): the leading run over all groups."""
         counts = [
-            len(b) if h is None else int(h.wait()) for h, b in zip(self.handles, self.buffers)
+            len(b) if h is None else int(h.wait())
+            for h, b in zip(self.handles, self.buffers)
+            if b is not None  # None: a group another pipeline stage holds
         ]
         return min(counts) if counts else 0
 
@@ -132,7 +134,7 @@ class WorkerSide:
         self.kv_cache_layout = kv_cache_layout
         self.ranks = (tp_rank, tp_size, pp_rank, pp_size)
         self.store = store
-        self.groups: list[_Group] = []
+        self.groups: list[_Group | None] = []  # per KV-cache group; None: another stage's
         self._meta: RadixKVMetadata | None = None
         self._staged: dict[str, _Staged] = {}
         self._staged_bytes = 0
@@ -164,10 +166,16 @@ class WorkerSide:
         self.groups = []
         for g in self.geometries:
             names = [n for n in g.layer_names if n in kv_caches]
+            if not names and not g.layer_names:
+                # A pipeline stage holds none of this group's layers (vLLM projects every group onto
+                # every stage and empties the layer lists of the other stages' groups): nothing to
+                # load or store here; the group puts no limit on this stage's hits.
+                self.groups.append(None)
+                continue
             if not names:
                 raise ConfigError(
                     f"none of KV-cache group {g.group_id}'s layers {list(g.layer_names)[:4]}... were "
-                    f"registered (got {list(kv_caches)[:4]}...); is this a pipeline stage without them?"
+                    f"registered (got {list(kv_caches)[:4]}...); pass the KV caches of this worker's layers"
                 )
             distinct: list[torch.Tensor] = []
             index: dict[str, int] = {}
@@ -209,7 +217,14 @@ class WorkerSide:
                     g, layout, index, ns, LayerPipeline(layout.device), ppc, layout.chunk_bytes(ppc)
                 )
             )
-        self._pin = self.groups[0].layout.device.type == "cuda"
+        if not self.present:
+            raise ConfigError("this worker holds no layer of any KV-cache group; nothing to store")
+        self._pin = self.present[0].layout.device.type == "cuda"
+
+    @property
+    def present(self) -> list[_Group]:
+        """The groups this worker (pipeline stage) holds layers of."""
+        return [g for g in self.groups if g is not None]
 
     def _alloc_payload(self, group: _Group) -> torch.Tensor:
         return torch.empty(group.chunk_bytes, dtype=torch.uint8, pin_memory=self._pin)
@@ -235,7 +250,7 @@ class WorkerSide:
         self._drop_staged(op.req_id)
         self.stats["lookups"] += 1
         hit = len(op.keys)
-        for grp in self.groups:
+        for grp in self.present:
             # Probing adopts chunks a disk/Redis tier holds that this process never wrote (a
             # restart, another instance); the group's chunk size sizes them.
             n = self.store.lookup(grp.namespace, op.keys, chunk_bytes=grp.chunk_bytes)
@@ -243,16 +258,18 @@ class WorkerSide:
             if hit <= op.first_chunk:
                 break
         to_read = max(0, hit - op.first_chunk)
-        per_chunk_bytes = sum(g.chunk_bytes for g in self.groups)
+        per_chunk_bytes = sum(g.chunk_bytes for g in self.present)
         budget = self.options.max_staging_bytes - self._staged_bytes
         if to_read * per_chunk_bytes > budget:
             to_read = max(0, budget // per_chunk_bytes)
             hit = op.first_chunk + to_read
-        buffers: list[list[torch.Tensor]] = [[] for _ in self.groups]
+        buffers: list[list[torch.Tensor] | None] = [[] if g is not None else None for g in self.groups]
         handles: list[Any] = [None] * len(self.groups)
         if to_read:
             keys = op.keys[op.first_chunk : hit]
             for gi, grp in enumerate(self.groups):
+                if grp is None:
+                    continue
                 buffers[gi] = [self._alloc_payload(grp) for _ in range(to_read)]
                 handles[gi] = self.store.prefetch(grp.namespace, keys, buffers[gi])
         nbytes = to_read * per_chunk_bytes
@@ -280,18 +297,21 @@ class WorkerSide:
             if st is not None and st.seq == op.seq:
                 readable_end = st.first_chunk + st.readable_chunks()
             failed = False
+            first = next(i for i, g in enumerate(self.groups) if g is not None)
             for gi, rows in enumerate(op.page_ids):
+                if self.groups[gi] is None:
+                    continue  # another pipeline stage's group
                 for k, row in enumerate(rows):
                     c = op.first_chunk + k
                     if st is not None and st.first_chunk <= c < readable_end:
                         plan[gi][0].append(row)
                         plan[gi][1].append(st.buffers[gi][c - st.first_chunk])
-                        self.stats["loaded_chunks"] += gi == 0
+                        self.stats["loaded_chunks"] += gi == first
                     else:
                         failed = True
                         if len(self.groups) == 1:
                             self._load_errors.update(b for b in row if b >= 0)
-                        self.stats["failed_chunks"] += gi == 0
+                        self.stats["failed_chunks"] += gi == first
             if failed:
                 self._failed_loads.add(op.req_id)
                 if len(self.groups) > 1:
@@ -309,7 +329,7 @@ class WorkerSide:
 
         plan = self._plan_copies(ops)
         for grp, (page_ids, bufs) in zip(self.groups, plan):
-            if not page_ids:
+            if grp is None or not page_ids:
                 continue
             self._sync_load_keepalive.append(bufs)
             jobs = [
@@ -334,7 +354,7 @@ class WorkerSide:
             # Model Runner V2 without sync loads starts loads after the forward; with sync loads both
             # runners start them before it. Starting lazily here keeps either order correct.
             self.start_load_kv()
-        for grp in self.groups:
+        for grp in self.present:
             i = grp.layer_index.get(layer_name)
             if i is not None:
                 grp.pipeline.wait_layer(i)
@@ -355,7 +375,8 @@ class WorkerSide:
         if self._saves or self._meta is None or not self._meta.saves:
             return
         for op in self._meta.saves:
-            bufs = [[self._alloc_payload(grp) for _ in op.keys] for grp in self.groups]
+            bufs = [[self._alloc_payload(grp) for _ in op.keys] if grp is not None else []
+                    for grp in self.groups]
             self._saves.append(_PendingSave(op, bufs, [set() for _ in self.groups]))
 
     def save_kv_layer(self, layer_name: str) -> None:
@@ -363,7 +384,7 @@ class WorkerSide:
         if not self._saves:
             return
         for gi, grp in enumerate(self.groups):
-            i = grp.layer_index.get(layer_name)
+            i = grp.layer_index.get(layer_name) if grp is not None else None
             if i is not None:
                 self._gather_layer(gi, i)
 
@@ -388,18 +409,21 @@ class WorkerSide:
         self._ensure_saves()
         if self._saves:
             for gi, grp in enumerate(self.groups):
-                for layer in range(grp.layout.num_layers):
+                for layer in range(grp.layout.num_layers if grp is not None else 0):
                     self._gather_layer(gi, layer)  # layers whose save_kv_layer hook did not run
-        for grp in self.groups:
+        for grp in self.present:
             grp.pipeline.wait_all()
         self._sync_load_keepalive.clear()
+        first = next((i for i, g in enumerate(self.groups) if g is not None), 0)
         for ps in self._saves:
             for gi, grp in enumerate(self.groups):
+                if grp is None:
+                    continue
                 try:
                     ok = self.store.put(
                         grp.namespace, ps.op.keys, ps.buffers[gi], parent_key=ps.op.parent_key
                     )
-                    self.stats["saved_chunks"] += sum(bool(x) for x in ok) if gi == 0 else 0
+                    self.stats["saved_chunks"] += sum(bool(x) for x in ok) if gi == first else 0
                 except (
                     Exception
                 ):  # a store fault must not fail the step: the chunks are just not cached
@@ -462,7 +486,7 @@ class WorkerSide:
         total = sum(st.nbytes for st in self._staged.values())
         assert total == self._staged_bytes, (total, self._staged_bytes)
         assert self._staged_bytes <= max(self.options.max_staging_bytes, 0), self._staged_bytes
-        for grp in self.groups:
+        for grp in self.present:
             grp.pipeline.check_integrity()
             grp.layout.check_integrity()
         if self.store is not None and hasattr(self.store, "check_integrity"):

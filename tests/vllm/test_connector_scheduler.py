@@ -152,6 +152,34 @@ def test_failed_load(tmp_path, model_dir, policy):
     conn.check_integrity()
 
 
+def test_a_hash_block_finer_than_the_block_keys_whole_chunks(model_dir):
+    """Found by a contract review: with several KV-cache groups vLLM hashes in units finer than a
+    block (KVCacheConfig.hash_block_size, 8 here against 16-token blocks), and with a multi-process
+    executor the scheduler process's cache_config never learns it. The connector took one group's
+    block size, derived a chunk's key from a hash in its middle, and loaded prompt A's KV into a
+    prompt B that shares only half of A's first chunk."""
+    kcc = make_kv_cache_config(sliding_window=32)
+    extra = {"chunk_tokens": CHUNK, "store": mem_store(), "sync_load_wait_s": 5.0}
+    eng = Engine(make_vllm_config(model_dir, extra), kcc, hash_block=8)
+    assert eng.cfg.cache_config.hash_block_size is None  # as in a TP>1 EngineCore process
+    conn = eng.connector._scheduler
+    assert conn.hash_block_size == 8
+    a = prompt(70)
+    eng.add("A", a)
+    eng.run_until_idle()
+    assert eng.sched.reset_prefix_cache()
+    eng.clear_kv()
+    b = a[:16] + prompt(54, seed=5)  # agrees with A on half of the first chunk only
+    req = eng.add("B", b)
+    eng.run_until_idle()
+    assert conn.stats["hit_tokens"] == 0
+    assert req.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    again = eng.add("A2", a)  # A itself still hits (so the keys do name A's chunks)
+    eng.run_until_idle()
+    assert conn.stats["hit_tokens"] > 0 and again.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    eng.worker.check_integrity()
+
+
 def test_hma_sliding_window_groups(model_dir):
     """Two KV-cache groups (full + sliding window), as vLLM builds them with HMA on (GPU): both groups'
     chunks are stored; a hit is loaded asynchronously (vLLM 0.33 recovers hybrid failures by request)

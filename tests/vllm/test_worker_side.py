@@ -153,3 +153,62 @@ def test_vllm_aggregator_merges_two_ranks():
     assert not merged.finished_recving  # rank 1 has not finished "x" yet
     merged = agg.aggregate([out(None, None), out(None, {"x"})]).kv_connector_output
     assert merged.finished_recving == {"x"}
+
+
+def test_a_pipeline_stage_without_some_groups_stores_and_loads_its_own(model_dir):
+    """Found by a contract review: with PP and the hybrid KV-cache manager vLLM projects every group
+    onto every stage and empties the layer lists of groups another stage holds
+    (``_project_kv_cache_groups_to_worker``); register_kv_caches raised on such a group, so the
+    worker failed at start-up. The stage now saves and loads the groups it holds, and an absent
+    group puts no limit on its hits."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.v1.core.kv_cache_planning import _project_kv_cache_groups_to_worker
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
+    from vllm_harness import NUM_BLOCKS, make_kv_caches
+
+    full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=4, dtype=torch.float32)
+    sw = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=2, head_size=4, dtype=torch.float32,
+                           sliding_window=32)
+    glob = [KVCacheGroupSpec(["layers.1", "layers.3"], full),
+            KVCacheGroupSpec(["layers.0", "layers.2"], sw),
+            KVCacheGroupSpec(["layers.4", "layers.5"], sw)]
+    proj = _project_kv_cache_groups_to_worker(glob, {"layers.3": full, "layers.4": sw, "layers.5": sw})
+    assert [g.layer_names for g in proj] == [["layers.3"], [], ["layers.4", "layers.5"]]
+    kcc = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=proj)
+    extra = {"chunk_tokens": CHUNK, "store": {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24}]}}
+    conn = KVConnectorFactory.create_connector(make_vllm_config(model_dir, extra), KVConnectorRole.WORKER, kcc)
+    views = make_kv_caches(KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[],
+                                         kv_cache_groups=[g for g in proj if g.layer_names]))
+    conn.register_kv_caches(views)
+    w = conn._worker
+    assert w.groups[1] is None and len(w.present) == 2
+    g = torch.Generator().manual_seed(0)
+    for v in views.values():
+        v.copy_(torch.randn(v.shape, generator=g).to(v.dtype))
+    want = {n: v.clone() for n, v in views.items()}
+    keys = ["%064x" % 1, "%064x" % 2]
+    rows = [[[1, 2], [3, 4]]] * 3  # what the scheduler sends: ids for every group
+    conn.bind_connector_metadata(RadixKVMetadata(saves=[SaveOp("r", keys, None, rows)]))
+    conn.wait_for_save()
+    conn.clear_connector_metadata()
+    for v in views.values():
+        v.zero_()
+    conn.bind_connector_metadata(RadixKVMetadata(lookups=[LookupOp("r2", 1, keys, 0)]))
+    meta = w.build_worker_meta()
+    assert meta.lookups["r2"].hit_chunks == 2  # the absent group limits nothing
+    conn.clear_connector_metadata()
+    conn.bind_connector_metadata(RadixKVMetadata(loads=[LoadOp("r2", 1, 0, rows, False)]))
+    conn.start_load_kv(None)
+    for n in views:
+        conn.wait_for_layer_load(n)
+    for n, v in views.items():
+        assert torch.equal(v[1:5], want[n][1:5]), n
+    conn.clear_connector_metadata()
+    w.check_integrity()
+    conn.shutdown()

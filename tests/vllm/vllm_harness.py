@@ -12,6 +12,8 @@ Scheduler -> worker metadata and worker -> scheduler metadata are pickled, as be
 
 from __future__ import annotations
 
+import copy
+
 import json
 import pickle
 from dataclasses import dataclass, field
@@ -158,6 +160,10 @@ class Engine:
     layout: str = "LBNHC"
     layer_hooks: bool = True  # False: full-CUDA-graph steps, where vLLM calls no per-layer hooks
     late_start: bool = False  # True: start_load_kv only after the forward, even with sync loads
+    # vLLM's hash block size when it is finer than the block size (several KV-cache groups): set as
+    # EngineCore sets it (KVCacheConfig and the Scheduler; the worker process's cache_config), with
+    # the scheduler process's cache_config left unset, as with a multi-process executor.
+    hash_block: int | None = None
     sched: Scheduler = field(init=False)
     worker: Any = field(init=False)
     kv: dict[str, torch.Tensor] = field(init=False)
@@ -165,15 +171,23 @@ class Engine:
 
     def __post_init__(self) -> None:
         init_none_hash(sha256)
+        extra = {}
+        worker_cfg = self.cfg
+        if self.hash_block is not None:
+            self.kcc.hash_block_size = self.hash_block
+            extra["hash_block_size"] = self.hash_block
+            worker_cfg = copy.deepcopy(self.cfg)
+            worker_cfg.cache_config.hash_block_size = self.hash_block
         self.sched = Scheduler(
             vllm_config=self.cfg,
             kv_cache_config=self.kcc,
             log_stats=True,
             structured_output_manager=StructuredOutputManager(self.cfg),
             block_size=BLOCK,
+            **extra,
         )
         self.worker = KVConnectorFactory.create_connector(
-            self.cfg, KVConnectorRole.WORKER, self.kcc
+            worker_cfg, KVConnectorRole.WORKER, self.kcc
         )
         self.kv = make_kv_caches(self.kcc, self.layout)
         self.worker.register_kv_caches(self.kv)
@@ -196,7 +210,7 @@ class Engine:
             sampling_params=sp,
             pooling_params=None,
             mm_features=None,
-            block_hasher=get_request_block_hasher(BLOCK, sha256),
+            block_hasher=get_request_block_hasher(self.hash_block or BLOCK, sha256),
         )
         self.sched.add_request(req)
         return req
