@@ -494,7 +494,10 @@ class HierarchicalStore:
         self._reader.close(flush=False, timeout_s=timeout)
         self._writer.close(flush=flush, timeout_s=timeout)
         if self.config.write_policy == "write_back" and len(self._stack.tiers) > 1:
-            self._persist_write_back(flush, time.monotonic() + timeout)
+            try:
+                self._persist_write_back(flush, time.monotonic() + timeout)
+            except Exception:  # closing must still close the tiers
+                logger.exception("radixkv: persisting a write_back store at close failed")
         self.metrics.stop_serving(self._metrics_server)
         for tier in self._stack.tiers:
             try:
