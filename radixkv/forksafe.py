@@ -83,8 +83,12 @@ def run_shared(pool: ForkSafeExecutor | None, threads: int, n: int, fn: Callable
                 return
             out[i] = fn(i)
 
-    futures = [pool.submit(work) for _ in range(k - 1)]  # type: ignore[union-attr]
+    futures = []
     try:
+        # Submitted inside the try: if a later submit fails (the pool was just shut down), the
+        # finally still waits for the helpers already running, so none writes after we return.
+        for _ in range(k - 1):
+            futures.append(pool.submit(work))  # type: ignore[union-attr]
         work()
     finally:
         for f in futures:

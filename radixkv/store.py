@@ -213,7 +213,8 @@ class HierarchicalStore:
                 s.begin_write_locked(0, nsd, wkeys)
                 clears = (s.clears[None], s.clears[nsd])
             try:
-                ok_w = s.put_refit(0, nsd, wkeys, [payloads[i] for i in wrote], charges[:granted])
+                ok_w = s.put_refit(0, nsd, wkeys, [payloads[i] for i in wrote], charges[:granted],
+                                   wait_for_transfers=True)
             except BaseException:
                 with s.cond:
                     s.end_write_locked(0, nsd, wkeys)

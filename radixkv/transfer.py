@@ -311,21 +311,34 @@ class TierStack(WriteDeleteIntents):
         keys: Sequence[str],
         payloads: Sequence[torch.Tensor],
         charges: Sequence[int],
+        wait_for_transfers: bool = False,
     ) -> list[bool]:
-        """Put with room already reserved. A memory tier can refuse a put the byte count allows (slab
-        slots leave a remainder per slab): then evict that many bytes more and retry once."""
+        """Put with room already reserved (``wait_for_transfers`` as in :meth:`reserve`). A memory tier can refuse a put the byte count allows: its
+        slab slots leave a remainder per slab, and free slots of one chunk size cannot hold another
+        until their slab is empty. Then evict beyond the byte count, in policy order, and retry:
+        the refused bytes first, doubling each round (a slab of another size may need many
+        victims), until the put fits or nothing evictable is left."""
         ok = self.tier_put(t, ns, keys, payloads)
         failed = [i for i, o in enumerate(ok) if not o]
-        if failed and self.capacity(t) and not self._framed[t]:
-            extra = sum(charges[i] for i in failed)
-            if self.reserve(t, [extra]) == 1:
-                with self.cond:
-                    self.release_locked(t, extra)
-                again = self.tier_put(
-                    t, ns, [keys[i] for i in failed], [payloads[i] for i in failed]
-                )
-                for i, o in zip(failed, again):
-                    ok[i] = o
+        if not failed or not self.capacity(t) or self._framed[t]:
+            return ok
+        extra = sum(charges[i] for i in failed)
+        cap = self.capacity(t)
+        while failed:
+            with self.cond:
+                # Ask for the free room plus `extra`: reserve must evict `extra` bytes to grant it.
+                need = min(cap, max(0, cap - self.used_locked(t)) + extra)
+            if self.reserve(t, [need], wait_for_transfers) != 1:
+                break  # everything left is pinned, or interior to this tier
+            with self.cond:
+                self.release_locked(t, need)
+            again = self.tier_put(t, ns, [keys[i] for i in failed], [payloads[i] for i in failed])
+            for i, o in zip(failed, again):
+                ok[i] = o
+            failed = [i for i in failed if not ok[i]]
+            if need >= cap:
+                break  # the whole tier was offered
+            extra *= 2
         return ok
 
 

@@ -110,3 +110,39 @@ def test_worker_pool_used_before_fork_runs_the_childs_jobs():
         assert pool.submit(lambda job: 2, 0).wait(10) == 2
     finally:
         pool.close(flush=False, timeout_s=10)
+
+
+def test_run_shared_waits_for_started_helpers_when_a_later_submit_fails():
+    # Found by a review: helpers were submitted outside the try/finally, so when a later submit
+    # failed (the pool shut down by a concurrent close), the call raised while an earlier helper was
+    # still writing into the caller's buffers.
+    import threading
+
+    from radixkv.forksafe import run_shared
+
+    done: list[int] = []
+    started = threading.Event()
+
+    ex = ForkSafeExecutor(1, "test-run-shared")
+
+    class Pool:
+        calls = 0
+
+        def submit(self, fn):
+            Pool.calls += 1
+            if Pool.calls > 1:
+                raise RuntimeError("pool is shut down")
+            return ex.submit(fn)
+
+    def item(i: int) -> int:
+        started.set()
+        time.sleep(0.05)
+        done.append(i)
+        return i
+
+    with pytest.raises(RuntimeError, match="shut down"):
+        run_shared(Pool(), 3, 8, item)
+    n = len(done)
+    time.sleep(0.3)
+    assert len(done) == n, "a helper kept working after run_shared returned"
+    ex.shutdown(wait=True)

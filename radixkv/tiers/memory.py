@@ -163,6 +163,13 @@ class MemoryTier:
         self._next_slab = 0
         self._index: dict[tuple[str, str], _Slot] = {}
         self._ns_slot_bytes: dict[str, int] = {}
+        # Per namespace: chunks indexed or being written. The namespace's slot size is released when
+        # it drops to 0, so a size fixed by a put that lost a race with clear() cannot outlive it.
+        self._ns_live: dict[str, int] = {}
+        # clear() generations (per namespace, and of clear(None)): a put that a clear overtook
+        # while it copied frees its slots instead of publishing them under the cleared namespace.
+        self._ns_gen: dict[str, int] = {}
+        self._all_gen = 0
         self._writing = 0
         self._dead: set[_Slot] = set()
         self._stats = TierStats()
@@ -203,6 +210,10 @@ class MemoryTier:
                     continue
                 self._writing += 1
                 todo.append((i, slot))
+            self._ns_live[namespace] = self._ns_live.get(namespace, 0) + len(todo)
+            if first_put and not todo:
+                self._drop_live_locked(namespace, 0)  # nothing stored: the size stays unfixed
+            gen = (self._all_gen, self._ns_gen.get(namespace, 0))
         # Copy outside the lock: the slots are reserved and invisible until published below.
         try:
             self._copier.copy([self._slot_view(slot) for _, slot in todo], [views[i] for i, _ in todo])
@@ -211,19 +222,34 @@ class MemoryTier:
                 for _, slot in todo:
                     self._writing -= 1
                     self._free(slot)
+                self._drop_live_locked(namespace, len(todo))
             raise
         with self._lock:
+            cleared = gen != (self._all_gen, self._ns_gen.get(namespace, 0))
+            dropped = 0
             for i, slot in todo:
                 self._writing -= 1
                 ident = (namespace, keys[i])
-                if ident in self._index:  # a concurrent put of the same key won
+                if cleared or ident in self._index:  # a clear overtook us, or a concurrent put won
                     self._free(slot)
+                    dropped += 1
+                    ok[i] = not cleared
                 else:
                     self._index[ident] = slot
                     self._stats.puts += 1
                     self._stats.bytes_in += slot.nbytes
-                ok[i] = True
+                    ok[i] = True
+            self._drop_live_locked(namespace, dropped)
         return ok
+
+    def _drop_live_locked(self, namespace: str, n: int) -> None:
+        """``n`` of the namespace's chunks are gone; with none left its slot size is released."""
+        live = self._ns_live.get(namespace, 0) - n
+        if live > 0:
+            self._ns_live[namespace] = live
+        else:
+            self._ns_live.pop(namespace, None)
+            self._ns_slot_bytes.pop(namespace, None)
 
     def get_many(self, namespace: str, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> list[bool]:
         _check_ident(namespace, keys)
@@ -270,12 +296,16 @@ class MemoryTier:
             return n
 
     def clear(self, namespace: str | None = None) -> None:
+        """Delete every chunk (of one namespace) and release the slot size. Puts copying meanwhile
+        publish nothing (their slots are freed when they end), so no chunk of the old size returns."""
         with self._lock:
             for ident in [i for i in self._index if namespace is None or i[0] == namespace]:
                 self._delete_locked(ident)
             if namespace is None:
+                self._all_gen += 1
                 self._ns_slot_bytes.clear()
             else:
+                self._ns_gen[namespace] = self._ns_gen.get(namespace, 0) + 1
                 self._ns_slot_bytes.pop(namespace, None)
 
     def usage_bytes(self) -> int:
@@ -332,6 +362,17 @@ class MemoryTier:
                 total_used += slab.used
             if set(owned) != set(self._slabs):
                 raise RuntimeError(f"units owned by unknown slabs {set(owned) - set(self._slabs)}")
+            per_ns: dict[str, int] = {}
+            for ns, _k in self._index:
+                per_ns[ns] = per_ns.get(ns, 0) + 1
+            if any(per_ns.get(ns, 0) > n for ns, n in self._ns_live.items()) or any(
+                n > self._ns_live.get(ns, 0) for ns, n in per_ns.items()
+            ) or sum(self._ns_live.values()) != len(self._index) + self._writing:
+                raise RuntimeError(f"live chunks per namespace {self._ns_live} disagree with "
+                                   f"{per_ns} indexed + {self._writing} being written")
+            if set(self._ns_slot_bytes) - set(self._ns_live):
+                raise RuntimeError(f"slot sizes kept for namespaces without chunks: "
+                                   f"{sorted(set(self._ns_slot_bytes) - set(self._ns_live))}")
             if total_used != len(self._index) + len(self._dead) + self._writing:
                 raise RuntimeError(
                     f"{total_used} used slots != {len(self._index)} indexed + {len(self._dead)} leased-dead "
@@ -421,6 +462,7 @@ class MemoryTier:
         slot = self._index.pop(ident, None)
         if slot is None:
             return False
+        self._drop_live_locked(ident[0], 1)
         if slot.readers > 0:
             slot.dead = True
             self._dead.add(slot)

@@ -273,3 +273,43 @@ class TestParallelCopies:
     def test_bad_copy_threads(self, bad):
         with pytest.raises(ConfigError, match="copy_threads"):
             MemoryTierConfig(capacity_bytes=KiB, copy_threads=bad)
+
+
+class TestClearRaces:
+    def test_a_put_overtaken_by_clear_publishes_nothing(self, monkeypatch):
+        # Found by a review: a put copying across clear(ns) published its slot afterwards, so a
+        # later put of another size left two slot sizes in one namespace (and InputErrors).
+        import threading
+        import time
+
+        tier = MemoryTier(capacity_bytes=1 << 20, unit_bytes=64 << 10, prefault=False, copy_threads=1)
+        real = tier._copier.copy
+        entered = threading.Event()
+
+        def slow(dst, src):
+            entered.set()
+            time.sleep(0.2)
+            return real(dst, src)
+
+        monkeypatch.setattr(tier._copier, "copy", slow)
+        out: list[list[bool]] = []
+        th = threading.Thread(target=lambda: out.append(tier.put_many("ns", ["old"], [torch.ones(4096, dtype=torch.uint8)])))
+        th.start()
+        entered.wait(5)
+        tier.clear("ns")
+        monkeypatch.setattr(tier._copier, "copy", real)
+        assert tier.put_many("ns", ["new"], [torch.ones(8192, dtype=torch.uint8)]) == [True]
+        th.join()
+        assert out == [[False]] and tier.contains_many("ns", ["old"]) == 0
+        got = torch.zeros(8192, dtype=torch.uint8)
+        assert tier.get_many("ns", ["new"], [got]) == [True] and bool(got.eq(1).all())
+        tier.check_integrity()
+        tier.close()
+
+    def test_a_namespace_without_chunks_takes_a_new_size(self):
+        tier = MemoryTier(capacity_bytes=1 << 20, unit_bytes=64 << 10, prefault=False)
+        assert tier.put_many("ns", ["a"], [torch.ones(4096, dtype=torch.uint8)]) == [True]
+        assert tier.delete_many("ns", ["a"]) == 1
+        assert tier.put_many("ns", ["b"], [torch.ones(8192, dtype=torch.uint8)]) == [True]
+        tier.check_integrity()
+        tier.close()
