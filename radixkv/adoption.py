@@ -68,7 +68,28 @@ def adopt(
     """Adopt the chunks after the tree's hit on ``keys`` that a non-memory tier holds (see the
     module docstring). ``chunk_bytes`` sizes the chunks of a namespace this store has no size for
     yet (it must agree with the known size otherwise); without any size nothing is adopted. Returns
-    ``(hit, adopted)``: the leading run of ``keys`` the tree holds now, chunks added to the tree."""
+    ``(hit, adopted)``: the leading run of ``keys`` the tree holds now, chunks added to the tree.
+
+    A run may continue in another tier (a chain's head demoted to Redis, its tail on disk): while a
+    round adopts something and keys remain, the next round probes from the new hit (at most one
+    round per tier, plus the one that finds nothing)."""
+    hit, total = 0, 0
+    for _ in range(len(store._stack.tiers)):
+        hit, got = _adopt_once(store, ns, nsd, keys, parent_key, chunk_bytes)
+        total += got
+        if not got or hit >= len(keys):
+            break
+    return hit, total
+
+
+def _adopt_once(
+    store: HierarchicalStore,
+    ns: Namespace,
+    nsd: str,
+    keys: Sequence[str],
+    parent_key: str | None,
+    chunk_bytes: int | None,
+) -> tuple[int, int]:
     s = store._stack
     size = store._ns_bytes.get(nsd)
     if chunk_bytes is not None:

@@ -193,7 +193,7 @@ class HierarchicalStore:
         s = self._stack
         with self.metrics.timed("put"):
             owner = s.owner("put")
-            parent: list[ChunkRef] = []
+            pinned: list[ChunkRef] = []  # held for the put: the chunk it hangs from, its own
             with s.cond:
                 if parent_key is not None:
                     pid = s.tree.lookup(nsd, parent_key)
@@ -202,8 +202,12 @@ class HierarchicalStore:
                     # Making room for this chain must not *drop* the chunk it hangs from (a demotion
                     # keeps it reachable): pin it while only the last tier holds it.
                     if s.tree.node_tier_mask(pid) == 1 << s.last:
-                        parent = s.pin_locked([s.ref_locked(pid)], owner)
+                        pinned = s.pin_locked([s.ref_locked(pid)], owner)
                 have = [_has(s.tree, nsd, k, 0) for k in keys]
+                # Nor may it evict the chain's own chunks the top tier already holds (the oldest leaf
+                # there may be this chain's first chunk): the run would then start with a hole.
+                held = [s.ref_locked(n) for k, h in zip(keys, have) if h and (n := s.tree.lookup(nsd, k)) is not None]
+                pinned += s.pin_locked(held, owner)
             todo = [i for i, h in enumerate(have) if not h]
             charges = [s.charge(0, size)] * len(todo)
             granted = s.reserve(0, charges, wait_for_transfers=True)
@@ -219,7 +223,7 @@ class HierarchicalStore:
                 with s.cond:
                     s.end_write_locked(0, nsd, wkeys)
                     s.release_locked(0, sum(charges[:granted]))
-                    s.unpin_locked(parent, owner)
+                    s.unpin_locked(pinned, owner)
                 raise
             written = dict(zip(wrote, ok_w))
             with s.cond:
@@ -249,7 +253,7 @@ class HierarchicalStore:
                 if r is not None and not r.node_ids:
                     run = 0  # the parent vanished between our check and the insert
                 s.release_locked(0, sum(charges[:granted]))
-                s.unpin_locked(parent, owner)
+                s.unpin_locked(pinned, owner)
                 refs: list[ChunkRef] = []
                 if run and self.config.write_policy == "write_through" and len(s.tiers) > 1:
                     full = (1 << len(s.tiers)) - 1

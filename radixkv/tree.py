@@ -303,6 +303,14 @@ class RadixTree:
             bit = 1 << t
             missing_tier = [n for n in m.node_ids if not self._mask[n] & bit]
             if missing_tier:
+                rest = keys[hit:]
+                if len(set(rest)) != len(rest) or any(k in idx for k in rest):
+                    # _create would refuse these keys after the residency changed: refuse first,
+                    # so a contradicting chain changes nothing (an uncommon path: no cost to inserts)
+                    raise InputError(
+                        "keys are not one chain: a key repeats, or a key after the matched prefix is "
+                        "already in the tree under another prefix"
+                    )
                 self._add_residency(missing_tier, t)
         if hit:
             parent, depth = last, self._depth[last]  # type: ignore[assignment,index]
@@ -411,7 +419,8 @@ class RadixTree:
         """Add ``tier`` to the residency of each node (already resident: no-op)."""
         t = self.tier_index(tier)
         bit = 1 << t
-        todo = [n for n in node_ids if self._alive(n) and not self._mask[n] & bit]
+        # dict.fromkeys: an id listed twice is one node (counting it twice corrupted the totals)
+        todo = list(dict.fromkeys(n for n in node_ids if self._alive(n) and not self._mask[n] & bit))
         if todo:
             self._now += 1
             self._add_residency(todo, t)
@@ -432,7 +441,7 @@ class RadixTree:
         their descendants (whose prefix is now unrecoverable) are dropped as orphans."""
         t = self.tier_index(tier)
         bit = 1 << t
-        todo = [n for n in node_ids if self._alive(n) and self._mask[n] & bit]
+        todo = list(dict.fromkeys(n for n in node_ids if self._alive(n) and self._mask[n] & bit))
         if not todo:
             return DropResult()
         self._drop_residency(todo, t)
@@ -520,9 +529,15 @@ class RadixTree:
         if n_chunks <= 0:
             return []
         out: list[int] = []
+        seen: set[int] = set()
         gen = self._eligible(t, drop)
         try:
             for n in gen:
+                if n in seen:  # a policy may sweep its list again when nothing is evicted (sieve)
+                    if len(seen) >= len(self._policies[t]):
+                        break
+                    continue
+                seen.add(n)
                 out.append(n)
                 if len(out) >= n_chunks:
                     break

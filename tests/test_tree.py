@@ -403,3 +403,33 @@ def test_random_operations_keep_invariants(ops):
             m = tree.match(NS, keys)
             tree.set_resident(m.node_ids, tier)
         tree.check_integrity()
+
+
+def test_an_insert_refused_for_a_contradicting_chain_changes_nothing():
+    # Found by a fuzz: the matched prefix gained the tier's residency before the refusal.
+    t = RadixTree(("mem", "disk"))
+    t.insert("ns", ["a", "b"], "disk", 16, 100)
+    t.insert("ns", ["x"], "disk", 16, 100)
+    with pytest.raises(InputError, match="not one chain"):
+        t.insert("ns", ["a", "x"], "mem", 16, 100)  # x already hangs at the root
+    assert t.node_tiers(t.lookup("ns", "a")) == ["disk"] and t.tier_bytes("mem") == 0
+    t.check_integrity()
+
+
+def test_ids_listed_twice_count_once():
+    t = RadixTree(("mem", "disk"))
+    (a,) = t.insert("ns", ["a"], "mem", 16, 100).node_ids
+    t.set_resident([a, a], "disk")
+    assert t.tier_bytes("disk") == 100 and t.tier_chunks("disk") == 1
+    t.clear_resident([a, a], "mem")
+    assert t.tier_bytes("mem") == 0 and t.tier_chunks("mem") == 0
+    t.check_integrity()
+
+
+@pytest.mark.parametrize("policy", ["lru", "sieve", "s3fifo", "lfu", "cost", "agedref", "oddsref"])
+def test_evict_candidates_are_distinct(policy):
+    t = RadixTree(("mem",), policy)
+    t.insert("ns", ["a"], "mem", 16, 100)
+    t.insert("ns", ["b"], "mem", 16, 100)
+    out = t.evict_candidates("mem", 5)
+    assert sorted(out) == sorted(set(out)) and len(out) == 2
