@@ -9,7 +9,9 @@
   label a Python core "rust".
 
 The calls mirror the scheduler: match is ``match_prefix(MatchPrefixParams(key=RadixKey(tokens)))``
-(``mem_cache/common.py::match_kv_cache``) and returns ``device_prefix_len``; insert is
+(``mem_cache/common.py::match_kv_cache``) and returns ``device_prefix_len``; a fourth row,
+``sglang Unified (rust core, length only)``, matches with the core's ``match_full_device_prefix``
+(a count and a node, no result object: like radixkv's timed match, which reads only ``hit_chunks``); insert is
 ``insert(InsertParams(key=RadixKey(tokens).page_aligned(page), value=int64 KV indices))``
 (``UnifiedRadixCache.checkpoint_into_tree``). What the engine builds outside the tree — the
 RadixKey objects over ``array('q')`` token ids and the int64 index tensors — is built here, before
@@ -94,7 +96,7 @@ def impls(w: Any, page: int) -> list[Impl]:
         offset += len(k)
     match_params = [MatchPrefixParams(key=k) for k in q_keys]
 
-    def tree_impl(name: str, build: Callable[[], Any]) -> Impl:
+    def tree_impl(name: str, build: Callable[[], Any], length_only: bool = False) -> Impl:
         state: dict[str, Any] = {}
 
         def prepare() -> None:
@@ -108,7 +110,10 @@ def impls(w: Any, page: int) -> list[Impl]:
         def match(i: int) -> int:
             return state["tree"].match_prefix(match_params[i]).device_prefix_len
 
-        return name, insert, match, prepare
+        def match_length(i: int) -> int:
+            return state["tree"].tree_core.match_full_device_prefix(q_keys[i])[0]
+
+        return name, insert, match_length if length_only else match, prepare
 
     def unified(backend: str) -> Any:
         params = CacheInitParams(
@@ -129,4 +134,9 @@ def impls(w: Any, page: int) -> list[Impl]:
         tree_impl("sglang RadixCache", lambda: RadixCache.create_simulated(page_size=page)),
         tree_impl("sglang Unified (python core)", lambda: unified("python")),
         tree_impl("sglang Unified (rust core)", lambda: unified("rust")),
+        # The core's length-only match (what SGLang's scheduler uses to rank waiting requests,
+        # ``supports_fast_match_prefix``): no MatchResult, no cache actions. radixkv's timed match
+        # returns only a count too (its MatchResult computes the rest lazily), so this is the
+        # like-for-like baseline for match; its insert is the rust core's again.
+        tree_impl("sglang Unified (rust core, length only)", lambda: unified("rust"), length_only=True),
     ]

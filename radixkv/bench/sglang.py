@@ -14,15 +14,17 @@ GB/s of backup (host pool -> L3) and prefetch (L3 -> fresh host slots, hit query
   pages are in memory, the disk copy follows in the background (flushed, untimed, before the prefetch)
 * ``sglang file``   -- SGLang's built-in ``HiCacheFile`` on the same pages, same run, same directory
   type, same page-cache conditions (no fsync for either; every backend is cleared between rounds)
-* ``raw copy``      -- one copy of the same bytes out of / into the host pool on one thread, the fastest
-                       of a bulk ``torch`` copy, a ``torch`` copy per page and a ``memmove`` per page
+* ``raw copy``      -- one copy of the same bytes out of / into the host pool, the fastest of a bulk
+                       ``torch`` copy, a ``torch`` copy per page, a ``memmove`` per page, and the pages'
+                       ``memmove`` on as many threads as radixkv's memory tier copies on
 
 Every round uses new prompts (no "already stored" shortcut) and each backend is cleared between rounds
 (a full cache recycles its space: radixkv's memory slots and disk files, SGLang's files are deleted and
 created anew, as ``HiCacheFile`` does); one untimed warm-up round per backend first touches memory and
 files. The rounds of all backends interleave (rotated order), so a load burst on this shared 2-core
 machine hits each alike; the table shows each backend's best round and the best/median/worst spread,
-the ratios both best-over-best and the median of per-round ratios. The first and last page of each
+the ratios both as the median of per-round ratios (the verdict: best over best favours the noisier
+side) and best-over-best. The first and last page of each
 prefetch are checked byte for byte against what was backed up (the tests check every page).
 Targets: radixkv disk >= 3x ``file``; radixkv mem >= 80% of the raw copy.
 """
@@ -117,9 +119,11 @@ class _Backend:
 
 
 class _RawCopy:
-    """One copy of the same bytes out of the host pool and back in (the memory-bandwidth ceiling of
-    one thread), three ways per round -- one bulk ``torch`` copy, one ``torch`` copy per page (the
-    granularity L3 moves) and one glibc ``memmove`` per page -- the fastest counts."""
+    """One copy of the same bytes out of the host pool and back in, four ways per round -- one bulk
+    ``torch`` copy, one ``torch`` copy per page (the granularity L3 moves), one glibc ``memmove`` per
+    page, and the pages' ``memmove`` split over as many threads as radixkv's memory tier copies on
+    (:func:`radixkv.hostcopy.default_copy_threads`), so the tier's threads are matched -- the fastest
+    counts."""
 
     name = "raw copy"
 
@@ -140,14 +144,32 @@ class _RawCopy:
         self.pages_dst = list(self.dst.split(spec.page_bytes))
         self.backup_s: list[float] = []
         self.prefetch_s: list[float] = []
+        from concurrent.futures import ThreadPoolExecutor
+
+        from radixkv.hostcopy import default_copy_threads
+
+        self.threads = default_copy_threads()
+        self.pool_exec = ThreadPoolExecutor(max(1, self.threads), thread_name_prefix="bench-rawcopy")
 
     def round(self, r: int) -> None:
         import ctypes
 
         memmove, pb = ctypes.memmove, self.page_bytes
         addr = [(d.data_ptr(), s_.data_ptr()) for d, s_ in zip(self.pages_dst, self.pages_src)]
+        k = self.threads
+        shares = [addr[i::k] for i in range(k)]
+
+        def threaded(out: bool) -> None:  # ctypes releases the GIL: the threads copy in parallel
+            def run(share: list[tuple[int, int]]) -> None:
+                for d, s_ in share:
+                    memmove(d, s_, pb) if out else memmove(s_, d, pb)
+
+            list(self.pool_exec.map(run, shares))
+
         best_out = best_in = float("inf")
-        for way in ("bulk", "per page", "memmove"):
+        for way in ("bulk", "per page", "memmove", "memmove threads"):
+            if way == "memmove threads" and k < 2:
+                continue
             t0 = time.perf_counter()
             if way == "per page":
                 for d, s_ in zip(self.pages_dst, self.pages_src):
@@ -155,6 +177,8 @@ class _RawCopy:
             elif way == "memmove":
                 for d, s_ in addr:
                     memmove(d, s_, pb)
+            elif way == "memmove threads":
+                threaded(True)
             else:
                 self.dst.copy_(self.region)
             best_out = min(best_out, time.perf_counter() - t0)
@@ -165,6 +189,8 @@ class _RawCopy:
             elif way == "memmove":
                 for d, s_ in addr:
                     memmove(s_, d, pb)
+            elif way == "memmove threads":
+                threaded(False)
             else:
                 self.region.copy_(self.dst)
             best_in = min(best_in, time.perf_counter() - t0)
@@ -173,7 +199,7 @@ class _RawCopy:
             self.prefetch_s.append(best_in)
 
     def close(self) -> None:
-        pass
+        self.pool_exec.shutdown(wait=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     disk_opts = {} if args.disk_io_threads is None else {"options": {"io_threads": args.disk_io_threads}}
     print(f"SGLang 0.5.23 HiCacheController on CPU host pools: {n} pages x {page_bytes / 2**20:.2f} MiB "
           f"({args.layout}, page {args.page_size} tokens, {args.layers} layers, {args.heads}x{args.head_dim} bf16), "
-          f"{args.rounds} timed rounds interleaved across backends, best of each; dir {root}")
+          f"{args.rounds} timed rounds interleaved across backends; dir {root}")
     runners: list[Any] = []
     try:
         runners.append(_RawCopy(spec, n))
@@ -262,11 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     # Best over best (each backend at its least disturbed round), and the median of per-round
     # ratios (both measured within the same round, seconds apart).
+    # The verdict uses the median of per-round ratios: best over best favours the noisier side.
     ratios = {k: min(a) / min(b) for k, (a, b) in pairs.items()}
     per_round = {k: statistics.median(x / y for x, y in zip(a, b)) for k, (a, b) in pairs.items()}
     print()
     for k, v in ratios.items():
         target = 3.0 if "file" in k else 0.8
-        print(f"{k}: {v:.2f}x best/best, {per_round[k]:.2f}x median per round (target >= {target:g}x) "
-              f"{'ok' if v >= target else 'BELOW TARGET'}")
+        med = per_round[k]
+        print(f"{k}: {med:.2f}x median per round, {v:.2f}x best/best (target >= {target:g}x, on the "
+              f"median) {'ok' if med >= target else 'BELOW TARGET'}")
     return 0

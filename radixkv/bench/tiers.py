@@ -4,12 +4,15 @@ For payloads of 1, 8 and 32 MiB (``--sizes-mib``) and calls of one chunk and of 
 of chunks, each tier is timed beside the plain way of moving the same bytes, alternating call by call
 so machine noise hits both alike:
 
-* memory tier vs a plain one-thread copy of the same bytes into/out of preallocated tensors, glibc
-  ``memmove`` per payload (12-15% faster here than ``torch``'s ``copy_``; the tier copies batches of
-  4 MiB and more on several threads, :mod:`radixkv.hostcopy`);
-* disk tier (framing + xxh3 checksum + temp file + rename; verified ``preadv`` into the caller's
-  tensor) vs plain sequential ``open/write`` and ``open/readinto`` of the same bytes in the same
-  directory (``--disk-dir``, default a fresh temp dir under /tmp);
+* memory tier vs a plain copy of the same bytes into/out of preallocated tensors, glibc ``memmove``
+  (12-15% faster here than ``torch``'s ``copy_``) on as many threads as the tier copies on: calls of
+  4 MiB and more are cut into 4 MiB pieces spread over :func:`radixkv.hostcopy.default_copy_threads`
+  threads, as :mod:`radixkv.hostcopy` does for the tier;
+* disk tier (framing + xxh3 checksum + a recycled or temp file + rename; verified ``preadv`` into the
+  caller's tensor) vs plain ``open/write`` and ``open/readinto`` of the same bytes in the same
+  directory (``--disk-dir``, default a fresh temp dir under /tmp), on as many threads as the tier's
+  ``--io-threads``; the plain puts overwrite the previous rep's files in place (the tier reuses removed
+  files too, so neither side allocates new page-cache pages per rep);
 * Redis tier vs redis-py pipelined ``SET``/``GET`` on the same server, via
   :func:`radixkv.bench._redis_tier.bench_redis` (``--redis-url``; without it a private redis-server is
   started when ``redis-server`` is on PATH; ``--tiers`` drops it).
@@ -79,6 +82,35 @@ def _payloads(size: int, batch: int) -> list[torch.Tensor]:
     return [torch.randint(0, 256, (size,), dtype=torch.uint8, generator=g) for _ in range(batch)]
 
 
+def _run_threads(jobs: list[Callable[[], Any]], threads: int) -> None:
+    """Run ``jobs`` on ``threads`` threads (the calling one included), job i on thread i % threads."""
+    if threads <= 1 or len(jobs) <= 1:
+        for j in jobs:
+            j()
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    shares = [jobs[i::threads] for i in range(threads)]
+    with ThreadPoolExecutor(threads - 1) as ex:
+        futs = [ex.submit(lambda sh=sh: [j() for j in sh]) for sh in shares[1:]]
+        for j in shares[0]:
+            j()
+        for f in futs:
+            f.result()
+
+
+def _memmove_jobs(pairs: list[tuple[int, int]], size: int) -> list[Callable[[], Any]]:
+    """memmove jobs for (dst, src) payload addresses: 4 MiB pieces, as the tier's copier cuts them."""
+    from radixkv.hostcopy import _PIECE_BYTES
+
+    jobs: list[Callable[[], Any]] = []
+    for d, s in pairs:
+        for off in range(0, size, _PIECE_BYTES):
+            n = min(_PIECE_BYTES, size - off)
+            jobs.append(lambda d=d, s=s, off=off, n=n: ctypes.memmove(d + off, s + off, n))
+    return jobs
+
+
 def bench_memory(size: int, batch: int, reps: int) -> list[dict]:
     payloads = _payloads(size, batch)
     outs = [torch.empty(size, dtype=torch.uint8) for _ in range(batch)]
@@ -96,16 +128,20 @@ def bench_memory(size: int, batch: int, reps: int) -> list[dict]:
     put_addr = [(s.data_ptr(), p.data_ptr()) for s, p in zip(raw_slots, payloads)]
     get_addr = [(o.data_ptr(), s.data_ptr()) for o, s in zip(outs, raw_slots)]
 
+    from radixkv.hostcopy import default_copy_threads
+
+    # The tier copies calls of 4 MiB and more on several threads: so does the baseline.
+    threads = default_copy_threads() if size * batch >= 4 * _MiB else 1
+    put_jobs, get_jobs = _memmove_jobs(put_addr, size), _memmove_jobs(get_addr, size)
+
     def base_put() -> None:
-        for d, s in put_addr:
-            ctypes.memmove(d, s, size)
+        _run_threads(put_jobs, threads)
 
     def tier_get() -> None:
         assert all(tier.get_many(ns, keys, outs))
 
     def base_get() -> None:
-        for d, s in get_addr:
-            ctypes.memmove(d, s, size)
+        _run_threads(get_jobs, threads)
 
     put_t, put_b = _time_pair(tier_put, base_put, lambda: tier.delete_many(ns, keys), reps)
     tier_put()
@@ -133,24 +169,32 @@ def bench_disk(size: int, batch: int, reps: int, root: str, io_threads: int,
     def tier_put() -> None:
         assert all(tier.put_many(ns, keys, payloads))
 
+    def write_one(path: str, p: torch.Tensor) -> None:
+        # Overwrite in place once the file exists (no truncation: same size), as recycling does.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, memoryview(p.numpy()), 0)
+        finally:
+            os.close(fd)
+
+    def read_one(path: str, o: torch.Tensor) -> None:
+        with open(path, "rb", buffering=0) as f:
+            f.readinto(memoryview(o.numpy()))
+
+    put_jobs = [lambda a=a, p=p: write_one(a, p) for a, p in zip(raw_paths, payloads)]
+    get_jobs = [lambda a=a, o=o: read_one(a, o) for a, o in zip(raw_paths, outs)]
+
     def base_put() -> None:
-        for path, p in zip(raw_paths, payloads):
-            with open(path, "wb") as f:
-                f.write(memoryview(p.numpy()))
+        _run_threads(put_jobs, io_threads)
 
     def reset() -> None:
         tier.delete_many(ns, keys)
-        for path in raw_paths:
-            if os.path.exists(path):
-                os.unlink(path)
 
     def tier_get() -> None:
         assert all(tier.get_many(ns, keys, outs))
 
     def base_get() -> None:
-        for path, o in zip(raw_paths, outs):
-            with open(path, "rb", buffering=0) as f:
-                f.readinto(memoryview(o.numpy()))
+        _run_threads(get_jobs, io_threads)
 
     put_t, put_b = _time_pair(tier_put, base_put, reset, reps)
     tier_put()

@@ -172,12 +172,12 @@ def sglang_rows(w: Workload, page: int) -> list[Row]:
 
 
 def print_rows(rows: Sequence[Row]) -> None:
-    hdr = f"{'impl':<32} {'workload':<14} {'page':>4} {'insert ops/s':>13} {'match ops/s':>12} {'ins p50 us':>10} {'match p50 us':>12} {'hit':>5}"
+    hdr = f"{'impl':<40} {'workload':<14} {'page':>4} {'insert ops/s':>13} {'match ops/s':>12} {'ins p50 us':>10} {'match p50 us':>12} {'hit':>5}"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(
-            f"{r.impl:<32} {r.workload:<14} {r.page:>4} {r.insert_ops_s:>13,.0f} {r.match_ops_s:>12,.0f} "
+            f"{r.impl:<40} {r.workload:<14} {r.page:>4} {r.insert_ops_s:>13,.0f} {r.match_ops_s:>12,.0f} "
             f"{r.insert_p50_us:>10.1f} {r.match_p50_us:>12.1f} {r.hit_rate:>5.2f}"
         )
 
