@@ -29,7 +29,14 @@ retried) turns the keys of that server (cluster: of that node) into misses or fa
 the network (in a cluster, for all nodes). After the window the next call tries again (a cluster
 client rediscovers the topology), so the tier reconnects by itself when the server returns. Server
 error replies (OOM, NOPERM, WRONGTYPE) fail only their own key and open no window. More threads than
-``max_connections`` wait for a connection instead of failing.
+``max_connections`` wait for a connection instead of failing: every batch, existence checks and
+deletes included, takes one node's connection at a time (a cluster pipeline holding one of every
+node's could deadlock threads on the pools). A cluster client dropped for rediscovery is closed only
+after a grace period (other threads may still be in it), and any failure of the cluster client is a
+fault, never an exception. A ``clear`` the server could not complete is retried by later calls (so
+the byte ledger frees); ``ping`` asks every primary of a cluster; ``fault_mark``/``faulted_since``
+let callers tell "unreachable" from "absent" (``store.reconcile`` forgets nothing a faulted tier
+could not confirm).
 
 Capacity is accounted *locally*: the tier remembers the frame bytes it wrote per (namespace, key) and
 has not deleted, and forgets them when their TTL passes or a read finds the key gone. A put that would
@@ -97,6 +104,7 @@ class RedisTier:
         self._ledger = ByteLedger(self.capacity_bytes, config.ttl_s)
         self._lock = threading.Lock()
         self._stats = TierStats()
+        self._pending_clears: set[str | None] = set()  # clears a fault interrupted (retried)
 
     @property
     def redis_client(self) -> Any:
@@ -139,6 +147,7 @@ class RedisTier:
         if len(keys) != len(payloads):
             raise InputError(f"put_many got {len(keys)} keys but {len(payloads)} payloads; pass one per key")
         views = [memoryview(byte_tensor(p, "payloads", i).numpy()) for i, p in enumerate(payloads)]
+        self._retry_clears()  # before the ledger decides what fits
         ok = [False] * len(keys)
         ident = len(namespace) + HEADER_BYTES
         frame_sizes = [ident + len(k) + v.nbytes for k, v in zip(keys, views)]
@@ -237,7 +246,8 @@ class RedisTier:
         _check_keys(keys)
         if not keys:
             return 0
-        replies = self._link.pipeline(lambda pipe: [pipe.exists(self._rkey(namespace, k)) for k in keys])
+        self._retry_clears()
+        replies = self._per_node(namespace, keys, "exists")
         if replies is None:
             return 0
         run = 0
@@ -247,6 +257,20 @@ class RedisTier:
             run += 1
         return run
 
+    def _per_node(self, namespace: str, keys: Sequence[str], command: str) -> list[Any] | None:
+        """One pipeline of ``command`` (exists / unlink) per server, one connection at a time: a
+        cluster pipeline holds a connection of every node at once, and threads taking them in
+        different orders deadlocked on the pools (None entries: a node that faulted)."""
+        rkeys = [self._rkey(namespace, k) for k in keys]
+
+        def call(conn: Any, idx: list[int]) -> list[Any]:
+            pipe = conn.pipeline(transaction=False)
+            for i in idx:
+                getattr(pipe, command)(rkeys[i])
+            return pipe.execute(raise_on_error=False)
+
+        return self._link.fan_out(rkeys, call)
+
     def delete_many(self, namespace: str, keys: Sequence[str]) -> int:
         """Delete the keys; returns how many existed (0 if the server is unreachable)."""
         _check_namespace(namespace)
@@ -254,10 +278,10 @@ class RedisTier:
         if not keys:
             return 0
         started = time.monotonic()
-        replies = self._link.pipeline(lambda pipe: [pipe.unlink(self._rkey(namespace, k)) for k in keys])
+        replies = self._per_node(namespace, keys, "unlink")
         if replies is None:
             return 0
-        done = [k for k, r in zip(keys, replies) if not isinstance(r, Exception)]
+        done = [k for k, r in zip(keys, replies) if r is not None and not isinstance(r, Exception)]
         self._ledger.forget(namespace, done, seen_at=started)
         present = sum(1 for r in replies if r == 1)
         self._count(deletes=present)
@@ -277,9 +301,29 @@ class RedisTier:
         return s
 
     def clear(self, namespace: str | None = None) -> None:
-        """Delete every chunk of ``namespace`` (or every chunk under ``key_prefix``) by SCAN + UNLINK."""
+        """Delete every chunk of ``namespace`` (or every chunk under ``key_prefix``) by SCAN + UNLINK.
+        A clear the server could not complete (unreachable, a node down) is retried by later calls
+        until it succeeds, so the byte ledger never keeps counting chunks the server lost."""
         if namespace is not None:
             _check_namespace(namespace)
+        if not self._clear_now(namespace):
+            with self._lock:
+                self._pending_clears.add(namespace)
+
+    def _retry_clears(self) -> None:
+        """Run the clears a fault interrupted (cheap when there are none)."""
+        if not self._pending_clears:
+            return
+        with self._lock:
+            pending, self._pending_clears = self._pending_clears, set()
+        if None in pending:
+            pending = {None}
+        failed = {ns for ns in pending if not self._clear_now(ns)}
+        if failed:
+            with self._lock:
+                self._pending_clears |= failed
+
+    def _clear_now(self, namespace: str | None) -> bool:
         pattern = f"{self.config.key_prefix}:{namespace}:*" if namespace else f"{self.config.key_prefix}:*"
         started = time.monotonic()
 
@@ -296,6 +340,8 @@ class RedisTier:
 
         if self._link.guard(action):
             self._ledger.forget_all(namespace, seen_at=started)
+            return True
+        return False
 
     def close(self) -> None:
         """Idempotent; later calls raise RuntimeError."""
@@ -308,11 +354,23 @@ class RedisTier:
         assert min(s.as_dict().values(), default=0) >= 0, f"negative counter in {s.as_dict()}"
 
     def ping(self) -> bool:
-        """True if the server answers now (ignores the fail-fast window; for health checks)."""
+        """True if the server (every primary of a cluster) answers now (ignores the fail-fast window;
+        for health checks and delete retries, which must not take one live node for all)."""
         try:
-            return bool(self._link.client().ping())
-        except DOWN_ERRORS:
+            client = self._link.client()
+            if self._link.url.cluster:
+                return all(client.get_redis_connection(n).ping() for n in client.get_primaries())
+            return bool(client.ping())
+        except Exception:  # noqa: BLE001 - a client in the middle of a topology change: not healthy
             return False
+
+    def faulted_since(self, mark: int) -> bool:
+        """True if a call faulted or was refused by the fail-fast window since ``fault_mark()``: its
+        misses then mean "unreachable", not "absent" (reconcile must not forget such chunks)."""
+        return self.fault_mark() != mark
+
+    def fault_mark(self) -> int:
+        return self._link.errors + self._link.fast_fail_calls
 
     def __repr__(self) -> str:
         return (f"RedisTier({self._link.url.redacted()!r}, capacity_bytes={self.capacity_bytes}, "

@@ -50,6 +50,9 @@ class RedisLink:
         self._down_until = 0.0
         self._closed = False
         self._warned_moved = False
+        # Cluster clients dropped for rediscovery: other threads may still be inside them (a
+        # pipeline, a SCAN), so they are closed only after a grace period, or at close().
+        self._retired: list[tuple[float, Any]] = []
 
     def client(self) -> Any:
         """The redis-py client (``Redis`` or ``RedisCluster``), built on first use."""
@@ -77,6 +80,14 @@ class RedisLink:
         try:
             return action(self.client())
         except DOWN_ERRORS as exc:
+            self.mark_down(exc)
+            return None
+        except Exception as exc:  # noqa: BLE001
+            if not self.url.cluster:
+                raise
+            # redis-py's cluster client can fail in other ways while its topology changes under
+            # another thread (a node's connection gone mid-pipeline, a reply read out of step): a
+            # fault of the medium too, never an exception into the engine.
             self.mark_down(exc)
             return None
 
@@ -125,10 +136,8 @@ class RedisLink:
             was_up = time.monotonic() >= self._down_until
             self._down_until = time.monotonic() + backoff_s
             self.errors += 1
-            client = None
             if self.url.cluster:
-                client, self._client = self._client, None
-        _close_quietly(client)
+                self._retire_locked()
         if was_up:
             log.warning("redis tier %s unreachable (%s: %s); serving misses, retrying in %.1f s",
                         self.url.redacted(), type(exc).__name__, exc, backoff_s)
@@ -140,14 +149,27 @@ class RedisLink:
             log.warning("redis tier %s got MOVED/ASK replies: the server is a cluster node; use a "
                         "redis+cluster:// URL", self.url.redacted())
         with self._lock:
-            client, self._client = self._client, None
-        _close_quietly(client)
+            self._retire_locked()
+
+    def _retire_locked(self) -> None:
+        """Drop the client for rediscovery; close the ones retired more than a grace period ago."""
+        now = time.monotonic()
+        if self._client is not None:
+            self._retired.append((now, self._client))
+            self._client = None
+        grace_s = max(60.0, 4 * self.config.socket_timeout_s)
+        old = [c for t, c in self._retired if now - t > grace_s]
+        self._retired = [(t, c) for t, c in self._retired if now - t <= grace_s]
+        for c in old:
+            _close_quietly(c)
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            client, self._client = self._client, None
-        _close_quietly(client)
+            clients = [self._client] + [c for _, c in self._retired]
+            self._client, self._retired = None, []
+        for c in clients:
+            _close_quietly(c)
 
 
 def _close_quietly(client: Any) -> None:

@@ -535,3 +535,99 @@ def test_ledger_ttl_expiry():
     assert ledger.used_bytes() == 0
     assert ledger.reserve("ns", ["b"], [60]) == [True]
     ledger.check_integrity()
+
+
+# ------------------------------------------------------------------------------ from a fault review
+
+def test_a_clear_the_server_missed_is_retried_so_the_ledger_frees(make, redis_server):
+    """A clear() while the server is down used to leave the byte ledger full forever (every later
+    put refused once the server came back empty); it is now retried by later calls."""
+    frame = HEADER_BYTES + 32 + 1 + 4096
+    tier = make(redis_server.url, capacity_bytes=4 * frame, socket_timeout_s=0.5,
+                socket_connect_timeout_s=0.25, down_backoff_s=0.2)
+    ns = fresh_ns()
+    keys = ["a", "b", "c", "d"]
+    assert tier.put_many(ns, keys, [payload(k) for k in keys]) == [True] * 4
+    redis_server.stop()
+    tier.clear(ns)  # cannot reach the server
+    redis_server.start()  # empty
+    time.sleep(0.25)
+    assert tier.put_many(ns, ["e"], [payload("e")]) == [True]  # the retried clear freed the ledger
+    assert tier.usage_bytes() == frame
+
+
+def test_reconcile_inside_the_fail_fast_window_forgets_nothing(redis_server):
+    """One timeout opens the fail-fast window, in which contains_many answers 0 without asking the
+    server; reconcile counted that as "lost" and dropped every Redis residency of a healthy server."""
+    from radixkv.config import StoreConfig, TierConfig
+    from radixkv.keys import Namespace
+    from radixkv.store import HierarchicalStore
+
+    cfg = StoreConfig(tiers=[TierConfig(url=redis_server.url, capacity_bytes=0,
+                                        options={"socket_timeout_s": 0.3, "down_backoff_s": 30.0})],
+                      metrics=False)
+    ns = Namespace(model=fresh_ns(), dtype="uint8", layout="x", chunk_tokens=4)
+    keys = [f"{i:064x}" for i in range(5)]
+    with HierarchicalStore(cfg) as store:
+        assert store.put(ns, keys, [payload(k) for k in keys]) == [True] * 5
+        redis_server.pause()
+        try:
+            assert store.tiers[0].get_many(ns.digest, keys[:1], empty(1)) == [False]  # times out
+        finally:
+            redis_server.resume()
+        assert store.reconcile() == 0
+        assert store.lookup(ns, keys) == 5
+
+
+def test_cluster_ping_needs_every_primary(make, redis_cluster):
+    """ping() asked only one node, so delete retries took a cluster with a dead node for healthy
+    and dropped the deletes that node had missed (their bytes stayed in the ledger)."""
+    tier = make(redis_cluster.url, socket_timeout_s=0.5, socket_connect_timeout_s=0.25, down_backoff_s=0.2)
+    assert tier.ping()
+    default = tier.redis_client.get_default_node().port
+    victim = next(n for n in redis_cluster.nodes if n.port != default)
+    victim.stop()
+    try:
+        assert not tier.ping()
+    finally:
+        victim.start()
+        redis_cluster.wait_ok()
+
+
+def test_cluster_calls_never_raise_while_a_slot_migrates(make, redis_cluster):
+    """ASK replies made one thread drop the shared cluster client while others were inside it:
+    AttributeError / ValueError escaped contains_many, delete_many and clear."""
+    tier = make(redis_cluster.url)
+    ns, key = fresh_ns(), "k0"
+    rk = f"radixkv:{ns}:{key}"
+    client = tier.redis_client
+    own = client.get_node_from_key(rk)
+    src = next(n for n in redis_cluster.nodes if n.port == own.port)
+    dst = next(n for n in redis_cluster.nodes if n is not src)
+    slot = client.keyslot(rk)
+    src_conn, dst_conn = client.get_redis_connection(own), redis.Redis(port=dst.port)
+    dst_conn.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_conn.execute_command("CLUSTER", "MYID"))
+    src_conn.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_conn.execute_command("CLUSTER", "MYID"))
+    stop = threading.Event()
+    escaped: list[str] = []
+
+    def loop(fn) -> None:
+        while not stop.is_set():
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - what the test looks for
+                escaped.append(f"{type(e).__name__}: {e}")
+
+    fns = [lambda: tier.get_many(ns, [key], empty(1)), lambda: tier.contains_many(ns, [key, "k1", "k2"]),
+           lambda: tier.delete_many(ns, [key, "k1"]), lambda: tier.clear(ns)]
+    threads = [threading.Thread(target=loop, args=(f,)) for f in fns]
+    for t in threads:
+        t.start()
+    time.sleep(4)
+    stop.set()
+    for t in threads:
+        t.join()
+    for conn in (src_conn, dst_conn):
+        conn.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+    dst_conn.close()
+    assert not escaped, escaped[:3]
