@@ -142,8 +142,8 @@ def _insert_locked(
 ) -> tuple[int, int]:
     s, tree = store._stack, store._stack.tree
     now = tree.match(nsd, keys, touch=False).hit_chunks
-    if now != hit:  # the tree changed since the probe: adopt nothing this time
-        return now, 0
+    if now != hit or s.clearing_locked(nsd):  # the tree changed since the probe, or a clear of
+        return now, 0  # the namespace is deleting what the probe saw: adopt nothing this time
     rest = keys[hit:]
     if hit:
         parent: str | None = keys[hit - 1]

@@ -187,10 +187,13 @@ class HierarchicalStore:
             raise InputError(
                 f"{len(keys)} keys but {len(payloads)} payloads; pass one payload per key"
             )
+        s = self._stack
+        with s.cond:
+            if s.clearing_locked(nsd):  # its namespace is being cleared: nothing would stay
+                return [False] * len(keys)
         size = self._check_tensors(ns, payloads, "payloads")
         if not keys:
             return []
-        s = self._stack
         with self.metrics.timed("put"):
             owner = s.owner("put")
             pinned: list[ChunkRef] = []  # held for the put: the chunk it hangs from, its own
@@ -228,7 +231,8 @@ class HierarchicalStore:
             written = dict(zip(wrote, ok_w))
             with s.cond:
                 s.end_write_locked(0, nsd, wkeys)
-                cleared = (s.clears[None], s.clears[nsd]) != clears  # what we wrote may be gone
+                # what we wrote may be gone (a clear overtook us, or is clearing the tiers now)
+                cleared = (s.clears[None], s.clears[nsd]) != clears or s.clearing_locked(nsd)
                 if cleared:
                     leaked_by_clear = [(0, nsd, keys[i]) for i, o in written.items() if o]
                     written = {}
@@ -454,14 +458,26 @@ class HierarchicalStore:
         s = self._stack
         with s.cond:
             s.clears[nsd] += 1
+            s.clearing[nsd] += 1
             s.spoil_namespace_locked(nsd)
             s.tree.clear(namespace=nsd)
+        # The tiers are cleared outside the lock (a Redis SCAN over a large keyspace takes seconds;
+        # other namespaces' calls go on). Meanwhile puts and adoptions of this namespace stand
+        # aside, and a put that overlapped the clear reports False and deletes what it wrote.
+        try:
             for t in s.tiers:
-                t.clear(nsd)
-            if nsd is None:
-                self._ns_bytes.clear()
-            else:
-                self._ns_bytes.pop(nsd, None)
+                try:
+                    t.clear(nsd)
+                except Exception as e:  # a tier must fail quietly; the others are still cleared
+                    logger.warning("radixkv: clearing tier %r failed: %s: %s", t.name, type(e).__name__, e)
+        finally:
+            with s.cond:
+                s.clearing[nsd] -= 1
+                s.clears[nsd] += 1  # puts that started during the clear see it at their end
+                if nsd is None:
+                    self._ns_bytes.clear()
+                else:
+                    self._ns_bytes.pop(nsd, None)
 
     # ------------------------------------------------------------------ stats / integrity / close
     def stats(self) -> dict[str, Any]:

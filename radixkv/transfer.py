@@ -74,6 +74,9 @@ class TierStack(WriteDeleteIntents):
         # store.clear() calls so far, per namespace digest (None: all namespaces); a put that a clear
         # of its namespace overtook while it wrote discards its writes.
         self.clears: Counter[str | None] = Counter()
+        # clear() calls in progress per namespace digest (None: all): their tier calls run outside
+        # the lock, so puts and adoptions of that namespace stand aside until they end.
+        self.clearing: Counter[str | None] = Counter()
         self.init_intents(len(self.tiers))
         self.max_key_chars = 64
         # Tiers that persist frames count header + identity per chunk against their capacity.
@@ -87,6 +90,10 @@ class TierStack(WriteDeleteIntents):
 
     def owner(self, kind: str) -> str:
         return f"{kind}-{next(self._owner_seq)}"
+
+    def clearing_locked(self, nsd: str) -> bool:
+        """Whether a clear() of ``nsd`` (or of everything) is running its tier calls."""
+        return bool(self.clearing[None] or self.clearing[nsd])
 
     def persists(self, t: int) -> bool:
         """Whether tier ``t`` outlives the process (disk, Redis; a memory tier does not)."""
