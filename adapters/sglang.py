@@ -43,6 +43,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 from radixkv.adapters.sglang_config import RadixKVOptions, namespace_for, tp_replicated
 from radixkv.adapters.sglang_pages import PagePlan, plan_for, segment_keys
 from radixkv.config import metrics_port_for_rank
+from radixkv.errors import InputError
 from radixkv.keys import Namespace
 from radixkv.store import HierarchicalStore
 
@@ -131,11 +132,15 @@ class RadixKVStore(HiCacheStorage):
         ``record``: count it in the store's lookup metrics (SGLang's existence checks; not the
         lookups that start a read, which SGLang makes after its own existence check)."""
         n = self._run_across_splits(ns, keys)
-        if n < len(keys) and self.store.config.probe_tiers:  # the final config's: extra, file or env
-            got = self.store.adopt(ns, keys, parent_key=parent, chunk_bytes=chunk_bytes)
-            if got:
-                self.counters["adopted_chunks"] += got
-                n = self._run_across_splits(ns, keys)
+        # Adopt from where the split-aware run ends (adopting from the tree's own match would stop at
+        # a split: the key after it is already in the tree elsewhere), as long as it makes progress.
+        while n < len(keys) and self.store.config.probe_tiers:  # the final config's: extra, file or env
+            got = self.store.adopt(ns, keys[n:], parent_key=keys[n - 1] if n else parent,
+                                   chunk_bytes=chunk_bytes)
+            if not got:
+                break
+            self.counters["adopted_chunks"] += got
+            n = self._run_across_splits(ns, keys)
         if record:
             self.store.record_lookup(ns, n, len(keys))
         return n
@@ -165,12 +170,40 @@ class RadixKVStore(HiCacheStorage):
         return done
 
     def _put(self, ns: Namespace, keys: List[str], payloads: List[torch.Tensor], parent: Optional[str]) -> List[bool]:
-        ok = self.store.put(ns, keys, payloads, parent_key=parent)
+        try:
+            ok = self.store.put(ns, keys, payloads, parent_key=parent)
+        except InputError:
+            # Some later page is already in the tree as a split chain (SGLang backed it up before
+            # this one): store the run in pieces that each continue where their first key is.
+            return self._put_pieces(ns, keys, payloads, parent)
         if parent is not None and keys and not ok[0]:
             # The parent page is not in this store (evicted, or its write failed): the chunks still
             # match by key, so hang them at the namespace root rather than dropping the write.
             ok = self.store.put(ns, keys, payloads, parent_key=None)
         return ok
+
+    def _put_pieces(self, ns: Namespace, keys: List[str], payloads: List[torch.Tensor],
+                    parent: Optional[str]) -> List[bool]:
+        """Store ``keys`` as pieces cut before every key the tree already holds (anywhere in the
+        namespace: SGLang's keys are hash chains, so such a key is this prefix's page). The first
+        piece hangs from ``parent``; the others continue from their first key's place."""
+        held = [self.store.lookup(ns, [k], probe=False, record=False) == 1 for k in keys]
+        starts = [i for i in range(len(keys)) if i == 0 or held[i]]
+        ok: List[bool] = []
+        for j, a in enumerate(starts):
+            b = starts[j + 1] if j + 1 < len(starts) else len(keys)
+            first = parent if a == 0 and not held[0] else None
+            try:
+                got = self.store.put(ns, keys[a:b], payloads[a:b], parent_key=first)
+                if first is not None and not got[0]:  # the parent is gone: hang the piece at the root
+                    got = self.store.put(ns, keys[a:b], payloads[a:b], parent_key=None)
+            except InputError as e:  # the tree changed meanwhile: the rest is not stored this time
+                logger.info("radixkv: storing pages after a chain split failed: %s", e)
+                got = [False] * (b - a)
+            ok += got
+            if not all(got):
+                break
+        return ok + [False] * (len(keys) - len(ok))
 
     @staticmethod
     def _per_page(ok_chunks: List[bool], n_pages: int, per: int) -> List[bool]:

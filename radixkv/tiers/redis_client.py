@@ -308,7 +308,9 @@ def make_client(
         extra = _tls_kwargs(parsed) if parsed.tls else {}
         pool = BlockingConnectionPool(connection_class=klass, host=host, port=port, db=parsed.db,
                                       timeout=_POOL_WAIT_S, **common, **extra)
-        return redis.Redis(connection_pool=pool)
+        # from_pool: the client owns the pool, so close() closes its connections (with
+        # ``connection_pool=`` one socket stayed open until the garbage collector ran).
+        return redis.Redis.from_pool(pool)
     # RedisCluster hands ``connection_class`` to the node pools only in its from-URL mode, so the
     # first seed goes in as a plain redis:// URL (TLS is configured by the connection class).
     (host0, port0), *others = parsed.hosts

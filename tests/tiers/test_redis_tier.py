@@ -631,3 +631,24 @@ def test_cluster_calls_never_raise_while_a_slot_migrates(make, redis_cluster):
         conn.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
     dst_conn.close()
     assert not escaped, escaped[:3]
+
+
+def test_close_closes_the_connections_without_waiting_for_the_gc(redis_server):
+    # Found by a fuzz: the client did not own its pool, so close() left a socket (and a server
+    # client) open until the garbage collector ran; one more per attach/close cycle.
+    import gc
+
+    probe = raw_client(redis_server.url)
+    before = len(probe.client_list())
+    gc.disable()
+    try:
+        for _ in range(3):
+            tier = RedisTier(redis_server.url)
+            ns = fresh_ns()
+            assert tier.put_many(ns, ["k"], [payload("k")]) == [True]
+            tier.close()
+        time.sleep(0.2)
+        assert len(probe.client_list()) == before
+    finally:
+        gc.enable()
+        probe.close()
