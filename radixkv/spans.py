@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 from typing import Iterable, Sequence
 
-__all__ = ["first_overlap", "merged", "overlaps_any"]
+__all__ = ["copy_conflict", "first_overlap", "merged", "overlaps_any"]
 
 
 def first_overlap(spans: Iterable[tuple[int, int]]) -> tuple[int, int] | None:
@@ -37,3 +37,25 @@ def overlaps_any(span: tuple[int, int], sorted_spans: Sequence[tuple[int, int]])
     a, b = span
     k = bisect.bisect_right(sorted_spans, (a, float("inf"))) - 1
     return (k >= 0 and sorted_spans[k][1] > a) or (k + 1 < len(sorted_spans) and sorted_spans[k + 1][0] < b)
+
+
+def copy_conflict(dsts: Sequence[tuple[int, int]], srcs: Sequence[tuple[int, int]]) -> str | None:
+    """``"destinations"`` if two destination spans overlap, ``"source"`` if a source overlaps a
+    destination, else None (sources may overlap each other). One sort and one sweep, whatever the
+    number of spans (a batch copy has hundreds)."""
+    spans = sorted([(a, b, True) for a, b in dsts] + [(a, b, False) for a, b in srcs])
+    end_dst = end_src = -1  # the furthest end of the destinations / sources that started so far
+    for a, b, is_dst in spans:
+        if a >= b:
+            continue  # empty spans overlap nothing
+        if is_dst:
+            if a < end_dst:
+                return "destinations"
+            if a < end_src:
+                return "source"
+            end_dst = max(end_dst, b)
+        else:
+            if a < end_dst:
+                return "source"
+            end_src = max(end_src, b)
+    return None

@@ -87,7 +87,7 @@ def check_tensors(
             not isinstance(t, torch.Tensor)
             or t.dtype != torch.uint8
             or t.dim() != 1
-            or t.device.type != "cpu"
+            or not t.is_cpu  # (device.type costs ~0.9 us per chunk)
             or not t.is_contiguous()
         ):
             desc = (

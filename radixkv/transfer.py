@@ -117,14 +117,7 @@ class TierStack(WriteDeleteIntents):
         )
 
     def ref_locked(self, node_id: int) -> ChunkRef:
-        tr = self.tree
-        return ChunkRef(
-            node_id,
-            tr.node_namespace(node_id),
-            tr.node_key(node_id),
-            tr.node_size_bytes(node_id),
-            tr.node_tokens(node_id),
-        )
+        return ChunkRef(node_id, *self.tree.node_fields(node_id))
 
     def alive_locked(self, ref: ChunkRef) -> bool:
         return self.tree.lookup(ref.namespace, ref.key) == ref.node_id

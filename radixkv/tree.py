@@ -129,6 +129,11 @@ class RadixTree:
         self._alive(node_id)
         return self._size[node_id]
 
+    def node_fields(self, node_id: int) -> tuple[str, str, int, int]:
+        """``(namespace, key, size_bytes, tokens)`` of a live node: one check for the four."""
+        self._alive(node_id)
+        return self._ns[node_id], self._key[node_id], self._size[node_id], self._tokens[node_id]  # type: ignore[return-value]
+
     def node_tokens(self, node_id: int) -> int:
         self._alive(node_id)
         return self._tokens[node_id]

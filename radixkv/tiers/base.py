@@ -48,7 +48,7 @@ def config_or_options(config_cls: type[_C], config: _C | None, options: dict[str
 def byte_tensor(t: object, arg: str, i: int) -> torch.Tensor:
     """``t`` (item ``i`` of the argument ``arg``) as a flat contiguous ``torch.uint8`` CPU tensor: a
     view, never a copy. Anything else is an :class:`InputError` naming the item and the fix."""
-    if isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.device.type == "cpu" and t.is_contiguous():
+    if isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.is_cpu and t.is_contiguous():
         return t if t.dim() == 1 else t.view(-1)
     what = f"{arg}[{i}]"
     if not isinstance(t, torch.Tensor):
