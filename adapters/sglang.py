@@ -73,6 +73,17 @@ class _PoolBinding:
         self.replicated = tp_replicated(config, name)  # same pages on every TP rank: one rank writes
 
 
+def _host_rank(config: Any) -> int:
+    """This scheduler's rank among the server's: TP rank + TP size x (PP rank + PP size x DP rank).
+    With DP attention SGLang passes the attention group's TP rank and size plus the DP rank."""
+    def get(name: str, default: int) -> int:
+        return int(getattr(config, name, default) or default)
+
+    tp, tp_size, pp, pp_size, dp = (get("tp_rank", 0), get("tp_size", 1), get("pp_rank", 0),
+                                    get("pp_size", 1), get("dp_rank", 0))
+    return tp + tp_size * (pp + pp_size * dp)
+
+
 class RadixKVStore(HiCacheStorage):
     """SGLang ``HiCacheStorage`` over a radixkv hierarchical store. Thread-safe."""
 
@@ -81,11 +92,7 @@ class RadixKVStore(HiCacheStorage):
         self.options = RadixKVOptions.from_extra_config(storage_config.extra_config or {})
         self.interface_v1 = self.options.interface_v1
         self.is_writer = bool(storage_config.is_storage_writer)
-        self.store = HierarchicalStore(metrics_port_for_rank(
-            self.options.store_config(),
-            int(getattr(storage_config, "tp_rank", 0) or 0)
-            + int(getattr(storage_config, "tp_size", 1) or 1) * int(getattr(storage_config, "pp_rank", 0) or 0),
-        ))
+        self.store = HierarchicalStore(metrics_port_for_rank(self.options.store_config(), _host_rank(storage_config)))
         self.registered_pools: dict[str, Any] = {}
         self._bindings: dict[str, _PoolBinding] = {}
         self._lock = threading.Lock()
@@ -179,7 +186,10 @@ class RadixKVStore(HiCacheStorage):
         if parent is not None and keys and not ok[0]:
             # The parent page is not in this store (evicted, or its write failed): the chunks still
             # match by key, so hang them at the namespace root rather than dropping the write.
-            ok = self.store.put(ns, keys, payloads, parent_key=None)
+            try:
+                ok = self.store.put(ns, keys, payloads, parent_key=None)
+            except InputError:  # and a later page is a split chain already: in pieces
+                return self._put_pieces(ns, keys, payloads, None)
         return ok
 
     def _put_pieces(self, ns: Namespace, keys: List[str], payloads: List[torch.Tensor],
@@ -394,7 +404,9 @@ class RadixKVStore(HiCacheStorage):
     def _present(self, name: str, keys: List[str]) -> List[bool]:
         """Per-key presence of a sidecar pool's pages (they need not form a chain from the root)."""
         b = self._binding(name)
-        return [self._lookup(b.ns_flat, [k], None, b.flat.chunk_bytes) == 1 for k in keys]
+        # record=False: per-page sidecar checks are not the engine's prefix lookups (a trailing-pages
+        # pool holds only the last page, so counting them would report misses for a full hit)
+        return [self._lookup(b.ns_flat, [k], None, b.flat.chunk_bytes, record=False) == 1 for k in keys]
 
     def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
                         extra_info: Optional[HiCacheStorageExtraInfo] = None) -> PoolTransferResult:

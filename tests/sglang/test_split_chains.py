@@ -79,3 +79,76 @@ def test_pages_past_a_split_are_adopted_after_a_restart(tmp_path):
         assert r.hit_tokens == 16 and b.page_bytes_at(r.host_indices) == want
     finally:
         b.close()
+
+
+def _backend(**config_kw):
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
+    from radixkv.adapters.sglang import RadixKVStore
+
+    base = dict(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                is_mla_model=False, enable_storage_metrics=True, is_page_first_layout=True,
+                model_name="m", extra_config=extra_config([mem_tier("64MiB")]))
+    base.update(config_kw)
+    return RadixKVStore(HiCacheStorageConfig(**base), {})
+
+
+def test_a_backup_whose_parent_is_gone_and_reaches_a_split_chain_is_stored():
+    # Found by a v2 review: the parent-gone fallback put was outside the split handling.
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+    from radixkv.adapters.sglang_cpu import build_pools
+
+    kv = build_pools(PoolSpec(page_size=4, host_tokens=256)).host_pool
+    b = _backend()
+    try:
+        b.register_mem_pool_host(kv)
+        k = get_storage_hash_str(tokens(16, seed=3), None, page_size=4)
+        idx = kv.alloc(16)
+        assert b.batch_set_v1(k[3:4], idx[12:16], HiCacheStorageExtraInfo(prefix_keys=k[:3])) == [True]
+        got = b.batch_set_v1(k[1:4], idx[4:16], HiCacheStorageExtraInfo(prefix_keys=k[:1]))  # k0 absent
+        assert got == [True, True, True]
+        assert b.counters["failed_calls"] == 0
+    finally:
+        b.close()
+
+
+def test_sidecar_presence_checks_are_not_counted_as_lookups():
+    # Found by a v2 review: a full hybrid hit counted 7 misses of 24 chunks (0.71 hit ratio).
+    from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+    from radixkv.adapters.sglang_cpu import build_pools
+
+    kv = build_pools(PoolSpec(page_size=4, host_tokens=256)).host_pool
+    mam = build_pools(PoolSpec(layout="layer_first", page_size=4, layers=1, heads=1, host_tokens=64)).host_pool
+    b = _backend()
+    try:
+        b.register_mem_pool_host(kv)
+        b.register_mem_host_pool_v2(mam, PoolName.MAMBA)
+        k = get_storage_hash_str(tokens(32, seed=4), None, page_size=4)
+        idx, midx = kv.alloc(32), mam.alloc(4)
+        assert all(b.batch_set_v1(k, idx))
+        trailing = PoolTransfer(name=PoolName.MAMBA, host_indices=midx, keys=k[-1:],
+                                hit_policy=PoolHitPolicy.TRAILING_PAGES)
+        assert all(all(v) for v in b.batch_set_v2([trailing]).values())
+        before = b.store.metrics.snapshot()
+        r = b.batch_exists_v2(k, [PoolTransfer(name=PoolName.MAMBA, keys=k[-1:],
+                                               hit_policy=PoolHitPolicy.TRAILING_PAGES)])
+        after = b.store.metrics.snapshot()
+        assert r.kv_hit_pages == 8
+        assert after.get("lookup_miss_chunks", 0) == before.get("lookup_miss_chunks", 0)
+    finally:
+        b.close()
+
+
+def test_metrics_ports_differ_across_dp_ranks():
+    from radixkv.adapters.sglang import _host_rank
+
+    class C:
+        tp_rank, tp_size, pp_rank, pp_size = 1, 2, 0, 1
+
+    a, b = C(), C()
+    a.dp_rank, b.dp_rank = 0, 1
+    assert _host_rank(a) != _host_rank(b) and _host_rank(b) == 1 + 2 * (0 + 1 * 1)
