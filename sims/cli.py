@@ -166,6 +166,9 @@ def _main(args: argparse.Namespace) -> int:
         lower.append(LowerTier(name, cap, tm))
     if lower and "opt" in policies:
         policies = [p for p in policies if p != "opt"]
+        if not policies:
+            raise RadixKVError("--policy opt models a single tier and --tiers gives several: drop --tiers "
+                               "for opt, or add online policies (e.g. --policy lru,oddsref)")
         print("note: opt models a single tier; left out with --tiers", file=sys.stderr)
     infinite = trace.infinite_hit_blocks() / max(trace.block_references, 1)
     points = run_sweep(
@@ -180,6 +183,9 @@ def _main(args: argparse.Namespace) -> int:
         + (f"; model {model.name}" if model else "")
     )
     print(format_table(recs, title))
+    print("block/token hit: share of referenced blocks/tokens found cached (infinite cache: block hits, "
+          "an upper bound); gap closed: share of the LRU-to-OPT gap at that capacity; TTFT: modelled "
+          "(load the hit, prefill the rest); M acc/s: replay speed. docs/simulator.md, 'Outputs'.")
     try:
         if args.json is not None:
             write_json(recs, args.json)

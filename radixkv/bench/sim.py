@@ -25,10 +25,13 @@ from radixkv.sims.sweep import parse_capacity, run_sweep
 from radixkv.sims.traces import Trace, read_trace
 from radixkv.sims.workloads import WorkloadConfig, generate
 
-_DEFAULT_TRACE = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "..", "shared", "traces", "mooncake_conversation.jsonl",
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The Mooncake conversation trace: the copy shipped in the repo (compressed), else the workspace's.
+_TRACES = (
+    os.path.join(_REPO, "tests", "data", "mooncake_conversation.jsonl.xz"),
+    os.path.join(_REPO, "..", "shared", "traces", "mooncake_conversation.jsonl"),
 )
+_DEFAULT_TRACE = next((p for p in _TRACES if os.path.isfile(p)), _TRACES[0])
 
 
 def dict_lru(trace: Trace, capacity_blocks: int) -> int:

@@ -51,6 +51,9 @@ def test_sim_tiers_and_bytes(tmp_path, capsys):
 def test_sim_errors_name_the_value(capsys):
     assert cli.main(["--workload", "chat", "--requests", "20", "--policy", "lru,fifo-ish"]) == 2
     assert "fifo-ish" in capsys.readouterr().err
+    # opt alone with several tiers: a reason, not "a sweep needs at least one policy"
+    assert cli.main(["--workload", "chat", "--requests", "20", "--policy", "opt", "--tiers", "mem,disk=25%"]) == 2
+    assert "models a single tier" in capsys.readouterr().err
     assert cli.main(["--workload", "chat", "--requests", "20", "--capacity", "1GiB", "--model", "none"]) == 2
     assert "--model" in capsys.readouterr().err
     assert cli.main(["--trace", "/nonexistent/trace.jsonl"]) == 2
