@@ -253,10 +253,12 @@ class WorkerSide:
         for grp in self.present:
             # Probing adopts chunks a disk/Redis tier holds that this process never wrote (a
             # restart, another instance); the group's chunk size sizes them.
-            n = self.store.lookup(grp.namespace, op.keys, chunk_bytes=grp.chunk_bytes)
+            n = self.store.lookup(grp.namespace, op.keys, chunk_bytes=grp.chunk_bytes, record=False)
             hit = min(hit, int(n))
             if hit <= op.first_chunk:
                 break
+        # One engine lookup counts once in the metrics, with the hit every group holds (what vLLM uses).
+        self.store.record_lookup(self.present[0].namespace, hit, len(op.keys))
         to_read = max(0, hit - op.first_chunk)
         per_chunk_bytes = sum(g.chunk_bytes for g in self.present)
         budget = self.options.max_staging_bytes - self._staged_bytes

@@ -106,9 +106,11 @@ def _adopt_once(
             hit >= len(keys)
             or (size is None and chunk_bytes is None)  # nothing sizes this namespace's chunks yet
             or all(isinstance(t, MemoryTier) for t in s.tiers)  # nothing to probe
+            or s.clearing_locked(nsd)  # a clear is deleting what a probe would see
         ):
             return hit, 0
         watch = s.watch_locked(nsd)  # deletes from now on spoil what the probe sees
+        clears = (s.clears[None], s.clears[nsd])  # a clear from now on spoils it too
     try:
         rest = list(keys[hit:])
         runs = probe(s, nsd, rest)
@@ -117,7 +119,8 @@ def _adopt_once(
             size = register_namespace(store, nsd, chunk_bytes, "chunk_bytes")
         with s.cond:
             s.unwatch_locked(watch)
-            if not any(runs) or watch.all_gone or size is None:
+            overtaken = (s.clears[None], s.clears[nsd]) != clears
+            if not any(runs) or watch.all_gone or size is None or overtaken:
                 return s.tree.match(nsd, keys, touch=False).hit_chunks, 0
             return _insert_locked(
                 store, nsd, keys, hit, runs, watch, parent_key, size, ns.chunk_tokens

@@ -221,7 +221,7 @@ class HierarchicalStore:
                 clears = (s.clears[None], s.clears[nsd])
             try:
                 ok_w = s.put_refit(0, nsd, wkeys, [payloads[i] for i in wrote], charges[:granted],
-                                   wait_for_transfers=True)
+                                   wait_for_transfers=True, clears=clears)
             except BaseException:
                 with s.cond:
                     s.end_write_locked(0, nsd, wkeys)

@@ -312,8 +312,11 @@ class TierStack(WriteDeleteIntents):
         payloads: Sequence[torch.Tensor],
         charges: Sequence[int],
         wait_for_transfers: bool = False,
+        clears: tuple[int, int] | None = None,
     ) -> list[bool]:
-        """Put with room already reserved (``wait_for_transfers`` as in :meth:`reserve`). A memory tier can refuse a put the byte count allows: its
+        """Put with room already reserved (``wait_for_transfers`` as in :meth:`reserve`; ``clears``:
+        the caller's snapshot of the namespace's clear counters, to tell a put lost to a clear from a
+        full tier). A memory tier can refuse a put the byte count allows: its
         slab slots leave a remainder per slab, and free slots of one chunk size cannot hold another
         until their slab is empty. Then evict beyond the byte count, in policy order, and retry:
         the refused bytes first, doubling each round (a slab of another size may need many
@@ -322,6 +325,9 @@ class TierStack(WriteDeleteIntents):
         failed = [i for i, o in enumerate(ok) if not o]
         if not failed or not self.capacity(t) or self._framed[t]:
             return ok
+        with self.cond:  # refused because a clear of the namespace overtook the put: no room to make
+            if self.clearing_locked(ns) or (clears is not None and (self.clears[None], self.clears[ns]) != clears):
+                return ok
         extra = sum(charges[i] for i in failed)
         cap = self.capacity(t)
         while failed:

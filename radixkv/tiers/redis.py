@@ -105,6 +105,7 @@ class RedisTier:
         self._lock = threading.Lock()
         self._stats = TierStats()
         self._pending_clears: set[str | None] = set()  # clears a fault interrupted (retried)
+        self._clearing: set[str | None] = set()  # clears running now
 
     @property
     def redis_client(self) -> Any:
@@ -149,6 +150,9 @@ class RedisTier:
         views = [memoryview(byte_tensor(p, "payloads", i).numpy()) for i, p in enumerate(payloads)]
         self._retry_clears()  # before the ledger decides what fits
         ok = [False] * len(keys)
+        if self._cleared_out(namespace):
+            self._count(put_failures=len(keys))
+            return ok
         ident = len(namespace) + HEADER_BYTES
         frame_sizes = [ident + len(k) + v.nbytes for k, v in zip(keys, views)]
         for i, (view, frame_bytes) in enumerate(zip(views, frame_sizes)):
@@ -311,19 +315,37 @@ class RedisTier:
                 self._pending_clears.add(namespace)
 
     def _retry_clears(self) -> None:
-        """Run the clears a fault interrupted (cheap when there are none)."""
+        """Run the clears a fault interrupted (cheap when there are none). A namespace stays pending
+        until its clear succeeded, so puts of it are refused meanwhile (see :meth:`_cleared_out`)."""
         if not self._pending_clears:
             return
         with self._lock:
-            pending, self._pending_clears = self._pending_clears, set()
+            pending = set(self._pending_clears)
         if None in pending:
             pending = {None}
-        failed = {ns for ns in pending if not self._clear_now(ns)}
-        if failed:
+        done = {ns for ns in pending if self._clear_now(ns)}
+        if done:
             with self._lock:
-                self._pending_clears |= failed
+                self._pending_clears -= done
+                if None in done:
+                    self._pending_clears.clear()
+
+    def _cleared_out(self, namespace: str) -> bool:
+        """Whether a clear of the namespace (or of everything) is pending or running: a put now
+        would be deleted by it, so it is refused (a miss later, never a chunk acknowledged and lost)."""
+        blocked = self._pending_clears | self._clearing
+        return bool(blocked) and (namespace in blocked or None in blocked)
 
     def _clear_now(self, namespace: str | None) -> bool:
+        with self._lock:
+            self._clearing.add(namespace)  # (one clear per namespace at a time: the last one wins)
+        try:
+            return self._scan_unlink(namespace)
+        finally:
+            with self._lock:
+                self._clearing.discard(namespace)
+
+    def _scan_unlink(self, namespace: str | None) -> bool:
         pattern = f"{self.config.key_prefix}:{namespace}:*" if namespace else f"{self.config.key_prefix}:*"
         started = time.monotonic()
 

@@ -404,3 +404,72 @@ def test_a_slow_tier_clear_holds_no_other_call(make_store, monkeypatch):
     assert store.get(a, ka, got) == 2 and all(torch.equal(g, payload_for(k)) for g, k in zip(got, ka))
     store.flush(30)
     store.check_integrity()
+
+
+def test_an_adoption_overlapping_a_clear_adopts_nothing(make_store, monkeypatch):
+    # Found by a review of the clear-outside-the-lock change: an adoption probing the disk before the
+    # clear reached it, and inserting after the clear ended, brought back chunks the clear deleted.
+    import threading
+
+    from radixkv import adoption
+
+    store = make_store("mem-disk", write_policy="write_through", probe_tiers=True)
+    ns = new_namespace()
+    _, keys = chain(97, 3)
+    assert store.put(ns, keys, [payload_for(k) for k in keys]) == [True] * 3
+    store.flush(30)
+    mem = store.tiers[0]
+    real_mem_clear, real_probe = mem.clear, adoption.probe
+    in_clear, clear_done, probed = threading.Event(), threading.Event(), threading.Event()
+
+    def slow_mem_clear(n=None):
+        in_clear.set()
+        probed.wait(5)
+        real_mem_clear(n)
+
+    def probe_then_wait(*a, **k):
+        r = real_probe(*a, **k)
+        probed.set()
+        clear_done.wait(5)
+        return r
+
+    monkeypatch.setattr(mem, "clear", slow_mem_clear)
+    monkeypatch.setattr(adoption, "probe", probe_then_wait)
+
+    def do_clear():
+        store.clear(ns)
+        clear_done.set()
+
+    th = threading.Thread(target=do_clear)
+    th.start()
+    assert in_clear.wait(5)
+    hit = store.lookup(ns, keys, chunk_bytes=CHUNK_BYTES)
+    probed.set()
+    th.join()
+    assert hit == 0 and store.lookup(ns, keys, chunk_bytes=CHUNK_BYTES) == 0
+    store.check_integrity()
+
+
+def test_a_put_lost_to_a_clear_evicts_nothing_else(make_store, monkeypatch):
+    # Found by the same review: the memory tier's refusal of a put overtaken by clear() looked like a
+    # full tier, so put_refit evicted another namespace's chunks from a roomy tier.
+    store = make_store("mem", chunks={"mem": 64})
+    a, b = new_namespace(), new_namespace()
+    _, kb = chain(98, 8)
+    assert all(store.put(b, kb, [payload_for(k) for k in kb]))
+    mem = store.tiers[0]
+    real_copy = mem._copier.copy
+    fired: list[int] = []
+
+    def copy_then_clear(dsts, srcs):
+        real_copy(dsts, srcs)
+        if not fired:
+            fired.append(1)
+            store.clear(a)
+
+    monkeypatch.setattr(mem._copier, "copy", copy_then_clear)
+    _, ka = chain(99, 4)
+    assert store.put(a, ka, [payload_for(k) for k in ka]) == [False] * 4
+    assert store.lookup(b, kb, probe=False) == 8
+    assert store.stats()["store"].get("mem.evicted_drop", 0) == 0
+    store.check_integrity()

@@ -652,3 +652,21 @@ def test_close_closes_the_connections_without_waiting_for_the_gc(redis_server):
     finally:
         gc.enable()
         probe.close()
+
+
+def test_a_namespace_with_a_pending_clear_refuses_puts_until_it_ran(make, redis_url, monkeypatch):
+    # Found by a review: a retried clear ran while another thread put into the same namespace; the put
+    # was acknowledged, then deleted by the clear.
+    tier = make(redis_url)
+    ns, other = fresh_ns(), fresh_ns()
+    assert tier.put_many(ns, ["a"], [payload("a")]) == [True]
+    real = tier._scan_unlink
+    monkeypatch.setattr(tier, "_scan_unlink", lambda n: False)  # the server misses the clear
+    tier.clear(ns)
+    assert tier.put_many(ns, ["b"], [payload("b")]) == [False]  # would be deleted by the retry
+    assert tier.put_many(other, ["b"], [payload("b")]) == [True]  # other namespaces are not held
+    monkeypatch.setattr(tier, "_scan_unlink", real)
+    assert tier.put_many(ns, ["b"], [payload("b")]) == [True]  # the retried clear ran first
+    out = empty(1)
+    assert tier.get_many(ns, ["b"], out) == [True] and torch.equal(out[0], payload("b"))
+    assert tier.contains_many(ns, ["a"]) == 0

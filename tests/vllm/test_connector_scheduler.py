@@ -289,3 +289,18 @@ def test_preempted_requests_generate_what_recomputation_generates(model_dir):
     assert got == base and all(len(out) == 40 for out in got)
     stats = eng.connector._scheduler.stats
     assert stats["hit_tokens"] > 0, stats  # at least one resumed request loaded from the store
+
+
+def test_one_engine_lookup_counts_once_whatever_the_groups(model_dir):
+    # Found by a review: with two KV-cache groups each worker lookup was counted once per group.
+    kcc = make_kv_cache_config(sliding_window=32)
+    eng = Engine(make_vllm_config(model_dir, {"chunk_tokens": CHUNK, "store": mem_store()}), kcc)
+    toks = prompt(70)
+    eng.add("r1", toks)
+    eng.run_until_idle()
+    assert eng.sched.reset_prefix_cache()
+    eng.clear_kv()
+    eng.add("r2", toks[:64] + prompt(20, seed=3))
+    eng.run_until_idle()
+    st = eng.worker._worker.store.stats()["store"]
+    assert st.get("lookup_hit_chunks", 0) == 2, st
