@@ -435,12 +435,12 @@ class DiskTier:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:
             if indexed:
-                self._forget(ident)
+                self._forget(ident, path)
             return False
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 if indexed:
-                    self._forget(ident)  # no longer our file: a miss from now on
+                    self._forget(ident, path)  # no longer our file: a miss from now on
                 return False
             verdict = self._read_verified(fd, ns, key, out)
             if verdict == "corrupt":
@@ -452,7 +452,7 @@ class DiskTier:
             with self._lock:
                 self._stats.errors += 1
             if isinstance(e, IsADirectoryError) and indexed:
-                self._forget(ident)  # no longer our file: a miss from now on
+                self._forget(ident, path)  # no longer our file: a miss from now on
             return False
         finally:
             os.close(fd)
@@ -494,8 +494,16 @@ class DiskTier:
                 self._usage -= frame
             unlink_quietly(path)
 
-    def _forget(self, ident: tuple[str, str]) -> None:
+    def _forget(self, ident: tuple[str, str], path: str) -> None:
+        """Unindex a chunk whose file a read found gone or replaced by a non-file, unless a regular
+        file is at the path again: a delete (or recycling) and a new put of the key may have run
+        between the read's check and its open, and that put's entry must stay."""
         with self._lock:
+            try:
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    return
+            except OSError:
+                pass
             frame = self._index.pop(ident, None)
             if frame is not None:
                 self._usage -= frame

@@ -215,6 +215,35 @@ class TestRecyclingRace:
         t.close()
 
 
+class TestDeleteRace:
+    def test_a_read_racing_delete_and_reput_keeps_the_new_entry(self, root):
+        # Found by a flaky 8-thread store test: a read that passed the index check found the file
+        # gone (deleted or recycled); before it unindexed the key, a new put of the key committed,
+        # and the read then unindexed that put's file ("files not indexed" in check_integrity).
+        t = DiskTier(root=root, capacity_bytes=1 << 20, io_threads=1, recycle=True)
+        assert t.put_many(NS, ["K"], [pl(1)]) == [True]
+        real_path, real_forget = t._layout.path, t._forget
+        armed = [True]
+
+        def path(ns, key):  # runs between the read's index check and its open
+            if armed and key == "K":
+                armed.clear()
+                assert t.delete_many(NS, ["K"]) == 1
+            return real_path(ns, key)
+
+        def forget(ident, p):  # the new put lands between the failed open and the unindexing
+            assert t.put_many(NS, ["K"], [pl(3)]) == [True]
+            return real_forget(ident, p)
+
+        t._layout.path, t._forget = path, forget
+        assert t.get_many(NS, ["K"], [buf()]) == [False]
+        t._layout.path, t._forget = real_path, real_forget
+        out = buf()
+        assert t.get_many(NS, ["K"], [out]) == [True] and torch.equal(out, pl(3))
+        t.check_integrity()
+        t.close()
+
+
 class TestRestart:
     def test_index_rebuilt_by_scan(self, root):
         """A new tier on the same directory sees the old chunks; bad files and stale temps are removed."""
