@@ -92,7 +92,8 @@ class RadixKVStore(HiCacheStorage):
         self.options = RadixKVOptions.from_extra_config(storage_config.extra_config or {})
         self.interface_v1 = self.options.interface_v1
         self.is_writer = bool(storage_config.is_storage_writer)
-        self.store = HierarchicalStore(metrics_port_for_rank(self.options.store_config(), _host_rank(storage_config)))
+        config = metrics_port_for_rank(self.options.store_config(), _host_rank(storage_config))
+        self.store = HierarchicalStore(config)
         self.registered_pools: dict[str, Any] = {}
         self._bindings: dict[str, _PoolBinding] = {}
         self._lock = threading.Lock()

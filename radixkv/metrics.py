@@ -120,7 +120,8 @@ class StoreMetrics:
         self._p_hit_chunks = Counter("radixkv_hit_chunks", "Chunks read from a tier", t, registry=r)
         self._p_miss_chunks = Counter(
             "radixkv_miss_chunks",
-            "Chunks asked for and not served by the tier (cascading: a chunk served by a slower tier, or by none, is a miss in every faster one)",
+            "Chunks asked for and not served by the tier (cascading: a chunk served by a slower "
+            "tier, or by none, is a miss in every faster one)",
             t,
             registry=r,
         )

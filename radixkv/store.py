@@ -209,7 +209,8 @@ class HierarchicalStore:
                 have = [_has(s.tree, nsd, k, 0) for k in keys]
                 # Nor may it evict the chain's own chunks the top tier already holds (the oldest leaf
                 # there may be this chain's first chunk): the run would then start with a hole.
-                held = [s.ref_locked(n) for k, h in zip(keys, have) if h and (n := s.tree.lookup(nsd, k)) is not None]
+                held = [s.ref_locked(n) for k, h in zip(keys, have)
+                        if h and (n := s.tree.lookup(nsd, k)) is not None]
                 pinned += s.pin_locked(held, owner)
             todo = [i for i, h in enumerate(have) if not h]
             charges = [s.charge(0, size)] * len(todo)

@@ -326,7 +326,8 @@ class TierStack(WriteDeleteIntents):
         if not failed or not self.capacity(t) or self._framed[t]:
             return ok
         with self.cond:  # refused because a clear of the namespace overtook the put: no room to make
-            if self.clearing_locked(ns) or (clears is not None and (self.clears[None], self.clears[ns]) != clears):
+            now = (self.clears[None], self.clears[ns])
+            if self.clearing_locked(ns) or (clears is not None and now != clears):
                 return ok
         extra = sum(charges[i] for i in failed)
         cap = self.capacity(t)

@@ -210,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--layout", default="page_first", choices=["layer_first", "page_first", "page_first_direct"])
-    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per backend (interleaved); targets are decided on the median per-round ratio")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="timed rounds per backend (interleaved); targets are decided on the median per-round ratio")
     ap.add_argument("--disk-io-threads", type=int, default=None,
                     help="I/O threads of radixkv's disk tier (default: the tier's default)")
     ap.add_argument("--dir", default=None, help="directory for the disk tier and the file backend (default: a temp dir)")
