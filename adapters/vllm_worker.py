@@ -226,6 +226,11 @@ class WorkerSide:
         """The groups this worker (pipeline stage) holds layers of."""
         return [g for g in self.groups if g is not None]
 
+    @property
+    def _first_held(self) -> int:
+        """Index of the first group this worker holds (its chunks are the ones counted in stats)."""
+        return next((i for i, g in enumerate(self.groups) if g is not None), 0)
+
     def _alloc_payload(self, group: _Group) -> torch.Tensor:
         return torch.empty(group.chunk_bytes, dtype=torch.uint8, pin_memory=self._pin)
 
@@ -293,13 +298,13 @@ class WorkerSide:
         """Per group, the (page_ids, chunk buffers) of every chunk that can be loaded; the blocks of
         chunks that cannot be are recorded as load errors."""
         plan: list[tuple[list[list[int]], list[torch.Tensor]]] = [([], []) for _ in self.groups]
+        first = self._first_held
         for op in ops:
             st = self._staged.get(op.req_id)
             readable_end = -1
             if st is not None and st.seq == op.seq:
                 readable_end = st.first_chunk + st.readable_chunks()
             failed = False
-            first = next(i for i, g in enumerate(self.groups) if g is not None)
             for gi, rows in enumerate(op.page_ids):
                 if self.groups[gi] is None:
                     continue  # another pipeline stage's group
@@ -416,7 +421,7 @@ class WorkerSide:
         for grp in self.present:
             grp.pipeline.wait_all()
         self._sync_load_keepalive.clear()
-        first = next((i for i, g in enumerate(self.groups) if g is not None), 0)
+        first = self._first_held
         for ps in self._saves:
             for gi, grp in enumerate(self.groups):
                 if grp is None:

@@ -244,13 +244,13 @@ def reconcile_store(store: HierarchicalStore) -> int:
 
 
 def _fault_mark(tier: Any) -> int:
+    """A tier's fault count (``fault_mark``; 0 for tiers without one)."""
     mark = getattr(tier, "fault_mark", None)
     return mark() if mark is not None else 0
 
 
 def _faulted_since(tier: Any, mark: int) -> bool:
-    check = getattr(tier, "faulted_since", None)
-    return bool(check(mark)) if check is not None else False
+    return _fault_mark(tier) != mark
 
 
 def _shared(tier: Any) -> bool:

@@ -34,8 +34,8 @@ deletes included, takes one node's connection at a time (a cluster pipeline hold
 node's could deadlock threads on the pools). A cluster client dropped for rediscovery is closed only
 after a grace period (other threads may still be in it), and any failure of the cluster client is a
 fault, never an exception. A ``clear`` the server could not complete is retried by later calls (so
-the byte ledger frees); ``ping`` asks every primary of a cluster; ``fault_mark``/``faulted_since``
-let callers tell "unreachable" from "absent" (``store.reconcile`` forgets nothing a faulted tier
+the byte ledger frees); ``ping`` asks every primary of a cluster; ``fault_mark`` (unchanged across
+a call = no fault) lets callers tell "unreachable" from "absent" (``store.reconcile`` forgets nothing a faulted tier
 could not confirm).
 
 Capacity is accounted *locally*: the tier remembers the frame bytes it wrote per (namespace, key) and
@@ -386,12 +386,9 @@ class RedisTier:
         except Exception:  # noqa: BLE001 - a client in the middle of a topology change: not healthy
             return False
 
-    def faulted_since(self, mark: int) -> bool:
-        """True if a call faulted or was refused by the fail-fast window since ``fault_mark()``: its
-        misses then mean "unreachable", not "absent" (reconcile must not forget such chunks)."""
-        return self.fault_mark() != mark
-
     def fault_mark(self) -> int:
+        """Faults and calls refused by the fail-fast window so far: if it changed across some calls,
+        their misses mean "unreachable", not "absent" (reconcile must not forget such chunks)."""
         return self._link.errors + self._link.fast_fail_calls
 
     def __repr__(self) -> str:

@@ -91,16 +91,6 @@ class RedisLink:
             self.mark_down(exc)
             return None
 
-    def pipeline(self, build: Callable[[Any], None]) -> list[Any] | None:
-        """Run one pipeline (no MULTI; redis-py splits it per node in a cluster) built by ``build``."""
-
-        def action(client: Any) -> list[Any]:
-            pipe = client.pipeline(transaction=False)
-            build(pipe)
-            return pipe.execute(raise_on_error=False)
-
-        return self.guard(action)
-
     def fan_out(self, rkeys: Sequence[str], call: Callable[[Any, list[int]], list[Any]]) -> list[Any] | None:
         """``call(node_client, indices)`` once per server holding some of ``rkeys`` (a single call for
         a standalone server). Entries of a cluster node that faulted stay None (and open the window)
