@@ -41,7 +41,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from radixkv.adapters.sglang_config import RadixKVOptions, namespace_for, tp_replicated
-from radixkv.adapters.sglang_pages import PagePlan, plan_for, segment_keys
+from radixkv.adapters.sglang_pages import PagePlan, plan_for
 from radixkv.config import metrics_port_for_rank
 from radixkv.errors import InputError
 from radixkv.keys import Namespace
@@ -67,8 +67,7 @@ class _PoolBinding:
         self.pool = pool
         self.plan: PagePlan = plan_for(pool, flat=name != str(PoolName.KV))
         self.flat: PagePlan = self.plan if self.plan.mode == "flat" else plan_for(pool, flat=True)
-        self.ns: Namespace = namespace_for(config, opts, pool, name, self.plan.tag,
-                                           segments=self.plan.chunks_per_page())
+        self.ns: Namespace = namespace_for(config, opts, pool, name, self.plan.tag)
         self.ns_flat: Namespace = namespace_for(config, opts, pool, name, self.flat.tag, layout="flat")
         self.replicated = tp_replicated(config, name)  # same pages on every TP rank: one rank writes
 
@@ -127,11 +126,11 @@ class RadixKVStore(HiCacheStorage):
         return b
 
     # ------------------------------------------------------------------ chain helpers
-    def _parent(self, b: _PoolBinding, ns: Namespace, n_seg: int, extra_info: Any) -> Optional[str]:
+    @staticmethod
+    def _parent(extra_info: Any) -> Optional[str]:
+        """The key of the page the batch hangs from (SGLang's prefix_keys), if passed."""
         prefix = getattr(extra_info, "prefix_keys", None) if extra_info is not None else None
-        if not prefix:
-            return None
-        return segment_keys([prefix[-1]], n_seg)[-1]
+        return prefix[-1] if prefix else None
 
     def _lookup(self, ns: Namespace, keys: List[str], parent: Optional[str], chunk_bytes: int,
                 record: bool = True) -> int:
@@ -166,7 +165,7 @@ class RadixKVStore(HiCacheStorage):
             n += more
         return n
 
-    def _get_across_splits(self, ns: Namespace, keys: List[str], bufs: List[torch.Tensor]) -> int:
+    def _get_across_splits(self, ns: Namespace, keys: List[str], bufs: List[Any]) -> int:
         """``store.get`` of a run that may span chain splits (see :meth:`_run_across_splits`)."""
         done = 0
         while done < len(keys):
@@ -177,7 +176,7 @@ class RadixKVStore(HiCacheStorage):
         self.store.record_misses(ns, len(keys) - done)
         return done
 
-    def _put(self, ns: Namespace, keys: List[str], payloads: List[torch.Tensor], parent: Optional[str]) -> List[bool]:
+    def _put(self, ns: Namespace, keys: List[str], payloads: List[Any], parent: Optional[str]) -> List[bool]:
         try:
             ok = self.store.put(ns, keys, payloads, parent_key=parent)
         except InputError:
@@ -193,7 +192,7 @@ class RadixKVStore(HiCacheStorage):
                 return self._put_pieces(ns, keys, payloads, None)
         return ok
 
-    def _put_pieces(self, ns: Namespace, keys: List[str], payloads: List[torch.Tensor],
+    def _put_pieces(self, ns: Namespace, keys: List[str], payloads: List[Any],
                     parent: Optional[str]) -> List[bool]:
         """Store ``keys`` as pieces cut before every key the tree already holds (anywhere in the
         namespace: SGLang's keys are hash chains, so such a key is this prefix's page). The first
@@ -216,10 +215,6 @@ class RadixKVStore(HiCacheStorage):
                 break
         return ok + [False] * (len(keys) - len(ok))
 
-    @staticmethod
-    def _per_page(ok_chunks: List[bool], n_pages: int, per: int) -> List[bool]:
-        return [all(ok_chunks[i * per : (i + 1) * per]) for i in range(n_pages)]
-
     # ------------------------------------------------------------------ page I/O (one pool)
     def _write_pages(self, b: _PoolBinding, plan: PagePlan, ns: Namespace, keys: List[str],
                      host_indices: torch.Tensor, extra_info: Any) -> List[bool]:
@@ -231,27 +226,22 @@ class RadixKVStore(HiCacheStorage):
             self.counters["skipped_non_writer_pages"] += n
             return [True] * n
         starts = plan.page_starts(host_indices, n)
-        per = plan.chunks_per_page()
-        ckeys = segment_keys(keys, per)
-        payloads = plan.views(starts) if plan.mode == "direct" else plan.gather(starts)
-        return self._per_page(self._put(ns, ckeys, payloads, self._parent(b, ns, per, extra_info)), n, per)
+        payloads = plan.views(starts) if plan.mode == "parts" else plan.gather(starts)
+        return self._put(ns, list(keys), payloads, self._parent(extra_info))
 
     def _read_pages(self, b: _PoolBinding, plan: PagePlan, ns: Namespace, keys: List[str],
                     host_indices: torch.Tensor, extra_info: Any) -> List[bool]:
         n = len(keys)
         starts = plan.page_starts(host_indices, n)
-        per = plan.chunks_per_page()
-        ckeys = segment_keys(keys, per)
-        avail = self._lookup(ns, ckeys, self._parent(b, ns, per, extra_info), plan.chunk_bytes, record=False)
-        m = avail // per
+        keys = list(keys)
+        m = self._lookup(ns, keys, self._parent(extra_info), plan.chunk_bytes, record=False)
         if m == 0:
             return [False] * n
-        if plan.mode == "direct":
-            got = self._get_across_splits(ns, ckeys[: m * per], plan.views(starts[:m]))
-            pages = got // per
+        if plan.mode == "parts":
+            pages = self._get_across_splits(ns, keys[:m], plan.views(starts[:m]))
         else:
             bufs = plan.staging(m)
-            pages = self._get_across_splits(ns, ckeys[:m], bufs)
+            pages = self._get_across_splits(ns, keys[:m], bufs)
             plan.scatter(starts[:pages], bufs[:pages])
         return [i < pages for i in range(n)]
 
@@ -307,9 +297,7 @@ class RadixKVStore(HiCacheStorage):
         try:
             b = self._binding("kv")
             plan, ns = (b.plan, b.ns) if self.interface_v1 else (b.flat, b.ns_flat)
-            per = plan.chunks_per_page()
-            return self._lookup(ns, segment_keys(keys, per), self._parent(b, ns, per, extra_info),
-                                plan.chunk_bytes) // per
+            return self._lookup(ns, list(keys), self._parent(extra_info), plan.chunk_bytes)
         except Exception as e:
             self.counters["failed_calls"] += 1
             logger.warning("radixkv: batch_exists of %d pages failed: %s: %s", self._n(keys), type(e).__name__, e)

@@ -6,16 +6,15 @@ register). For ``page_first`` / ``page_first_direct`` / ``page_head`` an MHA pag
 (K block, V block) and an MLA page 1; ``layer_first`` scatters a page over ``2·layers`` (MHA) or
 ``layers`` (MLA) small segments. Plans:
 
-* ``direct`` (at most :data:`MAX_DIRECT_SEGMENTS` segments per page): each segment is its own chunk
-  (chunk key ``page_key`` for segment 0, ``page_key-s`` for segment ``s``: tier key alphabet), so the store copies
-  straight between its tiers and the host pool: no intermediate buffer in either direction.
-* ``gather`` (more segments, i.e. ``layer_first``): the segments are packed into one staging chunk
-  per page (one gather copy on write, one scatter copy on read).
+* ``parts``: a page is one chunk whose payload is the tuple of its segment views, in SGLang's
+  pointer order (:data:`radixkv.tiers.base.ChunkBytes`), so the store copies straight between its
+  tiers and the host pool, whatever the layout: no intermediate buffer in either direction, and one
+  chunk (one tree node, one file, one Redis value) per page.
 * ``flat`` (a pool without usable buffer metadata, the copying interface, and sidecar pools): SGLang's
   flat data page (``get_data_page`` / ``set_from_flat_data_page``), the layout-independent format.
 
-A plan's ``mode`` and segment count are part of the storage namespace, so chunks written under one
-plan are never read under another.
+A plan's ``mode``, segment count and chunk size are part of the storage namespace, so chunks written
+under one plan are never read under another.
 """
 
 from __future__ import annotations
@@ -27,21 +26,9 @@ import torch
 
 from radixkv.errors import InputError
 
-__all__ = ["PagePlan", "plan_for", "segment_keys", "MAX_DIRECT_SEGMENTS"]
+__all__ = ["PagePlan", "plan_for"]
 
-MAX_DIRECT_SEGMENTS = 2
 _VIEW_CACHE_PAGES = 1 << 16  # bound on cached page views per plan (a few MB of tensor headers)
-
-
-def segment_keys(page_keys: Sequence[str], n_segments: int) -> list[str]:
-    """Chunk keys of every segment, page by page: ``[k0, k0-1, ..., k1, k1-1, ...]`` (one chain)."""
-    if n_segments == 1:
-        return list(page_keys)
-    out: list[str] = []
-    for k in page_keys:
-        out.append(k)
-        out.extend(f"{k}-{s}" for s in range(1, n_segments))
-    return out
 
 
 def _u8(t: torch.Tensor) -> torch.Tensor:
@@ -50,25 +37,22 @@ def _u8(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass(slots=True)
 class PagePlan:
-    """How pages of one host pool map to chunk payloads. ``chunk_bytes`` is one chunk's size."""
+    """How pages of one host pool map to chunk payloads (one chunk per page, ``chunk_bytes`` each)."""
 
     pool: Any
-    mode: str                 # "direct", "gather" or "flat"
-    n_segments: int           # chunks per page (direct) -- 1 for gather and flat
-    segment_bytes: int        # bytes of one host segment (direct/gather) or of the flat page
+    mode: str                 # "parts" or "flat"
+    n_segments: int           # segments per page (parts) -- 1 for flat
+    segment_bytes: int        # bytes of one host segment (parts) or of the flat page
     chunk_bytes: int
     page_size: int
     _base: torch.Tensor | None = None   # the pool's kv_buffer as flat uint8
     _limit: int = 0
     _affine: tuple[tuple[int, int], ...] = ()  # per segment: (byte offset at token 0, bytes per token)
-    _views: dict[int, list[torch.Tensor]] | None = None  # page start token -> its segment views
+    _views: dict[int, Any] | None = None  # page start token -> its payload (segment views)
 
     @property
     def tag(self) -> str:
         return f"{self.mode}{self.n_segments}x{self.chunk_bytes}"
-
-    def chunks_per_page(self) -> int:
-        return self.n_segments if self.mode == "direct" else 1
 
     def page_starts(self, host_indices: torch.Tensor, n_pages: int) -> list[int]:
         """Token index of each page's first slot (SGLang passes token indices, page-aligned)."""
@@ -85,8 +69,9 @@ class PagePlan:
                              f"(page size {self.page_size})")
         return starts
 
-    def _segments(self, starts: Sequence[int]) -> list[torch.Tensor]:
-        """Uint8 views of every segment of the pages starting at ``starts`` (SGLang's pointer order).
+    def views(self, starts: Sequence[int]) -> list[Any]:
+        """Parts plan: each page's payload aliasing the host pool -- the tuple of its segment views
+        (SGLang's pointer order), or the one view of a one-segment page.
 
         Offsets are affine in the page's token index (checked against ``get_page_buffer_meta`` when
         the plan is made), so no per-call metadata walk is needed."""
@@ -94,52 +79,37 @@ class PagePlan:
         if self._views is None:
             self._views = {}
         cache = self._views
-        out: list[torch.Tensor] = []
+        out: list[Any] = []
         for s in starts:
-            segs = cache.get(s)
-            if segs is None:  # a page's views are made once (slicing costs microseconds per call)
+            page = cache.get(s)
+            if page is None:  # a page's views are made once (slicing costs microseconds per call)
                 segs = []
                 for off0, stride in self._affine:
                     off = off0 + s * stride
                     if off < 0 or off + sb > n:
                         raise InputError(f"host page at token {s} maps outside the pool's kv_buffer ({off}+{sb} > {n})")
                     segs.append(base[off : off + sb])  # type: ignore[index]
+                page = segs[0] if len(segs) == 1 else tuple(segs)
                 if len(cache) >= _VIEW_CACHE_PAGES:
                     cache.clear()
-                cache[s] = segs
-            out.extend(segs)
+                cache[s] = page
+            out.append(page)
         return out
 
-    def views(self, starts: Sequence[int]) -> list[torch.Tensor]:
-        """Direct plan: one uint8 view per chunk (aliasing the host pool)."""
-        return self._segments(starts)
-
     def gather(self, starts: Sequence[int]) -> list[torch.Tensor]:
-        """Payloads copied out of the pool: one contiguous uint8 tensor per page."""
-        if self.mode == "flat":
-            return [_u8(self.pool.get_data_page(s, flat=True).contiguous()) for s in starts]
-        segs = self._segments(starts)
-        per = len(segs) // len(starts) if starts else 0
-        return [torch.cat(segs[i * per : (i + 1) * per]) for i in range(len(starts))]
+        """Flat plan: payloads copied out of the pool, one contiguous uint8 tensor per page."""
+        return [_u8(self.pool.get_data_page(s, flat=True).contiguous()) for s in starts]
 
     def staging(self, n_pages: int) -> list[torch.Tensor]:
         return [torch.empty(self.chunk_bytes, dtype=torch.uint8) for _ in range(n_pages)]
 
     def scatter(self, starts: Sequence[int], payloads: Sequence[torch.Tensor]) -> None:
-        """Write packed payloads (gather/flat plans) back into the pool pages at ``starts``."""
+        """Flat plan: write flat payloads back into the pool pages at ``starts``."""
         if not starts:
             return
-        if self.mode == "flat":
-            dummy = self.pool.get_dummy_flat_data_page()
-            for s, p in zip(starts, payloads):
-                self.pool.set_from_flat_data_page(s, p.view(dummy.dtype))
-            return
-        segs = self._segments(starts)
-        per = len(segs) // len(starts)
-        sb = self.segment_bytes
-        for i, p in enumerate(payloads):
-            for j in range(per):
-                segs[i * per + j].copy_(p[j * sb : (j + 1) * sb])
+        dummy = self.pool.get_dummy_flat_data_page()
+        for s, p in zip(starts, payloads):
+            self.pool.set_from_flat_data_page(s, p.view(dummy.dtype))
 
 
 def _flat_plan(pool: Any, page_size: int) -> PagePlan:
@@ -178,7 +148,6 @@ def plan_for(pool: Any, flat: bool = False) -> PagePlan:
     for (off0, stride), got in zip(affine, probes[last][0]):
         if off0 + last * page_size * stride != int(got) - base_ptr:  # not affine: do not guess
             return _flat_plan(pool, page_size)
-    direct = n_seg <= MAX_DIRECT_SEGMENTS
-    return PagePlan(pool=pool, mode="direct" if direct else "gather", n_segments=n_seg if direct else 1,
-                    segment_bytes=seg_bytes, chunk_bytes=seg_bytes if direct else seg_bytes * n_seg,
-                    page_size=page_size, _base=base, _limit=base.numel(), _affine=affine)
+    return PagePlan(pool=pool, mode="parts", n_segments=n_seg, segment_bytes=seg_bytes,
+                    chunk_bytes=seg_bytes * n_seg, page_size=page_size, _base=base, _limit=base.numel(),
+                    _affine=affine)

@@ -60,7 +60,6 @@ class HostCopier:
         if len(dsts) != len(srcs):
             raise InputError(f"{len(dsts)} destinations but {len(srcs)} sources; pass one source per destination")
         jobs: list[tuple[int, int, int]] = []
-        total = 0
         for i, (d, s) in enumerate(zip(dsts, srcs)):
             n = _nbytes(d, "destination", i)
             if _nbytes(s, "source", i) != n:
@@ -70,8 +69,17 @@ class HostCopier:
                 )
             if n:
                 jobs.append((d.data_ptr(), s.data_ptr(), n))
-                total += n
+        return self.copy_spans(jobs)
+
+    def copy_spans(self, jobs: Sequence[tuple[int, int, int]]) -> int:
+        """Copy raw spans ``(destination address, source address, nbytes)``; returns the bytes
+        copied. For callers that already hold validated tensors (a tier copying parts of a chunk into
+        its own slots): the caller vouches that every span is CPU memory it keeps alive until this
+        returns. Overlaps are still refused (InputError) before the first byte moves."""
         _check_disjoint(jobs)
+        total = 0
+        for _d, _s, n in jobs:
+            total += n
         k = min(self.threads, -(-total // _PIECE_BYTES)) if total >= self.parallel_min_bytes else 1
         if k <= 1:
             for dst, src, n in jobs:
@@ -87,7 +95,7 @@ class HostCopier:
             self._pool.shutdown(wait=True)
 
 
-def _check_disjoint(jobs: list[tuple[int, int, int]]) -> None:
+def _check_disjoint(jobs: Sequence[tuple[int, int, int]]) -> None:
     """No destination may overlap another destination or any source: the bytes would depend on the
     order the threads' pieces run in. (Sources may overlap each other: reads do not conflict.)"""
     if len(jobs) == 1:

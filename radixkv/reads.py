@@ -15,6 +15,7 @@ import torch
 
 if TYPE_CHECKING:
     from radixkv.transfer import ChunkRef, TierStack
+    from radixkv.tiers.base import ChunkBytes
 
 __all__ = ["read_run", "forget_failed", "Payloads"]
 
@@ -23,7 +24,7 @@ def read_run(
     stack: TierStack,
     refs: Sequence[ChunkRef],
     masks: list[int],
-    buffers: Sequence[torch.Tensor],
+    buffers: Sequence[ChunkBytes],
     cancelled: Callable[[], bool] = lambda: False,
 ) -> tuple[int, list[int]]:
     """Fill ``buffers`` with the pinned chunks (one namespace), each from the fastest tier holding

@@ -52,6 +52,7 @@ from radixkv.config import StoreConfig
 from radixkv.errors import ConfigError, InputError
 from radixkv.keys import Namespace
 from radixkv.metrics import StoreMetrics
+from radixkv.tiers.base import ChunkBytes, chunk_nbytes
 from radixkv.transfer import ChunkRef, TierStack
 from radixkv.tree import RadixTree
 
@@ -175,7 +176,7 @@ class HierarchicalStore:
         self,
         ns: Namespace,
         keys: Sequence[str],
-        payloads: Sequence[torch.Tensor],
+        payloads: Sequence[ChunkBytes],
         parent_key: str | None = None,
     ) -> list[bool]:
         """Store one chain of chunks in the top tier (see the module docstring); returns per-key
@@ -347,7 +348,7 @@ class HierarchicalStore:
         self,
         ns: Namespace,
         keys: Sequence[str],
-        buffers: Sequence[torch.Tensor],
+        buffers: Sequence[ChunkBytes],
         parent_key: str | None = None,
         count_misses: bool = True,
     ) -> int:
@@ -364,7 +365,7 @@ class HierarchicalStore:
         self,
         ns: Namespace,
         keys: Sequence[str],
-        buffers: Sequence[torch.Tensor],
+        buffers: Sequence[ChunkBytes],
         parent_key: str | None = None,
     ) -> PrefetchHandle:
         """Start :meth:`get` in the background. The chunks present now (adopted ones included) are
@@ -383,7 +384,7 @@ class HierarchicalStore:
         self,
         ns: Namespace,
         keys: Sequence[str],
-        buffers: Sequence[torch.Tensor],
+        buffers: Sequence[ChunkBytes],
         parent_key: str | None,
     ) -> tuple[list[ChunkRef], list[int], str]:
         nsd = self._check_chain(ns, keys, parent_key)
@@ -407,7 +408,7 @@ class HierarchicalStore:
                         s.tree.pin(ids, owner, s.lease_s)
                     return refs, masks, owner
             probe = False  # the buffers size the chunks of a namespace never put here
-            adoption.adopt(self, ns, nsd, keys, parent_key, size or buffers[0].numel())
+            adoption.adopt(self, ns, nsd, keys, parent_key, size or chunk_nbytes(buffers[0]))
 
     def _read(
         self,
@@ -415,7 +416,7 @@ class HierarchicalStore:
         refs: list[ChunkRef],
         masks: list[int],
         owner: str,
-        buffers: Sequence[torch.Tensor],
+        buffers: Sequence[ChunkBytes],
         job: Job[int] | None,
         count_misses: bool = True,
     ) -> int:
@@ -559,7 +560,7 @@ class HierarchicalStore:
         return checks.check_chain(self, ns, keys, parent_key)
 
     def _check_tensors(
-        self, ns: Namespace, tensors: Sequence[torch.Tensor], what: str, register: bool = True
+        self, ns: Namespace, tensors: Sequence[ChunkBytes], what: str, register: bool = True
     ) -> int:
         return checks.check_tensors(self, ns, tensors, what, register)
 

@@ -13,6 +13,7 @@ import torch
 
 from radixkv.errors import CapacityError, InputError
 from radixkv.keys import KEY_RE, Namespace
+from radixkv.tiers.base import ChunkBytes, byte_parts
 
 if TYPE_CHECKING:
     from radixkv.store import HierarchicalStore
@@ -76,14 +77,16 @@ def namespace_digest(namespace: Any) -> str | None:
 def check_tensors(
     store: HierarchicalStore,
     ns: Namespace,
-    tensors: Sequence[torch.Tensor],
+    tensors: Sequence[ChunkBytes],
     what: str,
     register: bool = True,
 ) -> int:
     nsd = ns.digest
     fixed = store._ns_bytes.get(nsd)
     for i, t in enumerate(tensors):
-        if (
+        if isinstance(t, (tuple, list)):  # a chunk in parts: validated part by part, sized by the total
+            n = sum(p.nbytes for p in byte_parts(t, what, i))
+        elif (
             not isinstance(t, torch.Tensor)
             or t.dtype != torch.uint8
             or t.dim() != 1
@@ -97,9 +100,10 @@ def check_tensors(
             )
             raise InputError(
                 f"{what}[{i}] is {desc}; pass 1-D contiguous torch.uint8 CPU tensors "
-                "(x.view(torch.uint8).flatten().contiguous())"
+                "(x.view(torch.uint8).flatten().contiguous()), or tuples of them (a chunk's parts)"
             )
-        n = t.numel()
+        else:
+            n = t.numel()
         if fixed is None and register:
             fixed = register_namespace(store, nsd, n, f"{what}[{i}]")
         if fixed is not None and n != fixed:

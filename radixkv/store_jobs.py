@@ -14,6 +14,7 @@ import torch
 
 from radixkv.background import WorkerPool
 from radixkv.keys import Namespace
+from radixkv.tiers.base import ChunkBytes, chunk_copy
 from radixkv.transfer import ChunkRef, TierStack
 
 __all__ = ["write_through", "account", "Promoter"]
@@ -69,7 +70,7 @@ class Promoter:
         self._counts: dict[tuple[str, str], int] = {}
 
     def promote(
-        self, refs: list[ChunkRef], served: list[int], buffers: Sequence[torch.Tensor]
+        self, refs: list[ChunkRef], served: list[int], buffers: Sequence[ChunkBytes]
     ) -> None:
         """Queue the promotions due. The bytes are cloned now (the caller owns ``buffers`` once
         get returns); a full queue skips them (counted in ``dropped_jobs``)."""
@@ -94,7 +95,7 @@ class Promoter:
         with s.cond:
             chosen = s.pin_locked([refs[i] for i in picks], owner)
         keep = {r.node_id for r in chosen}
-        payloads = [buffers[i].clone() for i in picks if refs[i].node_id in keep]
+        payloads = [chunk_copy(buffers[i]) for i in picks if refs[i].node_id in keep]
 
         def run(_job: Any) -> int:
             try:

@@ -35,7 +35,7 @@ from radixkv import eviction, reads
 from radixkv.intents import WriteDeleteIntents
 from radixkv.errors import CapacityError, InputError, PinError
 from radixkv.metrics import StoreMetrics
-from radixkv.tiers.base import capacity_limit
+from radixkv.tiers.base import ChunkBytes, capacity_limit, chunk_nbytes
 from radixkv.tiers.framing import HEADER_BYTES
 from radixkv.tree import RadixTree
 
@@ -145,7 +145,7 @@ class TierStack(WriteDeleteIntents):
 
     # ------------------------------------------------------------------ guarded tier I/O
     def tier_put(
-        self, t: int, ns: str, keys: Sequence[str], payloads: Sequence[torch.Tensor]
+        self, t: int, ns: str, keys: Sequence[str], payloads: Sequence[ChunkBytes]
     ) -> list[bool]:
         if not keys:
             return []
@@ -160,13 +160,13 @@ class TierStack(WriteDeleteIntents):
                 for i, o in zip(failed, again):
                     ok[i] = o
         n_ok = sum(ok)
-        self.metrics.written(self.names[t], n_ok, sum(p.numel() for p, o in zip(payloads, ok) if o))
+        self.metrics.written(self.names[t], n_ok, sum(chunk_nbytes(p) for p, o in zip(payloads, ok) if o))
         self.metrics.write_failures(self.names[t], len(keys) - n_ok)
         self._absorb_tier_evictions(t)
         return ok
 
     def tier_get(
-        self, t: int, ns: str, keys: Sequence[str], buffers: Sequence[torch.Tensor]
+        self, t: int, ns: str, keys: Sequence[str], buffers: Sequence[ChunkBytes]
     ) -> list[bool]:
         if not keys:
             return []
@@ -179,7 +179,7 @@ class TierStack(WriteDeleteIntents):
                 return [False] * len(keys)
 
     def _put_many(
-        self, t: int, ns: str, keys: Sequence[str], payloads: Sequence[torch.Tensor]
+        self, t: int, ns: str, keys: Sequence[str], payloads: Sequence[ChunkBytes]
     ) -> list[bool]:
         try:
             return list(self.tiers[t].put_many(ns, keys, payloads))
@@ -258,14 +258,14 @@ class TierStack(WriteDeleteIntents):
         self,
         refs: Sequence[ChunkRef],
         masks: list[int],
-        buffers: Sequence[torch.Tensor],
+        buffers: Sequence[ChunkBytes],
         cancelled: Callable[[], bool] = lambda: False,
     ) -> tuple[int, list[int]]:
         """See :func:`radixkv.reads.read_run`."""
         return reads.read_run(self, refs, masks, buffers, cancelled)
 
     def write(
-        self, t: int, refs: Sequence[ChunkRef], payloads: Sequence[torch.Tensor]
+        self, t: int, refs: Sequence[ChunkRef], payloads: Sequence[ChunkBytes]
     ) -> list[bool]:
         """Write pinned chunks (one namespace) into tier ``t``: reserve room, put, make resident.
         Chunks the tree dropped meanwhile are deleted again so the tier holds nothing untracked."""
@@ -309,7 +309,7 @@ class TierStack(WriteDeleteIntents):
         t: int,
         ns: str,
         keys: Sequence[str],
-        payloads: Sequence[torch.Tensor],
+        payloads: Sequence[ChunkBytes],
         charges: Sequence[int],
         wait_for_transfers: bool = False,
         clears: tuple[int, int] | None = None,

@@ -1,7 +1,11 @@
 """The tier protocol: what every storage tier (memory, disk, Redis, ...) provides.
 
-A tier stores opaque chunk payloads (1-D contiguous ``torch.uint8`` CPU tensors) under a storage
-identity ``(namespace digest, chunk key)``. All calls are batched and thread-safe. A tier never
+A tier stores opaque chunk payloads under a storage identity ``(namespace digest, chunk key)``. A
+payload (and a read buffer) is a :data:`ChunkBytes`: one contiguous ``torch.uint8`` CPU tensor, or a
+tuple of them, the chunk's *parts* in order (a chunk whose bytes lie scattered in the caller's
+memory, such as an SGLang host page's K and V blocks, is stored and read in place, without a
+staging copy). A chunk is its bytes: the parts' concatenation. How it was cut is not stored, so a
+chunk put as parts reads back into one tensor or into parts cut another way, byte for byte. All calls are batched and thread-safe. A tier never
 raises for a fault of its medium (server down, disk full, corrupted bytes): it reports a miss (or a
 failed put) and counts it in :class:`TierStats`. It raises only for caller errors (wrong payload size,
 bad arguments), with a message naming the value and the fix.
@@ -14,15 +18,19 @@ bound by refusing puts that do not fit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, TypeVar, runtime_checkable
+from typing import Protocol, Sequence, TypeVar, Union, runtime_checkable
 
 import torch
 
 from radixkv.errors import ConfigError, InputError
 
-__all__ = ["Tier", "TierStats", "check_payload_size", "config_or_options", "UNBOUNDED_BYTES", "capacity_limit"]
+__all__ = ["Tier", "TierStats", "ChunkBytes", "byte_parts", "chunk_nbytes", "chunk_copy", "check_payload_size", "config_or_options",
+           "UNBOUNDED_BYTES", "capacity_limit"]
 
 _C = TypeVar("_C")
+
+# One chunk's bytes: a tensor, or its parts in order (see the module docstring).
+ChunkBytes = Union[torch.Tensor, "tuple[torch.Tensor, ...]"]
 
 # ``capacity_bytes`` of a tier without a byte bound of its own (Redis: the server's maxmemory bounds it).
 UNBOUNDED_BYTES = (1 << 63) - 1
@@ -57,6 +65,29 @@ def byte_tensor(t: object, arg: str, i: int) -> torch.Tensor:
         f"{what} is dtype={t.dtype}, device={t.device}, contiguous={t.is_contiguous()}; pass a "
         "contiguous torch.uint8 CPU tensor (use .view(torch.uint8).contiguous().cpu())"
     )
+
+
+def byte_parts(t: object, arg: str, i: int) -> list[torch.Tensor]:
+    """Item ``i`` of ``arg`` (a :data:`ChunkBytes`) as its parts, each a flat contiguous uint8 CPU
+    view (never a copy): ``[t]`` for a tensor. A list is accepted like a tuple; an empty one, or any
+    part :func:`byte_tensor` refuses, is an :class:`InputError` naming the item and the fix."""
+    if isinstance(t, torch.Tensor):
+        return [byte_tensor(t, arg, i)]
+    if isinstance(t, (tuple, list)):
+        if not t:
+            raise InputError(f"{arg}[{i}] is an empty {type(t).__name__}; pass a tensor or a tuple of its parts")
+        return [byte_tensor(p, f"{arg}[{i}]", j) for j, p in enumerate(t)]
+    return [byte_tensor(t, arg, i)]  # raises, naming the type
+
+
+def chunk_nbytes(t: ChunkBytes) -> int:
+    """Bytes of a (validated) chunk: the tensor's, or its parts' total."""
+    return t.nbytes if isinstance(t, torch.Tensor) else sum(p.nbytes for p in t)
+
+
+def chunk_copy(t: ChunkBytes) -> torch.Tensor:
+    """A (validated) chunk's bytes copied into one new flat uint8 tensor."""
+    return t.reshape(-1).clone() if isinstance(t, torch.Tensor) else torch.cat([p.reshape(-1) for p in t])
 
 
 def check_payload_size(tier_name: str, namespace: str, fixed_bytes: int | None, nbytes: int, what: str) -> None:
@@ -101,7 +132,7 @@ class Tier(Protocol):
     capacity_bytes: int
 
     def put_many(
-        self, namespace: str, keys: Sequence[str], payloads: Sequence[torch.Tensor]
+        self, namespace: str, keys: Sequence[str], payloads: Sequence[ChunkBytes]
     ) -> list[bool]:
         """Store each payload under its key; True where stored (or already present), False where the
         medium refused (full, down). Never partially visible: a reader sees the whole payload or
@@ -109,7 +140,7 @@ class Tier(Protocol):
         ...
 
     def get_many(
-        self, namespace: str, keys: Sequence[str], buffers: Sequence[torch.Tensor]
+        self, namespace: str, keys: Sequence[str], buffers: Sequence[ChunkBytes]
     ) -> list[bool]:
         """Read each payload into the caller's buffer (no intermediate copy where the medium allows).
         True where the buffer now holds exactly the stored, verified bytes; False is a miss and the

@@ -48,11 +48,11 @@ import xxhash
 
 from radixkv.errors import CapacityError, ConfigError, InputError
 from radixkv.forksafe import ForkSafeExecutor, run_shared
-from radixkv.tiers.base import TierStats, byte_tensor, check_payload_size, config_or_options
-from radixkv.tiers.disk_io import pread_all, pwrite_all, read_frame, write_frame
+from radixkv.tiers.base import ChunkBytes, TierStats, byte_parts, check_payload_size, config_or_options
+from radixkv.tiers.disk_io import blocks, preadv_all, pwrite_all, pwritev_all, read_frame, write_frame
 from radixkv.tiers.disk_layout import DiskLayout, check_ident
 from radixkv.tiers.disk_spares import SpareFiles, unlink_quietly
-from radixkv.tiers.framing import HEADER_BYTES, decode_header, encode_header, payload_checksum
+from radixkv.tiers.framing import HEADER_BYTES, Hasher, decode_header, encode_header, payload_checksum
 
 __all__ = ["DiskTier", "DiskTierConfig"]
 
@@ -143,27 +143,28 @@ class DiskTier:
 
     # ----------------------------------------------------------------------------- public API
 
-    def put_many(self, namespace: str, keys: Sequence[str], payloads: Sequence[torch.Tensor]) -> list[bool]:
+    def put_many(self, namespace: str, keys: Sequence[str], payloads: Sequence[ChunkBytes]) -> list[bool]:
         check_ident(namespace, keys)
         if len(keys) != len(payloads):
             raise InputError(f"{len(keys)} keys but {len(payloads)} payloads; pass one payload per key")
-        views = [memoryview(byte_tensor(p, "payloads", i).numpy()) for i, p in enumerate(payloads)]
+        views = [_views(p, "payloads", i) for i, p in enumerate(payloads)]
+        sizes = [_total(v) for v in views]
         with self._lock:
             self._check_open()
-            if views and namespace in self._scanned_sizes:
+            if sizes and namespace in self._scanned_sizes:
                 self._scanned_sizes.discard(namespace)  # this process's puts fix the size now
-                if self._ns_payload_bytes.get(namespace) != views[0].nbytes:
+                if self._ns_payload_bytes.get(namespace) != sizes[0]:
                     del self._ns_payload_bytes[namespace]  # old files of the other size read as misses
-            first_put = views and namespace not in self._ns_payload_bytes
+            first_put = sizes and namespace not in self._ns_payload_bytes
             if first_put:
-                self._ns_payload_bytes[namespace] = views[0].nbytes
+                self._ns_payload_bytes[namespace] = sizes[0]
             try:  # validate the whole batch before writing anything
-                for i, v in enumerate(views):
-                    self._check_size(namespace, v.nbytes, f"payloads[{i}]")
-                    frame = HEADER_BYTES + len(namespace) + len(keys[i]) + v.nbytes
+                for i, nbytes in enumerate(sizes):
+                    self._check_size(namespace, nbytes, f"payloads[{i}]")
+                    frame = HEADER_BYTES + len(namespace) + len(keys[i]) + nbytes
                     if frame > self.capacity_bytes:
                         raise CapacityError(
-                            f"a {v.nbytes}-byte chunk ({frame} bytes framed) cannot fit tier {self.name!r} "
+                            f"a {nbytes}-byte chunk ({frame} bytes framed) cannot fit tier {self.name!r} "
                             f"of capacity {self.capacity_bytes} bytes; raise capacity_bytes"
                         )
             except Exception:
@@ -182,20 +183,21 @@ class DiskTier:
                         self._index.move_to_end((namespace, key))
         return ok
 
-    def get_many(self, namespace: str, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> list[bool]:
+    def get_many(self, namespace: str, keys: Sequence[str], buffers: Sequence[ChunkBytes]) -> list[bool]:
         check_ident(namespace, keys)
         if len(keys) != len(buffers):
             raise InputError(f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key")
-        views = [memoryview(byte_tensor(b, "buffers", i).numpy()) for i, b in enumerate(buffers)]
+        views = [_views(b, "buffers", i) for i, b in enumerate(buffers)]
+        sizes = [_total(v) for v in views]
         with self._lock:
             self._check_open()
             fixed = self._ns_payload_bytes.get(namespace)
             if namespace in self._scanned_sizes:
                 fixed = None  # a size only old files had: another size reads them as misses
-        for i, v in enumerate(views):
-            if fixed is not None and v.nbytes != fixed:
+        for i, nbytes in enumerate(sizes):
+            if fixed is not None and nbytes != fixed:
                 raise InputError(
-                    f"buffers[{i}] has {v.nbytes} bytes but namespace {namespace} stores {fixed}-byte "
+                    f"buffers[{i}] has {nbytes} bytes but namespace {namespace} stores {fixed}-byte "
                     f"chunks in tier {self.name!r}; pass buffers of the namespace's chunk size"
                 )
         hits = self._run(lambda i: self._get_one(namespace, keys[i], views[i]), len(keys))
@@ -203,7 +205,7 @@ class DiskTier:
             self._stats.gets += len(keys)
             self._stats.hits += sum(hits)
             self._stats.misses += len(keys) - sum(hits)
-            self._stats.bytes_out += sum(v.nbytes for v, h in zip(views, hits) if h)
+            self._stats.bytes_out += sum(n for n, h in zip(sizes, hits) if h)
         return hits
 
     def contains_many(self, namespace: str, keys: Sequence[str]) -> int:
@@ -317,9 +319,10 @@ class DiskTier:
 
     # ----------------------------------------------------------------------------- I/O
 
-    def _put_one(self, ns: str, key: str, payload: memoryview) -> bool:
+    def _put_one(self, ns: str, key: str, payload: list[memoryview]) -> bool:
         ident = (ns, key)
-        frame = HEADER_BYTES + len(ns) + len(key) + payload.nbytes
+        nbytes = _total(payload)
+        frame = HEADER_BYTES + len(ns) + len(key) + nbytes
         with self._lock:
             if ident in self._index:
                 self._index.move_to_end(ident)
@@ -350,7 +353,7 @@ class DiskTier:
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
                 old_size = 0
             try:
-                if self._overlap(payload.nbytes):
+                if self._overlap(nbytes):
                     self._write_overlapped(fd, ns, key, payload)
                 else:
                     write_frame(fd, ns, key, payload)
@@ -375,7 +378,7 @@ class DiskTier:
                     self._index[ident] = frame
                     self._usage += frame
                 self._stats.puts += 1
-                self._stats.bytes_in += payload.nbytes
+                self._stats.bytes_in += nbytes
                 self._stats.extra["recycled_puts"] += spare is not None
             return True
         except OSError:  # disk full, I/O error, directory removed: a failed put, not an exception
@@ -392,36 +395,46 @@ class DiskTier:
         threshold = self.config.overlap_min_bytes
         return threshold is not None and nbytes >= threshold
 
-    def _write_overlapped(self, fd: int, ns: str, key: str, payload: memoryview) -> None:
+    def _write_overlapped(self, fd: int, ns: str, key: str, payload: list[memoryview]) -> None:
         """Payload written by a helper while this thread hashes it; the header (which needs the
         checksum) goes last. Safe: the temp file is invisible until the commit rename."""
-        write = self._aux.submit(pwrite_all, fd, payload, HEADER_BYTES + len(ns) + len(key))
+        write = self._aux.submit(pwritev_all, fd, payload, HEADER_BYTES + len(ns) + len(key))
         try:
-            header = encode_header(ns, key, payload, payload_checksum(payload))
+            if len(payload) == 1:
+                checksum = payload_checksum(payload[0])
+            else:
+                hasher = Hasher()
+                for part in payload:
+                    hasher.update(part)
+                checksum = hasher.intdigest()
+            header = encode_header(ns, key, _total(payload), checksum)
             pwrite_all(fd, memoryview(header), 0)
         finally:
             write.result()  # always wait (and re-raise its OSError) before the caller closes fd
 
-    def _read_overlapped(self, fd: int, offset: int, out: memoryview) -> int | None:
-        """Read ``out`` from ``offset`` while hashing: block i is hashed as block i+1 is read.
-        Returns the xxh3-64 of the payload, or None if the file ended early."""
+    def _read_overlapped(self, fd: int, offset: int, out: list[memoryview]) -> int | None:
+        """Read ``out`` (parts, in order) from ``offset`` while hashing: block i is hashed as block
+        i+1 is read. Returns the xxh3-64 of the payload, or None if the file ended early."""
         hasher = xxhash.xxh3_64()
-        blocks = [out[i : i + _OVERLAP_BLOCK_BYTES] for i in range(0, out.nbytes, _OVERLAP_BLOCK_BYTES)]
-        pending = self._aux.submit(pread_all, fd, blocks[0], offset)
+        cut = blocks(out, _OVERLAP_BLOCK_BYTES)
+        starts = [offset]
+        for block in cut[:-1]:
+            starts.append(starts[-1] + _total(block))
+        pending = self._aux.submit(preadv_all, fd, cut[0], offset)
         try:
-            for i, block in enumerate(blocks):
+            for i, block in enumerate(cut):
                 ok = pending.result()
-                if i + 1 < len(blocks):
-                    pending = self._aux.submit(pread_all, fd, blocks[i + 1],
-                                               offset + (i + 1) * _OVERLAP_BLOCK_BYTES)
+                if i + 1 < len(cut):
+                    pending = self._aux.submit(preadv_all, fd, cut[i + 1], starts[i + 1])
                 if not ok:
                     return None
-                hasher.update(block)
+                for view in block:
+                    hasher.update(view)
         finally:
             pending.result() if not pending.done() else None  # never leave a read into `out` running
         return hasher.intdigest()
 
-    def _get_one(self, ns: str, key: str, out: memoryview) -> bool:
+    def _get_one(self, ns: str, key: str, out: list[memoryview]) -> bool:
         ident = (ns, key)
         with self._lock:
             indexed = ident in self._index
@@ -457,14 +470,15 @@ class DiskTier:
         finally:
             os.close(fd)
 
-    def _read_verified(self, fd: int, ns: str, key: str, out: memoryview) -> str:
+    def _read_verified(self, fd: int, ns: str, key: str, out: list[memoryview]) -> str:
         """"ok" (out holds the verified payload), "corrupt", or "mismatch" (another size)."""
-        if self._overlap(out.nbytes):
+        nbytes = _total(out)
+        if self._overlap(nbytes):
             header_len = HEADER_BYTES + len(ns) + len(key)
             header = decode_header(os.pread(fd, header_len, 0))
             if header is None or header.namespace != ns or header.key != key:
                 return "corrupt"
-            verdict = "mismatch" if header.payload_bytes != out.nbytes else "ok"
+            verdict = "mismatch" if header.payload_bytes != nbytes else "ok"
             if verdict == "ok" and os.fstat(fd).st_size != header.frame_bytes:
                 return "corrupt"  # truncated or extended
             if verdict == "ok":
@@ -617,3 +631,12 @@ class DiskTier:
                     self._usage -= self._index.popitem(last=False)[1]
             else:
                 self._make_room(0)
+
+
+def _views(t: object, arg: str, i: int) -> list[memoryview]:
+    """Item ``i`` of ``arg`` (a ChunkBytes) as memoryviews of its parts (no copy)."""
+    return [memoryview(p.numpy()) for p in byte_parts(t, arg, i)]
+
+
+def _total(views: list[memoryview]) -> int:
+    return views[0].nbytes if len(views) == 1 else sum(v.nbytes for v in views)

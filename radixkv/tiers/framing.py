@@ -34,6 +34,8 @@ from typing import Any
 
 import xxhash
 
+from radixkv.errors import InputError
+
 __all__ = ["FORMAT_VERSION", "HEADER_BYTES", "FrameHeader", "encode_header", "decode_header", "check_header",
            "payload_checksum", "Hasher", "GIL_FREE_HASH"]
 
@@ -186,13 +188,21 @@ class FrameHeader:
         return HEADER_BYTES + len(self.namespace) + len(self.key)
 
 
-def encode_header(namespace: str, key: str, payload: memoryview | bytes, checksum: int | None = None) -> bytes:
-    """Header + identity bytes for ``payload`` (the payload itself is written separately, uncopied)."""
+def encode_header(
+    namespace: str, key: str, payload: memoryview | bytes | int, checksum: int | None = None
+) -> bytes:
+    """Header + identity bytes for ``payload`` (the payload itself is written separately, uncopied).
+    ``payload`` may be just its byte count when ``checksum`` is given (a payload written in parts)."""
     ns_raw = namespace.encode("ascii")
     key_raw = key.encode("ascii")
-    n = memoryview(payload).nbytes
+    if isinstance(payload, int):
+        if checksum is None:
+            raise InputError("encode_header got a byte count without a checksum; pass the payload or both")
+        n = payload
+    else:
+        n = memoryview(payload).nbytes
     if checksum is None:
-        checksum = payload_checksum(payload)
+        checksum = payload_checksum(payload)  # type: ignore[arg-type]
     fixed = _FIXED.pack(_MAGIC, FORMAT_VERSION, 0, len(ns_raw), len(key_raw), n, checksum)
     ident = ns_raw + key_raw
     header_sum = xxhash.xxh3_64_intdigest(fixed + ident)

@@ -30,7 +30,7 @@ import torch
 
 from radixkv.errors import CapacityError, ConfigError, InputError
 from radixkv.hostcopy import HostCopier
-from radixkv.tiers.base import TierStats, byte_tensor, check_payload_size, config_or_options
+from radixkv.tiers.base import ChunkBytes, TierStats, byte_parts, check_payload_size, config_or_options
 
 __all__ = ["MemoryTier", "MemoryTierConfig", "MemoryLease"]
 
@@ -177,33 +177,37 @@ class MemoryTier:
         self._lock = threading.Lock()
         self._closed = False
         self._copier = HostCopier(config.copy_threads)
+        # Slot i's bytes start at this address + its offset: copies of a chunk's parts go by address
+        # (slicing a view per part would cost microseconds each). The buffer lives as long as the tier.
+        self._base_ptr = self._buffer.data_ptr()
 
     # ----------------------------------------------------------------------------- public API
 
-    def put_many(self, namespace: str, keys: Sequence[str], payloads: Sequence[torch.Tensor]) -> list[bool]:
+    def put_many(self, namespace: str, keys: Sequence[str], payloads: Sequence[ChunkBytes]) -> list[bool]:
         _check_ident(namespace, keys)
         if len(keys) != len(payloads):
             raise InputError(f"{len(keys)} keys but {len(payloads)} payloads; pass one payload per key")
-        views = [byte_tensor(p, "payloads", i) for i, p in enumerate(payloads)]
+        parts = [byte_parts(p, "payloads", i) for i, p in enumerate(payloads)]
+        sizes = [_total_bytes(ps) for ps in parts]
         ok = [False] * len(keys)
         todo: list[tuple[int, _Slot]] = []
         with self._lock:
             self._check_open()
-            first_put = views and namespace not in self._ns_slot_bytes
+            first_put = sizes and namespace not in self._ns_slot_bytes
             if first_put:
-                self._ns_slot_bytes[namespace] = views[0].numel()
+                self._ns_slot_bytes[namespace] = sizes[0]
             try:  # validate the whole batch before reserving anything
-                for i, v in enumerate(views):
-                    self._check_size(namespace, v.numel(), f"payloads[{i}]")
+                for i, n in enumerate(sizes):
+                    self._check_size(namespace, n, f"payloads[{i}]")
             except Exception:
                 if first_put:
                     del self._ns_slot_bytes[namespace]
                 raise
-            for i, (key, v) in enumerate(zip(keys, views)):
+            for i, key in enumerate(keys):
                 if (namespace, key) in self._index:
                     ok[i] = True  # keys name content: present means the same bytes
                     continue
-                slot = self._alloc(v.numel())
+                slot = self._alloc(sizes[i])
                 if slot is None:
                     self._stats.extra["full_refusals"] += 1
                     self._stats.put_failures += 1
@@ -216,7 +220,7 @@ class MemoryTier:
             gen = (self._all_gen, self._ns_gen.get(namespace, 0))
         # Copy outside the lock: the slots are reserved and invisible until published below.
         try:
-            self._copier.copy([self._slot_view(slot) for _, slot in todo], [views[i] for i, _ in todo])
+            self._copier.copy_spans(_spans_into_slots(self._base_ptr, todo, parts))
         except BaseException:
             with self._lock:
                 for _, slot in todo:
@@ -251,15 +255,15 @@ class MemoryTier:
             self._ns_live.pop(namespace, None)
             self._ns_slot_bytes.pop(namespace, None)
 
-    def get_many(self, namespace: str, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> list[bool]:
+    def get_many(self, namespace: str, keys: Sequence[str], buffers: Sequence[ChunkBytes]) -> list[bool]:
         _check_ident(namespace, keys)
         if len(keys) != len(buffers):
             raise InputError(f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key")
-        outs = [byte_tensor(b, "buffers", i) for i, b in enumerate(buffers)]
-        slots = self._acquire(namespace, keys, [o.numel() for o in outs])
+        outs = [byte_parts(b, "buffers", i) for i, b in enumerate(buffers)]
+        slots = self._acquire(namespace, keys, [_total_bytes(o) for o in outs])
         held = [s for s in slots if s is not None]
         try:
-            self._copier.copy([o for o, s in zip(outs, slots) if s is not None], [s.view for s in held])
+            self._copier.copy_spans(_spans_from_slots(self._base_ptr, slots, outs))
         finally:
             self._release(held, gets=len(keys), hits=len(held), bytes_out=sum(s.nbytes for s in held))
         return [s is not None for s in slots]
@@ -276,7 +280,7 @@ class MemoryTier:
         with self._lock:
             self._check_open()
             slots = [self._index.get((namespace, k)) for k in keys]
-            return [None if s is None else self._slot_view(s) for s in slots]
+            return [None if s is None else s.view for s in slots]
 
     def contains_many(self, namespace: str, keys: Sequence[str]) -> int:
         _check_ident(namespace, keys)
@@ -417,9 +421,6 @@ class MemoryTier:
                 f"least {need_units * self._unit}"
             )
 
-    def _slot_view(self, slot: _Slot) -> torch.Tensor:
-        return slot.view
-
     def _acquire(self, namespace: str, keys: Sequence[str], sizes: list[int] | None) -> list[_Slot | None]:
         """The keys' slots (None where absent), each with one more reader. Sizes are checked first, so
         an InputError leaves no reader count behind."""
@@ -538,3 +539,35 @@ class MemoryTier:
                 if run == cap:
                     break
         return best_first, best_len
+
+
+def _total_bytes(parts: list[torch.Tensor]) -> int:
+    return parts[0].nbytes if len(parts) == 1 else sum(p.nbytes for p in parts)
+
+
+def _spans_into_slots(base: int, todo: list[tuple[int, _Slot]], parts: list[list[torch.Tensor]]) -> list[tuple[int, int, int]]:
+    """Copy spans writing each chunk's parts, in order, into its slot."""
+    spans = []
+    for i, slot in todo:
+        dst = base + slot.offset_bytes
+        for p in parts[i]:
+            n = p.nbytes
+            if n:
+                spans.append((dst, p.data_ptr(), n))
+                dst += n
+    return spans
+
+
+def _spans_from_slots(base: int, slots: list[_Slot | None], outs: list[list[torch.Tensor]]) -> list[tuple[int, int, int]]:
+    """Copy spans filling each held chunk's buffer parts, in order, from its slot."""
+    spans = []
+    for slot, parts in zip(slots, outs):
+        if slot is None:
+            continue
+        src = base + slot.offset_bytes
+        for p in parts:
+            n = p.nbytes
+            if n:
+                spans.append((p.data_ptr(), src, n))
+                src += n
+    return spans

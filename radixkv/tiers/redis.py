@@ -57,7 +57,7 @@ from typing import Any, Sequence
 import torch
 
 from radixkv.errors import CapacityError, InputError
-from radixkv.tiers.base import UNBOUNDED_BYTES, TierStats, byte_tensor
+from radixkv.tiers.base import UNBOUNDED_BYTES, ChunkBytes, TierStats, byte_parts
 from radixkv.tiers.framing import HEADER_BYTES, encode_header
 from radixkv.tiers.redis_accounting import ByteLedger
 from radixkv.tiers.redis_client import NAME_RE, FramedValue, RedisTierConfig, RedisUrl, build_config
@@ -141,13 +141,15 @@ class RedisTier:
 
     # ---------------------------------------------------------------- Tier protocol
 
-    def put_many(self, namespace: str, keys: Sequence[str], payloads: Sequence[torch.Tensor]) -> list[bool]:
+    def put_many(self, namespace: str, keys: Sequence[str], payloads: Sequence[ChunkBytes]) -> list[bool]:
         """Store each payload (overwriting); False where refused (capacity, server down or OOM)."""
         _check_namespace(namespace)
         _check_keys(keys)
         if len(keys) != len(payloads):
             raise InputError(f"put_many got {len(keys)} keys but {len(payloads)} payloads; pass one per key")
-        views = [memoryview(byte_tensor(p, "payloads", i).numpy()) for i, p in enumerate(payloads)]
+        # A chunk in parts is joined (one copy): a SET value is one buffer, and the network, not
+        # this copy, bounds a remote tier.
+        views = [memoryview(_joined(byte_parts(p, "payloads", i)).numpy()) for i, p in enumerate(payloads)]
         self._retry_clears()  # before the ledger decides what fits
         ok = [False] * len(keys)
         if self._cleared_out(namespace):
@@ -204,13 +206,16 @@ class RedisTier:
             self._link.refresh_topology()
         return ok
 
-    def get_many(self, namespace: str, keys: Sequence[str], buffers: Sequence[torch.Tensor]) -> list[bool]:
+    def get_many(self, namespace: str, keys: Sequence[str], buffers: Sequence[ChunkBytes]) -> list[bool]:
         """Read each payload into its buffer (exact size required); False is a miss."""
         _check_namespace(namespace)
         _check_keys(keys)
         if len(keys) != len(buffers):
             raise InputError(f"get_many got {len(keys)} keys but {len(buffers)} buffers; pass one per key")
-        dsts = [byte_tensor(b, "buffers", i).numpy() for i, b in enumerate(buffers)]
+        outs = [byte_parts(b, "buffers", i) for i, b in enumerate(buffers)]
+        # A buffer in parts is read into one staging buffer, then copied into its parts (on a hit).
+        staged = [o[0] if len(o) == 1 else torch.empty(sum(p.nbytes for p in o), dtype=torch.uint8) for o in outs]
+        dsts = [t.numpy() for t in staged]
         started = time.monotonic()
         ok = [False] * len(keys)
         gone: list[str] = []
@@ -237,6 +242,9 @@ class RedisTier:
                     self._count(errors=1)
         if moved:
             self._link.refresh_topology()
+        for o, t, hit in zip(outs, staged, ok):
+            if hit and len(o) > 1:
+                _scatter(t, o)
         if gone:
             self._ledger.forget(namespace, gone, seen_at=started)
         hits = sum(ok)
@@ -401,3 +409,15 @@ def _unlink(client: Any, rkeys: list[bytes]) -> None:
     for k in rkeys:
         pipe.unlink(k)
     pipe.execute(raise_on_error=False)
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _scatter(src: torch.Tensor, parts: list[torch.Tensor]) -> None:
+    at = 0
+    for p in parts:
+        n = p.nbytes
+        p.copy_(src[at : at + n])
+        at += n

@@ -39,25 +39,32 @@ def test_backup_then_prefetch_bytes_identical(tmp_path, layout, kind, interface_
         assert backend.store.flush(timeout_s=30)
         backend.check_integrity()
         stats = backend.get_stats()
-        # Write-through reached the disk tier: every chunk of the 6 pages is resident there too.
-        per_page = backend._bindings["kv"].plan.chunks_per_page() if interface_v1 else 1
+        # Write-through reached the disk tier: each of the 6 pages (one chunk each) is resident there too.
         disk = stats.radixkv["tiers"]["disk"]
-        assert disk["tree_chunks"] == 6 * per_page and disk["put_failures"] == 0 and disk["errors"] == 0
+        assert disk["tree_chunks"] == 6 and disk["put_failures"] == 0 and disk["errors"] == 0
         assert sum(stats.backup_pgs) == 6 and sum(stats.prefetch_pgs) >= 8
         assert stats.radixkv["adapter"]["failed_calls"] == 0
     finally:
         h.close()
 
 
-def test_plans_are_zero_copy_where_the_layout_allows():
-    expect = {("mha", "layer_first"): "gather", ("mha", "page_first"): "direct",
-              ("mha", "page_first_direct"): "direct", ("mla", "layer_first"): "gather",
-              ("mla", "page_first"): "direct", ("mla", "page_first_direct"): "direct"}
-    for (kind, layout), mode in expect.items():
+def test_plans_are_zero_copy_in_every_layout():
+    """Every layout's page is one chunk made of the page's segments in place (no staging copy)."""
+    segments = {("mha", "layer_first"): 6, ("mha", "page_first"): 2, ("mha", "page_first_direct"): 2,
+                ("mla", "layer_first"): 3, ("mla", "page_first"): 1, ("mla", "page_first_direct"): 1}
+    for (kind, layout), n_seg in segments.items():
         h = ControllerHarness(PoolSpec(kind=kind, layout=layout, layers=3), extra_config=extra_config([mem_tier()]))
         try:
             b = unwrap(h.backend)._bindings["kv"]
-            assert b.plan.mode == mode, (kind, layout, b.plan)
+            assert (b.plan.mode, b.plan.n_segments) == ("parts", n_seg), (kind, layout, b.plan)
+            assert b.plan.chunk_bytes == b.flat.chunk_bytes  # the whole page, as its flat copy
+            page = b.plan.views([4])[0]
+            parts = (page,) if n_seg == 1 else page
+            base = b.pool.kv_buffer.data_ptr()
+            end = base + b.pool.kv_buffer.nbytes
+            # every part aliases the host pool (zero-copy), and they add up to one page
+            assert all(base <= p.data_ptr() < end for p in parts)
+            assert sum(p.nbytes for p in parts) == b.plan.chunk_bytes
             assert b.flat.mode == "flat"
             # Namespaces carry dtype, layout and page size; v1 and copy formats never mix.
             assert b.ns.dtype == "bfloat16" and b.ns.layout == layout and b.ns.chunk_tokens == 4

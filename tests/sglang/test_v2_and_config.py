@@ -120,7 +120,7 @@ def test_lookup_metrics_and_tokens_count_pages_once():
         assert h.prefetch(toks).loaded_tokens == 32
         h.prefetch(tokens(16, seed=99))  # 4 pages nobody stored
         st = be.store.stats()["store"]
-        assert be._binding("kv").plan.chunks_per_page() == 2  # the direct plan: K and V apart
+        assert be._binding("kv").plan.n_segments == 2  # K and V apart, in one chunk per page
         assert st["mem.hit_tokens"] == 32, st  # 8 pages of 4 tokens, not 64
         assert st["lookup_miss_tokens"] >= 16 and st["lookup_hit_tokens"] >= 32, st
     finally:

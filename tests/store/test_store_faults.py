@@ -458,16 +458,16 @@ def test_a_put_lost_to_a_clear_evicts_nothing_else(make_store, monkeypatch):
     _, kb = chain(98, 8)
     assert all(store.put(b, kb, [payload_for(k) for k in kb]))
     mem = store.tiers[0]
-    real_copy = mem._copier.copy
+    real_copy = mem._copier.copy_spans
     fired: list[int] = []
 
-    def copy_then_clear(dsts, srcs):
-        real_copy(dsts, srcs)
+    def copy_then_clear(spans):
+        real_copy(spans)
         if not fired:
             fired.append(1)
             store.clear(a)
 
-    monkeypatch.setattr(mem._copier, "copy", copy_then_clear)
+    monkeypatch.setattr(mem._copier, "copy_spans", copy_then_clear)
     _, ka = chain(99, 4)
     assert store.put(a, ka, [payload_for(k) for k in ka]) == [False] * 4
     assert store.lookup(b, kb, probe=False) == 8

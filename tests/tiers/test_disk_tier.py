@@ -582,6 +582,69 @@ class TestOverlappedPaths:
             assert not files, files
 
 
+class TestParts:
+    """A chunk in parts (e.g. an SGLang page's K and V blocks) is written with pwritev and read with
+    preadv straight from/into the parts: the file is the one its concatenation makes."""
+
+    N = 1 << 20  # two 512 KiB blocks of the plain path
+
+    @staticmethod
+    def parts_of(t: torch.Tensor, *sizes: int) -> tuple[torch.Tensor, ...]:
+        out, at = [], 0
+        for n in sizes:
+            out.append(t[at : at + n])
+            at += n
+        return (*out, t[at:])
+
+    @pytest.mark.parametrize("overlap", [None, 64 * KiB], ids=["plain", "overlapped"])
+    def test_parts_across_blocks_file_identical_to_whole(self, root, monkeypatch, overlap):
+        monkeypatch.setattr(disk_mod, "_OVERLAP_BLOCK_BYTES", 16 * KiB)
+        t = DiskTier(root=root, capacity_bytes=8 << 20, overlap_min_bytes=overlap)
+        p = pl(3, self.N)
+        # parts straddling the block boundary, one empty, one tiny
+        assert t.put_many(NS, ["a"], [self.parts_of(p, 300 * KiB, 0, 1, 400 * KiB)]) == [True]
+        assert t.put_many(NS, ["b"], [p]) == [True]
+        fa = open(t._layout.path(NS, "a"), "rb").read()
+        fb = open(t._layout.path(NS, "b"), "rb").read()
+        at = HEADER_BYTES + len(NS) + 1
+        assert len(fa) == len(fb) and fa[at:] == fb[at:] == p.numpy().tobytes()
+        assert decode_header(fa).checksum == decode_header(fb).checksum == payload_checksum(memoryview(p.numpy()))
+        out = buf(self.N)
+        assert t.get_many(NS, ["b"], [self.parts_of(out, 5, 600 * KiB, 3)]) == [True]
+        assert torch.equal(out, p)
+        t.check_integrity()
+        t.close()
+
+    def test_more_parts_than_one_system_call_takes(self, tier):
+        """1,500 parts (over IOV_MAX's 1024) round-trip: each call takes at most a bounded number."""
+        p = pl(4, 6000)
+        parts = tuple(p[i : i + 4] for i in range(0, 6000, 4))
+        assert tier.put_many(NS, ["a"], [parts]) == [True]
+        out = buf(6000)
+        assert tier.get_many(NS, ["a"], [tuple(out[i : i + 4] for i in range(0, 6000, 4))]) == [True]
+        assert torch.equal(out, p)
+
+    @pytest.mark.parametrize("where", ["first", "last"])
+    def test_flipped_byte_read_into_parts_is_a_miss(self, tier, where):
+        p = pl(5, 8 * KiB)
+        tier.put_many(NS, ["a"], [p])
+        path = tier._layout.path(NS, "a")
+        offset = HEADER_BYTES + len(NS) + 1 + (5 if where == "first" else 8 * KiB - 2)
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            b = f.read(1)[0]
+            f.seek(offset)
+            f.write(bytes([b ^ 1]))
+        out = buf()
+        assert tier.get_many(NS, ["a"], [self.parts_of(out, 4 * KiB)]) == [False]
+        assert tier.stats().checksum_failures == 1
+
+    def test_truncated_file_read_into_parts_is_a_miss(self, tier):
+        tier.put_many(NS, ["a"], [pl(6)])
+        os.truncate(tier._layout.path(NS, "a"), HEADER_BYTES + len(NS) + 1 + 5 * KiB)
+        assert tier.get_many(NS, ["a"], [self.parts_of(buf(), 4 * KiB)]) == [False]
+
+
 def test_directory_removed_behind_the_tiers_back(tier):
     """Someone wipes the tree (e.g. a cleanup job): misses, then puts recreate the directories."""
     import shutil

@@ -283,21 +283,21 @@ class TestClearRaces:
         import time
 
         tier = MemoryTier(capacity_bytes=1 << 20, unit_bytes=64 << 10, prefault=False, copy_threads=1)
-        real = tier._copier.copy
+        real = tier._copier.copy_spans
         entered = threading.Event()
 
-        def slow(dst, src):
+        def slow(spans):
             entered.set()
             time.sleep(0.2)
-            return real(dst, src)
+            return real(spans)
 
-        monkeypatch.setattr(tier._copier, "copy", slow)
+        monkeypatch.setattr(tier._copier, "copy_spans", slow)
         out: list[list[bool]] = []
         th = threading.Thread(target=lambda: out.append(tier.put_many("ns", ["old"], [torch.ones(4096, dtype=torch.uint8)])))
         th.start()
         entered.wait(5)
         tier.clear("ns")
-        monkeypatch.setattr(tier._copier, "copy", real)
+        monkeypatch.setattr(tier._copier, "copy_spans", real)
         assert tier.put_many("ns", ["new"], [torch.ones(8192, dtype=torch.uint8)]) == [True]
         th.join()
         assert out == [[False]] and tier.contains_many("ns", ["old"]) == 0

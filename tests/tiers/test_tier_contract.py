@@ -128,6 +128,65 @@ class TestRoundTrip:
         assert tier.delete_many(ns, []) == 0
 
 
+def cut(t: torch.Tensor, *sizes: int) -> tuple[torch.Tensor, ...]:
+    """``t`` cut into views of ``sizes`` bytes (the rest last): a chunk in parts."""
+    out, at = [], 0
+    for n in sizes:
+        out.append(t[at : at + n])
+        at += n
+    out.append(t[at:])
+    return tuple(out)
+
+
+class TestParts:
+    """A chunk may be passed as a tuple of parts (its bytes scattered in the caller's memory): it is
+    the parts' concatenation, whichever way it is cut on the way in or out."""
+
+    def test_parts_in_whole_out(self, tier, ns):
+        keys = keys_for("pw", 4)
+        payloads = [payload_for(k) for k in keys]
+        assert tier.put_many(ns, keys, [cut(p, 1000, 96) for p in payloads]) == [True] * 4
+        outs = buffers(4)
+        assert tier.get_many(ns, keys, outs) == [True] * 4
+        assert all(torch.equal(p, o) for p, o in zip(payloads, outs))
+        assert tier.stats().bytes_out >= 4 * CHUNK_BYTES
+
+    def test_whole_in_parts_out_cut_another_way(self, tier, ns):
+        keys = keys_for("wp", 3)
+        payloads = [payload_for(k) for k in keys]
+        assert tier.put_many(ns, keys, payloads) == [True] * 3
+        outs = buffers(3)
+        # separate, scattered destination buffers, one of them a 1-byte part
+        parts = [(o[2048:], o[:1], o[1:2048]) for o in outs]
+        assert tier.get_many(ns, keys, parts) == [True] * 3
+        for p, o in zip(payloads, outs):
+            assert torch.equal(torch.cat([o[2048:], o[:2048]]), p)
+
+    def test_parts_round_trip_and_misses_leave_parts_alone(self, tier, ns):
+        p = payload_for("pp")
+        assert tier.put_many(ns, ["pp"], [list(cut(p, 17, 4000))]) == [True]  # a list works too
+        a, b = buffers(2)
+        assert tier.get_many(ns, ["pp", "absent"], [cut(a, 3000), cut(b, 5)]) == [True, False]
+        assert torch.equal(a, p)
+
+    def test_parts_sizes_count_as_one_chunk(self, tier, ns):
+        """The namespace's chunk size is the parts' total: other totals are refused or miss."""
+        tier.put_many(ns, ["k"], [payload_for("k")])
+        short = buffers(1)[0][: CHUNK_BYTES - 8]
+        try:
+            hit = tier.get_many(ns, ["k"], [cut(short, 100)])
+        except InputError:
+            hit = [False]
+        assert hit == [False]
+
+    @pytest.mark.parametrize("bad", [(), (torch.zeros(8, dtype=torch.uint8), torch.zeros(8, dtype=torch.float32)),
+                                     (torch.zeros(8, dtype=torch.uint8), "x")], ids=["empty", "float-part", "str-part"])
+    def test_bad_parts_raise_input_error(self, tier, ns, bad):
+        with pytest.raises(InputError, match=r"payloads\[0\]"):
+            tier.put_many(ns, ["k"], [bad])
+        assert tier.contains_many(ns, ["k"]) == 0
+
+
 class TestContainsDeleteClear:
     def test_contains_is_leading_run(self, tier, ns):
         """contains_many counts only the leading run of present keys."""
