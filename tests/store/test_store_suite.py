@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from radixkv.errors import InputError
 from radixkv.store import HierarchicalStore
 from store_helpers import (
     CAP_CHUNKS,
@@ -82,6 +83,52 @@ class TestRoundTrip:
         assert put_chain(store, ns, keys[2:], parent_key=keys[1]) == [False, False]
         assert store.lookup(ns, keys[2:]) == 0
         store.flush()
+        store.check_integrity()
+
+
+def in_parts(t: torch.Tensor, cut: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
+    return (t[:cut], t[cut:])
+
+
+class TestChunksInParts:
+    def test_parts_through_every_stack(self, make_store, stack):
+        """Chunks put in parts (views of separate buffers) read back from every tier of the stack,
+        into parts cut another way or into whole buffers, byte for byte."""
+        store = make_store(stack, write_policy="write_through")
+        ns = new_namespace()
+        _, keys = chain(41, 5)
+        whole = [payload_for(k) for k in keys]
+        # each chunk's two halves live in separate tensors, as an SGLang page's K and V blocks do
+        parts = [(w[: CHUNK_BYTES // 2].clone(), w[CHUNK_BYTES // 2 :].clone()) for w in whole]
+        assert store.put(ns, keys, parts) == [True] * 5
+        store.flush()
+        for tier in store.tiers:
+            outs = buffers(5)
+            assert tier.get_many(ns.digest, keys, [in_parts(o, 77) for o in outs]) == [True] * 5
+            assert_exact(keys, outs, 5)
+        outs = buffers(5)
+        assert store.get(ns, keys, [in_parts(o) for o in outs]) == 5
+        assert_exact(keys, outs, 5)
+        with pytest.raises(InputError, match=r"buffers\[0\]"):
+            store.get(ns, keys, [(outs[0][:10],)] + outs[1:])  # parts must add up to the chunk size
+        store.check_integrity()
+
+    def test_demotion_and_promotion_of_chunks_put_in_parts(self, make_store):
+        store = make_store("mem-disk", write_policy="write_back", promote_on_hit=True)
+        ns = new_namespace()
+        _, first = chain(42, 2)
+        assert store.put(ns, first, [in_parts(payload_for(k)) for k in first]) == [True] * 2
+        for i in range(2):
+            put_chain(store, ns, chain(500 + i, 4)[1])
+        assert residency(store, ns, first) == [["disk"]] * 2  # demoted byte for byte
+        outs = buffers(2)
+        assert store.get(ns, first, [in_parts(o, 3) for o in outs]) == 2  # read into parts
+        assert_exact(first, outs, 2)
+        store.flush()
+        assert all("mem" in r for r in residency(store, ns, first))  # promoted from the parts
+        outs = buffers(2)
+        assert store.tiers[0].get_many(ns.digest, first, outs) == [True] * 2
+        assert_exact(first, outs, 2)
         store.check_integrity()
 
 
