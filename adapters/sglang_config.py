@@ -141,7 +141,7 @@ def tp_replicated(config: Any, pool_name: str) -> bool:
 
 
 def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, plan_tag: str,
-                  layout: str | None = None, segments: int = 1) -> Namespace:
+                  layout: str | None = None) -> Namespace:
     """The storage identity of one host pool's pages (SGLang passes no dtype/layout: sglang#33268).
 
     Shard: MLA KV is replicated across TP, so its pages are shared by all TP ranks (only the PP/CP
@@ -161,5 +161,4 @@ def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, 
         chunk_tokens=page_size,
         shard=shard,
         extra=f"sglang-0.5.23/{pool_name}/{plan_tag}",
-        segments=segments,  # chunks per page (the direct plan stores K and V apart): token metrics
     )
