@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from radixkv.errors import ConfigError, InputError
@@ -39,8 +39,7 @@ __all__ = [
 ]
 
 # What a stored chunk key (and a namespace digest) may be: every tier can name it as it is, as a file
-# name (disk) or within a Redis key. The keys of chunk_keys / SGLang are 64 hex characters (with an
-# adapter's "-1" segment suffix at most).
+# name (disk) or within a Redis key. The keys of chunk_keys / SGLang are 64 hex characters.
 KEY_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
 
 _NAMESPACE_TAG = b"sglang-cache-namespace-v1"
@@ -177,11 +176,6 @@ class Namespace:
     chunk_tokens: int
     shard: str = "tp0of1"
     extra: str = ""
-    # How many chunks together hold the KV of ``chunk_tokens`` tokens: 1, or 2 where an engine stores
-    # a page's K and V as two chunks (SGLang's direct plan). Only token counts in metrics use it
-    # (tokens = chunks * chunk_tokens / segments); not part of the identity (the layout and extra
-    # already tell such namespaces apart).
-    segments: int = field(default=1, compare=False)
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -193,8 +187,6 @@ class Namespace:
             )
         if not isinstance(self.chunk_tokens, int) or self.chunk_tokens <= 0:
             raise ConfigError(f"Namespace.chunk_tokens={self.chunk_tokens!r} must be a positive integer")
-        if not isinstance(self.segments, int) or self.segments <= 0:
-            raise ConfigError(f"Namespace.segments={self.segments!r} must be a positive integer")
         for name in ("model", "layout", "shard", "extra"):
             if "\x00" in getattr(self, name):
                 raise ConfigError(f"Namespace.{name} must not contain NUL bytes")
@@ -219,7 +211,7 @@ class Namespace:
 
     def tokens_in(self, chunks: int) -> int:
         """Tokens whose KV ``chunks`` chunks of this namespace hold (for metrics)."""
-        return chunks * self.chunk_tokens // self.segments
+        return chunks * self.chunk_tokens
 
     def __str__(self) -> str:
         return (

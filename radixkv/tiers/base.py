@@ -23,8 +23,9 @@ from typing import Protocol, Sequence, TypeVar, Union, runtime_checkable
 import torch
 
 from radixkv.errors import ConfigError, InputError
+from radixkv.spans import first_overlap
 
-__all__ = ["Tier", "TierStats", "ChunkBytes", "byte_parts", "chunk_nbytes", "chunk_copy", "check_payload_size", "config_or_options",
+__all__ = ["Tier", "TierStats", "ChunkBytes", "byte_parts", "check_buffers_disjoint", "chunk_nbytes", "chunk_copy", "check_payload_size", "config_or_options",
            "UNBOUNDED_BYTES", "capacity_limit"]
 
 _C = TypeVar("_C")
@@ -78,6 +79,26 @@ def byte_parts(t: object, arg: str, i: int) -> list[torch.Tensor]:
             raise InputError(f"{arg}[{i}] is an empty {type(t).__name__}; pass a tensor or a tuple of its parts")
         return [byte_tensor(p, f"{arg}[{i}]", j) for j, p in enumerate(t)]
     return [byte_tensor(t, arg, i)]  # raises, naming the type
+
+
+def check_buffers_disjoint(outs: Sequence[Sequence[torch.Tensor]], arg: str = "buffers") -> None:
+    """Raise InputError if two read buffers, or two parts of one, share bytes (``outs``: each
+    buffer's validated parts). Filled in parallel, their bytes would depend on the order of the
+    writes, and a tier verifying a checksum after its read would judge a good chunk corrupt."""
+    spans: list[tuple[int, int]] = []
+    owner: list[int] = []
+    for i, parts in enumerate(outs):
+        for p in parts:
+            n = p.nbytes
+            if n:
+                a = p.data_ptr()
+                spans.append((a, a + n))
+                owner.append(i)
+    hit = first_overlap(spans) if len(spans) > 1 else None
+    if hit is not None:
+        i, j = owner[hit[0]], owner[hit[1]]
+        what = f"two parts of {arg}[{i}]" if i == j else f"{arg}[{i}] and {arg}[{j}]"
+        raise InputError(f"{what} share bytes; give every chunk (and every part) its own buffer memory")
 
 
 def chunk_nbytes(t: ChunkBytes) -> int:

@@ -48,7 +48,14 @@ import xxhash
 
 from radixkv.errors import CapacityError, ConfigError, InputError
 from radixkv.forksafe import ForkSafeExecutor, run_shared
-from radixkv.tiers.base import ChunkBytes, TierStats, byte_parts, check_payload_size, config_or_options
+from radixkv.tiers.base import (
+    ChunkBytes,
+    TierStats,
+    byte_parts,
+    check_buffers_disjoint,
+    check_payload_size,
+    config_or_options,
+)
 from radixkv.tiers.disk_io import blocks, preadv_all, pwrite_all, pwritev_all, read_frame, write_frame
 from radixkv.tiers.disk_layout import DiskLayout, check_ident
 from radixkv.tiers.disk_spares import SpareFiles, unlink_quietly
@@ -187,7 +194,9 @@ class DiskTier:
         check_ident(namespace, keys)
         if len(keys) != len(buffers):
             raise InputError(f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key")
-        views = [_views(b, "buffers", i) for i, b in enumerate(buffers)]
+        parts = [byte_parts(b, "buffers", i) for i, b in enumerate(buffers)]
+        check_buffers_disjoint(parts)  # else a good file could fail its checksum and be quarantined
+        views = [[memoryview(p.numpy()) for p in ps] for ps in parts]
         sizes = [_total(v) for v in views]
         with self._lock:
             self._check_open()

@@ -78,7 +78,7 @@ def _skip(views: Sequence[memoryview], n: int) -> list[memoryview]:
 def pwritev_all(fd: int, views: Sequence[memoryview], offset: int) -> None:
     rest = [v for v in views if v.nbytes]
     while rest:
-        n = os.pwritev(fd, rest, offset)
+        n = os.pwritev(fd, rest[:_MAX_IOV], offset)  # IOV_MAX bounds the buffers of one call
         offset += n
         rest = _skip(rest, n)
 
@@ -87,7 +87,7 @@ def preadv_all(fd: int, views: Sequence[memoryview], offset: int) -> bool:
     """Fill ``views`` from ``offset``; False if the file ends first."""
     rest = [v for v in views if v.nbytes]
     while rest:
-        n = os.preadv(fd, rest, offset)
+        n = os.preadv(fd, rest[:_MAX_IOV], offset)
         if n <= 0:
             return False
         offset += n

@@ -57,7 +57,7 @@ from typing import Any, Sequence
 import torch
 
 from radixkv.errors import CapacityError, InputError
-from radixkv.tiers.base import UNBOUNDED_BYTES, ChunkBytes, TierStats, byte_parts
+from radixkv.tiers.base import UNBOUNDED_BYTES, ChunkBytes, TierStats, byte_parts, check_buffers_disjoint
 from radixkv.tiers.framing import HEADER_BYTES, encode_header
 from radixkv.tiers.redis_accounting import ByteLedger
 from radixkv.tiers.redis_client import NAME_RE, FramedValue, RedisTierConfig, RedisUrl, build_config
@@ -213,6 +213,7 @@ class RedisTier:
         if len(keys) != len(buffers):
             raise InputError(f"get_many got {len(keys)} keys but {len(buffers)} buffers; pass one per key")
         outs = [byte_parts(b, "buffers", i) for i, b in enumerate(buffers)]
+        check_buffers_disjoint(outs)
         # A buffer in parts is read into one staging buffer, then copied into its parts (on a hit).
         staged = [o[0] if len(o) == 1 else torch.empty(sum(p.nbytes for p in o), dtype=torch.uint8) for o in outs]
         dsts = [t.numpy() for t in staged]

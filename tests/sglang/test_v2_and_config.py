@@ -107,7 +107,7 @@ def test_environment_applies_under_explicit_tiers_and_config_files(tmp_path, mon
 
 def test_lookup_metrics_and_tokens_count_pages_once():
     # Found by a review: through the adapter no miss was ever counted (SGLang reads only what
-    # batch_exists found), and the direct plan (K and V of a page as two chunks) doubled hit_tokens.
+    # batch_exists found), and the plan then storing K and V of a page as two chunks doubled hit_tokens.
     spec = PoolSpec(layout="page_first", page_size=4, host_tokens=256, device_tokens=64)
     h = ControllerHarness(spec, extra_config=extra_config([mem_tier()]))
     try:

@@ -113,6 +113,24 @@ class TestChunksInParts:
             store.get(ns, keys, [(outs[0][:10],)] + outs[1:])  # parts must add up to the chunk size
         store.check_integrity()
 
+    def test_aliased_buffers_are_refused_before_any_read(self, make_store, stack):
+        """Buffers sharing bytes (within a chunk's parts or across chunks) are an InputError before
+        any tier reads: a tier verifying checksums would otherwise drop good chunks."""
+        store = make_store(stack)
+        ns = new_namespace()
+        _, keys = chain(43, 2)
+        put_chain(store, ns, keys)
+        store.flush()
+        half = torch.zeros(CHUNK_BYTES // 2, dtype=torch.uint8)
+        whole = torch.zeros(CHUNK_BYTES, dtype=torch.uint8)
+        for bad in ([(half, half), whole], [whole, whole]):
+            with pytest.raises(InputError, match="share bytes"):
+                store.get(ns, keys, bad)
+        outs = buffers(2)
+        assert store.get(ns, keys, outs) == 2
+        assert_exact(keys, outs, 2)
+        store.check_integrity()
+
     def test_demotion_and_promotion_of_chunks_put_in_parts(self, make_store):
         store = make_store("mem-disk", write_policy="write_back", promote_on_hit=True)
         ns = new_namespace()

@@ -179,6 +179,24 @@ class TestParts:
             hit = [False]
         assert hit == [False]
 
+    @pytest.mark.parametrize("alias", ["parts", "buffers"])
+    def test_buffers_sharing_bytes_are_refused_and_the_chunk_survives(self, tier, ns, alias):
+        # Found by a review: the disk tier read both parts, failed the checksum and deleted the good
+        # file; Redis reported a hit for bytes the buffer could not hold.
+        keys = ["x", "y"]
+        assert tier.put_many(ns, keys, [payload_for(k) for k in keys]) == [True, True]
+        half = torch.zeros(CHUNK_BYTES // 2, dtype=torch.uint8)
+        whole = torch.zeros(CHUNK_BYTES, dtype=torch.uint8)
+        if alias == "parts":
+            bad, ks = [(half, half)], ["x"]
+        else:
+            bad, ks = [whole, whole], keys  # one buffer passed for two chunks
+        with pytest.raises(InputError, match="share bytes|overlap"):
+            tier.get_many(ns, ks, bad)
+        outs = buffers(2)
+        assert tier.get_many(ns, keys, outs) == [True, True]  # nothing was judged corrupt
+        assert all(torch.equal(o, payload_for(k)) for o, k in zip(outs, keys))
+
     @pytest.mark.parametrize("bad", [(), (torch.zeros(8, dtype=torch.uint8), torch.zeros(8, dtype=torch.float32)),
                                      (torch.zeros(8, dtype=torch.uint8), "x")], ids=["empty", "float-part", "str-part"])
     def test_bad_parts_raise_input_error(self, tier, ns, bad):
