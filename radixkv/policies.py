@@ -169,7 +169,7 @@ class LRUPolicy:
         order = self._order
         if node_id not in order:
             order[node_id] = None
-            order.move_to_end(node_id, last=False)
+            order.move_to_end(node_id, False)  # last=False, passed by position: no keyword parsing
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
         self._resident -= len(node_ids)
