@@ -83,8 +83,44 @@ class S3FIFOPolicy:
             q[node_id] = None
             q.move_to_end(node_id, False)  # last=False: its FIFO position is as old as it gets
 
+    def on_evict(self, node_id: int, leaf_parent: int) -> None:
+        # on_remove((node_id,)) then on_leaf(leaf_parent), written out for one node: the replay's
+        # eviction loop calls this once per evicted chunk (see EvictionPolicy).
+        n, freq, small, main, parked = node_id, self._freq, self._small, self._main, self._parked
+        self._resident -= 1
+        if n in small:
+            del small[n]
+            if freq[n] == 0:
+                self._ghost[(self._ns[n], self._keys[n])] = None
+        elif n in main:
+            del main[n]
+        elif n in parked:
+            del parked[n]
+        else:
+            for i, (m, _) in enumerate(self._aside):
+                if m == n:
+                    del self._aside[i]
+                    break
+        p = self._parent[n]
+        f = freq.pop(n)
+        if p >= 0 and f and p in freq and freq[p] < f:
+            freq[p] = f
+        ghost = self._ghost
+        if len(ghost) > 16:
+            limit = len(main)
+            if limit < 16:
+                limit = 16
+            while len(ghost) > limit:
+                ghost.popitem(False)
+        if leaf_parent >= 0:
+            in_main = parked.pop(leaf_parent, None)
+            if in_main is not None:
+                q = main if in_main else small
+                q[leaf_parent] = None
+                q.move_to_end(leaf_parent, False)
+
     def on_remove(self, node_ids: Sequence[int]) -> None:
-        # Runs once per evicted chunk in a replay: columns and queues are locals, no builtin calls.
+        # Columns and queues are locals, no builtin calls (on_evict is this for one node).
         freq, parent, small, main, parked = self._freq, self._parent, self._small, self._main, self._parked
         ghost = self._ghost
         self._resident -= len(node_ids)

@@ -102,8 +102,12 @@ class _HeapPolicy:
                 self._fold(n, p)
             self._forget(n, e)  # type: ignore[arg-type]
         if len(self._heap) > 2 * len(entry) + 1024:
-            self._heap = [e for e in entry.values() if e is not None]
-            heapq.heapify(self._heap)
+            self._compact()
+
+    def _compact(self) -> None:
+        # Drop the stale entries once they outnumber the live ones (rare: amortized O(1)).
+        self._heap = [e for e in self._entry.values() if e is not None]
+        heapq.heapify(self._heap)
 
     def candidates(self) -> Iterator[int]:
         heap, entry, tchild, aside = self._heap, self._entry, self._tchild, self._aside
@@ -229,6 +233,25 @@ class CostPolicy(_HeapPolicy):
                                   -self._depth[node_id], node_id)
             heappush(self._heap, e)
 
+    def on_evict(self, node_id: int, leaf_parent: int) -> None:
+        # on_remove((node_id,)) then on_leaf(leaf_parent), in one call (see EvictionPolicy)
+        entry, count = self._entry, self._count
+        e = entry.pop(node_id, _GONE)
+        if e is not _GONE:
+            c = count.pop(node_id)
+            p = self._parent[node_id]
+            if p >= 0 and p in entry:
+                count[p] += c
+            del self._unit[node_id]
+            if e is not None and e[0] > self._age:  # type: ignore[index]
+                self._age = e[0]  # type: ignore[index]
+        if len(self._heap) > 2 * len(entry) + 1024:
+            self._compact()
+        if leaf_parent >= 0 and leaf_parent in entry:
+            e = entry[leaf_parent] = (self._age + count[leaf_parent] * self._unit[leaf_parent],
+                                      -self._depth[leaf_parent], leaf_parent)
+            heappush(self._heap, e)
+
     def on_remove(self, node_ids: Sequence[int]) -> None:
         entry, parent, count, unit = self._entry, self._parent, self._count, self._unit
         for n in node_ids:
@@ -243,8 +266,7 @@ class CostPolicy(_HeapPolicy):
             if e is not None and e[0] > self._age:  # type: ignore[index]
                 self._age = e[0]  # type: ignore[index]
         if len(self._heap) > 2 * len(entry) + 1024:
-            self._heap = [e for e in entry.values() if e is not None]
-            heapq.heapify(self._heap)
+            self._compact()
 
     def _admit(self, node_ids: Sequence[int], now: int) -> None:
         LFUPolicy._admit(self, node_ids, now)

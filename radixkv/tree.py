@@ -612,6 +612,10 @@ class RadixTree:
         held = pins.by_node  # the dict itself: a plain truth test per eviction, no method call
         pol = self._policies[t]
         on_remove, on_leaf = pol.on_remove, pol.on_leaf
+        # A policy's optional on_evict(n, leaf_parent) is on_remove((n,)) plus on_leaf(leaf_parent)
+        # in one call (leaf_parent -1: none), made after the tree's own updates: one Python call per
+        # evicted chunk instead of two, and no 1-tuple.
+        on_evict = getattr(pol, "on_evict", None)
         evicted = freed_bytes = 0
         gen = pol.candidates()
         try:
@@ -621,29 +625,35 @@ class RadixTree:
                     continue
                 if held and n in held and pins.is_pinned(n):
                     continue
-                on_remove((n,))
+                if on_evict is None:
+                    on_remove((n,))
                 m = mask[n] = m ^ bit  # the bit is set (checked above)
                 freed_bytes += size[n]
                 p = parent[n]
+                leaf = -1
                 if p >= 0:  # != _NO_PARENT
                     c = tchild[p] = tchild[p] - 1
                     if m == 0:
                         nchild[p] -= 1
                     if c == 0 and mask[p] & bit:
-                        on_leaf(p)
+                        leaf = p
+                if on_evict is not None:
+                    on_evict(n, leaf)  # before the key is cleared: a policy may remember it
+                elif leaf >= 0:
+                    on_leaf(leaf)
                 if m == 0:
                     del index[ns[n]][key[n]]  # type: ignore[index]
                     if held:
                         pins.forget(n)
                     key[n] = None
                     ns[n] = None
-                    free.append(n)
                     removed.append(n)
                 evicted += 1
                 if evicted >= n_chunks:
                     break
         finally:
             gen.close()
+            free.extend(removed)  # nothing takes a slot during the loop: one extend, same order
             self._tier_bytes[t] -= freed_bytes
             self._tier_chunks[t] -= evicted
         self.stats.removed_chunks += len(removed)

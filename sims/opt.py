@@ -115,6 +115,17 @@ class OPTPolicy:
         if e is not None:
             heappush(self._heap, e)
 
+    def on_evict(self, node_id: int, leaf_parent: int) -> None:
+        # on_remove((node_id,)) then on_leaf(leaf_parent), in one call (see EvictionPolicy)
+        cur = self._cur
+        cur.pop(node_id, None)
+        if self._unknown:
+            self._unknown.discard(node_id)
+        if leaf_parent >= 0:
+            e = cur.get(leaf_parent)
+            if e is not None:
+                heappush(self._heap, e)
+
     def on_remove(self, node_ids: Sequence[int]) -> None:
         cur = self._cur
         for n in node_ids:
