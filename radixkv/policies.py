@@ -60,6 +60,11 @@ class EvictionPolicy(Protocol):
     def on_remove(self, node_ids: Sequence[int]) -> None:
         """The nodes left the tier."""
 
+    # Optional: ``on_evict(node_id, leaf_parent)``, called by ``RadixTree.evict`` instead of
+    # ``on_remove((node_id,))`` followed by ``on_leaf(leaf_parent)`` (``leaf_parent`` -1: no parent
+    # became a leaf), after the tree updated its residency columns. One call per evicted chunk
+    # instead of two; a policy defines it when that saves work on the simulator's hot path.
+
     def candidates(self) -> Iterator[int]:
         """Resident node ids, best victim first. May include ineligible nodes; must be lazy."""
         ...
@@ -169,7 +174,18 @@ class LRUPolicy:
         order = self._order
         if node_id not in order:
             order[node_id] = None
-            order.move_to_end(node_id, last=False)
+            order.move_to_end(node_id, False)  # last=False, passed by position: no keyword parsing
+
+    def on_evict(self, node_id: int, leaf_parent: int) -> None:
+        # on_remove((node_id,)) then on_leaf(leaf_parent), in one call (see EvictionPolicy)
+        self._resident -= 1
+        order = self._order
+        order.pop(node_id, None)
+        if self._aside:
+            self._aside[:] = [n for n in self._aside if n != node_id]
+        if leaf_parent >= 0 and leaf_parent not in order:
+            order[leaf_parent] = None
+            order.move_to_end(leaf_parent, False)
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
         self._resident -= len(node_ids)

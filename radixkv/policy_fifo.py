@@ -54,15 +54,20 @@ class S3FIFOPolicy:
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         self._inserted_at = now
         self._resident += len(node_ids)
-        ghost, freq = self._ghost, self._freq
+        ghost, freq, small, ns, keys = self._ghost, self._freq, self._small, self._ns, self._keys
+        freq.update(dict.fromkeys(node_ids, 0))
+        if ghost.keys().isdisjoint(zip(map(ns.__getitem__, node_ids), map(keys.__getitem__, node_ids))):
+            # The usual case, none of the keys is a ghost: the whole chain enters the small queue
+            # in one C-level pass (the key tuples are built and probed in C too).
+            small.update(dict.fromkeys(node_ids))
+            return
         for n in node_ids:
-            k = (self._ns[n], self._keys[n])
-            freq[n] = 0
+            k = (ns[n], keys[n])
             if k in ghost:
                 del ghost[k]
                 self._main[n] = None
             else:
-                self._small[n] = None
+                small[n] = None
 
     def on_access(self, node_id: int, now: int) -> None:
         if now == self._inserted_at:
@@ -76,16 +81,54 @@ class S3FIFOPolicy:
         if in_main is not None:
             q = self._main if in_main else self._small
             q[node_id] = None
-            q.move_to_end(node_id, last=False)  # its FIFO position is as old as it gets
+            q.move_to_end(node_id, False)  # last=False: its FIFO position is as old as it gets
+
+    def on_evict(self, node_id: int, leaf_parent: int) -> None:
+        # on_remove((node_id,)) then on_leaf(leaf_parent), written out for one node: the replay's
+        # eviction loop calls this once per evicted chunk (see EvictionPolicy).
+        n, freq, small, main, parked = node_id, self._freq, self._small, self._main, self._parked
+        self._resident -= 1
+        if n in small:
+            del small[n]
+            if freq[n] == 0:
+                self._ghost[(self._ns[n], self._keys[n])] = None
+        elif n in main:
+            del main[n]
+        elif n in parked:
+            del parked[n]
+        else:
+            for i, (m, _) in enumerate(self._aside):
+                if m == n:
+                    del self._aside[i]
+                    break
+        p = self._parent[n]
+        f = freq.pop(n)
+        if p >= 0 and f and p in freq and freq[p] < f:
+            freq[p] = f
+        ghost = self._ghost
+        if len(ghost) > 16:
+            limit = len(main)
+            if limit < 16:
+                limit = 16
+            while len(ghost) > limit:
+                ghost.popitem(False)
+        if leaf_parent >= 0:
+            in_main = parked.pop(leaf_parent, None)
+            if in_main is not None:
+                q = main if in_main else small
+                q[leaf_parent] = None
+                q.move_to_end(leaf_parent, False)
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
+        # Columns and queues are locals, no builtin calls (on_evict is this for one node).
         freq, parent, small, main, parked = self._freq, self._parent, self._small, self._main, self._parked
+        ghost = self._ghost
         self._resident -= len(node_ids)
         for n in node_ids:
             if n in small:
                 del small[n]
                 if freq[n] == 0:
-                    self._ghost[(self._ns[n], self._keys[n])] = None
+                    ghost[(self._ns[n], self._keys[n])] = None
             elif n in main:
                 del main[n]
             elif n in parked:
@@ -97,13 +140,14 @@ class S3FIFOPolicy:
                         break
             p = parent[n]
             f = freq.pop(n)
-            if p >= 0 and p in freq and freq[p] < f:
+            if p >= 0 and f and p in freq and freq[p] < f:  # f == 0 never raises a parent's count
                 freq[p] = f
-        ghost = self._ghost
         if len(ghost) > 16:
-            limit = max(len(main), 16)
+            limit = len(main)
+            if limit < 16:
+                limit = 16
             while len(ghost) > limit:
-                ghost.popitem(last=False)
+                ghost.popitem(False)  # last=False, by position: no keyword parsing per eviction
 
     def candidates(self) -> Iterator[int]:
         small, main, freq, tchild, parked, aside = (
@@ -112,8 +156,10 @@ class S3FIFOPolicy:
         frac = self._small_fraction
         try:
             while small or main:
-                use_small = bool(small) and (not main or len(small) >= frac * self._resident)
-                q = small if use_small else main
+                if small and (not main or len(small) >= frac * self._resident):
+                    use_small, q = True, small
+                else:
+                    use_small, q = False, main
                 n = next(iter(q))
                 if tchild[n]:
                     del q[n]

@@ -302,7 +302,7 @@ class RadixTree:
                 f"{parent_key!r}: the keys are not a continuation of that chain"
             )
         self._now += 1
-        if hit and self._tier_chunks[t] != len(self):
+        if hit and self._tier_chunks[t] != len(self._key) - len(self._free):  # != len(self)
             # Some chunk is not in this tier: the matched ones that are not gain it. (When every
             # chunk is in the tier, the matched prefix is not even looked up.)
             bit = 1 << t
@@ -320,7 +320,11 @@ class RadixTree:
         if hit:
             parent, depth = last, self._depth[last]  # type: ignore[assignment,index]
         new = self._create(namespace, idx, keys[hit:], parent, depth, t, chunk_tokens, size_bytes)
-        self._touch(new[-1] if new else last)  # type: ignore[arg-type]
+        leaf = new[-1] if new else last
+        if self._mask[leaf] == 1:  # held by the first tier only (as in match): one policy hears it
+            self._policies[0].on_access(leaf, self._now)  # type: ignore[arg-type]
+        else:
+            self._touch(leaf)  # type: ignore[arg-type]
         return InsertResult(m, tuple(new))
 
     def _create(
@@ -359,33 +363,38 @@ class RadixTree:
                 "in the tree under another prefix"
             )
         del free[len(free) - n_reuse :]
-        parents = [parent] + ids[:-1]
-        chain_children = [1] * (m - 1) + [0]
         if n_reuse:
             # Reused slots are scattered. One plain loop writing every column per node is ~5x faster
             # than one map(column.__setitem__) pass per column (CPython specializes list stores).
+            # The loop carries the parent and depth along (zip, no per-column index arithmetic): in
+            # a replay that evicts, nearly every chunk is created here.
             kc, nsc, pc, dc, ncc, mc = self._key, self._ns, self._parent, self._depth, self._nchild, self._mask
             tkc, szc, tct = self._tokens, self._size, self._tchild[t]
-            bit, d0 = 1 << t, depth + 1
-            for j in range(n_reuse):
-                n = ids[j]
-                kc[n] = keys[j]
+            bit, p, d = 1 << t, parent, depth
+            for n, k in zip(ids[:n_reuse] if n_new else ids, keys):
+                kc[n] = k
                 nsc[n] = ns
-                pc[n] = parents[j]
-                dc[n] = d0 + j
-                ncc[n] = tct[n] = chain_children[j]
+                pc[n] = p
+                d += 1
+                dc[n] = d
+                ncc[n] = tct[n] = 1  # each node is the next one's parent...
                 mc[n] = bit
                 tkc[n] = chunk_tokens
                 szc[n] = size_bytes
-            for i, tc in enumerate(self._tchild):
-                if i != t:
-                    for n in ids[:n_reuse]:
-                        tc[n] = 0
+                p = n
+            if not n_new:
+                ncc[p] = tct[p] = 0  # ...but the chain's last node has no child yet
+            if len(self._tchild) > 1:
+                for i, tc in enumerate(self._tchild):
+                    if i != t:
+                        for n in ids[:n_reuse]:
+                            tc[n] = 0
         if n_new:
             # Fresh slots are contiguous at the end: one C-level extend per column (from the values
             # themselves when no slot was reused, the common case while a tree grows).
             r, k = n_reuse, n_new
-            children = chain_children[r:] if r else chain_children
+            parents = [parent] + ids[:-1]
+            children = [1] * (k - 1) + [0]
             self._key.extend(keys[r:] if r else keys)
             self._ns.extend([ns] * k)
             self._parent.extend(parents[r:] if r else parents)
@@ -603,6 +612,10 @@ class RadixTree:
         held = pins.by_node  # the dict itself: a plain truth test per eviction, no method call
         pol = self._policies[t]
         on_remove, on_leaf = pol.on_remove, pol.on_leaf
+        # A policy's optional on_evict(n, leaf_parent) is on_remove((n,)) plus on_leaf(leaf_parent)
+        # in one call (leaf_parent -1: none), made after the tree's own updates: one Python call per
+        # evicted chunk instead of two, and no 1-tuple.
+        on_evict = getattr(pol, "on_evict", None)
         evicted = freed_bytes = 0
         gen = pol.candidates()
         try:
@@ -612,29 +625,35 @@ class RadixTree:
                     continue
                 if held and n in held and pins.is_pinned(n):
                     continue
-                on_remove((n,))
-                m = mask[n] = m & ~bit
+                if on_evict is None:
+                    on_remove((n,))
+                m = mask[n] = m ^ bit  # the bit is set (checked above)
                 freed_bytes += size[n]
                 p = parent[n]
-                if p != _NO_PARENT:
-                    tchild[p] -= 1
+                leaf = -1
+                if p >= 0:  # != _NO_PARENT
+                    c = tchild[p] = tchild[p] - 1
                     if m == 0:
                         nchild[p] -= 1
-                    if tchild[p] == 0 and mask[p] & bit:
-                        on_leaf(p)
+                    if c == 0 and mask[p] & bit:
+                        leaf = p
+                if on_evict is not None:
+                    on_evict(n, leaf)  # before the key is cleared: a policy may remember it
+                elif leaf >= 0:
+                    on_leaf(leaf)
                 if m == 0:
                     del index[ns[n]][key[n]]  # type: ignore[index]
                     if held:
                         pins.forget(n)
                     key[n] = None
                     ns[n] = None
-                    free.append(n)
                     removed.append(n)
                 evicted += 1
                 if evicted >= n_chunks:
                     break
         finally:
             gen.close()
+            free.extend(removed)  # nothing takes a slot during the loop: one extend, same order
             self._tier_bytes[t] -= freed_bytes
             self._tier_chunks[t] -= evicted
         self.stats.removed_chunks += len(removed)

@@ -112,3 +112,14 @@ def test_no_online_policy_beats_opt(policy, reqs, capacity, partial):
     online = replay(trace, policy, [TierCapacity("mem", capacity)], check_every=1)
     best = replay(trace, "opt", [TierCapacity("mem", capacity)], check_every=1)
     assert online.block_hits <= best.block_hits <= trace.infinite_hit_blocks()
+
+
+@given(st.lists(st.tuples(st.sampled_from([0, 1, 7, 12_030, _opt.NEVER - 1, _opt.NEVER]),
+                          st.integers(1, 5_000), st.integers(0, (1 << 40) - 1)), min_size=2, max_size=30))
+def test_opt_heap_entries_sort_like_the_tuples(fields):
+    # OPT's heap holds one int per node (cheaper comparisons); its order must be exactly that of
+    # (-next_use, -depth, node): farthest next use first, then deepest, then lowest node id.
+    by_int = sorted(fields, key=lambda f: _opt._entry(*f))
+    by_tuple = sorted(fields, key=lambda f: (-f[0], -f[1], f[2]))
+    assert by_int == by_tuple
+    assert all(_opt._entry(*f) & _opt._NODE_MASK == f[2] for f in fields)
