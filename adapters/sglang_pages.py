@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import torch
 
 from radixkv.errors import InputError
+from radixkv.tiers.base import ChunkParts
 
 __all__ = ["PagePlan", "plan_for"]
 
@@ -70,8 +71,9 @@ class PagePlan:
         return starts
 
     def views(self, starts: Sequence[int]) -> list[Any]:
-        """Parts plan: each page's payload aliasing the host pool -- the tuple of its segment views
-        (SGLang's pointer order), or the one view of a one-segment page.
+        """Parts plan: each page's payload aliasing the host pool -- its segment views as a
+        :class:`~radixkv.tiers.base.ChunkParts` (SGLang's pointer order), or the one view of a
+        one-segment page.
 
         Offsets are affine in the page's token index (checked against ``get_page_buffer_meta`` when
         the plan is made), so no per-call metadata walk is needed."""
@@ -89,7 +91,8 @@ class PagePlan:
                     if off < 0 or off + sb > n:
                         raise InputError(f"host page at token {s} maps outside the pool's kv_buffer ({off}+{sb} > {n})")
                     segs.append(base[off : off + sb])  # type: ignore[index]
-                page = segs[0] if len(segs) == 1 else tuple(segs)
+                # validated once: the store and tiers take a ChunkParts without re-checking it
+                page = segs[0] if len(segs) == 1 else ChunkParts(segs, "host page", s)
                 if len(cache) >= _VIEW_CACHE_PAGES:
                     cache.clear()
                 cache[s] = page

@@ -13,7 +13,7 @@ import torch
 
 from radixkv.errors import CapacityError, InputError
 from radixkv.keys import KEY_RE, Namespace
-from radixkv.tiers.base import ChunkBytes, byte_parts
+from radixkv.tiers.base import ChunkBytes, byte_parts, parts_nbytes
 
 if TYPE_CHECKING:
     from radixkv.store import HierarchicalStore
@@ -85,7 +85,7 @@ def check_tensors(
     fixed = store._ns_bytes.get(nsd)
     for i, t in enumerate(tensors):
         if isinstance(t, (tuple, list)):  # a chunk in parts: validated part by part, sized by the total
-            n = sum(p.nbytes for p in byte_parts(t, what, i))
+            n = parts_nbytes(byte_parts(t, what, i))
         elif (
             not isinstance(t, torch.Tensor)
             or t.dtype != torch.uint8

@@ -18,14 +18,14 @@ bound by refusing puts that do not fit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, TypeVar, Union, runtime_checkable
+from typing import Iterable, Protocol, Sequence, TypeVar, Union, runtime_checkable
 
 import torch
 
 from radixkv.errors import ConfigError, InputError
-from radixkv.spans import first_overlap
 
-__all__ = ["Tier", "TierStats", "ChunkBytes", "byte_parts", "check_buffers_disjoint", "chunk_nbytes", "chunk_copy", "check_payload_size", "config_or_options",
+__all__ = ["Tier", "TierStats", "ChunkBytes", "ChunkParts", "byte_parts", "part_spans", "byte_parts_all", "parts_nbytes", "check_buffers_disjoint",
+           "chunk_nbytes", "chunk_copy", "check_payload_size", "config_or_options",
            "UNBOUNDED_BYTES", "capacity_limit"]
 
 _C = TypeVar("_C")
@@ -68,42 +68,97 @@ def byte_tensor(t: object, arg: str, i: int) -> torch.Tensor:
     )
 
 
-def byte_parts(t: object, arg: str, i: int) -> list[torch.Tensor]:
+class ChunkParts(tuple):  # type: ignore[type-arg]
+    """A chunk's parts, validated once: flat contiguous uint8 CPU tensors in order, with their total
+    ``nbytes`` and ``spans`` (address, bytes) per part. For buffers a caller reuses call after call
+    (an engine's page views): the store and the tiers then take them without checking every part of
+    every chunk again. The parts must keep their storage and shape while the object is in use."""
+
+    nbytes: int
+    spans: tuple[tuple[int, int], ...]
+
+    def __new__(cls, parts: Iterable[torch.Tensor], arg: str = "parts", i: int = 0) -> "ChunkParts":
+        flat = byte_parts(tuple(parts), arg, i)
+        self = super().__new__(cls, flat)
+        self.spans = tuple((p.data_ptr(), p.nbytes) for p in flat)
+        self.nbytes = sum(n for _a, n in self.spans)
+        return self
+
+
+def byte_parts(t: object, arg: str, i: int) -> Sequence[torch.Tensor]:
     """Item ``i`` of ``arg`` (a :data:`ChunkBytes`) as its parts, each a flat contiguous uint8 CPU
     view (never a copy): ``[t]`` for a tensor. A list is accepted like a tuple; an empty one, or any
-    part :func:`byte_tensor` refuses, is an :class:`InputError` naming the item and the fix."""
+    part :func:`byte_tensor` refuses, is an :class:`InputError` naming the item and the fix.
+
+    Validation runs on every chunk of every call (twice through the store: its check and the
+    tier's), so the accepted path is a tight loop; messages are built only on the error path."""
+    if type(t) is ChunkParts:
+        return t
+    u8 = torch.uint8
     if isinstance(t, torch.Tensor):
-        return [byte_tensor(t, arg, i)]
-    if isinstance(t, (tuple, list)):
+        if t.dtype is u8 and t.is_cpu and t.is_contiguous():
+            return [t if t.dim() == 1 else t.view(-1)]
+    elif isinstance(t, (tuple, list)):
         if not t:
             raise InputError(f"{arg}[{i}] is an empty {type(t).__name__}; pass a tensor or a tuple of its parts")
-        return [byte_tensor(p, f"{arg}[{i}]", j) for j, p in enumerate(t)]
+        parts = []
+        for p in t:
+            if not (isinstance(p, torch.Tensor) and p.dtype is u8 and p.is_cpu and p.is_contiguous()):
+                return [byte_tensor(q, f"{arg}[{i}]", j) for j, q in enumerate(t)]  # raises at p
+            parts.append(p if p.dim() == 1 else p.view(-1))
+        return parts
     return [byte_tensor(t, arg, i)]  # raises, naming the type
+
+
+def byte_parts_all(items: Sequence[object], arg: str) -> list[Sequence[torch.Tensor]]:
+    """:func:`byte_parts` of every item of a batch."""
+    return [byte_parts(t, arg, i) for i, t in enumerate(items)]
+
+
+def parts_nbytes(parts: Sequence[torch.Tensor]) -> int:
+    """Total bytes of validated parts (a loop: a generator in sum() costs more for two parts)."""
+    if type(parts) is ChunkParts:
+        return parts.nbytes
+    n = 0
+    for p in parts:
+        n += p.nbytes
+    return n
 
 
 def check_buffers_disjoint(outs: Sequence[Sequence[torch.Tensor]], arg: str = "buffers") -> None:
     """Raise InputError if two read buffers, or two parts of one, share bytes (``outs``: each
     buffer's validated parts). Filled in parallel, their bytes would depend on the order of the
     writes, and a tier verifying a checksum after its read would judge a good chunk corrupt."""
-    spans: list[tuple[int, int]] = []
-    owner: list[int] = []
+    spans: list[tuple[int, int, int]] = []
+    add = spans.append
     for i, parts in enumerate(outs):
-        for p in parts:
-            n = p.nbytes
+        for a, n in part_spans(parts):
             if n:
-                a = p.data_ptr()
-                spans.append((a, a + n))
-                owner.append(i)
-    hit = first_overlap(spans) if len(spans) > 1 else None
-    if hit is not None:
-        i, j = owner[hit[0]], owner[hit[1]]
-        what = f"two parts of {arg}[{i}]" if i == j else f"{arg}[{i}] and {arg}[{j}]"
-        raise InputError(f"{what} share bytes; give every chunk (and every part) its own buffer memory")
+                add((a, a + n, i))
+    if len(spans) < 2:
+        return
+    spans.sort()  # by start; then a span starting before the furthest end so far overlaps
+    end, who = spans[0][1], spans[0][2]
+    for k in range(1, len(spans)):
+        a, b, i = spans[k]
+        if a < end:
+            i, j = min(i, who), max(i, who)
+            what = f"two parts of {arg}[{i}]" if i == j else f"{arg}[{i}] and {arg}[{j}]"
+            raise InputError(f"{what} share bytes; give every chunk (and every part) its own buffer memory")
+        if b > end:
+            end, who = b, i
+
+
+def part_spans(parts: Sequence[torch.Tensor]) -> Sequence[tuple[int, int]]:
+    """(address, bytes) of each validated part."""
+    if type(parts) is ChunkParts:
+        return parts.spans
+    return [(p.data_ptr(), p.nbytes) for p in parts]
 
 
 def chunk_nbytes(t: ChunkBytes) -> int:
     """Bytes of a (validated) chunk: the tensor's, or its parts' total."""
-    return t.nbytes if isinstance(t, torch.Tensor) else sum(p.nbytes for p in t)
+    return t.nbytes if isinstance(t, torch.Tensor) else parts_nbytes(t)
 
 
 def chunk_copy(t: ChunkBytes) -> torch.Tensor:

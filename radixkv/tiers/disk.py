@@ -51,7 +51,7 @@ from radixkv.forksafe import ForkSafeExecutor, run_shared
 from radixkv.tiers.base import (
     ChunkBytes,
     TierStats,
-    byte_parts,
+    byte_parts_all,
     check_buffers_disjoint,
     check_payload_size,
     config_or_options,
@@ -154,7 +154,7 @@ class DiskTier:
         check_ident(namespace, keys)
         if len(keys) != len(payloads):
             raise InputError(f"{len(keys)} keys but {len(payloads)} payloads; pass one payload per key")
-        views = [_views(p, "payloads", i) for i, p in enumerate(payloads)]
+        views = [[memoryview(p.numpy()) for p in ps] for ps in byte_parts_all(payloads, "payloads")]
         sizes = [_total(v) for v in views]
         with self._lock:
             self._check_open()
@@ -194,7 +194,7 @@ class DiskTier:
         check_ident(namespace, keys)
         if len(keys) != len(buffers):
             raise InputError(f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key")
-        parts = [byte_parts(b, "buffers", i) for i, b in enumerate(buffers)]
+        parts = byte_parts_all(buffers, "buffers")
         check_buffers_disjoint(parts)  # else a good file could fail its checksum and be quarantined
         views = [[memoryview(p.numpy()) for p in ps] for ps in parts]
         sizes = [_total(v) for v in views]
@@ -640,11 +640,6 @@ class DiskTier:
                     self._usage -= self._index.popitem(last=False)[1]
             else:
                 self._make_room(0)
-
-
-def _views(t: object, arg: str, i: int) -> list[memoryview]:
-    """Item ``i`` of ``arg`` (a ChunkBytes) as memoryviews of its parts (no copy)."""
-    return [memoryview(p.numpy()) for p in byte_parts(t, arg, i)]
 
 
 def _total(views: list[memoryview]) -> int:

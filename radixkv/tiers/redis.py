@@ -57,7 +57,7 @@ from typing import Any, Sequence
 import torch
 
 from radixkv.errors import CapacityError, InputError
-from radixkv.tiers.base import UNBOUNDED_BYTES, ChunkBytes, TierStats, byte_parts, check_buffers_disjoint
+from radixkv.tiers.base import UNBOUNDED_BYTES, ChunkBytes, TierStats, byte_parts_all, check_buffers_disjoint, parts_nbytes
 from radixkv.tiers.framing import HEADER_BYTES, encode_header
 from radixkv.tiers.redis_accounting import ByteLedger
 from radixkv.tiers.redis_client import NAME_RE, FramedValue, RedisTierConfig, RedisUrl, build_config
@@ -149,7 +149,7 @@ class RedisTier:
             raise InputError(f"put_many got {len(keys)} keys but {len(payloads)} payloads; pass one per key")
         # A chunk in parts is joined (one copy): a SET value is one buffer, and the network, not
         # this copy, bounds a remote tier.
-        views = [memoryview(_joined(byte_parts(p, "payloads", i)).numpy()) for i, p in enumerate(payloads)]
+        views = [memoryview(_joined(ps).numpy()) for ps in byte_parts_all(payloads, "payloads")]
         self._retry_clears()  # before the ledger decides what fits
         ok = [False] * len(keys)
         if self._cleared_out(namespace):
@@ -212,10 +212,10 @@ class RedisTier:
         _check_keys(keys)
         if len(keys) != len(buffers):
             raise InputError(f"get_many got {len(keys)} keys but {len(buffers)} buffers; pass one per key")
-        outs = [byte_parts(b, "buffers", i) for i, b in enumerate(buffers)]
+        outs = byte_parts_all(buffers, "buffers")
         check_buffers_disjoint(outs)
         # A buffer in parts is read into one staging buffer, then copied into its parts (on a hit).
-        staged = [o[0] if len(o) == 1 else torch.empty(sum(p.nbytes for p in o), dtype=torch.uint8) for o in outs]
+        staged = [o[0] if len(o) == 1 else torch.empty(parts_nbytes(o), dtype=torch.uint8) for o in outs]
         dsts = [t.numpy() for t in staged]
         started = time.monotonic()
         ok = [False] * len(keys)

@@ -286,10 +286,10 @@ class TestClearRaces:
         real = tier._copier.copy_spans
         entered = threading.Event()
 
-        def slow(spans):
+        def slow(spans, checked=False):
             entered.set()
             time.sleep(0.2)
-            return real(spans)
+            return real(spans, checked)
 
         monkeypatch.setattr(tier._copier, "copy_spans", slow)
         out: list[list[bool]] = []
@@ -312,4 +312,46 @@ class TestClearRaces:
         assert tier.delete_many("ns", ["a"]) == 1
         assert tier.put_many("ns", ["b"], [torch.ones(8192, dtype=torch.uint8)]) == [True]
         tier.check_integrity()
+        tier.close()
+
+
+class TestPartsCopyChecks:
+    """The memory tier skips the general overlap check when its own invariants prove the copy safe
+    (slots are disjoint; caller memory outside its buffer): caller memory inside the buffer still
+    gets the full check."""
+
+    def test_put_from_a_lease_view_of_the_same_tier(self):
+        tier = MemoryTier(capacity_bytes=1 << 20, unit_bytes=64 << 10, prefault=False)
+        src = torch.arange(4096, dtype=torch.int64).to(torch.uint8)
+        assert tier.put_many("ns", ["a"], [src]) == [True]
+        with tier.lease("ns", ["a"]) as lease:
+            view = lease.views[0]
+            assert tier.put_many("ns", ["b"], [(view[:100], view[100:])]) == [True]
+        out = torch.zeros(4096, dtype=torch.uint8)
+        assert tier.get_many("ns", ["b"], [out]) == [True] and torch.equal(out, src)
+        tier.check_integrity()
+        tier.close()
+
+    def test_get_into_the_chunks_own_slot_is_refused(self):
+        tier = MemoryTier(capacity_bytes=1 << 20, unit_bytes=64 << 10, prefault=False)
+        assert tier.put_many("ns", ["a"], [torch.ones(4096, dtype=torch.uint8)]) == [True]
+        view = tier.get_views("ns", ["a"])[0]
+        with pytest.raises(InputError, match="overlap"):
+            tier.get_many("ns", ["a"], [(view[:10], view[10:])])
+        tier.check_integrity()  # the reader count was released
+        tier.close()
+
+    def test_chunk_parts_are_validated_once_and_round_trip(self):
+        from radixkv.tiers.base import ChunkParts
+
+        with pytest.raises(InputError, match=r"page\[3\]\[1\]"):
+            ChunkParts([torch.zeros(4, dtype=torch.uint8), torch.zeros(4)], "page", 3)
+        base = torch.arange(4096, dtype=torch.int64).to(torch.uint8)
+        parts = ChunkParts([base[:1000], base[1000:]])
+        assert parts.nbytes == 4096 and parts.spans[1] == (base[1000:].data_ptr(), 3096)
+        tier = MemoryTier(capacity_bytes=1 << 20, unit_bytes=64 << 10, prefault=False)
+        assert tier.put_many("ns", ["a"], [parts]) == [True]
+        out = torch.zeros(4096, dtype=torch.uint8)
+        assert tier.get_many("ns", ["a"], [ChunkParts([out[:7], out[7:]])]) == [True]
+        assert torch.equal(out, base)
         tier.close()
