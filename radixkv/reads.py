@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
+from radixkv.tiers.base import ChunkBytes, check_buffers_disjoint
+
 if TYPE_CHECKING:
     from radixkv.transfer import ChunkRef, TierStack
-    from radixkv.tiers.base import ChunkBytes
 
 __all__ = ["read_run", "forget_failed", "Payloads"]
 
@@ -34,6 +35,7 @@ def read_run(
     served = [-1] * n
     limit = n
     ns = refs[0].namespace if refs else ""
+    calls = 0
     while True:
         groups: dict[int, list[int]] = defaultdict(list)
         for i in range(limit):
@@ -48,6 +50,12 @@ def read_run(
         failed: list[tuple[int, int]] = []
         for t in sorted(groups):
             idx = groups[t]
+            if calls == 1:
+                # Every tier refuses buffers that share bytes within its own call; a read that
+                # spans calls (tiers, or a fallback round) checks them all once, before the second
+                # call, or one tier could overwrite bytes another already delivered.
+                check_buffers_disjoint([[b] if isinstance(b, torch.Tensor) else b for b in buffers[:limit]])
+            calls += 1
             ok = stack.tier_get(t, ns, [refs[i].key for i in idx], [buffers[i] for i in idx])
             for i, o in zip(idx, ok):
                 if o:

@@ -52,7 +52,7 @@ from radixkv.config import StoreConfig
 from radixkv.errors import ConfigError, InputError
 from radixkv.keys import Namespace
 from radixkv.metrics import StoreMetrics
-from radixkv.tiers.base import ChunkBytes, check_buffers_disjoint, chunk_nbytes
+from radixkv.tiers.base import ChunkBytes, chunk_nbytes
 from radixkv.transfer import ChunkRef, TierStack
 from radixkv.tree import RadixTree
 
@@ -394,9 +394,6 @@ class HierarchicalStore:
                 f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key"
             )
         size = self._check_tensors(ns, buffers, "buffers", register=False)
-        # Aliased buffers would be filled by different tiers in any order: wrong bytes, or a good
-        # chunk failing its checksum and being dropped. Checked once for the whole batch.
-        check_buffers_disjoint([[b] if isinstance(b, torch.Tensor) else b for b in buffers])
         s = self._stack
         owner = s.owner("get")
         probe = bool(keys) and self.config.probe_tiers

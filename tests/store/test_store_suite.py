@@ -113,9 +113,9 @@ class TestChunksInParts:
             store.get(ns, keys, [(outs[0][:10],)] + outs[1:])  # parts must add up to the chunk size
         store.check_integrity()
 
-    def test_aliased_buffers_are_refused_before_any_read(self, make_store, stack):
+    def test_aliased_buffers_are_refused(self, make_store, stack):
         """Buffers sharing bytes (within a chunk's parts or across chunks) are an InputError before
-        any tier reads: a tier verifying checksums would otherwise drop good chunks."""
+        any tier reads into them: a tier verifying checksums would otherwise drop good chunks."""
         store = make_store(stack)
         ns = new_namespace()
         _, keys = chain(43, 2)
@@ -126,6 +126,23 @@ class TestChunksInParts:
         for bad in ([(half, half), whole], [whole, whole]):
             with pytest.raises(InputError, match="share bytes"):
                 store.get(ns, keys, bad)
+        outs = buffers(2)
+        assert store.get(ns, keys, outs) == 2
+        assert_exact(keys, outs, 2)
+        store.check_integrity()
+
+    def test_aliased_buffers_across_tiers_are_refused(self, make_store):
+        """Each tier checks the buffers of its own call; a read spanning tiers checks them all
+        before its second call, so one tier cannot overwrite what another delivered."""
+        store = make_store("mem-disk", write_policy="write_back", chunks={"mem": 1}, promote_on_hit=False)
+        ns = new_namespace()
+        _, keys = chain(44, 2)
+        put_chain(store, ns, keys[:1])
+        put_chain(store, ns, keys[1:], parent_key=keys[0])  # evicts (demotes) the first chunk
+        assert residency(store, ns, keys) == [["disk"], ["mem"]]
+        whole = torch.zeros(CHUNK_BYTES, dtype=torch.uint8)
+        with pytest.raises(InputError, match="share bytes"):
+            store.get(ns, keys, [whole, whole])
         outs = buffers(2)
         assert store.get(ns, keys, outs) == 2
         assert_exact(keys, outs, 2)
