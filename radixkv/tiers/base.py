@@ -5,7 +5,9 @@ payload (and a read buffer) is a :data:`ChunkBytes`: one contiguous ``torch.uint
 tuple of them, the chunk's *parts* in order (a chunk whose bytes lie scattered in the caller's
 memory, such as an SGLang host page's K and V blocks, is stored and read in place, without a
 staging copy). A chunk is its bytes: the parts' concatenation. How it was cut is not stored, so a
-chunk put as parts reads back into one tensor or into parts cut another way, byte for byte. All calls are batched and thread-safe. A tier never
+chunk put as parts reads back into one tensor or into parts cut another way, byte for byte.
+
+All calls are batched and thread-safe. A tier never
 raises for a fault of its medium (server down, disk full, corrupted bytes): it reports a miss (or a
 failed put) and counts it in :class:`TierStats`. It raises only for caller errors (wrong payload size,
 bad arguments), with a message naming the value and the fix.
@@ -24,9 +26,11 @@ import torch
 
 from radixkv.errors import ConfigError, InputError
 
-__all__ = ["Tier", "TierStats", "ChunkBytes", "ChunkParts", "byte_parts", "part_spans", "byte_parts_all", "parts_nbytes", "check_buffers_disjoint",
-           "chunk_nbytes", "chunk_copy", "check_payload_size", "config_or_options",
-           "UNBOUNDED_BYTES", "capacity_limit"]
+__all__ = [
+    "Tier", "TierStats", "ChunkBytes", "ChunkParts", "byte_parts", "byte_parts_all", "part_spans",
+    "parts_nbytes", "check_buffers_disjoint", "chunk_nbytes", "chunk_copy", "check_payload_size",
+    "config_or_options", "UNBOUNDED_BYTES", "capacity_limit",
+]
 
 _C = TypeVar("_C")
 
@@ -100,7 +104,9 @@ def byte_parts(t: object, arg: str, i: int) -> Sequence[torch.Tensor]:
             return [t if t.dim() == 1 else t.view(-1)]
     elif isinstance(t, (tuple, list)):
         if not t:
-            raise InputError(f"{arg}[{i}] is an empty {type(t).__name__}; pass a tensor or a tuple of its parts")
+            raise InputError(
+                f"{arg}[{i}] is an empty {type(t).__name__}; pass a tensor or a tuple of its parts"
+            )
         parts = []
         for p in t:
             if not (isinstance(p, torch.Tensor) and p.dtype is u8 and p.is_cpu and p.is_contiguous()):

@@ -57,7 +57,14 @@ from typing import Any, Sequence
 import torch
 
 from radixkv.errors import CapacityError, InputError
-from radixkv.tiers.base import UNBOUNDED_BYTES, ChunkBytes, TierStats, byte_parts_all, check_buffers_disjoint, parts_nbytes
+from radixkv.tiers.base import (
+    UNBOUNDED_BYTES,
+    ChunkBytes,
+    TierStats,
+    byte_parts_all,
+    check_buffers_disjoint,
+    parts_nbytes,
+)
 from radixkv.tiers.framing import HEADER_BYTES, encode_header
 from radixkv.tiers.redis_accounting import ByteLedger
 from radixkv.tiers.redis_client import NAME_RE, FramedValue, RedisTierConfig, RedisUrl, build_config

@@ -118,7 +118,8 @@ def test_clear_close_and_stats(tmp_path):
         assert h.prefetch(toks).loaded_tokens == 16
         backend = unwrap(h.backend)
         st = backend.get_stats()
-        assert st.radixkv["tiers"]["mem"]["hits"] >= 4 and st.radixkv["tree"]["chunks"] == 4  # a chunk per page
+        # a chunk per page
+        assert st.radixkv["tiers"]["mem"]["hits"] >= 4 and st.radixkv["tree"]["chunks"] == 4
         assert sum(backend.get_stats().backup_pgs) == 0  # per-call metrics drain on every get_stats
         backend.clear()
         assert h.prefetch(toks).hit_tokens == 0  # gone from every tier, disk included

@@ -608,7 +608,8 @@ class TestParts:
         fb = open(t._layout.path(NS, "b"), "rb").read()
         at = HEADER_BYTES + len(NS) + 1
         assert len(fa) == len(fb) and fa[at:] == fb[at:] == p.numpy().tobytes()
-        assert decode_header(fa).checksum == decode_header(fb).checksum == payload_checksum(memoryview(p.numpy()))
+        want = payload_checksum(memoryview(p.numpy()))
+        assert decode_header(fa).checksum == decode_header(fb).checksum == want
         out = buf(self.N)
         assert t.get_many(NS, ["b"], [self.parts_of(out, 5, 600 * KiB, 3)]) == [True]
         assert torch.equal(out, p)

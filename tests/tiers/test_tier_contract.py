@@ -197,8 +197,12 @@ class TestParts:
         assert tier.get_many(ns, keys, outs) == [True, True]  # nothing was judged corrupt
         assert all(torch.equal(o, payload_for(k)) for o, k in zip(outs, keys))
 
-    @pytest.mark.parametrize("bad", [(), (torch.zeros(8, dtype=torch.uint8), torch.zeros(8, dtype=torch.float32)),
-                                     (torch.zeros(8, dtype=torch.uint8), "x")], ids=["empty", "float-part", "str-part"])
+    @pytest.mark.parametrize(
+        "bad",
+        [(), (torch.zeros(8, dtype=torch.uint8), torch.zeros(8, dtype=torch.float32)),
+         (torch.zeros(8, dtype=torch.uint8), "x")],
+        ids=["empty", "float-part", "str-part"],
+    )
     def test_bad_parts_raise_input_error(self, tier, ns, bad):
         with pytest.raises(InputError, match=r"payloads\[0\]"):
             tier.put_many(ns, ["k"], [bad])
