@@ -263,7 +263,7 @@ class HierarchicalStore:
                 refs: list[ChunkRef] = []
                 if run and self.config.write_policy == "write_through" and len(s.tiers) > 1:
                     full = (1 << len(s.tiers)) - 1
-                    refs = [s.ref_locked(n) for n in r.node_ids if s.tree.node_tier_mask(n) != full]  # type: ignore[union-attr]
+                    refs = s.refs_locked([n for n in r.node_ids if s.tree.node_tier_mask(n) != full])  # type: ignore[union-attr]
                     refs = s.pin_locked(refs, owner)
                     s.transfers_inflight += bool(refs)
                 leaked = s.mark_deleting_locked(
@@ -402,7 +402,7 @@ class HierarchicalStore:
                 m = s.tree.match(nsd, keys, touch=True)
                 if not probe or m.hit_chunks == len(keys):
                     ids = m.node_ids
-                    refs = [s.ref_locked(n) for n in ids]
+                    refs = s.refs_locked(ids)
                     masks = list(m.tier_masks)
                     if refs:
                         s.tree.pin(ids, owner, s.lease_s)

@@ -26,8 +26,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import Counter, defaultdict
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
@@ -44,9 +43,9 @@ __all__ = ["TierStack", "ChunkRef"]
 _NS_DIGEST_CHARS = 32
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkRef:
-    """A tree node captured under the lock (its identity survives the node's removal)."""
+class ChunkRef(NamedTuple):
+    """A tree node captured under the lock (its identity survives the node's removal). A named
+    tuple: a read makes one per chunk, and a tuple is made at half a frozen dataclass's cost."""
 
     node_id: int
     namespace: str
@@ -118,6 +117,10 @@ class TierStack(WriteDeleteIntents):
 
     def ref_locked(self, node_id: int) -> ChunkRef:
         return ChunkRef(node_id, *self.tree.node_fields(node_id))
+
+    def refs_locked(self, node_ids: Sequence[int]) -> list[ChunkRef]:
+        make = ChunkRef._make
+        return [make(f) for f in self.tree.nodes_fields(node_ids)]
 
     def alive_locked(self, ref: ChunkRef) -> bool:
         return self.tree.lookup(ref.namespace, ref.key) == ref.node_id

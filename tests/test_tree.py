@@ -433,3 +433,13 @@ def test_evict_candidates_are_distinct(policy):
     t.insert("ns", ["b"], "mem", 16, 100)
     out = t.evict_candidates("mem", 5)
     assert sorted(out) == sorted(set(out)) and len(out) == 2
+
+
+def test_nodes_fields_batch_matches_node_fields_and_refuses_dead_ids():
+    t = RadixTree(("mem",))
+    ids = t.insert("ns", ["a", "b"], "mem", 16, 100).node_ids
+    assert t.nodes_fields(ids) == [(n, *t.node_fields(n)) for n in ids]
+    t.clear_resident(ids[1:], "mem")  # the leaf leaves its last tier: removed
+    for dead in (ids[1], -1, 10_000):
+        with pytest.raises(InputError, match="not in the tree"):
+            t.nodes_fields([ids[0], dead])

@@ -419,11 +419,11 @@ def _unlink(client: Any, rkeys: list[bytes]) -> None:
     pipe.execute(raise_on_error=False)
 
 
-def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+def _joined(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(list(parts))
 
 
-def _scatter(src: torch.Tensor, parts: list[torch.Tensor]) -> None:
+def _scatter(src: torch.Tensor, parts: Sequence[torch.Tensor]) -> None:
     at = 0
     for p in parts:
         n = p.nbytes
