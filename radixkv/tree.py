@@ -619,38 +619,69 @@ class RadixTree:
         evicted = freed_bytes = 0
         gen = pol.candidates()
         try:
-            for n in gen:
-                m = mask[n]
-                if not m & bit or tchild[n] or (nchild[n] and m == bit):
-                    continue
-                if held and n in held and pins.is_pinned(n):
-                    continue
-                if on_evict is None:
+            if on_evict is not None:
+                # The same steps as the loop below, with on_evict(n, leaf_parent) as its last policy
+                # call and the branches laid out so a chunk no other tier holds (every chunk of a
+                # one-tier tree) takes the fewest steps.
+                for n in gen:
+                    m = mask[n]
+                    if not m & bit or tchild[n] or (nchild[n] and m == bit):
+                        continue
+                    if held and n in held and pins.is_pinned(n):
+                        continue
+                    m = mask[n] = m ^ bit  # the bit is set (checked above)
+                    freed_bytes += size[n]
+                    p = parent[n]
+                    if m:  # another tier holds it: it stays in the tree
+                        if p >= 0:  # != _NO_PARENT
+                            c = tchild[p] = tchild[p] - 1
+                            on_evict(n, p if c == 0 and mask[p] & bit else -1)
+                        else:
+                            on_evict(n, -1)
+                    else:
+                        if p >= 0:
+                            nchild[p] -= 1
+                            c = tchild[p] = tchild[p] - 1
+                            # before the key is cleared: a policy may remember it
+                            on_evict(n, p if c == 0 and mask[p] & bit else -1)
+                        else:
+                            on_evict(n, -1)
+                        del index[ns[n]][key[n]]  # type: ignore[index]
+                        if held:
+                            pins.forget(n)
+                        key[n] = None
+                        ns[n] = None
+                        removed.append(n)
+                    evicted += 1
+                    if evicted >= n_chunks:
+                        break
+            else:
+                for n in gen:
+                    m = mask[n]
+                    if not m & bit or tchild[n] or (nchild[n] and m == bit):
+                        continue
+                    if held and n in held and pins.is_pinned(n):
+                        continue
                     on_remove((n,))
-                m = mask[n] = m ^ bit  # the bit is set (checked above)
-                freed_bytes += size[n]
-                p = parent[n]
-                leaf = -1
-                if p >= 0:  # != _NO_PARENT
-                    c = tchild[p] = tchild[p] - 1
+                    m = mask[n] = m ^ bit  # the bit is set (checked above)
+                    freed_bytes += size[n]
+                    p = parent[n]
+                    if p >= 0:  # != _NO_PARENT
+                        c = tchild[p] = tchild[p] - 1
+                        if m == 0:
+                            nchild[p] -= 1
+                        if c == 0 and mask[p] & bit:
+                            on_leaf(p)
                     if m == 0:
-                        nchild[p] -= 1
-                    if c == 0 and mask[p] & bit:
-                        leaf = p
-                if on_evict is not None:
-                    on_evict(n, leaf)  # before the key is cleared: a policy may remember it
-                elif leaf >= 0:
-                    on_leaf(leaf)
-                if m == 0:
-                    del index[ns[n]][key[n]]  # type: ignore[index]
-                    if held:
-                        pins.forget(n)
-                    key[n] = None
-                    ns[n] = None
-                    removed.append(n)
-                evicted += 1
-                if evicted >= n_chunks:
-                    break
+                        del index[ns[n]][key[n]]  # type: ignore[index]
+                        if held:
+                            pins.forget(n)
+                        key[n] = None
+                        ns[n] = None
+                        removed.append(n)
+                    evicted += 1
+                    if evicted >= n_chunks:
+                        break
         finally:
             gen.close()
             free.extend(removed)  # nothing takes a slot during the loop: one extend, same order
