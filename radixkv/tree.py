@@ -146,7 +146,8 @@ class RadixTree:
         return self._tier_bytes[self.tier_index(tier)]
 
     def tier_chunks(self, tier: str) -> int:
-        return self._tier_chunks[self.tier_index(tier)]
+        t = self._tier_pos.get(tier)  # tier_index inlined (asked once per replayed request)
+        return self._tier_chunks[self.tier_index(tier) if t is None else t]
 
     def chunks_only_in(self, tier: str) -> int:
         """Chunks no other tier holds (a scan of every node: for reports, not hot paths)."""
@@ -274,7 +275,9 @@ class RadixTree:
         recoverable) and the result is empty. Without ``parent_key``, a run whose first key is present
         continues from where that key is; a run whose first key is new starts at the namespace root. Raises InputError for keys that contradict the tree
         (not one chain) or invalid sizes."""
-        t = self.tier_index(tier)
+        t = self._tier_pos.get(tier)  # tier_index inlined: the replay inserts twice per request
+        if t is None:
+            t = self.tier_index(tier)  # raises: unknown tier
         if not isinstance(chunk_tokens, int) or chunk_tokens <= 0:
             raise InputError(f"chunk_tokens={chunk_tokens!r} must be a positive integer")
         if not isinstance(size_bytes, int) or size_bytes < 0:
@@ -291,9 +294,9 @@ class RadixTree:
             if p is None:
                 return InsertResult()
             parent, depth = p, self._depth[p]
-        m = self.match(namespace, keys, touch=False)
+        m = self.match(namespace, keys, False)  # touch=False, by position
         hit = m.hit_chunks
-        last = m.last_node_id
+        last = m._last  # match sets it whenever hit_chunks > 0 (last_node_id without the call)
         # Without parent_key the caller does not say where the run starts (SGLang without prefix
         # keys hands over mid-chain runs): present keys keep the parent they have.
         if hit and parent_key is not None and self._parent[idx[keys[0]]] != parent:
@@ -585,7 +588,9 @@ class RadixTree:
         Policies that declare ``live_candidates = True`` tolerate evictions between the steps of one
         ``candidates()`` iterator, so the whole loop runs on one iterator (the fast path the
         simulator uses); for other policies a fresh iterator is taken per eviction."""
-        t = self.tier_index(tier)
+        t = self._tier_pos.get(tier)  # tier_index inlined: once per replayed request
+        if t is None:
+            t = self.tier_index(tier)  # raises: unknown tier
         removed: list[int] = []
         try:
             n_chunks = operator.index(n_chunks)
