@@ -64,6 +64,10 @@ class EvictionPolicy(Protocol):
     # ``on_remove((node_id,))`` followed by ``on_leaf(leaf_parent)`` (``leaf_parent`` -1: no parent
     # became a leaf), after the tree updated its residency columns. One call per evicted chunk
     # instead of two; a policy defines it when that saves work on the simulator's hot path.
+    # ``node_id`` is always the node the running ``candidates()`` iterator yielded last (the tree
+    # calls on_evict only from its loop over that iterator), so a policy may rely on what its
+    # iterator did to that node before yielding it (lru, s3fifo and the heap policies take it out of
+    # their order first).
 
     def candidates(self) -> Iterator[int]:
         """Resident node ids, best victim first. May include ineligible nodes; must be lazy."""
