@@ -64,6 +64,10 @@ class EvictionPolicy(Protocol):
     # ``on_remove((node_id,))`` followed by ``on_leaf(leaf_parent)`` (``leaf_parent`` -1: no parent
     # became a leaf), after the tree updated its residency columns. One call per evicted chunk
     # instead of two; a policy defines it when that saves work on the simulator's hot path.
+    # ``node_id`` is always the node the running ``candidates()`` iterator yielded last (the tree
+    # calls on_evict only from its loop over that iterator), so a policy may rely on what its
+    # iterator did to that node before yielding it (lru, s3fifo and the heap policies take it out of
+    # their order first).
 
     def candidates(self) -> Iterator[int]:
         """Resident node ids, best victim first. May include ineligible nodes; must be lazy."""
@@ -177,15 +181,15 @@ class LRUPolicy:
             order.move_to_end(node_id, False)  # last=False, passed by position: no keyword parsing
 
     def on_evict(self, node_id: int, leaf_parent: int) -> None:
-        # on_remove((node_id,)) then on_leaf(leaf_parent), in one call (see EvictionPolicy)
+        # on_remove((node_id,)) then on_leaf(leaf_parent), in one call (see EvictionPolicy). node_id
+        # is the node candidates() just yielded, which it already took out of the order (and never
+        # set aside): only the count and the parent are left to update.
         self._resident -= 1
-        order = self._order
-        order.pop(node_id, None)
-        if self._aside:
-            self._aside[:] = [n for n in self._aside if n != node_id]
-        if leaf_parent >= 0 and leaf_parent not in order:
-            order[leaf_parent] = None
-            order.move_to_end(leaf_parent, False)
+        if leaf_parent >= 0:
+            order = self._order
+            if leaf_parent not in order:
+                order[leaf_parent] = None
+                order.move_to_end(leaf_parent, False)
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
         self._resident -= len(node_ids)
@@ -199,26 +203,32 @@ class LRUPolicy:
     live_candidates = True
 
     def candidates(self) -> Iterator[int]:
-        # Always look at the current oldest entry, so the tree may evict what we yield (and
-        # on_leaf may put a parent in front) between steps. A yielded node the tree skipped
-        # (pinned) is set aside and put back in front when iteration ends.
-        order, tchild = self._order, self._tchild  # tchild[n]: n's children in the tier
+        # Always take the current oldest entry, so the tree may evict what we yield (and on_leaf may
+        # put a parent in front) between steps. The entry is taken out before it is yielded (one
+        # popitem, no iterator per step): a yielded node the tree did not evict (still resident in
+        # the tier: pinned, or the caller stopped before evicting it) is set aside and put back in
+        # front when iteration ends, in the order it was yielded.
+        order, tchild, mask, bit = self._order, self._tchild, self._mask, self._bit
         aside = self._aside
+        popitem = order.popitem
         try:
             while order:
-                n = next(iter(order))
+                n = popitem(False)[0]  # last=False, by position: the oldest entry
                 if tchild[n]:
-                    del order[n]  # parked: it gained a child since it was ordered
-                    continue
-                yield n
-                if n in order and next(iter(order)) == n:
-                    del order[n]
-                    aside.append(n)
+                    continue  # parked: it gained a child since it was ordered
+                try:
+                    yield n
+                except GeneratorExit:
+                    if mask[n] & bit:
+                        aside.append(n)  # closed at the yield before the caller evicted it
+                    raise
+                if mask[n] & bit:
+                    aside.append(n)  # skipped by the tree (pinned)
         finally:
             while aside:
                 n = aside.pop()
                 order[n] = None
-                order.move_to_end(n, last=False)
+                order.move_to_end(n, False)
 
     def check_integrity(self) -> None:
         assert len(self._order) + len(self._aside) <= self._resident, (

@@ -43,10 +43,14 @@ class S3FIFOPolicy:
         self._parent: list[int] = []
         self._keys: list[str | None] = []
         self._ns: list[str | None] = []
+        self._mask: list[int] = []  # read-only view: residency masks
+        self._bit = 1
+        self._took_small = False  # the queue of the node candidates() yielded last
 
     def bind(self, tree: RadixTree, tier_index: int) -> None:
         self._tchild = tree._tchild[tier_index]
         self._parent, self._keys, self._ns = tree._parent, tree._key, tree._ns
+        self._mask, self._bit = tree._mask, 1 << tier_index
 
     def __len__(self) -> int:
         return self._resident
@@ -85,27 +89,16 @@ class S3FIFOPolicy:
 
     def on_evict(self, node_id: int, leaf_parent: int) -> None:
         # on_remove((node_id,)) then on_leaf(leaf_parent), written out for one node: the replay's
-        # eviction loop calls this once per evicted chunk (see EvictionPolicy).
-        n, freq, small, main, parked = node_id, self._freq, self._small, self._main, self._parked
+        # eviction loop calls this once per evicted chunk (see EvictionPolicy). node_id is the node
+        # candidates() just yielded: it already took it out of its queue (never set aside) and
+        # noted the queue, and its frequency is 0 (a touched chunk is moved, not yielded), so
+        # there is no count to fold into the parent.
+        n, small, main = node_id, self._small, self._main
         self._resident -= 1
-        if n in small:
-            del small[n]
-            if freq[n] == 0:
-                self._ghost[(self._ns[n], self._keys[n])] = None
-        elif n in main:
-            del main[n]
-        elif n in parked:
-            del parked[n]
-        else:
-            for i, (m, _) in enumerate(self._aside):
-                if m == n:
-                    del self._aside[i]
-                    break
-        p = self._parent[n]
-        f = freq.pop(n)
-        if p >= 0 and f and p in freq and freq[p] < f:
-            freq[p] = f
+        del self._freq[n]
         ghost = self._ghost
+        if self._took_small:
+            ghost[(self._ns[n], self._keys[n])] = None
         if len(ghost) > 16:
             limit = len(main)
             if limit < 16:
@@ -113,7 +106,7 @@ class S3FIFOPolicy:
             while len(ghost) > limit:
                 ghost.popitem(False)
         if leaf_parent >= 0:
-            in_main = parked.pop(leaf_parent, None)
+            in_main = self._parked.pop(leaf_parent, None)
             if in_main is not None:
                 q = main if in_main else small
                 q[leaf_parent] = None
@@ -150,9 +143,15 @@ class S3FIFOPolicy:
                 ghost.popitem(False)  # last=False, by position: no keyword parsing per eviction
 
     def candidates(self) -> Iterator[int]:
+        # The queue's oldest entry is taken out before it is looked at (one popitem, no iterator
+        # per step); one the tree did not evict (still resident in the tier: pinned, or the run
+        # was closed before the caller evicted it) is set aside and put back in front of its queue
+        # when iteration ends, in the order it was yielded. _took_small tells on_evict which queue
+        # the yielded node came from.
         small, main, freq, tchild, parked, aside = (
             self._small, self._main, self._freq, self._tchild, self._parked, self._aside,
         )
+        mask, bit = self._mask, self._bit
         frac = self._small_fraction
         try:
             while small or main:
@@ -160,29 +159,32 @@ class S3FIFOPolicy:
                     use_small, q = True, small
                 else:
                     use_small, q = False, main
-                n = next(iter(q))
+                n = q.popitem(False)[0]  # last=False, by position: the oldest entry
                 if tchild[n]:
-                    del q[n]
                     parked[n] = not use_small
                     continue
                 if freq[n] > 0:
-                    del q[n]
                     if use_small:
                         freq[n] = 0
                     else:
                         freq[n] -= 1
                     main[n] = None
                     continue
-                yield n
-                if n in q and next(iter(q)) == n:
-                    del q[n]
+                self._took_small = use_small
+                try:
+                    yield n
+                except GeneratorExit:
+                    if mask[n] & bit:
+                        aside.append((n, not use_small))  # closed before the caller evicted it
+                    raise
+                if mask[n] & bit:
                     aside.append((n, not use_small))  # skipped by the tree (pinned)
         finally:
             while aside:
                 n, in_main = aside.pop()
                 q = main if in_main else small
                 q[n] = None
-                q.move_to_end(n, last=False)
+                q.move_to_end(n, False)
 
     def check_integrity(self) -> None:
         s, m, p = set(self._small), set(self._main), set(self._parked)

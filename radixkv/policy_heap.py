@@ -112,20 +112,28 @@ class _HeapPolicy:
     def candidates(self) -> Iterator[int]:
         heap, entry, tchild, aside = self._heap, self._entry, self._tchild, self._aside
         pop = heapq.heappop
+        # The top entry is popped before it is looked at: a yielded node the tree did not evict (its
+        # entry is still its live one: pinned, or the run was closed before the caller evicted it) is
+        # set aside and pushed back when iteration ends. An evicted node's entry leaves the heap here
+        # rather than as a stale entry at the next step; the heap's live entries, and so the order of
+        # candidates, are the same.
         try:
             while heap:
-                e = heap[0]
+                e = pop(heap)
                 n = e[2]
                 if entry.get(n) is not e:
-                    pop(heap)  # stale
-                    continue
+                    continue  # stale
                 if tchild[n]:  # interior in the tier
-                    pop(heap)
                     entry[n] = None  # park until on_leaf
                     continue
-                yield n
-                if heap and heap[0] is e and entry.get(n) is e:
-                    aside.append(pop(heap))  # the tree skipped it (pinned): keep it for later
+                try:
+                    yield n
+                except GeneratorExit:
+                    if entry.get(n) is e:
+                        aside.append(e)  # closed before the caller evicted it
+                    raise
+                if entry.get(n) is e:
+                    aside.append(e)  # the tree skipped it (pinned): keep it for later
         finally:
             while aside:
                 e = aside.pop()
@@ -234,17 +242,17 @@ class CostPolicy(_HeapPolicy):
             heappush(self._heap, e)
 
     def on_evict(self, node_id: int, leaf_parent: int) -> None:
-        # on_remove((node_id,)) then on_leaf(leaf_parent), in one call (see EvictionPolicy)
+        # on_remove((node_id,)) then on_leaf(leaf_parent), in one call (see EvictionPolicy). node_id
+        # is the node candidates() just yielded, so it has a live (not parked) entry.
         entry, count = self._entry, self._count
-        e = entry.pop(node_id, _GONE)
-        if e is not _GONE:
-            c = count.pop(node_id)
-            p = self._parent[node_id]
-            if p >= 0 and p in entry:
-                count[p] += c
-            del self._unit[node_id]
-            if e is not None and e[0] > self._age:  # type: ignore[index]
-                self._age = e[0]  # type: ignore[index]
+        e = entry.pop(node_id)
+        c = count.pop(node_id)
+        p = self._parent[node_id]
+        if p >= 0 and p in entry:
+            count[p] += c
+        del self._unit[node_id]
+        if e[0] > self._age:  # type: ignore[index]
+            self._age = e[0]  # type: ignore[index]
         if len(self._heap) > 2 * len(entry) + 1024:
             self._compact()
         if leaf_parent >= 0 and leaf_parent in entry:

@@ -159,7 +159,8 @@ class RadixTree:
         return self._tier_bytes[self.tier_index(tier)]
 
     def tier_chunks(self, tier: str) -> int:
-        return self._tier_chunks[self.tier_index(tier)]
+        t = self._tier_pos.get(tier)  # tier_index inlined (asked once per replayed request)
+        return self._tier_chunks[self.tier_index(tier) if t is None else t]
 
     def chunks_only_in(self, tier: str) -> int:
         """Chunks no other tier holds (a scan of every node: for reports, not hot paths)."""
@@ -287,7 +288,9 @@ class RadixTree:
         recoverable) and the result is empty. Without ``parent_key``, a run whose first key is present
         continues from where that key is; a run whose first key is new starts at the namespace root. Raises InputError for keys that contradict the tree
         (not one chain) or invalid sizes."""
-        t = self.tier_index(tier)
+        t = self._tier_pos.get(tier)  # tier_index inlined: the replay inserts twice per request
+        if t is None:
+            t = self.tier_index(tier)  # raises: unknown tier
         if not isinstance(chunk_tokens, int) or chunk_tokens <= 0:
             raise InputError(f"chunk_tokens={chunk_tokens!r} must be a positive integer")
         if not isinstance(size_bytes, int) or size_bytes < 0:
@@ -304,9 +307,9 @@ class RadixTree:
             if p is None:
                 return InsertResult()
             parent, depth = p, self._depth[p]
-        m = self.match(namespace, keys, touch=False)
+        m = self.match(namespace, keys, False)  # touch=False, by position
         hit = m.hit_chunks
-        last = m.last_node_id
+        last = m._last  # match sets it whenever hit_chunks > 0 (last_node_id without the call)
         # Without parent_key the caller does not say where the run starts (SGLang without prefix
         # keys hands over mid-chain runs): present keys keep the parent they have.
         if hit and parent_key is not None and self._parent[idx[keys[0]]] != parent:
@@ -598,7 +601,9 @@ class RadixTree:
         Policies that declare ``live_candidates = True`` tolerate evictions between the steps of one
         ``candidates()`` iterator, so the whole loop runs on one iterator (the fast path the
         simulator uses); for other policies a fresh iterator is taken per eviction."""
-        t = self.tier_index(tier)
+        t = self._tier_pos.get(tier)  # tier_index inlined: once per replayed request
+        if t is None:
+            t = self.tier_index(tier)  # raises: unknown tier
         removed: list[int] = []
         try:
             n_chunks = operator.index(n_chunks)
@@ -632,38 +637,69 @@ class RadixTree:
         evicted = freed_bytes = 0
         gen = pol.candidates()
         try:
-            for n in gen:
-                m = mask[n]
-                if not m & bit or tchild[n] or (nchild[n] and m == bit):
-                    continue
-                if held and n in held and pins.is_pinned(n):
-                    continue
-                if on_evict is None:
+            if on_evict is not None:
+                # The same steps as the loop below, with on_evict(n, leaf_parent) as its last policy
+                # call and the branches laid out so a chunk no other tier holds (every chunk of a
+                # one-tier tree) takes the fewest steps.
+                for n in gen:
+                    m = mask[n]
+                    if not m & bit or tchild[n] or (nchild[n] and m == bit):
+                        continue
+                    if held and n in held and pins.is_pinned(n):
+                        continue
+                    m = mask[n] = m ^ bit  # the bit is set (checked above)
+                    freed_bytes += size[n]
+                    p = parent[n]
+                    if m:  # another tier holds it: it stays in the tree
+                        if p >= 0:  # != _NO_PARENT
+                            c = tchild[p] = tchild[p] - 1
+                            on_evict(n, p if c == 0 and mask[p] & bit else -1)
+                        else:
+                            on_evict(n, -1)
+                    else:
+                        if p >= 0:
+                            nchild[p] -= 1
+                            c = tchild[p] = tchild[p] - 1
+                            # before the key is cleared: a policy may remember it
+                            on_evict(n, p if c == 0 and mask[p] & bit else -1)
+                        else:
+                            on_evict(n, -1)
+                        del index[ns[n]][key[n]]  # type: ignore[index]
+                        if held:
+                            pins.forget(n)
+                        key[n] = None
+                        ns[n] = None
+                        removed.append(n)
+                    evicted += 1
+                    if evicted >= n_chunks:
+                        break
+            else:
+                for n in gen:
+                    m = mask[n]
+                    if not m & bit or tchild[n] or (nchild[n] and m == bit):
+                        continue
+                    if held and n in held and pins.is_pinned(n):
+                        continue
                     on_remove((n,))
-                m = mask[n] = m ^ bit  # the bit is set (checked above)
-                freed_bytes += size[n]
-                p = parent[n]
-                leaf = -1
-                if p >= 0:  # != _NO_PARENT
-                    c = tchild[p] = tchild[p] - 1
+                    m = mask[n] = m ^ bit  # the bit is set (checked above)
+                    freed_bytes += size[n]
+                    p = parent[n]
+                    if p >= 0:  # != _NO_PARENT
+                        c = tchild[p] = tchild[p] - 1
+                        if m == 0:
+                            nchild[p] -= 1
+                        if c == 0 and mask[p] & bit:
+                            on_leaf(p)
                     if m == 0:
-                        nchild[p] -= 1
-                    if c == 0 and mask[p] & bit:
-                        leaf = p
-                if on_evict is not None:
-                    on_evict(n, leaf)  # before the key is cleared: a policy may remember it
-                elif leaf >= 0:
-                    on_leaf(leaf)
-                if m == 0:
-                    del index[ns[n]][key[n]]  # type: ignore[index]
-                    if held:
-                        pins.forget(n)
-                    key[n] = None
-                    ns[n] = None
-                    removed.append(n)
-                evicted += 1
-                if evicted >= n_chunks:
-                    break
+                        del index[ns[n]][key[n]]  # type: ignore[index]
+                        if held:
+                            pins.forget(n)
+                        key[n] = None
+                        ns[n] = None
+                        removed.append(n)
+                    evicted += 1
+                    if evicted >= n_chunks:
+                        break
         finally:
             gen.close()
             free.extend(removed)  # nothing takes a slot during the loop: one extend, same order

@@ -90,10 +90,11 @@ class OPTPolicy:
         pushed by :meth:`on_leaf` when its last child leaves (most of a path is interior, so this
         keeps the heap a few times smaller)."""
         cur, heap, depth, tchild = self._cur, self._heap, self._depth, self._tchild
+        never, top = NEVER, _DEPTH_TOP  # locals: no global lookups per block
         for n, t in zip(node_ids, next_use):
             if n in cur:
                 # _entry(t, depth[n], n), written out: once per block reference of the trace
-                e = cur[n] = ((NEVER - t) << 96) | ((_DEPTH_TOP - depth[n]) << 48) | n
+                e = cur[n] = ((never - t) << 96) | ((top - depth[n]) << 48) | n
                 if not tchild[n]:
                     heappush(heap, e)
         # Unknown nodes are a subset of cur's: one set operation rather than a discard per node.
@@ -137,7 +138,7 @@ class OPTPolicy:
         cur, heap = self._cur, self._heap
         if self._unknown:
             yield from sorted(self._unknown, key=self._depth.__getitem__, reverse=True)
-        popped: list[int] = []
+        skipped: list[int] = []  # yielded entries still live afterwards (not evicted): pushed back
         heappop = heapq.heappop
         try:
             while heap:
@@ -145,10 +146,16 @@ class OPTPolicy:
                 n = e & _NODE_MASK
                 if cur.get(n) is not e:
                     continue  # stale entry
-                popped.append(e)
-                yield n
+                try:
+                    yield n
+                except GeneratorExit:
+                    if cur.get(n) is e:
+                        skipped.append(e)  # closed before the caller evicted it
+                    raise
+                if cur.get(n) is e:
+                    skipped.append(e)
         finally:
-            for e in popped:
+            for e in skipped:
                 if cur.get(e & _NODE_MASK) is e:
                     heapq.heappush(heap, e)
             if len(heap) > 4 * len(cur) + 1024:

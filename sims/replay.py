@@ -124,11 +124,14 @@ def replay(
     full_bytes = block_bytes if block_bytes else bt
     n_req = len(trace.requests)
     n_tiers = len(tiers)
-    hit_blocks = np.zeros(n_req, dtype=np.int32)
+    # Per-request hits go to a plain list (one list store per request, not a numpy scalar store; the
+    # one-tier case fills its tier column from it after the loop).
+    hits = [0] * n_req
     tier_hits = np.zeros((n_req, n_tiers), dtype=np.int32)
     top = names[0]
     caps = [t.capacity_blocks for t in tiers]
     bounded = [c != UNBOUNDED for c in caps]
+    bounded0, cap0 = bounded[0], caps[0]
     match, insert, tier_chunks, lookup = tree.match, tree.insert, tree.tier_chunks, tree.lookup
     evict_candidates, clear_resident, set_resident = tree.evict_candidates, tree.clear_resident, tree.set_resident
     tree_evict = tree.evict
@@ -174,32 +177,38 @@ def replay(
                 r = insert(_NS, keys, top, rem if partial else bt, rem * bpt if partial else full_bytes)
                 k = r.present_chunks
             if k:
-                hit_blocks[i] = k
+                hits[i] = k
                 block_hits += k
-                token_hits += min(k * bt, req.input_tokens)
-                if n_tiers == 1:
-                    tier_hits[i, 0] = k
+                kt = k * bt
+                token_hits += kt if kt < req.input_tokens else req.input_tokens  # min(), no call
             if set_next_use is not None:
                 set_next_use(ids + r.node_ids, next_use[i])  # type: ignore[index]
-            for t in range(n_tiers):
-                if not bounded[t]:
-                    continue
-                over = tier_chunks(names[t]) - caps[t]
-                lower = names[t + 1] if t + 1 < n_tiers else None
-                if lower is None and over > 0:
-                    # Exact policy order, one victim at a time, in the tree's own eviction loop.
-                    evictions += len(tree_evict(names[t], over).removed_node_ids)
-                    continue
-                while over > 0:
-                    victims = evict_candidates(names[t], 1, drop=lower is None)
-                    if not victims:
-                        break  # only pinned or interior chunks left (cannot happen in a replay)
-                    if lower is not None:
-                        set_resident(victims, lower)
-                        demotions += 1
-                    clear_resident(victims, names[t])
-                    evictions += 1
-                    over -= 1
+            if n_tiers == 1:
+                # The tier loop below for one tier (the sweep's case), without its loop and lookups.
+                if bounded0:
+                    over = tier_chunks(top) - cap0
+                    if over > 0:
+                        evictions += len(tree_evict(top, over).removed_node_ids)
+            else:
+                for t in range(n_tiers):
+                    if not bounded[t]:
+                        continue
+                    over = tier_chunks(names[t]) - caps[t]
+                    lower = names[t + 1] if t + 1 < n_tiers else None
+                    if lower is None and over > 0:
+                        # Exact policy order, one victim at a time, in the tree's own eviction loop.
+                        evictions += len(tree_evict(names[t], over).removed_node_ids)
+                        continue
+                    while over > 0:
+                        victims = evict_candidates(names[t], 1, drop=lower is None)
+                        if not victims:
+                            break  # only pinned or interior chunks left (cannot happen in a replay)
+                        if lower is not None:
+                            set_resident(victims, lower)
+                            demotions += 1
+                        clear_resident(victims, names[t])
+                        evictions += 1
+                        over -= 1
             if check_every and i % check_every == 0:
                 tree.check_integrity()
             if bar is not None and i % 256 == 0:
@@ -207,6 +216,9 @@ def replay(
     finally:
         if gc_was_enabled:
             gc.enable()
+    hit_blocks = np.array(hits, dtype=np.int32)
+    if n_tiers == 1:
+        tier_hits[:, 0] = hit_blocks
     elapsed = time.perf_counter() - t0
     if bar is not None:
         bar.update(n_req - bar.n)
