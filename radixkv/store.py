@@ -263,7 +263,8 @@ class HierarchicalStore:
                 refs: list[ChunkRef] = []
                 if run and self.config.write_policy == "write_through" and len(s.tiers) > 1:
                     full = (1 << len(s.tiers)) - 1
-                    refs = s.refs_locked([n for n in r.node_ids if s.tree.node_tier_mask(n) != full])  # type: ignore[union-attr]
+                    new_ids = r.node_ids  # type: ignore[union-attr]
+                    refs = s.refs_locked([n for n in new_ids if s.tree.node_tier_mask(n) != full])
                     refs = s.pin_locked(refs, owner)
                     s.transfers_inflight += bool(refs)
                 leaked = s.mark_deleting_locked(

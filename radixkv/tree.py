@@ -664,7 +664,7 @@ class RadixTree:
                             on_evict(n, p if c == 0 and mask[p] & bit else -1)
                         else:
                             on_evict(n, -1)
-                        del index[ns[n]][key[n]]  # type: ignore[index]
+                        del index[ns[n]][key[n]]  # type: ignore[index,arg-type]
                         if held:
                             pins.forget(n)
                         key[n] = None
@@ -691,7 +691,7 @@ class RadixTree:
                         if c == 0 and mask[p] & bit:
                             on_leaf(p)
                     if m == 0:
-                        del index[ns[n]][key[n]]  # type: ignore[index]
+                        del index[ns[n]][key[n]]  # type: ignore[index,arg-type]
                         if held:
                             pins.forget(n)
                         key[n] = None
