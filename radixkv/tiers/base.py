@@ -20,7 +20,7 @@ bound by refusing puts that do not fit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol, Sequence, TypeVar, Union, runtime_checkable
+from typing import Any, Iterable, Protocol, Sequence, TypeVar, Union, runtime_checkable
 
 import torch
 
@@ -121,8 +121,9 @@ def byte_parts_all(items: Sequence[object], arg: str) -> list[Sequence[torch.Ten
     return [byte_parts(t, arg, i) for i, t in enumerate(items)]
 
 
-def parts_nbytes(parts: Sequence[torch.Tensor]) -> int:
-    """Total bytes of validated parts (a loop: a generator in sum() costs more for two parts)."""
+def parts_nbytes(parts: Sequence[Any]) -> int:
+    """Total bytes of validated parts, tensors or memoryviews of them (a loop: a generator in sum()
+    costs more for two parts)."""
     if type(parts) is ChunkParts:
         return parts.nbytes
     n = 0

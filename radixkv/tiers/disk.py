@@ -55,6 +55,7 @@ from radixkv.tiers.base import (
     check_buffers_disjoint,
     check_payload_size,
     config_or_options,
+    parts_nbytes,
 )
 from radixkv.tiers.disk_io import blocks, preadv_all, pwrite_all, pwritev_all, read_frame, write_frame
 from radixkv.tiers.disk_layout import DiskLayout, check_ident
@@ -155,7 +156,7 @@ class DiskTier:
         if len(keys) != len(payloads):
             raise InputError(f"{len(keys)} keys but {len(payloads)} payloads; pass one payload per key")
         views = [[memoryview(p.numpy()) for p in ps] for ps in byte_parts_all(payloads, "payloads")]
-        sizes = [_total(v) for v in views]
+        sizes = [parts_nbytes(v) for v in views]
         with self._lock:
             self._check_open()
             if sizes and namespace in self._scanned_sizes:
@@ -197,7 +198,7 @@ class DiskTier:
         parts = byte_parts_all(buffers, "buffers")
         check_buffers_disjoint(parts)  # else a good file could fail its checksum and be quarantined
         views = [[memoryview(p.numpy()) for p in ps] for ps in parts]
-        sizes = [_total(v) for v in views]
+        sizes = [parts_nbytes(v) for v in views]
         with self._lock:
             self._check_open()
             fixed = self._ns_payload_bytes.get(namespace)
@@ -330,7 +331,7 @@ class DiskTier:
 
     def _put_one(self, ns: str, key: str, payload: list[memoryview]) -> bool:
         ident = (ns, key)
-        nbytes = _total(payload)
+        nbytes = parts_nbytes(payload)
         frame = HEADER_BYTES + len(ns) + len(key) + nbytes
         with self._lock:
             if ident in self._index:
@@ -416,7 +417,7 @@ class DiskTier:
                 for part in payload:
                     hasher.update(part)
                 checksum = hasher.intdigest()
-            header = encode_header(ns, key, _total(payload), checksum)
+            header = encode_header(ns, key, parts_nbytes(payload), checksum)
             pwrite_all(fd, memoryview(header), 0)
         finally:
             write.result()  # always wait (and re-raise its OSError) before the caller closes fd
@@ -428,7 +429,7 @@ class DiskTier:
         cut = blocks(out, _OVERLAP_BLOCK_BYTES)
         starts = [offset]
         for block in cut[:-1]:
-            starts.append(starts[-1] + _total(block))
+            starts.append(starts[-1] + parts_nbytes(block))
         pending = self._aux.submit(preadv_all, fd, cut[0], offset)
         try:
             for i, block in enumerate(cut):
@@ -481,7 +482,7 @@ class DiskTier:
 
     def _read_verified(self, fd: int, ns: str, key: str, out: list[memoryview]) -> str:
         """"ok" (out holds the verified payload), "corrupt", or "mismatch" (another size)."""
-        nbytes = _total(out)
+        nbytes = parts_nbytes(out)
         if self._overlap(nbytes):
             header_len = HEADER_BYTES + len(ns) + len(key)
             header = decode_header(os.pread(fd, header_len, 0))
@@ -641,6 +642,3 @@ class DiskTier:
             else:
                 self._make_room(0)
 
-
-def _total(views: list[memoryview]) -> int:
-    return views[0].nbytes if len(views) == 1 else sum(v.nbytes for v in views)
