@@ -6,6 +6,12 @@ dispatch per call; and one thread does not saturate memory bandwidth: on this 2-
 batch of 1 MiB copies takes 22.8 ms on one thread and 13.1 ms on two (docs/benchmarks.md). ``ctypes``
 foreign calls release the GIL, so the copy threads run in parallel.
 
+Big batches (``streaming_min_bytes``, 8 MiB by default) use streaming (non-temporal) stores from the
+small C helper ``radixkv/_streamcopy.c``, built at install: a chunk copied into or out of a tier is
+not read again by this CPU soon, and skipping the cache moves 2 bytes per byte copied instead of 3
+(~1.2-1.4x faster than memmove on the development VM). Without the helper (no C compiler at install,
+or ``RADIXKV_STREAMING_COPY=0``) every copy uses memmove; the bytes are the same either way.
+
 Contract: every pair is (destination, source) of the same byte length, both CPU, contiguous and not
 overlapping each other; the caller keeps them alive until :meth:`HostCopier.copy` returns (it blocks
 until every byte is copied). Anything else is an :class:`~radixkv.errors.InputError`, checked before
@@ -15,8 +21,9 @@ the first byte moves.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -24,13 +31,41 @@ from radixkv.errors import ConfigError, InputError
 from radixkv.forksafe import ForkSafeExecutor, run_shared
 from radixkv.spans import copy_conflict
 
-__all__ = ["HostCopier", "default_copy_threads"]
+__all__ = ["HostCopier", "default_copy_threads", "streaming_copy_available"]
 
 _MiB = 1 << 20
 # Work is cut into pieces of at most this many bytes, so one huge pair still spreads over threads
 # and a parked thread (a loaded machine) leaves little behind for the others.
 _PIECE_BYTES = 4 * _MiB
 _memmove = ctypes.memmove
+_CopyFn = Callable[[int, int, int], object]
+
+
+def _load_stream_copy() -> _CopyFn | None:
+    """The C helper's streaming copy, or None (not built, not x86, or switched off by the env)."""
+    if os.environ.get("RADIXKV_STREAMING_COPY", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    spec = importlib.util.find_spec("radixkv._streamcopy")
+    if spec is None or not spec.origin:
+        return None
+    try:
+        lib = ctypes.CDLL(spec.origin)
+    except OSError:
+        return None
+    if not lib.radixkv_stream_copy_streams():
+        return None  # built for a CPU without streaming stores: it would only be a memcpy
+    fn = lib.radixkv_stream_copy
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    fn.restype = None
+    return fn
+
+
+_stream_copy = _load_stream_copy()
+
+
+def streaming_copy_available() -> bool:
+    """Whether big batches use streaming stores (the C helper was built and is not switched off)."""
+    return _stream_copy is not None
 
 
 def default_copy_threads() -> int:
@@ -41,16 +76,24 @@ def default_copy_threads() -> int:
 class HostCopier:
     """Copies batches of (destination, source) byte tensors on up to ``threads`` threads (the calling
     thread included). Batches below ``parallel_min_bytes`` run on the calling thread only: waking a
-    helper costs ~50-100 us, more than it saves on a few MiB. Thread-safe; :meth:`close` when done."""
+    helper costs ~50-100 us, more than it saves on a few MiB. Batches of at least
+    ``streaming_min_bytes`` use streaming stores where available (None: never). Thread-safe;
+    :meth:`close` when done."""
 
-    def __init__(self, threads: int | None = None, parallel_min_bytes: int = 4 * _MiB) -> None:
+    def __init__(self, threads: int | None = None, parallel_min_bytes: int = 4 * _MiB,
+                 streaming_min_bytes: int | None = 8 * _MiB) -> None:
         threads = default_copy_threads() if threads is None else threads
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
             raise ConfigError(f"copy threads={threads!r} must be a positive integer (1 = no helper threads)")
         if not isinstance(parallel_min_bytes, int) or parallel_min_bytes < 0:
             raise ConfigError(f"parallel_min_bytes={parallel_min_bytes!r} must be a non-negative integer (bytes)")
+        if streaming_min_bytes is not None and (
+                not isinstance(streaming_min_bytes, int) or streaming_min_bytes < 0):
+            raise ConfigError(f"streaming_min_bytes={streaming_min_bytes!r} must be a non-negative integer "
+                              "(bytes) or None (never use streaming stores)")
         self.threads = threads
         self.parallel_min_bytes = parallel_min_bytes
+        self.streaming_min_bytes = streaming_min_bytes
         # Started on the first parallel batch (a tier that only sees small ones never starts threads);
         # fork-safe, so a copier built before an engine forks still works in the children.
         self._pool = ForkSafeExecutor(threads - 1, thread_name_prefix="radixkv-copy") if threads > 1 else None
@@ -82,14 +125,18 @@ class HostCopier:
         total = 0
         for _d, _s, n in jobs:
             total += n
+        # Streaming stores are safe here: no destination overlaps a source (checked above, or vouched).
+        stream = self.streaming_min_bytes
+        move: _CopyFn = (_stream_copy if _stream_copy is not None and stream is not None and total >= stream
+                         else _memmove)
         k = min(self.threads, -(-total // _PIECE_BYTES)) if total >= self.parallel_min_bytes else 1
         if k <= 1:
             for dst, src, n in jobs:
-                _memmove(dst, src, n)
+                move(dst, src, n)
             return total
         pieces = [(dst + off, src + off, min(_PIECE_BYTES, n - off))
                   for dst, src, n in jobs for off in range(0, n, _PIECE_BYTES)]
-        run_shared(self._pool, k, len(pieces), lambda i: _memmove(*pieces[i]))
+        run_shared(self._pool, k, len(pieces), lambda i: move(*pieces[i]))
         return total
 
     def close(self) -> None:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from radixkv.errors import ConfigError, InputError
-from radixkv.hostcopy import HostCopier, default_copy_threads
+from radixkv.hostcopy import HostCopier, default_copy_threads, streaming_copy_available
 
 MiB = 1 << 20
 
@@ -119,3 +124,43 @@ def test_concurrent_callers_share_the_helpers_without_deadlock():
         assert not errors, errors
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("streaming_min", [0, None])
+def test_streaming_and_plain_copies_are_bit_exact_at_every_alignment(streaming_min):
+    """Streaming stores need 16-byte aligned targets: the helper copies a head with memcpy, then 64-byte
+    lines, then a tail. Every destination/source misalignment and every size around those edges."""
+    src_buf, dst_buf = rnd(11, 4 * MiB + 64), torch.zeros(4 * MiB + 64, dtype=torch.uint8)
+    c = HostCopier(2, parallel_min_bytes=0, streaming_min_bytes=streaming_min)
+    try:
+        for n in (0, 1, 15, 16, 17, 63, 64, 65, 127, 129, 4 * MiB + 3):
+            for d_off in (0, 1, 7, 15, 16, 33):
+                for s_off in (0, 5, 16):
+                    dst_buf.zero_()
+                    c.copy([dst_buf[d_off:d_off + n]], [src_buf[s_off:s_off + n]])
+                    assert torch.equal(dst_buf[d_off:d_off + n], src_buf[s_off:s_off + n]), (n, d_off, s_off)
+                    assert int(dst_buf[:d_off].sum()) == 0 and int(dst_buf[d_off + n:].sum()) == 0, (n, d_off)
+    finally:
+        c.close()
+
+
+@pytest.mark.skipif(sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"),
+                    reason="the streaming helper is built for x86-64 Linux")
+def test_streaming_helper_is_built_on_x86_64():
+    """``setup.py`` builds the helper as an optional extension (an install without a compiler still
+    succeeds, with memmove). On x86-64 Linux, where CI runs, it must have been built: a silent build
+    failure would otherwise only show as a slower memory tier."""
+    assert streaming_copy_available(), "radixkv/_streamcopy.c was not built: is a C compiler installed?"
+
+
+def test_streaming_can_be_switched_off_by_the_environment():
+    code = "import radixkv.hostcopy as h; print(h.streaming_copy_available())"
+    env = {**os.environ, "RADIXKV_STREAMING_COPY": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "8MiB"])
+def test_bad_streaming_min_bytes(bad):
+    with pytest.raises(ConfigError, match="streaming_min_bytes"):
+        HostCopier(1, streaming_min_bytes=bad)

@@ -17,6 +17,9 @@ GB/s of backup (host pool -> L3) and prefetch (L3 -> fresh host slots, hit query
 * ``raw copy``      -- one copy of the same bytes out of / into the host pool, the fastest of a bulk
                        ``torch`` copy, a ``torch`` copy per page, a ``memmove`` per page, and the pages'
                        ``memmove`` on as many threads as radixkv's memory tier copies on
+* ``raw streaming copy`` -- the same threaded per-page copy with the streaming (non-temporal) stores
+  radixkv's memory tier uses for big batches (:mod:`radixkv.hostcopy`), where built: the tier against
+  its own copy routine, i.e. its overhead alone (informational; the target is against ``raw copy``)
 
 Every round uses new prompts (no "already stored" shortcut) and each backend is cleared between rounds
 (a full cache recycles its space: radixkv's memory slots and disk files, SGLang's files are deleted and
@@ -125,9 +128,7 @@ class _RawCopy:
     (:func:`radixkv.hostcopy.default_copy_threads`), so the tier's threads are matched -- the fastest
     counts."""
 
-    name = "raw copy"
-
-    def __init__(self, spec: Any, n_pages: int) -> None:
+    def __init__(self, spec: Any, n_pages: int, streaming: bool = False) -> None:
         import torch
 
         from radixkv.adapters.sglang_cpu import build_pools
@@ -140,6 +141,8 @@ class _RawCopy:
         self.region.fill_(1)
         self.dst.fill_(2)
         self.page_bytes = spec.page_bytes
+        self.streaming = streaming
+        self.name = "raw streaming copy" if streaming else "raw copy"
         self.pages_src = list(self.region.split(spec.page_bytes))
         self.pages_dst = list(self.dst.split(spec.page_bytes))
         self.backup_s: list[float] = []
@@ -154,7 +157,11 @@ class _RawCopy:
     def round(self, r: int) -> None:
         import ctypes
 
+        from radixkv import hostcopy
+
         memmove, pb = ctypes.memmove, self.page_bytes
+        if self.streaming:
+            memmove = hostcopy._stream_copy
         addr = [(d.data_ptr(), s_.data_ptr()) for d, s_ in zip(self.pages_dst, self.pages_src)]
         k = self.threads
         shares = [addr[i::k] for i in range(k)]
@@ -167,7 +174,8 @@ class _RawCopy:
             list(self.pool_exec.map(run, shares))
 
         best_out = best_in = float("inf")
-        for way in ("bulk", "per page", "memmove", "memmove threads"):
+        ways = ("memmove threads",) if self.streaming else ("bulk", "per page", "memmove", "memmove threads")
+        for way in ways:
             if way == "memmove threads" and k < 2:
                 continue
             t0 = time.perf_counter()
@@ -246,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     runners: list[Any] = []
     try:
         runners.append(_RawCopy(spec, n))
+        from radixkv.hostcopy import streaming_copy_available
+
+        if streaming_copy_available():
+            runners.append(_RawCopy(spec, n, streaming=True))
         runners.append(_Backend("radixkv mem", spec, "dynamic",
                                 {**common, "tiers": [{"url": "mem://", "capacity": cap}]}, n))
         runners.append(_Backend("radixkv disk", spec, "dynamic",
@@ -298,4 +310,10 @@ def main(argv: list[str] | None = None) -> int:
         med = per_round[k]
         print(f"{k}: {med:.2f}x median per round, {v:.2f}x best/best (target >= {target:g}x, on the "
               f"median) {'ok' if med >= target else 'BELOW TARGET'}")
+    if "raw streaming copy" in results:
+        st = results["raw streaming copy"]
+        for what, a, b in (("backup", st.backup_s, m.backup_s), ("prefetch", st.prefetch_s, m.prefetch_s)):
+            med = statistics.median(x / y for x, y in zip(a, b))
+            print(f"mem vs raw streaming copy (the tier's own copy routine: its overhead alone), {what}: "
+                  f"{med:.2f}x median per round, {min(a) / min(b):.2f}x best/best (no target)")
     return 0
