@@ -1,15 +1,16 @@
-"""Only the optional C helper lives here; everything else is in pyproject.toml.
+"""Only the optional C helpers live here; everything else is in pyproject.toml.
 
-``radixkv._streamcopy`` is a plain C library (loaded with ctypes by radixkv.hostcopy, not imported):
-a non-temporal bulk copy. ``optional=True``: without a C compiler the install still succeeds and
-radixkv.hostcopy falls back to glibc's memmove (tests/test_hostcopy.py checks which one it got).
+``radixkv._native`` is a plain C library (loaded with ctypes by :mod:`radixkv.native`, not imported):
+a streaming (non-temporal) bulk copy and the success path of a disk-tier chunk read. ``optional=True``:
+without a C compiler the install still succeeds and radixkv runs the same operations in Python
+(tests/test_native.py checks which one it got).
 """
 
 from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("radixkv._streamcopy", sources=["radixkv/_streamcopy.c"], extra_compile_args=["-O2"],
-                  optional=True),
+        Extension("radixkv._native", sources=["radixkv/csrc/streamcopy.c", "radixkv/csrc/chunkread.c"],
+                  extra_compile_args=["-O2"], optional=True),
     ]
 )

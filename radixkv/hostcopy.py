@@ -7,10 +7,11 @@ batch of 1 MiB copies takes 22.8 ms on one thread and 13.1 ms on two (docs/bench
 foreign calls release the GIL, so the copy threads run in parallel.
 
 Big batches (``streaming_min_bytes``, 8 MiB by default) use streaming (non-temporal) stores from the
-small C helper ``radixkv/_streamcopy.c``, built at install: a chunk copied into or out of a tier is
-not read again by this CPU soon, and skipping the cache moves 2 bytes per byte copied instead of 3
-(~1.2-1.4x faster than memmove on the development VM). Without the helper (no C compiler at install,
-or ``RADIXKV_STREAMING_COPY=0``) every copy uses memmove; the bytes are the same either way.
+small C helper ``radixkv/csrc/streamcopy.c`` (:mod:`radixkv.native`): a chunk copied into or out of a
+tier is not read again by this CPU soon, and skipping the cache moves 2 bytes per byte copied instead
+of 3 (~1.2-1.4x faster than memmove on the development VM). Without the helper (no C compiler at
+install, ``RADIXKV_NATIVE=0`` or ``RADIXKV_STREAMING_COPY=0``) every copy uses memmove; the bytes are
+the same either way.
 
 Contract: every pair is (destination, source) of the same byte length, both CPU, contiguous and not
 overlapping each other; the caller keeps them alive until :meth:`HostCopier.copy` returns (it blocks
@@ -21,12 +22,12 @@ the first byte moves.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 from typing import Callable, Sequence
 
 import torch
 
+from radixkv import native
 from radixkv.errors import ConfigError, InputError
 from radixkv.forksafe import ForkSafeExecutor, run_shared
 from radixkv.spans import copy_conflict
@@ -39,32 +40,12 @@ _MiB = 1 << 20
 _PIECE_BYTES = 4 * _MiB
 _memmove = ctypes.memmove
 _CopyFn = Callable[[int, int, int], object]
-
-
-def _load_stream_copy() -> _CopyFn | None:
-    """The C helper's streaming copy, or None (not built, not x86, or switched off by the env)."""
-    if os.environ.get("RADIXKV_STREAMING_COPY", "1").strip().lower() in ("0", "false", "no", "off"):
-        return None
-    spec = importlib.util.find_spec("radixkv._streamcopy")
-    if spec is None or not spec.origin:
-        return None
-    try:
-        lib = ctypes.CDLL(spec.origin)
-    except OSError:
-        return None
-    if not lib.radixkv_stream_copy_streams():
-        return None  # built for a CPU without streaming stores: it would only be a memcpy
-    fn = lib.radixkv_stream_copy
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-    fn.restype = None
-    return fn
-
-
-_stream_copy = _load_stream_copy()
+_stream_copy: _CopyFn | None = native.stream_copy
 
 
 def streaming_copy_available() -> bool:
-    """Whether big batches use streaming stores (the C helper was built and is not switched off)."""
+    """Whether big batches use streaming stores (the C helper was built and is not switched off:
+    :mod:`radixkv.native`)."""
     return _stream_copy is not None
 
 

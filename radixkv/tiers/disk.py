@@ -55,9 +55,19 @@ from radixkv.tiers.base import (
     check_buffers_disjoint,
     check_payload_size,
     config_or_options,
+    part_spans,
     parts_nbytes,
 )
-from radixkv.tiers.disk_io import blocks, preadv_all, pwrite_all, pwritev_all, read_frame, write_frame
+from radixkv.tiers.disk_io import (
+    FAST_READ,
+    blocks,
+    preadv_all,
+    pwrite_all,
+    pwritev_all,
+    read_chunk_fast,
+    read_frame,
+    write_frame,
+)
 from radixkv.tiers.disk_layout import DiskLayout, check_ident
 from radixkv.tiers.disk_spares import SpareFiles, unlink_quietly
 from radixkv.tiers.framing import HEADER_BYTES, Hasher, decode_header, encode_header, payload_checksum
@@ -197,8 +207,8 @@ class DiskTier:
             raise InputError(f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key")
         parts = byte_parts_all(buffers, "buffers")
         check_buffers_disjoint(parts)  # else a good file could fail its checksum and be quarantined
-        views = [[memoryview(p.numpy()) for p in ps] for ps in parts]
-        sizes = [parts_nbytes(v) for v in views]
+        spans = [part_spans(ps) for ps in parts]
+        sizes = [sum(n for _a, n in sp) for sp in spans]
         with self._lock:
             self._check_open()
             fixed = self._ns_payload_bytes.get(namespace)
@@ -210,7 +220,7 @@ class DiskTier:
                     f"buffers[{i}] has {nbytes} bytes but namespace {namespace} stores {fixed}-byte "
                     f"chunks in tier {self.name!r}; pass buffers of the namespace's chunk size"
                 )
-        hits = self._run(lambda i: self._get_one(namespace, keys[i], views[i]), len(keys))
+        hits = self._run(lambda i: self._get_one(namespace, keys[i], parts[i], spans[i], sizes[i]), len(keys))
         with self._lock:
             self._stats.gets += len(keys)
             self._stats.hits += sum(hits)
@@ -444,7 +454,8 @@ class DiskTier:
             pending.result() if not pending.done() else None  # never leave a read into `out` running
         return hasher.intdigest()
 
-    def _get_one(self, ns: str, key: str, out: list[memoryview]) -> bool:
+    def _get_one(self, ns: str, key: str, parts: Sequence[torch.Tensor], spans: Sequence[tuple[int, int]],
+                 nbytes: int) -> bool:
         ident = (ns, key)
         with self._lock:
             indexed = ident in self._index
@@ -453,6 +464,15 @@ class DiskTier:
         if not indexed and not self.config.shared:
             return False
         path = self._layout.path(ns, key)
+        if FAST_READ and not self._overlap(nbytes):
+            # One GIL-free C call for the common case, a verified hit; anything else ("don't know")
+            # is read again below, where every fault is judged as it always was.
+            size = read_chunk_fast(path, ns, key, spans, nbytes)
+            if size is not None:
+                if not indexed:
+                    self._adopt(ident, size)
+                return True
+        out = [memoryview(p.numpy()) for p in parts]
         try:
             # O_NONBLOCK: a FIFO put at a chunk's path must not block the read (a miss instead).
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)

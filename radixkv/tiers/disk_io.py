@@ -16,17 +16,26 @@ their concatenation.
 
 Hashing releases the GIL for large blocks (:func:`radixkv.tiers.framing.payload_checksum`), so the
 tier's I/O threads overlap one chunk's hashing with another's system calls on separate cores.
+
+:func:`read_chunk_fast` is the same read (open to close) in one GIL-free call of the C helper
+``radixkv/csrc/chunkread.c``, where it is built; it answers only "ok" or "don't know", and the tier
+runs :func:`read_frame` on the latter, so every fault is still judged here, in Python.
 """
 
 from __future__ import annotations
 
+import ctypes
+import itertools
 import os
-from typing import Sequence, Union
+import threading
+from typing import Any, Sequence, Union
 
+from radixkv import native
+from radixkv.tiers import framing
 from radixkv.tiers.framing import HEADER_BYTES, Hasher, check_header, encode_header, payload_checksum
 
 __all__ = ["BLOCK_BYTES", "Parts", "as_parts", "blocks", "pwrite_all", "pread_all", "pwritev_all",
-           "preadv_all", "write_frame", "read_frame"]
+           "preadv_all", "write_frame", "read_frame", "read_chunk_fast", "FAST_READ"]
 
 BLOCK_BYTES = 512 << 10  # fits L2 (2 MiB per core here): hashed right after the kernel touched it
 # Buffers per pwritev/preadv: well under IOV_MAX (1024 on Linux), leaving room for a header and probe.
@@ -175,3 +184,59 @@ def read_frame(fd: int, ns: str, key: str, out: Parts) -> str:
             hasher.update(v)
         at += _nbytes(block)
     return "ok" if hasher.intdigest() == checksum else "corrupt"
+
+
+class _HashState:
+    """One xxh3 state per I/O thread, reused chunk after chunk, freed when the thread ends."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self) -> None:
+        self.ptr = framing._RAW["create"]()  # type: ignore[index]
+        if not self.ptr:
+            raise MemoryError("XXH3_createState failed")
+
+    def __del__(self) -> None:
+        if self.ptr:
+            framing._RAW["free"](self.ptr)  # type: ignore[index]
+            self.ptr = None
+
+
+def _fast_read_setup() -> tuple[Any, ...] | None:
+    if native.read_chunk is None or framing._RAW is None:
+        return None
+    addr = [ctypes.cast(framing._RAW[k], ctypes.c_void_p).value for k in ("reset", "update", "digest")]
+    return (native.read_chunk, *addr)
+
+
+_FAST = _fast_read_setup()
+_local = threading.local()
+FAST_READ = _FAST is not None  # whether read_chunk_fast can answer "ok" at all
+
+
+def read_chunk_fast(path: str, ns: str, key: str, spans: Sequence[tuple[int, int]], nbytes: int) -> int | None:
+    """Read the frame of ``(ns, key)`` at ``path`` into the memory at ``spans`` ((address, bytes) of
+    the payload's parts in order, ``nbytes`` in all; the caller keeps it alive) in one call of the C
+    helper, without the GIL. Returns the file's size if the payload is verified (identity, header
+    checksum, size, payload checksum: everything :func:`read_frame` checks), else None: "don't know",
+    run the Python path (:func:`read_frame`) to tell a miss from a corrupt or mismatched file. The
+    memory at ``spans`` holds unspecified bytes after None."""
+    fast = _FAST
+    if fast is None:
+        return None
+    read, reset, update, digest = fast
+    state = getattr(_local, "state", None)
+    if state is None:
+        state = _local.state = _HashState()
+    header_len = HEADER_BYTES + len(ns) + len(key)
+    head = ctypes.create_string_buffer(header_len)
+    flat = (ctypes.c_uint64 * (2 * len(spans)))(*itertools.chain.from_iterable(spans))
+    dig, size = ctypes.c_uint64(), ctypes.c_int64()
+    rc = read(os.fsencode(path), head, header_len, flat, len(spans), BLOCK_BYTES, state.ptr, reset, update,
+              digest, ctypes.byref(dig), ctypes.byref(size))
+    if rc != 0:
+        return None
+    header = check_header(head.raw, ns, key)
+    if header is None or header[0] != nbytes or header[1] != dig.value:
+        return None
+    return size.value

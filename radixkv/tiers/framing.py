@@ -58,10 +58,14 @@ def _load_raw() -> Any:
         import xxhash._xxhash as ext
 
         lib = ctypes.CDLL(ext.__file__)
+        # The same library again, for the calls that take nanoseconds: a PyDLL call keeps the GIL.
+        # A CDLL call drops and retakes it, which on a busy machine can cost a thread switch; a
+        # chunk read makes ~6 of these calls, beside the 2 hashes of 512 KiB that do release it.
+        quick = ctypes.PyDLL(ext.__file__)
 
-        def fn(names: tuple[str, ...], restype: Any, argtypes: list[Any]) -> Any:
+        def fn(names: tuple[str, ...], restype: Any, argtypes: list[Any], gil_free: bool = True) -> Any:
             for name in names:
-                f = getattr(lib, name, None)
+                f = getattr(lib if gil_free else quick, name, None)
                 if f is not None:
                     f.restype, f.argtypes = restype, argtypes
                     return f
@@ -70,11 +74,11 @@ def _load_raw() -> Any:
         vp, sz = ctypes.c_void_p, ctypes.c_size_t
         raw = {
             "oneshot": fn(("XXH3_64bits_dispatch", "XXH3_64bits"), ctypes.c_uint64, [vp, sz]),
-            "create": fn(("XXH3_createState",), vp, []),
-            "free": fn(("XXH3_freeState",), ctypes.c_int, [vp]),
-            "reset": fn(("XXH3_64bits_reset",), ctypes.c_int, [vp]),
+            "create": fn(("XXH3_createState",), vp, [], gil_free=False),
+            "free": fn(("XXH3_freeState",), ctypes.c_int, [vp], gil_free=False),
+            "reset": fn(("XXH3_64bits_reset",), ctypes.c_int, [vp], gil_free=False),
             "update": fn(("XXH3_64bits_update_dispatch", "XXH3_64bits_update"), ctypes.c_int, [vp, vp, sz]),
-            "digest": fn(("XXH3_64bits_digest",), ctypes.c_uint64, [vp]),
+            "digest": fn(("XXH3_64bits_digest",), ctypes.c_uint64, [vp], gil_free=False),
         }
         probe = bytearray(os.urandom((1 << 20) + 13))
         addr = ctypes.addressof(ctypes.c_char.from_buffer(probe))

@@ -36,6 +36,17 @@ def buf(nbytes: int = 8 * KiB) -> torch.Tensor:
     return torch.zeros(nbytes, dtype=torch.uint8)
 
 
+@pytest.fixture(autouse=True, params=["native", "python"])
+def read_path(request, monkeypatch) -> str:
+    """Every test here runs with the C helper's fast read (where built) and with the Python read
+    alone: the fast path answers only "ok", so faults must be judged alike on both."""
+    if request.param == "native" and not disk_mod.FAST_READ:
+        pytest.skip("the C helper (radixkv/csrc/chunkread.c) is not built here")
+    if request.param == "python":
+        monkeypatch.setattr(disk_mod, "FAST_READ", False)
+    return request.param
+
+
 @pytest.fixture
 def root(tmp_path) -> str:
     return str(tmp_path / "disk")
@@ -192,6 +203,7 @@ class TestRecyclingRace:
     def test_a_read_racing_recycling_keeps_the_keys_new_file(self, root, monkeypatch):
         # Found by a review: a get that opened K's file just before it was recycled for J (and K
         # was written again) saw J's header, and the quarantine unindexed K's new, valid file.
+        monkeypatch.setattr(disk_mod, "FAST_READ", False)  # the race is injected into the Python read
         t = DiskTier(root=root, capacity_bytes=1 << 20, io_threads=1, recycle=True)
         assert t.put_many(NS, ["K"], [pl(1)]) == [True]
         real = disk_mod.read_frame
@@ -211,6 +223,41 @@ class TestRecyclingRace:
         out = buf()
         assert t.get_many(NS, ["K"], [out]) == [True] and torch.equal(out, pl(3))
         assert t.stats().checksum_failures == 0
+        t.check_integrity()
+        t.close()
+
+    def test_a_fast_read_racing_recycling_falls_back_and_never_serves_the_other_chunk(self, root, monkeypatch,
+                                                                                    read_path):
+        # The fast path read J's bytes under K's name: its header check says "don't know", and the
+        # Python read that follows judges whatever the path holds now (K's new file).
+        if read_path != "native":
+            pytest.skip("the native read's fallback")
+        t = DiskTier(root=root, capacity_bytes=1 << 20, io_threads=1, recycle=True)
+        assert t.put_many(NS, ["K"], [pl(1)]) == [True]
+        path = t._layout.path(NS, "K")
+        real = disk_mod.read_chunk_fast
+        fell_back: list[str] = []
+
+        def racing(p, ns, key, spans, nbytes):
+            t.delete_many(NS, ["K"])  # K's file becomes a spare...
+            t.put_many(NS, ["J"], [pl(2)])  # ...J is written into it...
+            os.link(t._layout.path(NS, "J"), path + ".j")
+            os.rename(path + ".j", path)  # ...and, worst case, J's file now sits at K's path
+            got = real(p, ns, key, spans, nbytes)
+            assert got is None  # J's header does not name K
+            os.unlink(path)
+            t.put_many(NS, ["K"], [pl(3)])  # K is written again before the fallback reads
+            fell_back.append(key)
+            return got
+
+        monkeypatch.setattr(disk_mod, "read_chunk_fast", racing)
+        out = buf()
+        assert t.get_many(NS, ["K"], [out]) == [True] and torch.equal(out, pl(3))
+        assert fell_back == ["K"]
+        assert t.stats().checksum_failures == 0
+        monkeypatch.setattr(disk_mod, "read_chunk_fast", real)
+        out2 = buf()
+        assert t.get_many(NS, ["J"], [out2]) == [True] and torch.equal(out2, pl(2))
         t.check_integrity()
         t.close()
 

@@ -1,0 +1,66 @@
+"""radixkv's optional C helpers (``radixkv/csrc/``, built by ``setup.py`` as the plain C library
+``radixkv._native`` and loaded here with ctypes).
+
+Each helper is a faster way to do something radixkv also does in Python, and the Python path stays
+the reference: an install without a C compiler, a CPU the helpers were not built for, or
+``RADIXKV_NATIVE=0`` in the environment leaves the attributes below None, and every caller then runs
+its Python path, with the same results.
+
+* :data:`stream_copy` ``(dst, src, nbytes)``: a copy with streaming (non-temporal) stores
+  (:mod:`radixkv.hostcopy`; ``RADIXKV_STREAMING_COPY=0`` switches off this one alone).
+* :data:`read_chunk`: the success path of a disk-tier chunk read in one GIL-free call
+  (:func:`radixkv.tiers.disk_io.read_chunk_fast`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+from typing import Any
+
+__all__ = ["stream_copy", "read_chunk", "available"]
+
+_OFF = ("0", "false", "no", "off")
+
+
+def _switched_off(var: str) -> bool:
+    return os.environ.get(var, "1").strip().lower() in _OFF
+
+
+def _load() -> ctypes.CDLL | None:
+    if _switched_off("RADIXKV_NATIVE"):
+        return None
+    spec = importlib.util.find_spec("radixkv._native")
+    if spec is None or not spec.origin:
+        return None
+    try:
+        return ctypes.CDLL(spec.origin)
+    except OSError:
+        return None
+
+
+_lib = _load()
+stream_copy: Any = None
+read_chunk: Any = None
+if _lib is not None:
+    if _lib.radixkv_stream_copy_streams() and not _switched_off("RADIXKV_STREAMING_COPY"):
+        # (not built with streaming stores, e.g. not x86: it would only be a memcpy)
+        stream_copy = _lib.radixkv_stream_copy
+        stream_copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        stream_copy.restype = None
+    read_chunk = _lib.radixkv_read_chunk
+    read_chunk.restype = ctypes.c_int
+    read_chunk.argtypes = [
+        ctypes.c_char_p,  # path
+        ctypes.c_void_p, ctypes.c_size_t,  # header buffer, its bytes
+        ctypes.c_void_p, ctypes.c_size_t,  # (address, bytes) pairs of the payload's parts, their count
+        ctypes.c_size_t,  # hash block bytes
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,  # xxh3 state, reset, update, digest
+        ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int64),  # digest out, file size out
+    ]
+
+
+def available() -> dict[str, bool]:
+    """Which helpers are in use in this process (for tests, logs and ``radixkv`` diagnostics)."""
+    return {"stream_copy": stream_copy is not None, "read_chunk": read_chunk is not None}

@@ -1,0 +1,120 @@
+"""radixkv.native: the optional C helpers are built where CI runs, can be switched off, and the
+fast chunk read answers "ok" only for a verified frame ("don't know" for every fault)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from radixkv import native
+from radixkv.tiers import disk_io
+from radixkv.tiers.disk_io import read_chunk_fast, write_frame
+
+NS = "0123456789abcdef0123456789abcdef"
+KiB = 1 << 10
+
+x86_linux = pytest.mark.skipif(sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"),
+                               reason="the helpers are built and used on x86-64 Linux")
+
+
+@x86_linux
+def test_helpers_are_built_on_x86_64_linux():
+    """``setup.py`` builds them as an optional extension (an install without a compiler still
+    succeeds, on the Python paths). On x86-64 Linux, where CI runs, they must have been built: a
+    silent build failure would otherwise only show as a slower memory and disk tier."""
+    assert native.available() == {"stream_copy": True, "read_chunk": True}, (
+        "radixkv/csrc/*.c were not built: is a C compiler installed?")
+    assert disk_io.FAST_READ
+
+
+@pytest.mark.parametrize("env,want", [
+    ({"RADIXKV_NATIVE": "0"}, [False, False, False]),
+    ({"RADIXKV_STREAMING_COPY": "off"}, [False, None, None]),  # the fast read stays as built
+])
+def test_switched_off_by_the_environment(env, want):
+    code = ("import json, radixkv.native as n, radixkv.hostcopy as h, radixkv.tiers.disk_io as d;"
+            "print(json.dumps([h.streaming_copy_available(), n.read_chunk is not None, d.FAST_READ]))")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
+                         text=True, check=True).stdout
+    got = json.loads(out)
+    assert [g for g, w in zip(got, want) if w is not None] == [w for w in want if w is not None]
+
+
+def payload(seed: int, nbytes: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
+
+
+def spans_of(parts: list[torch.Tensor]) -> list[tuple[int, int]]:
+    return [(p.data_ptr(), p.nbytes) for p in parts]
+
+
+@pytest.fixture
+def frame(tmp_path):
+    """A valid frame of key "k": (path, payload, frame size), payload 1.5 MiB (three hash blocks)."""
+    if not disk_io.FAST_READ:
+        pytest.skip("the C helper is not built here")
+    data = payload(1, 1536 * KiB + 7)
+    path = str(tmp_path / "k.chunk")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        write_frame(fd, NS, "k", memoryview(data.numpy()))
+    finally:
+        os.close(fd)
+    return path, data, os.path.getsize(path)
+
+
+@pytest.mark.parametrize("cuts", [[], [1], [100, 524288], [524288, 524289, 1048575]])
+def test_ok_reads_every_byte_into_any_parts(frame, cuts):
+    path, data, size = frame
+    out = torch.zeros_like(data)
+    bounds = [0, *cuts, data.numel()]
+    parts = [out[a:b] for a, b in zip(bounds, bounds[1:])]
+    assert read_chunk_fast(path, NS, "k", spans_of(parts), data.numel()) == size
+    assert torch.equal(out, data)
+
+
+def _flip(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x01]))
+
+
+@pytest.mark.parametrize("fault", ["missing", "directory", "fifo", "payload byte", "header byte",
+                                   "last byte", "truncated", "extended", "other key", "other size"])
+def test_every_fault_is_dont_know(frame, fault, tmp_path):
+    path, data, size = frame
+    n, key = data.numel(), "k"
+    if fault == "missing":
+        os.unlink(path)
+    elif fault == "directory":
+        os.unlink(path)
+        os.mkdir(path)
+    elif fault == "fifo":
+        os.unlink(path)
+        os.mkfifo(path)
+    elif fault == "payload byte":
+        _flip(path, size - n + 600 * KiB)
+    elif fault == "header byte":
+        _flip(path, 9)
+    elif fault == "last byte":
+        _flip(path, size - 1)
+    elif fault == "truncated":
+        os.truncate(path, size - 1)
+    elif fault == "extended":
+        with open(path, "ab") as f:
+            f.write(b"\0")
+    elif fault == "other key":
+        key = "j"
+    elif fault == "other size":
+        n -= 1
+    out = torch.zeros(n, dtype=torch.uint8)
+    assert read_chunk_fast(path, NS, key, spans_of([out]), n) is None
