@@ -8,8 +8,8 @@ its Python path, with the same results.
 
 * :data:`stream_copy` ``(dst, src, nbytes)``: a copy with streaming (non-temporal) stores
   (:mod:`radixkv.hostcopy`; ``RADIXKV_STREAMING_COPY=0`` switches off this one alone).
-* :data:`read_chunk`: the success path of a disk-tier chunk read in one GIL-free call
-  (:func:`radixkv.tiers.disk_io.read_chunk_fast`).
+* :data:`read_chunk` / :data:`write_payload`: a disk-tier chunk read (its success path) and the
+  payload half of a chunk write, each in one GIL-free call (:mod:`radixkv.tiers.disk_io`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import importlib.util
 import os
 from typing import Any
 
-__all__ = ["stream_copy", "read_chunk", "available"]
+__all__ = ["available", "read_chunk", "stream_copy", "write_payload"]
 
 _OFF = ("0", "false", "no", "off")
 
@@ -43,6 +43,7 @@ def _load() -> ctypes.CDLL | None:
 _lib = _load()
 stream_copy: Any = None
 read_chunk: Any = None
+write_payload: Any = None
 if _lib is not None:
     if _lib.radixkv_stream_copy_streams() and not _switched_off("RADIXKV_STREAMING_COPY"):
         # (not built with streaming stores, e.g. not x86: it would only be a memcpy)
@@ -59,8 +60,18 @@ if _lib is not None:
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,  # xxh3 state, reset, update, digest
         ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int64),  # digest out, file size out
     ]
+    write_payload = _lib.radixkv_write_payload
+    write_payload.restype = ctypes.c_int  # 0 or an errno
+    write_payload.argtypes = [
+        ctypes.c_int, ctypes.c_int64,  # fd, offset of the payload
+        ctypes.c_void_p, ctypes.c_size_t,  # (address, bytes) pairs of the payload's parts, their count
+        ctypes.c_size_t,  # hash block bytes
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,  # xxh3 state, reset, update, digest
+        ctypes.POINTER(ctypes.c_uint64),  # digest out
+    ]
 
 
 def available() -> dict[str, bool]:
     """Which helpers are in use in this process (for tests, logs and ``radixkv`` diagnostics)."""
-    return {"stream_copy": stream_copy is not None, "read_chunk": read_chunk is not None}
+    return {"stream_copy": stream_copy is not None, "read_chunk": read_chunk is not None,
+            "write_payload": write_payload is not None}

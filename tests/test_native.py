@@ -3,6 +3,7 @@ fast chunk read answers "ok" only for a verified frame ("don't know" for every f
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform
@@ -14,7 +15,7 @@ import torch
 
 from radixkv import native
 from radixkv.tiers import disk_io
-from radixkv.tiers.disk_io import read_chunk_fast, write_frame
+from radixkv.tiers.disk_io import read_chunk_fast, read_frame, write_frame
 
 NS = "0123456789abcdef0123456789abcdef"
 KiB = 1 << 10
@@ -28,7 +29,7 @@ def test_helpers_are_built_on_x86_64_linux():
     """``setup.py`` builds them as an optional extension (an install without a compiler still
     succeeds, on the Python paths). On x86-64 Linux, where CI runs, they must have been built: a
     silent build failure would otherwise only show as a slower memory and disk tier."""
-    assert native.available() == {"stream_copy": True, "read_chunk": True}, (
+    assert native.available() == {"stream_copy": True, "read_chunk": True, "write_payload": True}, (
         "radixkv/csrc/*.c were not built: is a C compiler installed?")
     assert disk_io.FAST_READ
 
@@ -118,3 +119,46 @@ def test_every_fault_is_dont_know(frame, fault, tmp_path):
         n -= 1
     out = torch.zeros(n, dtype=torch.uint8)
     assert read_chunk_fast(path, NS, key, spans_of([out]), n) is None
+
+
+@pytest.mark.parametrize("cuts", [[], [3], [524288], [1, 2, 524290, 1048575]])
+def test_fast_write_makes_the_same_file_as_the_python_write(tmp_path, monkeypatch, cuts):
+    if disk_io._FAST_WRITE is None:
+        pytest.skip("the C helper is not built here")
+    data = payload(2, 1536 * KiB + 5)
+    bounds = [0, *cuts, data.numel()]
+    views = [memoryview(data[a:b].numpy()) for a, b in zip(bounds, bounds[1:])]
+    files = {}
+    for way in ("native", "python"):
+        if way == "python":
+            monkeypatch.setattr(disk_io, "_FAST_WRITE", None)
+        path = tmp_path / way
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            write_frame(fd, NS, "k", views)
+        finally:
+            os.close(fd)
+        files[way] = path.read_bytes()
+    assert files["native"] == files["python"]
+    out = torch.zeros_like(data)
+    fd = os.open(tmp_path / "native", os.O_RDONLY)
+    try:
+        assert read_frame(fd, NS, "k", memoryview(out.numpy())) == "ok"
+    finally:
+        os.close(fd)
+    assert torch.equal(out, data)
+
+
+def test_fast_write_errors_are_oserrors(tmp_path):
+    if disk_io._FAST_WRITE is None:
+        pytest.skip("the C helper is not built here")
+    data = payload(3, 1024 * KiB)
+    path = tmp_path / "ro"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDONLY)  # writing to it fails with EBADF, as pwritev would
+    try:
+        with pytest.raises(OSError) as e:
+            write_frame(fd, NS, "k", memoryview(data.numpy()))
+        assert e.value.errno == errno.EBADF
+    finally:
+        os.close(fd)

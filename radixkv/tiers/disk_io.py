@@ -18,8 +18,9 @@ Hashing releases the GIL for large blocks (:func:`radixkv.tiers.framing.payload_
 tier's I/O threads overlap one chunk's hashing with another's system calls on separate cores.
 
 :func:`read_chunk_fast` is the same read (open to close) in one GIL-free call of the C helper
-``radixkv/csrc/chunkread.c``, where it is built; it answers only "ok" or "don't know", and the tier
-runs :func:`read_frame` on the latter, so every fault is still judged here, in Python.
+``radixkv/csrc/chunkio.c``, where it is built; it answers only "ok" or "don't know", and the tier
+runs :func:`read_frame` on the latter, so every fault is still judged here, in Python. Where built,
+:func:`write_frame` writes and hashes the payload in one such call too.
 """
 
 from __future__ import annotations
@@ -119,7 +120,9 @@ def write_frame(fd: int, ns: str, key: str, payload: Parts) -> None:
     parts = as_parts(payload)
     at = HEADER_BYTES + len(ns) + len(key)
     n = _nbytes(parts)
-    if len(parts) == 1 and n <= BLOCK_BYTES:
+    if _FAST_WRITE is not None and n > BLOCK_BYTES and not any(v.readonly for v in parts):
+        checksum = _write_payload_fast(fd, at, parts)
+    elif len(parts) == 1 and n <= BLOCK_BYTES:
         pwrite_all(fd, parts[0], at)
         checksum = payload_checksum(parts[0])
     else:
@@ -202,16 +205,37 @@ class _HashState:
             self.ptr = None
 
 
-def _fast_read_setup() -> tuple[Any, ...] | None:
-    if native.read_chunk is None or framing._RAW is None:
+def _fast_setup(fn: Any) -> tuple[Any, ...] | None:
+    if fn is None or framing._RAW is None:
         return None
     addr = [ctypes.cast(framing._RAW[k], ctypes.c_void_p).value for k in ("reset", "update", "digest")]
-    return (native.read_chunk, *addr)
+    return (fn, *addr)
 
 
-_FAST = _fast_read_setup()
+_FAST = _fast_setup(native.read_chunk)
+_FAST_WRITE = _fast_setup(native.write_payload)
 _local = threading.local()
 FAST_READ = _FAST is not None  # whether read_chunk_fast can answer "ok" at all
+
+
+def _hash_state() -> _HashState:
+    state = getattr(_local, "state", None)
+    if state is None:
+        state = _local.state = _HashState()
+    return state
+
+
+def _write_payload_fast(fd: int, at: int, parts: Sequence[memoryview]) -> int:
+    """Write ``parts`` (writable buffers: their addresses are taken) from offset ``at`` and return
+    their xxh3, in one GIL-free call; raises OSError like pwritev."""
+    write, reset, update, digest = _FAST_WRITE  # type: ignore[misc]
+    spans = [(ctypes.addressof(ctypes.c_char.from_buffer(v)), v.nbytes) for v in parts if v.nbytes]
+    flat = (ctypes.c_uint64 * (2 * len(spans)))(*itertools.chain.from_iterable(spans))
+    dig = ctypes.c_uint64()
+    err = write(fd, at, flat, len(spans), BLOCK_BYTES, _hash_state().ptr, reset, update, digest, ctypes.byref(dig))
+    if err:
+        raise OSError(err, os.strerror(err))
+    return dig.value
 
 
 def read_chunk_fast(path: str, ns: str, key: str, spans: Sequence[tuple[int, int]], nbytes: int) -> int | None:
@@ -225,9 +249,7 @@ def read_chunk_fast(path: str, ns: str, key: str, spans: Sequence[tuple[int, int
     if fast is None:
         return None
     read, reset, update, digest = fast
-    state = getattr(_local, "state", None)
-    if state is None:
-        state = _local.state = _HashState()
+    state = _hash_state()
     header_len = HEADER_BYTES + len(ns) + len(key)
     head = ctypes.create_string_buffer(header_len)
     flat = (ctypes.c_uint64 * (2 * len(spans)))(*itertools.chain.from_iterable(spans))

@@ -15,6 +15,7 @@ import torch
 
 from radixkv.errors import CapacityError, ConfigError, InputError
 from radixkv.tiers import disk as disk_mod
+from radixkv.tiers import disk_io
 from radixkv.tiers.disk import DiskTier
 from radixkv.tiers.framing import HEADER_BYTES, decode_header, payload_checksum
 from radixkv.tiers.registry import make_tier
@@ -38,12 +39,13 @@ def buf(nbytes: int = 8 * KiB) -> torch.Tensor:
 
 @pytest.fixture(autouse=True, params=["native", "python"])
 def read_path(request, monkeypatch) -> str:
-    """Every test here runs with the C helper's fast read (where built) and with the Python read
-    alone: the fast path answers only "ok", so faults must be judged alike on both."""
+    """Every test here runs with the C helper's chunk I/O (where built) and with the Python I/O
+    alone: the fast read answers only "ok", so faults must be judged alike on both."""
     if request.param == "native" and not disk_mod.FAST_READ:
-        pytest.skip("the C helper (radixkv/csrc/chunkread.c) is not built here")
+        pytest.skip("the C helper (radixkv/csrc/chunkio.c) is not built here")
     if request.param == "python":
         monkeypatch.setattr(disk_mod, "FAST_READ", False)
+        monkeypatch.setattr(disk_io, "_FAST_WRITE", None)
     return request.param
 
 
