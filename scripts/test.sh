@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything the test suite needs on a fresh Debian machine, then run the whole suite:
-#   1. redis-server (Debian package) for the Redis tier tests (they start their own servers);
+#   1. redis-server (Debian package) for the Redis tier tests (they start their own servers), and gcc
+#      for radixkv's optional C helpers if the machine has no C compiler;
 #   2. the main environment .venv (CPU torch, radixkv[all]) -> tests/ without the engine folders;
 #   3. the SGLang 0.5.23 environment .envs/sglang -> tests/sglang  (engines pin conflicting packages,
 #   4. the vLLM 0.33.0 environment .envs/vllm     -> tests/vllm     so each gets its own venv).
@@ -21,6 +22,13 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
     || { log "could not install redis-server"; status=1; }
 fi
 # The tests start their own servers; a system service is not needed (and may hold port 6379).
+if ! command -v gcc >/dev/null 2>&1; then
+  # radixkv's optional C helpers (setup.py) build at install; tests/test_native.py checks they did.
+  log "installing gcc from Debian's packages"
+  SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq gcc >/dev/null \
+    || { log "could not install gcc"; status=1; }
+fi
 
 MAIN_PY="$(bash scripts/setup.sh | tail -n 1)" || { log "main environment setup failed"; exit 1; }
 SGL_PY="$REPO/.envs/sglang/bin/python"

@@ -200,9 +200,13 @@ class _HashState:
             raise MemoryError("XXH3_createState failed")
 
     def __del__(self) -> None:
-        if self.ptr:
-            framing._RAW["free"](self.ptr)  # type: ignore[index]
-            self.ptr = None
+        ptr, self.ptr = self.ptr, None
+        raw = framing._RAW
+        if ptr and raw is not None:
+            try:
+                raw["free"](ptr)
+            except Exception:  # interpreter shutdown: the process is ending anyway
+                pass
 
 
 def _fast_setup(fn: Any) -> tuple[Any, ...] | None:
