@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -33,6 +35,19 @@ def test_wheel_has_one_top_level_package(wheel):
     assert roots == {"radixkv"}, roots
     for sub in ("kernels", "adapters", "sims", "tiers", "bench"):
         assert f"radixkv/{sub}/__init__.py" in names
+    if sys.platform == "linux" and platform.machine() == "x86_64":  # the optional C helpers (setup.py)
+        assert any(n.startswith("radixkv/_native.") and n.endswith(".so") for n in names), names
+
+
+def test_sdist_carries_the_c_sources(tmp_path):
+    """A source install builds the helpers from radixkv/csrc/: the sdist must carry them."""
+    cmd = [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--skip-dependency-check",
+           "-o", str(tmp_path), str(REPO)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    (sdist,) = tmp_path.glob("radixkv-*.tar.gz")
+    with tarfile.open(sdist) as tf:
+        names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
+    assert {"setup.py", "radixkv/csrc/streamcopy.c", "radixkv/csrc/chunkio.c"} <= names
 
 
 def test_mapped_subpackages_import_from_the_repo_folders():
