@@ -10,7 +10,8 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("radixkv._native", sources=["radixkv/csrc/streamcopy.c", "radixkv/csrc/chunkio.c"],
+        Extension("radixkv._native",
+                  sources=["radixkv/csrc/abi.c", "radixkv/csrc/streamcopy.c", "radixkv/csrc/chunkio.c"],
                   extra_compile_args=["-O2"], optional=True),
     ]
 )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import logging
 import os
 from typing import Any
 
@@ -28,6 +29,9 @@ def _switched_off(var: str) -> bool:
     return os.environ.get(var, "1").strip().lower() in _OFF
 
 
+_ABI = 1  # radixkv/csrc/abi.c: the helpers' interface version this module calls
+
+
 def _load() -> ctypes.CDLL | None:
     if _switched_off("RADIXKV_NATIVE"):
         return None
@@ -35,9 +39,18 @@ def _load() -> ctypes.CDLL | None:
     if spec is None or not spec.origin:
         return None
     try:
-        return ctypes.CDLL(spec.origin)
-    except OSError:
+        lib = ctypes.CDLL(spec.origin)
+        abi = lib.radixkv_native_abi()
+    except (OSError, AttributeError):
+        abi = None
+    if abi != _ABI:
+        # Calling a stale build's functions with this version's signatures would be undefined.
+        logging.getLogger("radixkv").warning(
+            "radixkv's C helpers at %s are from another version (interface %s, this radixkv needs %s): "
+            "running the Python paths; reinstall radixkv (pip install -e . in a source tree) to rebuild them",
+            spec.origin, abi, _ABI)
         return None
+    return lib
 
 
 _lib = _load()

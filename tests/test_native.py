@@ -162,3 +162,23 @@ def test_fast_write_errors_are_oserrors(tmp_path):
         assert e.value.errno == errno.EBADF
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("body", ["int radixkv_native_abi(void) { return 0; }", "int other(void) { return 1; }"])
+def test_a_stale_build_is_refused_with_a_warning(tmp_path, monkeypatch, caplog, body):
+    """A library from another version (say, left in a source tree after a git pull without a
+    reinstall) would be called with this version's signatures: it is not loaded at all."""
+    import importlib.machinery
+    import importlib.util
+    import shutil
+
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc to build a stand-in library")
+    src, lib = tmp_path / "stale.c", tmp_path / "stale.so"
+    src.write_text(body + "\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    spec = importlib.machinery.ModuleSpec("radixkv._native", None, origin=str(lib))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec)
+    with caplog.at_level("WARNING", logger="radixkv"):
+        assert native._load() is None
+    assert "from another version" in caplog.text and str(lib) in caplog.text

@@ -47,7 +47,7 @@ def test_sdist_carries_the_c_sources(tmp_path):
     (sdist,) = tmp_path.glob("radixkv-*.tar.gz")
     with tarfile.open(sdist) as tf:
         names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
-    assert {"setup.py", "radixkv/csrc/streamcopy.c", "radixkv/csrc/chunkio.c"} <= names
+    assert {"setup.py", "radixkv/csrc/abi.c", "radixkv/csrc/streamcopy.c", "radixkv/csrc/chunkio.c"} <= names
 
 
 def test_mapped_subpackages_import_from_the_repo_folders():
