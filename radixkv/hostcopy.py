@@ -39,6 +39,10 @@ _MiB = 1 << 20
 # and a parked thread (a loaded machine) leaves little behind for the others.
 _PIECE_BYTES = 4 * _MiB
 _memmove = ctypes.memmove
+# Pieces below this stay on memmove even in a streaming batch: each streaming call ends with a fence,
+# and a small piece's partial lines gain nothing (measured: 256 B pairs 25% slower streamed, 4 KiB
+# even, 64 KiB 15% faster).
+_STREAM_MIN_PAIR_BYTES = 64 << 10
 _CopyFn = Callable[[int, int, int], object]
 _stream_copy: _CopyFn | None = native.stream_copy
 
@@ -107,17 +111,24 @@ class HostCopier:
         for _d, _s, n in jobs:
             total += n
         # Streaming stores are safe here: no destination overlaps a source (checked above, or vouched).
+        # They pay off for big batches of big pieces; small pairs (a fence each, partial lines) stay
+        # on memmove.
         stream = self.streaming_min_bytes
-        move: _CopyFn = (_stream_copy if _stream_copy is not None and stream is not None and total >= stream
+        fast: _CopyFn = (_stream_copy if _stream_copy is not None and stream is not None and total >= stream
                          else _memmove)
         k = min(self.threads, -(-total // _PIECE_BYTES)) if total >= self.parallel_min_bytes else 1
         if k <= 1:
             for dst, src, n in jobs:
-                move(dst, src, n)
+                (fast if n >= _STREAM_MIN_PAIR_BYTES else _memmove)(dst, src, n)
             return total
         pieces = [(dst + off, src + off, min(_PIECE_BYTES, n - off))
                   for dst, src, n in jobs for off in range(0, n, _PIECE_BYTES)]
-        run_shared(self._pool, k, len(pieces), lambda i: move(*pieces[i]))
+
+        def move(i: int) -> None:
+            dst, src, n = pieces[i]
+            (fast if n >= _STREAM_MIN_PAIR_BYTES else _memmove)(dst, src, n)
+
+        run_shared(self._pool, k, len(pieces), move)
         return total
 
     def close(self) -> None:

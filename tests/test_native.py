@@ -182,3 +182,21 @@ def test_a_stale_build_is_refused_with_a_warning(tmp_path, monkeypatch, caplog, 
     with caplog.at_level("WARNING", logger="radixkv"):
         assert native._load() is None
     assert "from another version" in caplog.text and str(lib) in caplog.text
+
+
+def test_stream_copy_is_bit_exact_at_every_alignment_and_size():
+    """The helper itself (hostcopy only hands it pieces of 64 KiB or more): a head copied to the next
+    64-byte line, 64-byte lines of streaming stores, a tail. Every destination/source misalignment
+    and every size around those edges; bytes around the destination stay untouched."""
+    if native.stream_copy is None:
+        pytest.skip("the streaming copy is not built (or not x86) here")
+    src = payload(5, 8 * KiB)
+    dst = torch.zeros(8 * KiB, dtype=torch.uint8)
+    native.stream_copy(0, 0, 0)  # 0 bytes from null pointers: a no-op, not undefined behaviour
+    for n in (1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 191, 4096 + 7):
+        for d_off in (0, 1, 7, 15, 16, 33, 63, 64):
+            for s_off in (0, 5, 16):
+                dst.zero_()
+                native.stream_copy(dst.data_ptr() + d_off, src.data_ptr() + s_off, n)
+                assert torch.equal(dst[d_off:d_off + n], src[s_off:s_off + n]), (n, d_off, s_off)
+                assert int(dst[:d_off].sum()) == 0 and int(dst[d_off + n:].sum()) == 0, (n, d_off)

@@ -54,6 +54,7 @@ int radixkv_read_chunk(const char *path, char *head, size_t head_len, const uint
                        size_t n_spans, size_t block_bytes, void *state, rk_reset_fn reset,
                        rk_update_fn update, rk_digest_fn digest, uint64_t *digest_out,
                        int64_t *size_out) {
+    if (block_bytes == 0) return RK_IO; /* (never from radixkv) no progress: "don't know" */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return RK_NO_FILE;
     int rc = RK_OK;
@@ -124,6 +125,7 @@ static int write_exact(int fd, const char *buf, size_t n, off_t offset) {
 int radixkv_write_payload(int fd, int64_t offset, const uint64_t *spans, size_t n_spans,
                           size_t block_bytes, void *state, rk_reset_fn reset, rk_update_fn update,
                           rk_digest_fn digest, uint64_t *digest_out) {
+    if (block_bytes == 0) return EINVAL; /* (never from radixkv) it would make no progress */
     off_t at = (off_t)offset;
     reset(state);
     for (size_t i = 0; i < n_spans; i++) {

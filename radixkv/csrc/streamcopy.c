@@ -30,9 +30,12 @@ int radixkv_stream_copy_streams(void) {
 
 void radixkv_stream_copy(void *dst, const void *src, size_t n) {
 #if defined(__SSE2__)
+    if (n == 0) return; /* memcpy with a null pointer is undefined even for 0 bytes */
     char *d = (char *)dst;
     const char *s = (const char *)src;
-    size_t head = (16 - ((uintptr_t)d & 15)) & 15; /* streaming stores need 16-byte aligned targets */
+    /* Streaming stores need 16-byte aligned targets; aligning to the 64-byte line makes each group
+     * of four fill one whole line (the write-combining buffer then goes out in one burst). */
+    size_t head = (64 - ((uintptr_t)d & 63)) & 63;
     if (head > n) head = n;
     memcpy(d, s, head);
     d += head;
@@ -54,6 +57,6 @@ void radixkv_stream_copy(void *dst, const void *src, size_t n) {
     memcpy(d, s, n - lines * 64);
     _mm_sfence();
 #else
-    memcpy(dst, src, n);
+    if (n) memcpy(dst, src, n);
 #endif
 }

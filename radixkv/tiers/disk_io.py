@@ -201,12 +201,12 @@ class _HashState:
 
     def __del__(self) -> None:
         ptr, self.ptr = self.ptr, None
-        raw = framing._RAW
-        if ptr and raw is not None:
-            try:
+        try:
+            raw = framing._RAW
+            if ptr and raw is not None:
                 raw["free"](ptr)
-            except Exception:  # interpreter shutdown: the process is ending anyway
-                pass
+        except Exception:  # interpreter shutdown: the process is ending anyway
+            pass
 
 
 def _fast_setup(fn: Any) -> tuple[Any, ...] | None:
@@ -236,7 +236,8 @@ def _write_payload_fast(fd: int, at: int, parts: Sequence[memoryview]) -> int:
     spans = [(ctypes.addressof(ctypes.c_char.from_buffer(v)), v.nbytes) for v in parts if v.nbytes]
     flat = (ctypes.c_uint64 * (2 * len(spans)))(*itertools.chain.from_iterable(spans))
     dig = ctypes.c_uint64()
-    err = write(fd, at, flat, len(spans), BLOCK_BYTES, _hash_state().ptr, reset, update, digest, ctypes.byref(dig))
+    state = _hash_state()  # held here: the call runs without the GIL
+    err = write(fd, at, flat, len(spans), BLOCK_BYTES, state.ptr, reset, update, digest, ctypes.byref(dig))
     if err:
         raise OSError(err, os.strerror(err))
     return dig.value
