@@ -202,10 +202,10 @@ class TestCorruption:
 
 
 class TestRecyclingRace:
-    def test_a_read_racing_recycling_keeps_the_keys_new_file(self, root, monkeypatch):
+    @pytest.mark.parametrize("read_path", ["python"], indirect=True)  # injected into the Python read
+    def test_a_read_racing_recycling_keeps_the_keys_new_file(self, root, monkeypatch, read_path):
         # Found by a review: a get that opened K's file just before it was recycled for J (and K
         # was written again) saw J's header, and the quarantine unindexed K's new, valid file.
-        monkeypatch.setattr(disk_mod, "FAST_READ", False)  # the race is injected into the Python read
         t = DiskTier(root=root, capacity_bytes=1 << 20, io_threads=1, recycle=True)
         assert t.put_many(NS, ["K"], [pl(1)]) == [True]
         real = disk_mod.read_frame
@@ -228,12 +228,11 @@ class TestRecyclingRace:
         t.check_integrity()
         t.close()
 
+    @pytest.mark.parametrize("read_path", ["native"], indirect=True)  # the fast path's own fallback
     def test_a_fast_read_racing_recycling_falls_back_and_never_serves_the_other_chunk(self, root, monkeypatch,
                                                                                     read_path):
         # The fast path read J's bytes under K's name: its header check says "don't know", and the
         # Python read that follows judges whatever the path holds now (K's new file).
-        if read_path != "native":
-            pytest.skip("the native read's fallback")
         t = DiskTier(root=root, capacity_bytes=1 << 20, io_threads=1, recycle=True)
         assert t.put_many(NS, ["K"], [pl(1)]) == [True]
         path = t._layout.path(NS, "K")
