@@ -200,3 +200,22 @@ def test_stream_copy_is_bit_exact_at_every_alignment_and_size():
                 native.stream_copy(dst.data_ptr() + d_off, src.data_ptr() + s_off, n)
                 assert torch.equal(dst[d_off:d_off + n], src[s_off:s_off + n]), (n, d_off, s_off)
                 assert int(dst[:d_off].sum()) == 0 and int(dst[d_off + n:].sum()) == 0, (n, d_off)
+
+
+def test_fast_write_leaves_read_only_parts_to_the_python_write(tmp_path, monkeypatch):
+    """Read-only buffers have no address to hand to C: the frame is written in Python, the same bytes."""
+    if disk_io._FAST_WRITE is None:
+        pytest.skip("the C helper is not built here")
+    data = payload(4, 1024 * KiB + 3)
+    ro = memoryview(data.numpy().tobytes())  # bytes: read-only
+    assert ro.readonly
+    files = {}
+    for way, views in (("read-only", [ro[:100], ro[100:]]), ("writable", [memoryview(data.numpy())])):
+        path = tmp_path / way
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            write_frame(fd, NS, "k", views)
+        finally:
+            os.close(fd)
+        files[way] = path.read_bytes()
+    assert files["read-only"] == files["writable"]

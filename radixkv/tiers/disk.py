@@ -208,7 +208,7 @@ class DiskTier:
         parts = byte_parts_all(buffers, "buffers")
         check_buffers_disjoint(parts)  # else a good file could fail its checksum and be quarantined
         spans = [part_spans(ps) for ps in parts]
-        sizes = [sum(n for _a, n in sp) for sp in spans]
+        sizes = [parts_nbytes(ps) for ps in parts]
         with self._lock:
             self._check_open()
             fixed = self._ns_payload_bytes.get(namespace)

@@ -120,8 +120,9 @@ def write_frame(fd: int, ns: str, key: str, payload: Parts) -> None:
     parts = as_parts(payload)
     at = HEADER_BYTES + len(ns) + len(key)
     n = _nbytes(parts)
-    if _FAST_WRITE is not None and n > BLOCK_BYTES and not any(v.readonly for v in parts):
-        checksum = _write_payload_fast(fd, at, parts)
+    fast = _write_payload_fast(fd, at, parts) if _FAST_WRITE is not None and n > BLOCK_BYTES else None
+    if fast is not None:
+        checksum = fast
     elif len(parts) == 1 and n <= BLOCK_BYTES:
         pwrite_all(fd, parts[0], at)
         checksum = payload_checksum(parts[0])
@@ -229,11 +230,14 @@ def _hash_state() -> _HashState:
     return state
 
 
-def _write_payload_fast(fd: int, at: int, parts: Sequence[memoryview]) -> int:
-    """Write ``parts`` (writable buffers: their addresses are taken) from offset ``at`` and return
-    their xxh3, in one GIL-free call; raises OSError like pwritev."""
+def _write_payload_fast(fd: int, at: int, parts: Sequence[memoryview]) -> int | None:
+    """Write ``parts`` from offset ``at`` and return their xxh3, in one GIL-free call; raises OSError
+    like pwritev. None, before writing anything, if a part's address cannot be taken (read-only
+    buffers): the caller writes them in Python."""
     write, reset, update, digest = _FAST_WRITE  # type: ignore[misc]
-    spans = [(ctypes.addressof(ctypes.c_char.from_buffer(v)), v.nbytes) for v in parts if v.nbytes]
+    spans = [(framing._address(v), v.nbytes) for v in parts if v.nbytes]
+    if any(a is None for a, _n in spans):
+        return None
     flat = (ctypes.c_uint64 * (2 * len(spans)))(*itertools.chain.from_iterable(spans))
     dig = ctypes.c_uint64()
     state = _hash_state()  # held here: the call runs without the GIL
