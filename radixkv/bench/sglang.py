@@ -157,11 +157,11 @@ class _RawCopy:
     def round(self, r: int) -> None:
         import ctypes
 
-        from radixkv import hostcopy
+        from radixkv import native
 
         memmove, pb = ctypes.memmove, self.page_bytes
         if self.streaming:
-            memmove = hostcopy._stream_copy
+            memmove = native.stream_copy
         addr = [(d.data_ptr(), s_.data_ptr()) for d, s_ in zip(self.pages_dst, self.pages_src)]
         k = self.threads
         shares = [addr[i::k] for i in range(k)]
