@@ -56,6 +56,17 @@ def spans_of(parts: list[torch.Tensor]) -> list[tuple[int, int]]:
     return [(p.data_ptr(), p.nbytes) for p in parts]
 
 
+def framed(path, payload_views) -> bytes:
+    """Write the frame of (NS, "k") to a new file at ``path`` with write_frame; its bytes."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        write_frame(fd, NS, "k", payload_views)
+    finally:
+        os.close(fd)
+    with open(path, "rb") as f:
+        return f.read()
+
+
 @pytest.fixture
 def frame(tmp_path):
     """A valid frame of key "k": (path, payload, frame size), payload 1.5 MiB (three hash blocks)."""
@@ -63,11 +74,7 @@ def frame(tmp_path):
         pytest.skip("the C helper is not built here")
     data = payload(1, 1536 * KiB + 7)
     path = str(tmp_path / "k.chunk")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        write_frame(fd, NS, "k", memoryview(data.numpy()))
-    finally:
-        os.close(fd)
+    framed(path, memoryview(data.numpy()))
     return path, data, os.path.getsize(path)
 
 
@@ -132,13 +139,7 @@ def test_fast_write_makes_the_same_file_as_the_python_write(tmp_path, monkeypatc
     for way in ("native", "python"):
         if way == "python":
             monkeypatch.setattr(disk_io, "_FAST_WRITE", None)
-        path = tmp_path / way
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            write_frame(fd, NS, "k", views)
-        finally:
-            os.close(fd)
-        files[way] = path.read_bytes()
+        files[way] = framed(tmp_path / way, views)
     assert files["native"] == files["python"]
     out = torch.zeros_like(data)
     fd = os.open(tmp_path / "native", os.O_RDONLY)
@@ -211,11 +212,5 @@ def test_fast_write_leaves_read_only_parts_to_the_python_write(tmp_path, monkeyp
     assert ro.readonly
     files = {}
     for way, views in (("read-only", [ro[:100], ro[100:]]), ("writable", [memoryview(data.numpy())])):
-        path = tmp_path / way
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            write_frame(fd, NS, "k", views)
-        finally:
-            os.close(fd)
-        files[way] = path.read_bytes()
+        files[way] = framed(tmp_path / way, views)
     assert files["read-only"] == files["writable"]
