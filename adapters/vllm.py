@@ -54,7 +54,8 @@ __all__ = ["RadixKVConnector"]
 logger = logging.getLogger(__name__)
 
 
-def _parallel_ranks(vllm_config: VllmConfig) -> tuple[int, int, int, int]:
+def _parallel_ranks(vllm_config: VllmConfig) -> tuple[int, int, int, int, int]:
+    """(TP rank, TP size, PP rank, PP size, DP rank) of this worker."""
     pc = vllm_config.parallel_config
     tp_size, pp_size = int(pc.tensor_parallel_size), int(pc.pipeline_parallel_size)
     tp_rank = pp_rank = 0
@@ -62,7 +63,7 @@ def _parallel_ranks(vllm_config: VllmConfig) -> tuple[int, int, int, int]:
         from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
 
         tp_rank, pp_rank = get_tensor_model_parallel_rank(), get_pp_group().rank_in_group
-    return tp_rank, tp_size, pp_rank, pp_size
+    return tp_rank, tp_size, pp_rank, pp_size, int(getattr(pc, "data_parallel_rank", 0) or 0)
 
 
 class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
@@ -107,7 +108,7 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
         else:
             from radixkv.adapters.vllm_worker import WorkerSide
 
-            tp_rank, tp_size, pp_rank, pp_size = _parallel_ranks(vllm_config)
+            tp_rank, tp_size, pp_rank, pp_size, dp_rank = _parallel_ranks(vllm_config)
             model = self.options.model_name or str(vllm_config.model_config.model)
             layout = str(getattr(cache, "kv_cache_layout", None) or "default")
             self._worker = WorkerSide(
@@ -120,6 +121,7 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
                 tp_size,
                 pp_rank,
                 pp_size,
+                dp_rank=dp_rank,
             )
 
     # ---- class-level hooks ---------------------------------------------------------------------

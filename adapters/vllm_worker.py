@@ -50,7 +50,7 @@ def open_store(options: VllmConnectorOptions, rank: int = 0) -> Any:
     """The worker's :class:`radixkv.store.HierarchicalStore` for ``options`` (see VllmConnectorOptions):
     the ``store`` mapping, else ``store_config_file``, each over the non-tier ``RADIXKV_*``
     variables (the mapping's keys win; the variables override the file), else the ``RADIXKV_*``
-    environment. ``rank`` (the worker's TP/PP rank) moves
+    environment. ``rank`` (the worker's rank: TP, PP and DP) moves
     ``metrics_port`` up so each worker serves its own."""
     import dataclasses
     import os
@@ -126,6 +126,7 @@ class WorkerSide:
         pp_rank: int = 0,
         pp_size: int = 1,
         store: Any = None,
+        dp_rank: int = 0,
     ) -> None:
         self.options = options
         self.geometries = groups
@@ -133,6 +134,10 @@ class WorkerSide:
         self.model = model
         self.kv_cache_layout = kv_cache_layout
         self.ranks = (tp_rank, tp_size, pp_rank, pp_size)
+        # This worker among all of the host's: its metrics port offset. Data-parallel ranks are
+        # separate engines with the same TP/PP ranks, so the DP rank counts too (their namespaces do
+        # not differ: DP replicas hold the same KV and share it).
+        self.metrics_rank = tp_rank + tp_size * (pp_rank + pp_size * dp_rank)
         self.store = store
         self.groups: list[_Group | None] = []  # per KV-cache group; None: another stage's
         self._meta: RadixKVMetadata | None = None
@@ -161,8 +166,7 @@ class WorkerSide:
         from radixkv.kernels import LayerPipeline, PagedLayout
 
         if self.store is None:
-            tp_rank, tp_size, pp_rank, _ = self.ranks
-            self.store = open_store(self.options, tp_rank + tp_size * pp_rank)
+            self.store = open_store(self.options, self.metrics_rank)
         self.groups = []
         for g in self.geometries:
             names = [n for n in g.layer_names if n in kv_caches]

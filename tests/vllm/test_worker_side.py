@@ -212,3 +212,37 @@ def test_a_pipeline_stage_without_some_groups_stores_and_loads_its_own(model_dir
     conn.clear_connector_metadata()
     w.check_integrity()
     conn.shutdown()
+
+
+def test_data_parallel_ranks_serve_metrics_on_their_own_port_and_share_the_namespace(model_dir):
+    """Each DP rank is an engine of its own with the same TP/PP ranks: its metrics port moves by the
+    DP rank too (two DP ranks on one host used to collide), while the namespace stays the same (DP
+    replicas hold the same KV and share it)."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:  # a free base port, then base + 0..2 for the three ranks below
+        s.bind(("127.0.0.1", 0))
+        base = s.getsockname()[1]
+    engines, namespaces = [], []
+    try:
+        for dp_rank in (0, 2):
+            extra = {
+                "chunk_tokens": CHUNK,
+                "store": {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24}], "metrics_port": base,
+                          "metrics_addr": "127.0.0.1"},
+            }
+            cfg = make_vllm_config(model_dir, extra)
+            cfg.parallel_config.data_parallel_size = 3
+            cfg.parallel_config.data_parallel_rank = dp_rank
+            eng = Engine(cfg, make_kv_cache_config())
+            engines.append(eng)
+            w = eng.worker._worker
+            assert w.metrics_rank == dp_rank  # TP 1, PP 1: the DP rank is the offset
+            namespaces.append(w.groups[0].namespace)
+            with urllib.request.urlopen(f"http://127.0.0.1:{base + dp_rank}/metrics", timeout=10) as r:
+                assert b"radixkv_" in r.read()
+        assert namespaces[0] == namespaces[1]
+    finally:
+        for eng in engines:
+            eng.close()
