@@ -13,6 +13,10 @@ Core modules (none of them imports an engine):
 
 from __future__ import annotations
 
+from radixkv import compiled as _compiled
+
+_compiled.install()  # before anything imports the tree: compiled build, or its Python source
+
 __version__ = "0.1.0"
 
 from radixkv.errors import CapacityError, ConfigError, InputError, PinError, RadixKVError

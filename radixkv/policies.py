@@ -28,7 +28,7 @@ import inspect
 from collections import OrderedDict
 from itertools import compress
 from operator import not_
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generator, Protocol, Sequence
 
 from radixkv.errors import ConfigError
 
@@ -69,7 +69,7 @@ class EvictionPolicy(Protocol):
     # iterator did to that node before yielding it (lru, s3fifo and the heap policies take it out of
     # their order first).
 
-    def candidates(self) -> Iterator[int]:
+    def candidates(self) -> Generator[int, None, None]:
         """Resident node ids, best victim first. May include ineligible nodes; must be lazy."""
         ...
 
@@ -89,7 +89,8 @@ def register_policy(name: str) -> Callable[[type], type]:
     def deco(cls: type) -> type:
         if name in POLICIES:
             raise ValueError(f"eviction policy {name!r} is registered twice")
-        cls.name = name
+        if getattr(cls, "name", None) != name:
+            cls.name = name  # type: ignore[attr-defined]
         POLICIES[name] = cls
         return cls
 
@@ -117,7 +118,7 @@ def _check_option_types(name: str, cls: type, options: dict[str, Any]) -> None:
     params: dict[str, inspect.Parameter] = {}
     for klass in reversed(cls.__mro__):  # a subclass may pass its base's options on as **kwargs
         if "__init__" in vars(klass):
-            params.update(inspect.signature(klass.__init__).parameters)
+            params.update(inspect.signature(vars(klass)["__init__"]).parameters)
     for key, value in options.items():
         p = params.get(key)
         if p is None or isinstance(p.default, bool) or not isinstance(p.default, (int, float)):
@@ -127,7 +128,6 @@ def _check_option_types(name: str, cls: type, options: dict[str, Any]) -> None:
                               f"(default {p.default!r})")
 
 
-@register_policy("lru")
 class LRUPolicy:
     """Least recently used *leaf* first; ties (one request's path) deepest first.
 
@@ -143,7 +143,7 @@ class LRUPolicy:
     is parked when the scan reaches it.
     """
 
-    name = "lru"
+    name: ClassVar[str] = "lru"
 
     def __init__(self) -> None:
         self._order: OrderedDict[int, None] = OrderedDict()
@@ -200,9 +200,9 @@ class LRUPolicy:
             gone = set(node_ids)
             self._aside[:] = [n for n in self._aside if n not in gone]
 
-    live_candidates = True
+    live_candidates: ClassVar[bool] = True
 
-    def candidates(self) -> Iterator[int]:
+    def candidates(self) -> Generator[int, None, None]:
         # Always take the current oldest entry, so the tree may evict what we yield (and on_leaf may
         # put a parent in front) between steps. The entry is taken out before it is yielded (one
         # popitem, no iterator per step): a yielded node the tree did not evict (still resident in
@@ -243,5 +243,12 @@ class LRUPolicy:
         assert not lost, f"lru: {len(lost)} tier leaves neither ordered nor set aside, e.g. {lost[:5]}"
 
 
-# The other policies live in their own modules; importing them registers them by name.
-from radixkv import policy_fifo, policy_heap, policy_oddsref  # noqa: E402,F401
+# The other built-in policies live in their own modules, which do not import this one (so any of
+# them can be imported first); they are registered here, after the class bodies (mypyc compiles an
+# undecorated class to a native one).
+from radixkv.policy_fifo import S3FIFOPolicy, SIEVEPolicy
+from radixkv.policy_heap import AgedRefPolicy, CostPolicy, LFUPolicy
+from radixkv.policy_oddsref import OddsRefPolicy
+
+for _cls in (LRUPolicy, S3FIFOPolicy, SIEVEPolicy, LFUPolicy, CostPolicy, AgedRefPolicy, OddsRefPolicy):
+    register_policy(_cls.name)(_cls)

@@ -5,16 +5,14 @@ Imported by :mod:`radixkv.policies`, which registers them; see its docstring for
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, ClassVar, Generator, Sequence
 
 from radixkv.errors import ConfigError
-from radixkv.policies import register_policy
 
 if TYPE_CHECKING:
     from radixkv.tree import RadixTree
 
 
-@register_policy("s3fifo")
 class S3FIFOPolicy:
     """S3-FIFO (SOSP'23) on leaves: a small FIFO for new chunks (``small_fraction`` of the tier), a main
     FIFO with 2-bit frequencies, and a ghost FIFO of keys recently evicted from the small queue.
@@ -25,7 +23,9 @@ class S3FIFOPolicy:
     decremented. Interior chunks are parked until their last child leaves (lazy path touches: a
     parent's frequency is folded from its children as they leave)."""
 
-    live_candidates = True
+    name: ClassVar[str] = "s3fifo"
+
+    live_candidates: ClassVar[bool] = True
 
     def __init__(self, small_fraction: float = 0.1) -> None:
         if not 0.0 < small_fraction < 1.0:
@@ -142,7 +142,7 @@ class S3FIFOPolicy:
             while len(ghost) > limit:
                 ghost.popitem(False)  # last=False, by position: no keyword parsing per eviction
 
-    def candidates(self) -> Iterator[int]:
+    def candidates(self) -> Generator[int, None, None]:
         # The queue's oldest entry is taken out before it is looked at (one popitem, no iterator
         # per step); one the tree did not evict (still resident in the tier: pinned, or the run
         # was closed before the caller evicted it) is set aside and put back in front of its queue
@@ -194,14 +194,15 @@ class S3FIFOPolicy:
         assert not self._aside, "s3fifo: candidates left aside"
 
 
-@register_policy("sieve")
 class SIEVEPolicy:
     """SIEVE (NSDI'24) on leaves: one FIFO and a hand that moves from the old end towards the new end,
     clearing visited bits and stopping at the first unvisited evictable leaf. Retained chunks keep
     their place (unlike CLOCK's reinsertion). Interior chunks are passed over; a removed child's
     visited bit is folded into its parent (lazy path touches)."""
 
-    live_candidates = True
+    name: ClassVar[str] = "sieve"
+
+    live_candidates: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._newer: dict[int, int] = {}  # node -> next newer node (-1 = none)
@@ -262,7 +263,7 @@ class SIEVEPolicy:
                 if p >= 0 and p in newer:
                     visited.add(p)
 
-    def candidates(self) -> Iterator[int]:
+    def candidates(self) -> Generator[int, None, None]:
         newer, visited, tchild = self._newer, self._visited, self._tchild
         idle = 0  # steps since the last eviction; two full sweeps without one means none is possible
         while newer and idle <= 2 * len(newer) + 2:

@@ -8,10 +8,9 @@ import heapq
 import math
 from heapq import heappush
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Generator, Sequence
 
 from radixkv.errors import ConfigError
-from radixkv.policies import register_policy
 
 if TYPE_CHECKING:
     from radixkv.tree import RadixTree
@@ -24,18 +23,23 @@ if TYPE_CHECKING:
 
 _GONE = object()
 
+# A heap entry: (priority, -depth, node id). Entries are told apart by identity (the live one is the
+# object in _entry, older ones are stale), so the type is a variable-length tuple on purpose: mypyc
+# unboxes fixed-length tuples into C structs, which would make each use a new object.
+HeapEntry = tuple[Any, ...]
+
 
 class _HeapPolicy:
     """Base of the priority policies: subclasses define ``_prio(n)`` and the ``_admit`` / ``_touch`` /
     ``_fold`` / ``_forget`` hooks on their own per-node statistics."""
 
-    name = "_heap"
-    live_candidates = True
+    name: ClassVar[str] = "_heap"
+    live_candidates: ClassVar[bool] = True
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, int]] = []
-        self._entry: dict[int, tuple[float, int, int] | None] = {}  # None = parked (interior)
-        self._aside: list[tuple[float, int, int]] = []
+        self._heap: list[HeapEntry] = []
+        self._entry: dict[int, HeapEntry | None] = {}  # None = parked (interior)
+        self._aside: list[HeapEntry] = []
         self._tchild: list[int] = []
         self._depth: list[int] = []
         self._parent: list[int] = []
@@ -65,12 +69,12 @@ class _HeapPolicy:
     def _fold(self, child: int, parent: int) -> None:
         pass
 
-    def _forget(self, n: int, entry: tuple[float, int, int] | None) -> None:
+    def _forget(self, n: int, entry: HeapEntry | None) -> None:
         pass
 
     # protocol ---------------------------------------------------------------------------------
     def _push(self, n: int) -> None:
-        e = (self._prio(n), -self._depth[n], n)
+        e: HeapEntry = (self._prio(n), -self._depth[n], n)
         self._entry[n] = e
         heapq.heappush(self._heap, e)
 
@@ -109,7 +113,7 @@ class _HeapPolicy:
         self._heap = [e for e in self._entry.values() if e is not None]
         heapq.heapify(self._heap)
 
-    def candidates(self) -> Iterator[int]:
+    def candidates(self) -> Generator[int, None, None]:
         heap, entry, tchild, aside = self._heap, self._entry, self._tchild, self._aside
         pop = heapq.heappop
         # The top entry is popped before it is looked at: a yielded node the tree did not evict (its
@@ -147,11 +151,12 @@ class _HeapPolicy:
         assert not self._aside, f"{self.name}: {len(self._aside)} candidates left aside"
 
 
-@register_policy("lfu")
 class LFUPolicy(_HeapPolicy):
     """Least frequently used leaf first, with dynamic aging (LFU-DA): priority = L + count, where L is
     the priority of the last evicted chunk, so counts earned long ago lose their weight. A chunk's
     count includes every access below it (folded in as its children leave)."""
+
+    name: ClassVar[str] = "lfu"
 
     def __init__(self) -> None:
         super().__init__()
@@ -175,14 +180,13 @@ class LFUPolicy(_HeapPolicy):
     def _fold(self, child: int, parent: int) -> None:
         self._count[parent] += self._count[child]
 
-    def _forget(self, n: int, entry: tuple[float, int, int] | None) -> None:
+    def _forget(self, n: int, entry: HeapEntry | None) -> None:
         del self._count[n]
         if entry is not None and entry[0] > self._age:
             self._age = entry[0]
 
 
-@register_policy("cost")
-class CostPolicy(_HeapPolicy):
+class CostPolicy(LFUPolicy):
     """Cost-aware (GreedyDual-Size-Frequency): priority = L + count * recompute_cost / size_bytes.
 
     Recomputing a chunk costs its tokens times (1 + prefix_tokens / attention_tokens): the linear
@@ -191,15 +195,15 @@ class CostPolicy(_HeapPolicy):
     attention costs as much as the rest of the layer (~8k for 7-70B models). L (the priority of the
     last eviction) ages old value away, as in LFU-DA."""
 
+    name: ClassVar[str] = "cost"
+
     def __init__(self, attention_tokens: int = 8192) -> None:
         super().__init__()
         if not isinstance(attention_tokens, int) or attention_tokens <= 0:
             raise ConfigError(f"cost policy: attention_tokens={attention_tokens!r} must be a positive int")
         self._attn = float(attention_tokens)
-        self._count: dict[int, int] = {}
         self._unit: dict[int, float] = {}  # node -> recompute cost per byte (static)
         self._size: list[int] = []
-        self._age = 0.0
 
     def bind(self, tree: RadixTree, tier_index: int) -> None:
         super().bind(tree, tier_index)
@@ -210,7 +214,7 @@ class CostPolicy(_HeapPolicy):
 
     def _push(self, n: int) -> None:
         # _prio written out: this is the cost policy's hottest line (every touch and every new leaf).
-        e = (self._age + self._count[n] * self._unit[n], -self._depth[n], n)
+        e: HeapEntry = (self._age + self._count[n] * self._unit[n], -self._depth[n], n)
         self._entry[n] = e
         heapq.heappush(self._heap, e)
 
@@ -225,27 +229,30 @@ class CostPolicy(_HeapPolicy):
             if tchild[n]:
                 entry[n] = None  # interior: ordered when it becomes a leaf
             else:
-                e = entry[n] = (age + count[n] * unit[n], -depth[n], n)
+                e: HeapEntry = (age + count[n] * unit[n], -depth[n], n)
+                entry[n] = e
                 heappush(heap, e)
 
     def on_access(self, node_id: int, now: int) -> None:
         count = self._count
         c = count[node_id] = count[node_id] + 1
-        e = self._entry[node_id] = (self._age + c * self._unit[node_id], -self._depth[node_id], node_id)
+        e: HeapEntry = (self._age + c * self._unit[node_id], -self._depth[node_id], node_id)
+        self._entry[node_id] = e
         heappush(self._heap, e)
 
     def on_leaf(self, node_id: int) -> None:
         entry = self._entry
         if node_id in entry:
-            e = entry[node_id] = (self._age + self._count[node_id] * self._unit[node_id],
-                                  -self._depth[node_id], node_id)
+            e: HeapEntry = (self._age + self._count[node_id] * self._unit[node_id],
+                            -self._depth[node_id], node_id)
+            entry[node_id] = e
             heappush(self._heap, e)
 
     def on_evict(self, node_id: int, leaf_parent: int) -> None:
         # on_remove((node_id,)) then on_leaf(leaf_parent), in one call (see EvictionPolicy). node_id
         # is the node candidates() just yielded, so it has a live (not parked) entry.
         entry, count = self._entry, self._count
-        e = entry.pop(node_id)
+        e: HeapEntry | None = entry.pop(node_id)
         c = count.pop(node_id)
         p = self._parent[node_id]
         if p >= 0 and p in entry:
@@ -256,9 +263,10 @@ class CostPolicy(_HeapPolicy):
         if len(self._heap) > 2 * len(entry) + 1024:
             self._compact()
         if leaf_parent >= 0 and leaf_parent in entry:
-            e = entry[leaf_parent] = (self._age + count[leaf_parent] * self._unit[leaf_parent],
-                                      -self._depth[leaf_parent], leaf_parent)
-            heappush(self._heap, e)
+            pe: HeapEntry = (self._age + count[leaf_parent] * self._unit[leaf_parent],
+                             -self._depth[leaf_parent], leaf_parent)
+            entry[leaf_parent] = pe
+            heappush(self._heap, pe)
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
         entry, parent, count, unit = self._entry, self._parent, self._count, self._unit
@@ -277,16 +285,16 @@ class CostPolicy(_HeapPolicy):
             self._compact()
 
     def _admit(self, node_ids: Sequence[int], now: int) -> None:
-        LFUPolicy._admit(self, node_ids, now)
+        super()._admit(node_ids, now)
         # Recompute cost per byte is static for a node (its tokens, depth and size never change).
         tokens, depth, size, attn, unit = self._tokens, self._depth, self._size, self._attn, self._unit
         for n in node_ids:
             t = tokens[n]
             unit[n] = t * (1.0 + (depth[n] - 1) * t / attn) / max(size[n], 1)
 
-    def _forget(self, n: int, entry: tuple[float, int, int] | None) -> None:
+    def _forget(self, n: int, entry: HeapEntry | None) -> None:
         del self._unit[n]
-        LFUPolicy._forget(self, n, entry)
+        super()._forget(n, entry)
 
     def check_integrity(self) -> None:
         super().check_integrity()
@@ -294,11 +302,7 @@ class CostPolicy(_HeapPolicy):
             f"cost: {len(self._unit)} nodes with a unit cost, {len(self._count)} with a count"
         )
 
-    _touch = LFUPolicy._touch
-    _fold = LFUPolicy._fold
 
-
-@register_policy("agedref")
 class AgedRefPolicy(_HeapPolicy):
     """Aged reference count with a ghost history: radixkv's own policy (see docs/simulator.md).
 
@@ -325,6 +329,8 @@ class AgedRefPolicy(_HeapPolicy):
 
     Time is counted in path touches (one per request).
     """
+
+    name: ClassVar[str] = "agedref"
 
     _PARTIAL_PENALTY = 1e15
 
@@ -422,7 +428,7 @@ class AgedRefPolicy(_HeapPolicy):
         if lc is not None and lc > self._last.get(parent, -1):
             self._last[parent] = lc
 
-    def _forget(self, n: int, entry: tuple[float, int, int] | None) -> None:
+    def _forget(self, n: int, entry: HeapEntry | None) -> None:
         s = self._score.pop(n)
         self._restored.pop(n, None)
         last = self._last.pop(n, None)

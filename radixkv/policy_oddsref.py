@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, ClassVar, Sequence
 
 from radixkv.errors import ConfigError
-from radixkv.policies import register_policy
-from radixkv.policy_heap import AgedRefPolicy
+from radixkv.policy_heap import AgedRefPolicy, HeapEntry
 
 if TYPE_CHECKING:
     from radixkv.tree import RadixTree
@@ -21,7 +20,6 @@ if TYPE_CHECKING:
 _Class = tuple[int, int, int]
 
 
-@register_policy("oddsref")
 class OddsRefPolicy(AgedRefPolicy):
     """agedref whose *fresh* chunks (created by a request, never reused since) are ordered by the
     learned reuse odds of the request class that created them.
@@ -47,10 +45,15 @@ class OddsRefPolicy(AgedRefPolicy):
     first time).
     """
 
+    name: ClassVar[str] = "oddsref"
+
     def __init__(
-        self, odds_weight: float = 1.0, class_decay: float = 0.9, **agedref_options: float
+        self, odds_weight: float = 1.0, class_decay: float = 0.9, gap_quantile: float = 0.6,
+        ghost_factor: float = 32.0, initial_half_life: float = 100.0, count_weight: float = 0.5,
+        gap_step: float = 0.01,
     ) -> None:
-        super().__init__(**agedref_options)
+        # agedref's options, spelled out (same defaults) rather than passed on as **kwargs
+        super().__init__(gap_quantile, ghost_factor, initial_half_life, count_weight, gap_step)
         if not odds_weight >= 0:
             raise ConfigError(f"oddsref: odds_weight={odds_weight!r} must be >= 0")
         if not 0.0 < class_decay <= 1.0:
@@ -155,7 +158,7 @@ class OddsRefPolicy(AgedRefPolicy):
             self._made_all *= d
             self._used_all *= d
 
-    def _forget(self, n: int, entry: tuple[float, int, int] | None) -> None:
+    def _forget(self, n: int, entry: HeapEntry | None) -> None:
         c = self._cls.pop(n, None)
         if c is not None and self._ghost_factor:
             ghost = self._ghost_cls

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import operator
 import time
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Generator, Iterable, Mapping, Sequence, SupportsIndex, cast
 
 from radixkv.errors import ConfigError, InputError
 from radixkv.pins import PinTable
@@ -276,8 +276,8 @@ class RadixTree:
         namespace: str,
         keys: Sequence[str],
         tier: str,
-        chunk_tokens: int,
-        size_bytes: int,
+        chunk_tokens: object,  # an int > 0; checked here (a compiled build would raise a bare
+        size_bytes: object,  # TypeError for a float at the call): an int >= 0
         parent_key: str | None = None,
     ) -> InsertResult:
         """Make ``keys`` (one chain, continuing ``parent_key`` or starting at the namespace root)
@@ -295,6 +295,8 @@ class RadixTree:
             raise InputError(f"chunk_tokens={chunk_tokens!r} must be a positive integer")
         if not isinstance(size_bytes, int) or size_bytes < 0:
             raise InputError(f"size_bytes={size_bytes!r} must be a non-negative integer")
+        tokens_per_chunk: int = chunk_tokens
+        bytes_per_chunk: int = size_bytes
         if isinstance(keys, (str, bytes)):
             raise InputError(f"keys={keys!r:.60} must be a sequence of chunk keys, not one str")
         if not keys:
@@ -335,7 +337,7 @@ class RadixTree:
                 self._add_residency(missing_tier, t)
         if hit:
             parent, depth = last, self._depth[last]  # type: ignore[assignment,index]
-        new = self._create(namespace, idx, keys[hit:], parent, depth, t, chunk_tokens, size_bytes)
+        new = self._create(namespace, idx, keys[hit:], parent, depth, t, tokens_per_chunk, bytes_per_chunk)
         leaf: int = new[-1] if new else last  # type: ignore[assignment]
         if self._mask[leaf] == 1:  # held by the first tier only (as in match): one policy hears it
             self._policies[0].on_access(leaf, self._now)
@@ -356,7 +358,7 @@ class RadixTree:
             # One C-level pass type-checks every key (str.join rejects anything but str).
             "".join(keys)
         except TypeError:
-            bad = next(k for k in keys if not isinstance(k, str))
+            bad = next(k for k in cast("Sequence[object]", keys) if not isinstance(k, str))
             raise InputError(f"chunk key {bad!r} must be a non-empty str") from None
         if not all(keys):
             raise InputError("chunk key '' must be a non-empty str")
@@ -439,9 +441,10 @@ class RadixTree:
             if idx.get(k) in new_ids:
                 del idx[k]
         want = set(keys)
-        for n, k in enumerate(self._key):
-            if k is not None and k in want and self._ns[n] is not None and self._index.get(self._ns[n]) is idx:
-                idx[k] = n
+        for n, key in enumerate(self._key):
+            space = self._ns[n]
+            if key is not None and key in want and space is not None and self._index.get(space) is idx:
+                idx[key] = n
 
     # ------------------------------------------------------------------ residency
 
@@ -514,7 +517,7 @@ class RadixTree:
             p = self._parent[n]
             if p != _NO_PARENT:
                 self._nchild[p] -= 1
-            del self._index[self._ns[n]][self._key[n]]  # type: ignore[index]
+            del self._index[self._ns[n]][self._key[n]]  # type: ignore[index,arg-type]
             self._pins.forget(n)
             self._key[n] = None
             self._ns[n] = None
@@ -575,7 +578,7 @@ class RadixTree:
             gen.close()
         return out
 
-    def _eligible(self, t: int, drop: bool) -> Iterator[int]:
+    def _eligible(self, t: int, drop: bool) -> Generator[int, None, None]:
         """The tier policy's candidates, filtered to what :meth:`evict_candidates` promises. Each step
         reads the tree afresh, so it stays valid across evictions when the policy's iterator does."""
         bit, mask, nchild = 1 << t, self._mask, self._nchild
@@ -594,7 +597,7 @@ class RadixTree:
         finally:
             gen.close()
 
-    def evict(self, tier: str, n_chunks: int) -> DropResult:
+    def evict(self, tier: str, n_chunks: SupportsIndex) -> DropResult:
         """Drop up to ``n_chunks`` chunks from ``tier`` one at a time in exact policy order (each
         eviction may make a parent the next victim). Chunks other tiers hold stay in the tree.
 
@@ -606,14 +609,14 @@ class RadixTree:
             t = self.tier_index(tier)  # raises: unknown tier
         removed: list[int] = []
         try:
-            n_chunks = operator.index(n_chunks)
+            n_evict = operator.index(n_chunks)
         except TypeError:
             raise InputError(f"n_chunks={n_chunks!r} must be an integer number of chunks") from None
-        if n_chunks <= 0:
+        if n_evict <= 0:
             return DropResult()
         if not getattr(self._policies[t], "live_candidates", False):
             orphans: list[int] = []
-            for _ in range(n_chunks):
+            for _ in range(n_evict):
                 victims = self.evict_candidates(tier, 1, drop=True)
                 if not victims:
                     break
@@ -671,7 +674,7 @@ class RadixTree:
                         ns[n] = None
                         removed.append(n)
                     evicted += 1
-                    if evicted >= n_chunks:
+                    if evicted >= n_evict:
                         break
             else:
                 for n in gen:
@@ -698,7 +701,7 @@ class RadixTree:
                         ns[n] = None
                         removed.append(n)
                     evicted += 1
-                    if evicted >= n_chunks:
+                    if evicted >= n_evict:
                         break
         finally:
             gen.close()
@@ -781,5 +784,5 @@ def _options_for(
     if not policy_options:
         return {}
     if all(k in tiers for k in policy_options) and all(isinstance(v, Mapping) for v in policy_options.values()):
-        return dict(policy_options.get(tier, {}))  # type: ignore[arg-type]
+        return dict(policy_options.get(tier, {}))  # type: ignore[arg-type,call-overload]
     return dict(policy_options)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 from heapq import heappush
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Generator, Sequence
 
 from radixkv.policies import register_policy
 
@@ -134,7 +134,7 @@ class OPTPolicy:
         if self._unknown:
             self._unknown.difference_update(node_ids)
 
-    def candidates(self) -> Iterator[int]:
+    def candidates(self) -> Generator[int, None, None]:
         cur, heap = self._cur, self._heap
         if self._unknown:
             yield from sorted(self._unknown, key=self._depth.__getitem__, reverse=True)

@@ -35,8 +35,11 @@ def test_wheel_has_one_top_level_package(wheel):
     assert roots == {"radixkv"}, roots
     for sub in ("kernels", "adapters", "sims", "tiers", "bench"):
         assert f"radixkv/{sub}/__init__.py" in names
-    if sys.platform == "linux" and platform.machine() == "x86_64":  # the optional C helpers (setup.py)
-        assert any(n.startswith("radixkv/_native.") and n.endswith(".so") for n in names), names
+    if sys.platform == "linux" and platform.machine() == "x86_64":  # the optional C parts (setup.py)
+        for mod in ("_native", "_core__mypyc", "tree", "policies", "policy_heap"):
+            assert any(n.startswith(f"radixkv/{mod}.") and n.endswith(".so") for n in names), (mod, names)
+        # the digests radixkv.compiled checks the compiled modules against, and their sources
+        assert {"radixkv/_compiled.json", "radixkv/tree.py", "radixkv/policies.py"} <= set(names)
 
 
 def test_sdist_carries_the_c_sources(tmp_path):
