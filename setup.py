@@ -9,10 +9,10 @@ Both are optional: without a C compiler, or if mypyc cannot build, the install s
 radixkv runs the same operations in Python (tests/test_native.py and tests/test_compiled.py check
 which one it got). ``RADIXKV_COMPILE=0`` skips the mypyc build.
 
-A build of every compiled module writes ``radixkv/_compiled.json`` beside them: the SHA-256 of each
-compiled source. At import,
-:mod:`radixkv.compiled` uses the compiled modules only while every source still has that digest,
-so an edited or pulled source without a reinstall runs as Python, never as stale C.
+A complete build records itself in ``radixkv/_compiled.json`` beside the built files, under its
+extension suffix (one per Python ABI): the SHA-256 of each compiled source and of each file produced.
+At import, :mod:`radixkv.compiled` uses the compiled modules only while all of them still match, so
+an edited or pulled source without a reinstall runs as Python, never as stale C.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import sys
+import sysconfig
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -39,6 +40,7 @@ COMPILED = [
 ]
 _MODULES = {path[:-3].replace("/", "."): path for path in COMPILED}  # module name -> source
 STAMP_NAME = "_compiled.json"
+STAMP_FORMAT = 2  # radixkv.compiled.STAMP_FORMAT
 GROUP = "radixkv._core"  # the shared library of the compiled group: radixkv/_core__mypyc.*.so
 
 
@@ -48,14 +50,26 @@ def _native() -> Extension:
                      extra_compile_args=["-O2"], optional=True)
 
 
+_SOURCE_DIGESTS: dict[str, str] = {}  # of the sources mypyc compiled, taken before it read them
+# setup.py commands that only describe the package: pip runs several per install, mypyc need not.
+_METADATA_ONLY = {"egg_info", "dist_info", "sdist", "check", "clean"}
+
+
+def _builds_extensions() -> bool:
+    words = [a for a in sys.argv[1:] if not a.startswith("-") and os.sep not in a and not os.path.exists(a)]
+    return not words or not set(words) <= _METADATA_ONLY
+
+
 def _compiled() -> list[Extension]:
-    if os.environ.get("RADIXKV_COMPILE", "1") == "0":
+    if os.environ.get("RADIXKV_COMPILE", "1") == "0" or not _builds_extensions():
         return []
     try:
         from mypyc.build import mypycify
     except ImportError:
         print("radixkv: mypyc is not installed; the tree and policies run as Python", file=sys.stderr)
         return []
+    # Digests first: an edit while mypyc and the C compiler run must not be recorded as built.
+    _SOURCE_DIGESTS.update({name: _sha256(HERE / path) for name, path in _MODULES.items()})
     cwd = os.getcwd()
     os.chdir(HERE)  # mypyc names modules by their paths
     try:
@@ -70,23 +84,47 @@ def _compiled() -> list[Extension]:
     return exts
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 class BuildExt(build_ext):
-    """build_ext that writes ``radixkv/_compiled.json`` beside the built modules only when every
-    module of the mypyc group built (or was up to date), and removes an older one first."""
+    """build_ext that records this Python's mypyc build in ``radixkv/_compiled.json`` (beside the
+    built files): the digests of the sources compiled and of every file produced, under the
+    extension suffix. Only when every module of the group built (or was up to date); a failed
+    build's entry is removed, so radixkv.compiled runs the Python source instead."""
 
     def run(self) -> None:
         self._failed: set[str] = set()
         group = [e.name for e in self.extensions if e.name == GROUP + "__mypyc" or e.name in _MODULES]
         stamp = Path(self.get_ext_fullpath(GROUP + "__mypyc")).with_name(STAMP_NAME)
-        stamp.unlink(missing_ok=True)
+        suffix = sysconfig.get_config_var("EXT_SUFFIX")
+        if group:
+            self._record(stamp, suffix, None)  # until this build is known to be complete
         super().run()
-        built = all(Path(self.get_ext_fullpath(name)).is_file() for name in group)
-        if group and built and not self._failed & set(group):
-            digests = {name: hashlib.sha256((HERE / path).read_bytes()).hexdigest()
-                       for name, path in _MODULES.items()}
-            stamp.write_text(json.dumps({"group": GROUP, "modules": digests}, indent=1) + "\n")
-        elif group:
+        if not group:
+            return
+        paths = [Path(self.get_ext_fullpath(name)) for name in group]
+        if all(p.is_file() for p in paths) and not self._failed & set(group) and _SOURCE_DIGESTS:
+            self._record(stamp, suffix, {"group": GROUP, "sources": dict(_SOURCE_DIGESTS),
+                                         "files": {p.name: _sha256(p) for p in paths}})
+        else:
             print("radixkv: the compiled tree did not build; it runs as Python", file=sys.stderr)
+
+    @staticmethod
+    def _record(stamp: Path, suffix: str, build: dict | None) -> None:
+        try:
+            data = json.loads(stamp.read_text())
+        except (OSError, ValueError):
+            data = {}
+        if not isinstance(data, dict) or data.get("format") != STAMP_FORMAT:
+            data = {}
+        builds = data.get("builds") if isinstance(data.get("builds"), dict) else {}
+        if build is None:
+            builds.pop(suffix, None)
+        else:
+            builds[suffix] = build
+        stamp.write_text(json.dumps({"format": STAMP_FORMAT, "builds": builds}, indent=1) + "\n")
 
     def build_extension(self, ext: Extension) -> None:
         try:

@@ -1,17 +1,20 @@
 """Which build of the tree and its policies runs: compiled by mypyc, or their Python source.
 
-``setup.py`` compiles the modules listed in ``radixkv/_compiled.json`` with mypyc from their own
-source (the same code, run as C: the simulator and the runtime both get it), and records each
-source's SHA-256 there. CPython's import system prefers an extension module to a ``.py`` file, so
-a build left behind after its source changed (an edit, a ``git pull`` without a reinstall) would run
-old code. :func:`install` is called once by ``radixkv/__init__.py``, before any of these modules is
-imported: unless every listed source still has its recorded digest, every compiled module of the
-build is an extension file, and ``RADIXKV_COMPILED`` is not ``0``, it puts a finder first on
-``sys.meta_path`` that imports the ``.py`` sources of all of them (all or none: compiled modules
-call each other directly in C, so a mix would hold two copies of a class).
+``setup.py`` compiles a few modules (the tree and the eviction policies) with mypyc from their own
+source: the same code, run as C, so the simulator and the runtime keep sharing one implementation.
+CPython's import system prefers an extension module to a ``.py`` file, so a build left behind after
+its source changed (an edit, a ``git pull`` without a reinstall, a build for another Python sharing
+the source tree) would run old code. So each build records, per extension suffix (one per Python
+ABI), the SHA-256 of every source it compiled and of every file it produced, in
+``radixkv/_compiled.json``.
 
-A stale build warns once (reinstall: ``pip install -e .``); a missing one (no compiler, no mypyc,
-``RADIXKV_COMPILE=0`` at install) is silent: the Python modules are the reference implementation.
+:func:`install` is called once by ``radixkv/__init__.py``, before any of these modules is imported.
+The build runs only when ``RADIXKV_COMPILED`` is not ``0`` and this Python's build is recorded with
+every source and every produced file unchanged, and no other module of the package has an extension
+file. Otherwise a finder put first on ``sys.meta_path`` imports the ``.py`` sources of all of them
+(all or none: compiled modules call each other directly in C, so a mix would hold two copies of a
+class). A stale build warns once; a missing one (no compiler, no mypyc, ``RADIXKV_COMPILE=0`` at
+install) is silent: the Python modules are the reference implementation.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Sequence
+from typing import Any, Sequence
 
-__all__ = ["active", "decide", "install", "modules", "reason"]
+__all__ = ["STAMP_FORMAT", "active", "decide", "install", "modules", "reason"]
 
+STAMP_FORMAT = 2
 _HERE = Path(__file__).resolve().parent
 _STAMP = _HERE / "_compiled.json"
 
@@ -48,7 +52,7 @@ def reason() -> str:
 
 
 def modules() -> tuple[str, ...]:
-    """Names of the modules the build compiles (empty without a build)."""
+    """Names of the modules that have a compiled build (recorded or left on disk)."""
     return _modules
 
 
@@ -68,40 +72,49 @@ def _source_path(module: str) -> Path:
     return _HERE.joinpath(*module.split(".")[1:]).with_suffix(".py")
 
 
-def _extension_exists(module: str) -> bool:
-    base = _HERE.joinpath(*module.split(".")[1:])
-    return any(base.with_name(base.name + suffix).is_file()
-               for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _built_modules() -> list[str]:
-    """Modules of this package that have both an extension file and a ``.py`` source."""
-    out = []
+def _built_modules(here: Path = _HERE) -> list[str]:
+    """Modules of this package with an extension file (any suffix) beside their ``.py`` source."""
+    out = set()
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        for ext in _HERE.glob("*" + suffix):
+        for ext in here.glob("*" + suffix):
             stem = ext.name[: -len(suffix)]
-            if ext.with_name(stem + ".py").is_file():
-                out.append(f"radixkv.{stem}")
+            if "." not in stem and ext.with_name(stem + ".py").is_file():
+                out.add(f"radixkv.{stem}")
     return sorted(out)
 
 
-def decide(stamp: dict, environ: dict[str, str]) -> str:
-    """'' when the build recorded in ``stamp`` may run, else the reason it may not."""
-    names = list(stamp.get("modules", {}))
+def decide(stamp: dict[str, Any], environ: dict[str, str], here: Path = _HERE) -> str:
+    """'' when this Python's build recorded in ``stamp`` may run, else the reason it may not."""
     if environ.get("RADIXKV_COMPILED", "1") == "0":
         return "switched off by RADIXKV_COMPILED=0"
-    for name in [*names, stamp.get("group", "")]:
-        if not name.startswith("radixkv.") or not _extension_exists(
-            name if name in names else name + "__mypyc"
-        ):
-            return f"{name} was not compiled (the C build failed?)"
-    for name, digest in stamp["modules"].items():
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]  # the one the importer tries first
+    build = stamp.get("builds", {}).get(suffix) if stamp.get("format") == STAMP_FORMAT else None
+    if not isinstance(build, dict) or not build.get("sources") or not build.get("files"):
+        return f"no complete build for this Python ({suffix}) is recorded"
+    sources, files = build["sources"], build["files"]
+    extra = sorted(set(_built_modules(here)) - set(sources))
+    if extra:
+        return f"{', '.join(extra)} has an extension file this build did not make (a leftover)"
+    for name, digest in sources.items():
         try:
-            now = hashlib.sha256(_source_path(name).read_bytes()).hexdigest()
+            now = _sha256(here.joinpath(*name.split(".")[1:]).with_suffix(".py"))
         except OSError as exc:
             return f"cannot read the source of {name}: {exc}"
         if now != digest:
-            return f"{_source_path(name).name} changed since it was compiled"
+            return f"{name.split('.')[-1]}.py changed since it was compiled"
+        if name.split(".")[-1] + suffix not in files:
+            return f"{name} was not compiled for this Python"
+    for filename, digest in files.items():
+        try:
+            now = _sha256(here / filename)
+        except OSError:
+            return f"{filename} is missing (the build did not finish?)"
+        if now != digest:
+            return f"{filename} changed since it was built (another build over this one?)"
     return ""
 
 
@@ -110,25 +123,29 @@ def install() -> None:
     global _active, _reason, _modules
     if _active or any(isinstance(f, _SourceFinder) for f in sys.meta_path):
         return
-    stamp: dict = {}
+    stamp: dict[str, Any] = {}
     try:
-        stamp = json.loads(_STAMP.read_text())
+        loaded = json.loads(_STAMP.read_text())
     except FileNotFoundError:
         why = "no compiled build (mypyc or a C compiler was missing at install)"
     except (OSError, ValueError) as exc:
         why = f"unreadable {_STAMP.name}: {exc}"
     else:
-        valid = isinstance(stamp, dict) and isinstance(stamp.get("modules"), dict)
-        why = decide(stamp, dict(os.environ)) if valid else f"malformed {_STAMP.name}"
-        stamp = stamp if valid else {}
-    # Leftover extension files of an older build count too (a reinstall that could not compile).
-    _modules = names = tuple(dict.fromkeys([*stamp.get("modules", {}), *_built_modules()]))
+        stamp = loaded if isinstance(loaded, dict) else {}
+        why = decide(stamp, dict(os.environ))
+    recorded = [m for b in stamp.get("builds", {}).values() if isinstance(b, dict)
+                for m in b.get("sources", {})] if isinstance(stamp.get("builds"), dict) else []
+    built = _built_modules()
+    _modules = names = tuple(dict.fromkeys([*recorded, *built]))
     if not why:
         _active, _reason = True, ""
         return
+    if built and why.startswith("no compiled build"):
+        why = "extension files without a build record (a build that did not finish?)"
     _reason = why
     if names:
         sys.meta_path.insert(0, _SourceFinder(names))
-    if "changed since" in why or "not compiled" in why:
-        warnings.warn(f"radixkv: running the tree and policies as Python: {why}; rebuild with "
-                      "`pip install -e .` (or set RADIXKV_COMPILED=0 to silence this)", stacklevel=2)
+    if built and "RADIXKV_COMPILED=0" not in why:
+        warnings.warn(f"radixkv: the tree and policies run as Python: {why}; reinstall radixkv to "
+                      "rebuild them (`pip install -e .` in a source checkout), or set "
+                      "RADIXKV_COMPILED=0 to silence this", stacklevel=3)

@@ -30,6 +30,7 @@ from itertools import compress
 from operator import not_
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generator, Protocol, Sequence
 
+from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -70,7 +71,12 @@ class EvictionPolicy(Protocol):
     # their order first).
 
     def candidates(self) -> Generator[int, None, None]:
-        """Resident node ids, best victim first. May include ineligible nodes; must be lazy."""
+        """Resident node ids, best victim first. May include ineligible nodes; must be lazy.
+
+        The consumer must exhaust the iterator or ``close()`` it (the tree does, in a ``finally``):
+        a policy takes each node out of its order before yielding it and puts back, when the
+        iterator ends, what was not evicted. A compiled build does not finalize a generator that
+        is merely dropped, so a dropped one would lose that node from the order."""
         ...
 
     def check_integrity(self) -> None:
@@ -113,21 +119,42 @@ def make_policy(name: str, **options: Any) -> EvictionPolicy:
 
 
 def _check_option_types(name: str, cls: type, options: dict[str, Any]) -> None:
-    """A numeric option (its default is a number) must be given a number: a string from a config
-    file or a command line would otherwise fail deep inside the policy with a comparison error."""
-    params: dict[str, inspect.Parameter] = {}
-    for klass in reversed(cls.__mro__):  # a subclass may pass its base's options on as **kwargs
-        if "__init__" in vars(klass):
-            params.update(inspect.signature(vars(klass)["__init__"]).parameters)
+    """Options must be the policy's own, and a numeric option (its default is a number) must be given
+    a number, an integer where the default is one: a string from a config file or a command line
+    would otherwise fail deep inside the policy. Checked here, so the compiled build (whose typed
+    signatures would raise first, with a terser message) and the Python build answer alike."""
+    try:
+        params = dict(inspect.signature(cls).parameters)  # a compiled class signs itself here too
+    except (TypeError, ValueError):
+        return  # no signature to check against: the constructor judges
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    if takes_any:  # a subclass may pass its bases' options on as **kwargs: those are named too
+        for klass in cls.__mro__[1:-1]:
+            try:
+                base = inspect.signature(vars(klass)["__init__"]).parameters
+            except (KeyError, TypeError, ValueError):
+                continue
+            for k, bp in base.items():
+                params.setdefault(k, bp)
+    named = sorted(k for k, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
     for key, value in options.items():
         p = params.get(key)
-        if p is None or isinstance(p.default, bool) or not isinstance(p.default, (int, float)):
+        if p is None:
+            if takes_any:
+                continue
+            raise ConfigError(f"unknown option {key!r} for eviction policy {name!r}; its options: "
+                              f"{', '.join(named) or 'none'}")
+        if isinstance(p.default, bool) or not isinstance(p.default, (int, float)):
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"option {key}={value!r} of eviction policy {name!r} must be a number "
                               f"(default {p.default!r})")
+        if isinstance(p.default, int) and not isinstance(value, int):
+            raise ConfigError(f"option {key}={value!r} of eviction policy {name!r} must be an integer "
+                              f"(default {p.default!r})")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
 class LRUPolicy:
     """Least recently used *leaf* first; ties (one request's path) deepest first.
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING, ClassVar, Generator, Sequence
 
+from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
 
 if TYPE_CHECKING:
     from radixkv.tree import RadixTree
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
 class S3FIFOPolicy:
     """S3-FIFO (SOSP'23) on leaves: a small FIFO for new chunks (``small_fraction`` of the tier), a main
     FIFO with 2-bit frequencies, and a ghost FIFO of keys recently evicted from the small queue.
@@ -194,6 +196,7 @@ class S3FIFOPolicy:
         assert not self._aside, "s3fifo: candidates left aside"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
 class SIEVEPolicy:
     """SIEVE (NSDI'24) on leaves: one FIFO and a hand that moves from the old end towards the new end,
     clearing visited bits and stopping at the first unvisited evictable leaf. Retained chunks keep

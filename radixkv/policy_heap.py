@@ -10,6 +10,7 @@ from heapq import heappush
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, ClassVar, Generator, Sequence
 
+from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ _GONE = object()
 HeapEntry = tuple[Any, ...]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
 class _HeapPolicy:
     """Base of the priority policies: subclasses define ``_prio(n)`` and the ``_admit`` / ``_touch`` /
     ``_fold`` / ``_forget`` hooks on their own per-node statistics."""
@@ -151,6 +153,7 @@ class _HeapPolicy:
         assert not self._aside, f"{self.name}: {len(self._aside)} candidates left aside"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
 class LFUPolicy(_HeapPolicy):
     """Least frequently used leaf first, with dynamic aging (LFU-DA): priority = L + count, where L is
     the priority of the last evicted chunk, so counts earned long ago lose their weight. A chunk's
@@ -186,6 +189,7 @@ class LFUPolicy(_HeapPolicy):
             self._age = entry[0]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
 class CostPolicy(LFUPolicy):
     """Cost-aware (GreedyDual-Size-Frequency): priority = L + count * recompute_cost / size_bytes.
 
@@ -303,6 +307,7 @@ class CostPolicy(LFUPolicy):
         )
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
 class AgedRefPolicy(_HeapPolicy):
     """Aged reference count with a ghost history: radixkv's own policy (see docs/simulator.md).
 

@@ -11,6 +11,7 @@ import math
 from collections import OrderedDict
 from typing import TYPE_CHECKING, ClassVar, Sequence
 
+from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
 from radixkv.policy_heap import AgedRefPolicy, HeapEntry
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 _Class = tuple[int, int, int]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
 class OddsRefPolicy(AgedRefPolicy):
     """agedref whose *fresh* chunks (created by a request, never reused since) are ordered by the
     learned reuse odds of the request class that created them.

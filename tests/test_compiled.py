@@ -3,6 +3,8 @@ as the Python source does, can be switched off, and a stale build never runs."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.machinery
 import json
 import os
 import platform
@@ -72,27 +74,58 @@ def test_compiled_and_source_replay_identically():
     assert all(v[0] > 0 for v in cur.values())  # the workload hits, so the comparison means something
 
 
-def test_a_changed_source_is_not_run_compiled(tmp_path):
-    """decide() refuses a build whose recorded digest no longer matches the source."""
-    stamp = {"group": "radixkv._core", "modules": {"radixkv.tree": "0" * 64}}
-    why = compiled.decide(stamp, {})
-    if compiled.active():
-        assert "tree.py changed since it was compiled" in why
-    else:
-        assert why  # not built here: refused either way
-    assert "RADIXKV_COMPILED=0" in compiled.decide(stamp, {"RADIXKV_COMPILED": "0"})
-    assert "was not compiled" in compiled.decide({"group": "radixkv._core",
-                                                  "modules": {"radixkv.keys": "0" * 64}}, {})
+SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
+
+
+def _fake_build(tmp_path: Path, modules=("tree", "policies")) -> dict:
+    """A package directory with sources and 'extension files', and the stamp a build would write."""
+    for m in modules:
+        (tmp_path / f"{m}.py").write_text(f"# {m}\n")
+        (tmp_path / f"{m}{SUFFIX}").write_bytes(f"ELF {m}".encode())
+    (tmp_path / f"_core__mypyc{SUFFIX}").write_bytes(b"ELF group")
+    sha = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()
+    return {"format": compiled.STAMP_FORMAT, "builds": {SUFFIX: {
+        "group": "radixkv._core",
+        "sources": {f"radixkv.{m}": sha(tmp_path / f"{m}.py") for m in modules},
+        "files": {p.name: sha(p) for p in tmp_path.glob("*" + SUFFIX)},
+    }}}
+
+
+def test_decide_accepts_a_complete_unchanged_build(tmp_path):
+    assert compiled.decide(_fake_build(tmp_path), {}, tmp_path) == ""
+    assert "RADIXKV_COMPILED=0" in compiled.decide(_fake_build(tmp_path), {"RADIXKV_COMPILED": "0"},
+                                                   tmp_path)
+
+
+@pytest.mark.parametrize("damage,expect", [
+    (lambda d, st: (d / "tree.py").write_text("# edited\n"), "tree.py changed since it was compiled"),
+    (lambda d, st: (d / f"tree{SUFFIX}").write_bytes(b"ELF other"), "changed since it was built"),
+    (lambda d, st: (d / f"_core__mypyc{SUFFIX}").unlink(), "is missing"),
+    (lambda d, st: ((d / "pins.py").write_text(""), (d / f"pins{SUFFIX}").write_bytes(b"ELF")),
+     "radixkv.pins has an extension file this build did not make"),
+    (lambda d, st: st.update(builds={".cpython-399-other.so": st["builds"][SUFFIX]}),
+     "no complete build for this Python"),
+    (lambda d, st: st.update(format=1), "no complete build for this Python"),
+    (lambda d, st: st["builds"][SUFFIX]["sources"].clear(), "no complete build for this Python"),
+])
+def test_decide_refuses_a_stale_partial_or_foreign_build(tmp_path, damage, expect):
+    """Sources edited, files rebuilt by another build, a file missing, a leftover module, only
+    another Python's build recorded, an old stamp format, an empty record: the Python runs."""
+    stamp = _fake_build(tmp_path)
+    damage(tmp_path, stamp)
+    assert expect in compiled.decide(stamp, {}, tmp_path)
 
 
 def test_the_source_finder_takes_every_listed_module_from_its_py_file(tmp_path):
     """What install() does for a stale build: every module of the group is imported from its .py
     (all or none: compiled modules call each other in C, a mix would hold two copies of a class)."""
+    real = REPO / "radixkv" / "_compiled.json"
+    stamp = json.loads(real.read_text()) if real.is_file() else {"format": compiled.STAMP_FORMAT,
+                                                                  "builds": {}}
+    for build in stamp["builds"].values():
+        build["sources"]["radixkv.tree"] = "0" * 64  # as if tree.py changed after the build
     bad = tmp_path / "_compiled.json"
-    good = json.loads((REPO / "radixkv" / "_compiled.json").read_text()) if compiled.active() else {
-        "group": "radixkv._core", "modules": {"radixkv.tree": "", "radixkv.policies": ""}}
-    good["modules"]["radixkv.tree"] = "0" * 64
-    bad.write_text(json.dumps(good))
+    bad.write_text(json.dumps(stamp))
     code = f"""
 import importlib.util, json, sys, warnings
 spec = importlib.util.spec_from_file_location("rk_compiled", {str(REPO / "radixkv" / "compiled.py")!r})
@@ -108,4 +141,38 @@ print(json.dumps([c.active(), c.reason(), radixkv.tree.__file__, radixkv.policie
     active, why, tree_file, pol_file, warned = json.loads(_run(code))
     assert not active and tree_file.endswith("tree.py") and pol_file.endswith("policies.py")
     if compiled.active():
-        assert "changed since" in why and any("pip install -e ." in m for m in warned)
+        assert "changed since" in why and any("reinstall radixkv" in m for m in warned)
+
+
+_SUBCLASS = """
+import json
+from radixkv import compiled
+from radixkv.policies import POLICIES, register_policy
+from radixkv.sims.replay import TierCapacity, replay
+from radixkv.sims.workloads import WorkloadConfig, generate
+
+trace = generate("chat", WorkloadConfig(requests=200, block_tokens=64, seed=5))
+out = {}
+for name in ["lru", "s3fifo", "sieve", "lfu", "cost", "agedref", "oddsref"]:
+    base = POLICIES[name]
+    # A Python subclass that overrides a hook and calls the compiled one.
+    sub = type(f"Counting_{name}", (base,), {
+        "touches": 0,
+        "on_access": lambda self, n, now, _b=base: (setattr(self, "touches", self.touches + 1),
+                                                    _b.on_access(self, n, now))[1],
+    })
+    register_policy(f"sub-{name}")(sub)
+    a = replay(trace, name, [TierCapacity("mem", 120)], check_every=20)
+    b = replay(trace, f"sub-{name}", [TierCapacity("mem", 120)], check_every=20)
+    out[name] = [a.block_hits, b.block_hits, a.evictions, b.evictions]
+print(json.dumps(out))
+"""
+
+
+def test_python_subclasses_of_the_compiled_policies_work():
+    """A user may subclass a built-in policy in Python (mypyc_attr(allow_interpreted_subclasses)):
+    overriding a hook and calling the compiled one replays exactly like the policy itself."""
+    got = json.loads(_run(_SUBCLASS))
+    for name, (hits, sub_hits, ev, sub_ev) in got.items():
+        assert (hits, ev) == (sub_hits, sub_ev), name
+        assert hits > 0 and ev > 0, name

@@ -232,7 +232,7 @@ BAD = [
     (dict(tiers=["mem://?capacity=1MiB"], bogus=1), "unknown key\\(s\\) \\['bogus'\\]"),
     (
         dict(tiers=["mem://?capacity=1MiB"], policy="s3fifo", policy_options={"size": 3}),
-        "bad options",
+        "unknown option 'size' for eviction policy 's3fifo'; its options: small_fraction",
     ),
     (dict(tiers=["mem://?capacity=1MiB"], policy_options="{nope"), "not a JSON object"),
     (dict(tiers=["mem://?capacity=1MiB"], policy_options=[1]), "must be a mapping"),
