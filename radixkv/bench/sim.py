@@ -19,6 +19,7 @@ import os
 import time
 from collections import OrderedDict
 
+from radixkv.bench import build_line
 from radixkv.sims import opt as _opt  # noqa: F401  (registers "opt")
 from radixkv.sims.replay import TierCapacity, replay
 from radixkv.sims.sweep import parse_capacity, run_sweep
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         trace = generate("mix", WorkloadConfig(requests=6000))
     refs = trace.block_references
     print(f"{trace.name}: {len(trace):,} requests, {refs:,} block accesses, {trace.unique_blocks:,} unique blocks")
+    print(build_line())
     print(f"{'policy':>8} {'capacity':>9} {'hit rate':>9} {'cpu s':>7} {'wall s':>7} {'M acc/s':>8} {'vs dict-LRU':>11}")
     for cap_text in args.capacity.split(","):
         cap = parse_capacity(cap_text, trace.unique_blocks, None)

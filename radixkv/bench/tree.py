@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from radixkv.bench import build_line
 from radixkv.keys import sglang_page_keys
 from radixkv.tree import RadixTree
 
@@ -172,6 +173,7 @@ def sglang_rows(w: Workload, page: int) -> list[Row]:
 
 
 def print_rows(rows: Sequence[Row]) -> None:
+    print(build_line())
     hdr = f"{'impl':<40} {'workload':<14} {'page':>4} {'insert ops/s':>13} {'match ops/s':>12} {'ins p50 us':>10} {'match p50 us':>12} {'hit':>5}"
     print(hdr)
     print("-" * len(hdr))
