@@ -464,6 +464,10 @@ class HierarchicalStore:
             s.clearing[nsd] += 1
             s.spoil_namespace_locked(nsd)
             s.tree.clear(namespace=nsd)
+            # A copy between tiers that began before this clear holds bytes read before it: let it
+            # land (and find its chunks gone) before the tiers are wiped, so no pre-clear bytes
+            # survive under a key a later put of the namespace would trust.
+            s.wait_copies_locked(nsd)
         # The tiers are cleared outside the lock (a Redis SCAN over a large keyspace takes seconds;
         # other namespaces' calls go on). Meanwhile puts and adoptions of this namespace stand
         # aside, and a put that overlapped the clear reports False and deletes what it wrote.

@@ -94,19 +94,31 @@ class Promoter:
         owner = s.owner("promote")
         with s.cond:
             chosen = s.pin_locked([refs[i] for i in picks], owner)
+            spaces = {r.namespace for r in chosen}
+            clears = {ns: (s.clears[None], s.clears[ns]) for ns in spaces}  # to tell a clear since
         keep = {r.node_id for r in chosen}
         payloads = [chunk_copy(buffers[i]) for i in picks if refs[i].node_id in keep]
 
         def run(_job: Any) -> int:
+            tokens: list[int] = []
             try:
                 with s.cond:
-                    masks = [s.mask_locked(r) for r in chosen]  # 0: gone; bit 0: already on top
+                    # The bytes were taken when the job was queued: after a clear of their namespace
+                    # they may be stale even where a later put reused the node id, so skip them.
+                    fresh = {ns for ns in spaces if (s.clears[None], s.clears[ns]) == clears[ns]}
+                    tokens = [s.begin_copy_locked(ns) for ns in fresh]  # a clear from now waits
+                    masks = [s.mask_locked(r) if r.namespace in fresh else 0 for r in chosen]
                     todo = [(r, p) for r, p, m in zip(chosen, payloads, masks) if m and not m & 1]
-                ok = s.write(0, [r for r, _ in todo], [p for _, p in todo])
-                s.metrics.promotions(s.names[0], sum(ok))
-                return sum(ok)
+                done = 0
+                for ns in fresh:
+                    part = [(r, p) for r, p in todo if r.namespace == ns]
+                    done += sum(s.write(0, [r for r, _ in part], [p for _, p in part]))
+                s.metrics.promotions(s.names[0], done)
+                return done
             finally:
                 with s.cond:
+                    for token in tokens:
+                        s.end_copy_locked(token)
                     s.unpin_locked(chosen, owner)
 
         try:

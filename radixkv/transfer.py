@@ -81,6 +81,11 @@ class TierStack(WriteDeleteIntents):
         # Tiers that persist frames count header + identity per chunk against their capacity.
         self._framed = [not hasattr(t, "lease") for t in self.tiers]
         self._owner_seq = itertools.count()
+        # Copies between tiers in flight, token -> namespace. A copy writes bytes it read (or was
+        # handed) earlier; clear() waits for the copies that began before it, so none of them can
+        # land pre-clear bytes in a tier after the clear wiped it (see wait_copies_locked).
+        self._copies: dict[int, str] = {}
+        self._copy_tokens = itertools.count()
 
     # ------------------------------------------------------------------ small helpers
     @property
@@ -89,6 +94,24 @@ class TierStack(WriteDeleteIntents):
 
     def owner(self, kind: str) -> str:
         return f"{kind}-{next(self._owner_seq)}"
+
+    def begin_copy_locked(self, ns: str) -> int:
+        """Register a copy of ``ns`` chunks between tiers; pass the token to end_copy_locked."""
+        token = next(self._copy_tokens)
+        self._copies[token] = ns
+        return token
+
+    def end_copy_locked(self, token: int) -> None:
+        del self._copies[token]
+        self.cond.notify_all()
+
+    def wait_copies_locked(self, nsd: str | None) -> None:
+        """Wait (the lock released meanwhile) until every copy of namespace ``nsd`` (None: of any)
+        that began before this call has ended. Copies never wait for a clear, so this ends; copies
+        that begin later are not waited for (they find the cleared chunks gone, or are skipped)."""
+        limit = next(self._copy_tokens)
+        while any(tok < limit and (nsd is None or ns == nsd) for tok, ns in self._copies.items()):
+            self.cond.wait()
 
     def clearing_locked(self, nsd: str) -> bool:
         """Whether a clear() of ``nsd`` (or of everything) is running its tier calls."""
@@ -247,9 +270,15 @@ class TierStack(WriteDeleteIntents):
             by_ns[r.namespace].append(i)
         for ns, idx in by_ns.items():
             sub = [refs[i] for i in idx]
-            with self.read_payloads(src, ns, sub) as payloads:
-                good = [j for j, p in enumerate(payloads) if p is not None]
-                ok = self.write(dst, [sub[j] for j in good], [payloads[j] for j in good])
+            with self.cond:
+                token = self.begin_copy_locked(ns)  # before the read: clear() waits for this copy
+            try:
+                with self.read_payloads(src, ns, sub) as payloads:
+                    good = [j for j, p in enumerate(payloads) if p is not None]
+                    ok = self.write(dst, [sub[j] for j in good], [payloads[j] for j in good])
+            finally:
+                with self.cond:
+                    self.end_copy_locked(token)
             for j, o in zip(good, ok):
                 out[idx[j]] = o
         return out

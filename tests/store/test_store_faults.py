@@ -473,3 +473,75 @@ def test_a_put_lost_to_a_clear_evicts_nothing_else(make_store, monkeypatch):
     assert store.lookup(b, kb, probe=False) == 8
     assert store.stats()["store"].get("mem.evicted_drop", 0) == 0
     store.check_integrity()
+
+
+def _clear_waits_for(store, blocked_tier, start_copy, monkeypatch) -> None:
+    """Block ``blocked_tier``'s next put (a copy between tiers that read its bytes already), start
+    the copy, clear() the namespace in a thread: the clear must wait for the copy to land (and find
+    its chunk gone) before it wipes the tiers."""
+    import threading
+
+    real_put = blocked_tier.put_many
+    inside, release = threading.Event(), threading.Event()
+
+    def blocked_put(*a, **k):
+        inside.set()
+        release.wait(10)
+        return real_put(*a, **k)
+
+    monkeypatch.setattr(blocked_tier, "put_many", blocked_put)
+    ns = start_copy()
+    assert inside.wait(10), "the copy never reached the tier"
+    th = threading.Thread(target=store.clear, args=(ns,))
+    th.start()
+    time.sleep(0.3)
+    assert th.is_alive(), "clear() returned while a copy holding pre-clear bytes was in flight"
+    release.set()
+    th.join(10)
+    assert not th.is_alive()
+    monkeypatch.undo()
+
+
+@pytest.mark.parametrize("copy", ["write_through", "promotion"])
+def test_clear_waits_for_copies_that_read_before_it(make_store, monkeypatch, copy):
+    # Known limit of stop 15, fixed: a copy between tiers (write-through, promotion, demotion) that
+    # read a chunk's bytes before clear() could write them after the clear wiped the tier. Tiers
+    # dedupe by key, so a later put of *other* bytes under that key (new weights, same namespace)
+    # kept the old ones there, and reads from that tier served them.
+    store = make_store("mem-disk", write_policy="write_through", promote_after_hits=1)
+    ns = new_namespace()
+    _, keys = chain(99, 1)
+    old = payload_for(keys[0])
+    new = old ^ 0xFF
+    mem, disk = store.tiers
+
+    def start_write_through():
+        assert store.put(ns, keys, [old]) == [True]  # queues the copy mem -> disk
+        return ns
+
+    def start_promotion():
+        assert store.put(ns, keys, [old]) == [True]
+        store.flush(30)
+        mem.clear(ns.digest)  # memory lost it: the next get is served by the disk
+        assert store.reconcile() == 1
+        got = buffers(1)
+        assert store.get(ns, keys, got) == 1  # queues the promotion disk -> mem with these bytes
+        return ns
+
+    if copy == "write_through":
+        _clear_waits_for(store, disk, start_write_through, monkeypatch)
+    else:
+        _clear_waits_for(store, mem, start_promotion, monkeypatch)
+    store.flush(30)
+    assert store.lookup(ns, keys) == 0
+    for t in store.tiers:  # nothing of the cleared namespace is left in any tier
+        assert t.contains_many(ns.digest, keys) == 0, t.name
+    assert store.put(ns, keys, [new]) == [True]
+    store.flush(30)
+    got = buffers(1)
+    assert store.get(ns, keys, got) == 1 and torch.equal(got[0], new)
+    mem.clear(ns.digest)
+    store.reconcile()
+    got = buffers(1)
+    assert store.get(ns, keys, got) == 1 and torch.equal(got[0], new)  # from the disk: new bytes
+    store.check_integrity()
