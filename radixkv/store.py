@@ -359,8 +359,8 @@ class HierarchicalStore:
         ``count_misses`` False the unread rest is not counted as misses (the caller continues the
         run and counts what stays unread with :meth:`record_misses`)."""
         self._check_open()
-        refs, masks, owner = self._match_and_pin(ns, keys, buffers, parent_key)
-        return self._read(ns, refs, masks, owner, buffers, None, count_misses)
+        refs, masks, owner, clears = self._match_and_pin(ns, keys, buffers, parent_key)
+        return self._read(ns, refs, masks, owner, buffers, None, count_misses, clears)
 
     def prefetch(
         self,
@@ -373,11 +373,11 @@ class HierarchicalStore:
         pinned until the read ends (or the handle is cancelled), so they cannot be evicted in
         between."""
         self._check_open()
-        refs, masks, owner = self._match_and_pin(ns, keys, buffers, parent_key)
+        refs, masks, owner, clears = self._match_and_pin(ns, keys, buffers, parent_key)
         if not refs:
             return PrefetchHandle(None)
         job = self._reader.submit(
-            lambda j: self._read(ns, refs, masks, owner, buffers, j), 0, block=True, name=owner
+            lambda j: self._read(ns, refs, masks, owner, buffers, j, True, clears), 0, block=True, name=owner
         )
         return PrefetchHandle(job, on_cancel=lambda: self._unpin(refs, owner))
 
@@ -387,7 +387,7 @@ class HierarchicalStore:
         keys: Sequence[str],
         buffers: Sequence[ChunkBytes],
         parent_key: str | None,
-    ) -> tuple[list[ChunkRef], list[int], str]:
+    ) -> tuple[list[ChunkRef], list[int], str, tuple[int, int]]:
         nsd = self._check_chain(ns, keys, parent_key)
         checks.check_list(buffers, "buffers")
         if len(buffers) != len(keys):
@@ -407,7 +407,7 @@ class HierarchicalStore:
                     masks = list(m.tier_masks)
                     if refs:
                         s.tree.pin(ids, owner, s.lease_s)
-                    return refs, masks, owner
+                    return refs, masks, owner, (s.clears[None], s.clears[nsd])
             probe = False  # the buffers size the chunks of a namespace never put here
             adoption.adopt(self, ns, nsd, keys, parent_key, size or chunk_nbytes(buffers[0]))
 
@@ -420,6 +420,7 @@ class HierarchicalStore:
         buffers: Sequence[ChunkBytes],
         job: Job[int] | None,
         count_misses: bool = True,
+        clears: tuple[int, int] | None = None,
     ) -> int:
         s = self._stack
         try:
@@ -430,7 +431,7 @@ class HierarchicalStore:
                 return 0
             jobs.account(s, ns, refs, served, n, len(buffers) if count_misses else n)
             if self.config.promote_on_hit and len(s.tiers) > 1:
-                self._promoter.promote(refs[:n], served[:n], buffers)
+                self._promoter.promote(refs[:n], served[:n], buffers, clears)
             return n
         finally:
             self._unpin(refs, owner)

@@ -70,7 +70,8 @@ class Promoter:
         self._counts: dict[tuple[str, str], int] = {}
 
     def promote(
-        self, refs: list[ChunkRef], served: list[int], buffers: Sequence[ChunkBytes]
+        self, refs: list[ChunkRef], served: list[int], buffers: Sequence[ChunkBytes],
+        read_clears: tuple[int, int] | None = None,
     ) -> None:
         """Queue the promotions due. The bytes are cloned now (the caller owns ``buffers`` once
         get returns); a full queue skips them (counted in ``dropped_jobs``)."""
@@ -96,6 +97,10 @@ class Promoter:
             chosen = s.pin_locked([refs[i] for i in picks], owner)
             spaces = {r.namespace for r in chosen}
             clears = {ns: (s.clears[None], s.clears[ns]) for ns in spaces}  # to tell a clear since
+            if read_clears is not None and any(c != read_clears for c in clears.values()):
+                s.unpin_locked(chosen, owner)
+                chosen = []  # a clear since the bytes were read: they may be stale
+                spaces, clears = set(), {}
         keep = {r.node_id for r in chosen}
         payloads = [chunk_copy(buffers[i]) for i in picks if refs[i].node_id in keep]
 

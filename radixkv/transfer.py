@@ -24,7 +24,10 @@ tier could deliver.
 from __future__ import annotations
 
 import itertools
+import logging
+import os
 import threading
+import time
 from collections import Counter, defaultdict
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -41,6 +44,8 @@ from radixkv.tree import RadixTree
 __all__ = ["TierStack", "ChunkRef"]
 
 _NS_DIGEST_CHARS = 32
+_COPY_WAIT_WARN_S = 30.0  # clear() logs while it waits longer than this for copies between tiers
+logger = logging.getLogger(__name__)
 
 
 class ChunkRef(NamedTuple):
@@ -86,6 +91,7 @@ class TierStack(WriteDeleteIntents):
         # land pre-clear bytes in a tier after the clear wiped it (see wait_copies_locked).
         self._copies: dict[int, str] = {}
         self._copy_tokens = itertools.count()
+        self._pid = os.getpid()
 
     # ------------------------------------------------------------------ small helpers
     @property
@@ -97,9 +103,16 @@ class TierStack(WriteDeleteIntents):
 
     def begin_copy_locked(self, ns: str) -> int:
         """Register a copy of ``ns`` chunks between tiers; pass the token to end_copy_locked."""
+        self._forget_parent_copies_locked()
         token = next(self._copy_tokens)
         self._copies[token] = ns
         return token
+
+    def _forget_parent_copies_locked(self) -> None:
+        # A forked child inherits the parent's copies but not the threads that would end them.
+        if os.getpid() != self._pid:
+            self._pid = os.getpid()
+            self._copies.clear()
 
     def end_copy_locked(self, token: int) -> None:
         del self._copies[token]
@@ -109,9 +122,15 @@ class TierStack(WriteDeleteIntents):
         """Wait (the lock released meanwhile) until every copy of namespace ``nsd`` (None: of any)
         that began before this call has ended. Copies never wait for a clear, so this ends; copies
         that begin later are not waited for (they find the cleared chunks gone, or are skipped)."""
+        self._forget_parent_copies_locked()
         limit = next(self._copy_tokens)
+        start = warned = time.monotonic()
         while any(tok < limit and (nsd is None or ns == nsd) for tok, ns in self._copies.items()):
-            self.cond.wait()
+            self.cond.wait(1.0)
+            if time.monotonic() - warned >= _COPY_WAIT_WARN_S:  # a tier call hangs (NFS, a custom tier)
+                warned = time.monotonic()
+                logger.warning("radixkv: clear() has waited %.0f s for copies between tiers to end",
+                               warned - start)
 
     def clearing_locked(self, nsd: str) -> bool:
         """Whether a clear() of ``nsd`` (or of everything) is running its tier calls."""
@@ -269,9 +288,12 @@ class TierStack(WriteDeleteIntents):
         for i, r in enumerate(refs):
             by_ns[r.namespace].append(i)
         for ns, idx in by_ns.items():
-            sub = [refs[i] for i in idx]
             with self.cond:
+                # A clear that began since the caller chose these chunks is not waiting for this
+                # copy: copy only chunks still alive now (none of ns is, until that clear ended).
+                idx = [i for i in idx if self.alive_locked(refs[i])]
                 token = self.begin_copy_locked(ns)  # before the read: clear() waits for this copy
+            sub = [refs[i] for i in idx]
             try:
                 with self.read_payloads(src, ns, sub) as payloads:
                     good = [j for j, p in enumerate(payloads) if p is not None]
