@@ -22,7 +22,12 @@ if TYPE_CHECKING:
 # (smallest first; ties deepest first), parks interior nodes until on_leaf, and folds a removed node's
 # statistics into its parent, which is how lazy path touches reach ancestors.
 
-_GONE = object()
+# ``AgedRefPolicy._last`` of a node never touched directly (clock values are >= 0).
+_NEVER = -(1 << 60)
+
+# The slot of a resident interior node in ``_entry``: ordered only once it becomes a leaf. (Any
+# empty tuple is this object, and no heap entry is empty.)
+_PARKED: tuple[Any, ...] = ()
 
 # A heap entry: (priority, -depth, node id). Entries are told apart by identity (the live one is the
 # object in _entry, older ones are stale), so the type is a variable-length tuple on purpose: mypyc
@@ -40,7 +45,12 @@ class _HeapPolicy:
 
     def __init__(self) -> None:
         self._heap: list[HeapEntry] = []
-        self._entry: dict[int, HeapEntry | None] = {}  # None = parked (interior)
+        # Per-node state lives in lists indexed by node id, like the tree's own columns: a list slot
+        # costs a fraction of an int-keyed dict probe, and these are read on every touch, insert and
+        # eviction. ``_entry[n]``: None if n is not resident in the tier, _PARKED if it is an
+        # interior node, else its live heap entry. Subclasses keep their columns in step (_grow).
+        self._entry: list[HeapEntry | None] = []
+        self._resident = 0  # slots of _entry that are not None
         self._aside: list[HeapEntry] = []
         self._tchild: list[int] = []
         self._depth: list[int] = []
@@ -56,7 +66,12 @@ class _HeapPolicy:
         self._keys, self._ns = tree._key, tree._ns
 
     def __len__(self) -> int:
-        return len(self._entry)
+        return self._resident
+
+    def _grow(self, n_slots: int) -> None:
+        """Extend the per-node columns to ``n_slots`` (the tree's column length; new slots are
+        empty). Subclasses with columns of their own extend them too."""
+        self._entry.extend([None] * (n_slots - len(self._entry)))
 
     # subclass hooks --------------------------------------------------------------------------
     def _prio(self, n: int) -> float:
@@ -81,11 +96,15 @@ class _HeapPolicy:
         heapq.heappush(self._heap, e)
 
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
+        if len(self._entry) < len(self._depth):
+            self._grow(len(self._depth))
         self._admit(node_ids, now)
         tchild, entry, push = self._tchild, self._entry, self._push
         for n in node_ids:
+            if entry[n] is None:
+                self._resident += 1
             if tchild[n]:
-                entry[n] = None  # interior: ordered when it becomes a leaf
+                entry[n] = _PARKED  # interior: ordered when it becomes a leaf
             else:
                 push(n)
 
@@ -94,25 +113,28 @@ class _HeapPolicy:
         self._push(node_id)
 
     def on_leaf(self, node_id: int) -> None:
-        if node_id in self._entry:
+        if self._entry[node_id] is not None:
             self._push(node_id)
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
         entry, parent = self._entry, self._parent
+        n_slots = len(entry)
         for n in node_ids:
-            e = entry.pop(n, _GONE)
-            if e is _GONE:
-                continue
+            e = entry[n] if n < n_slots else None
+            if e is None:
+                continue  # not resident in the tier
+            entry[n] = None
+            self._resident -= 1
             p = parent[n]
-            if p >= 0 and p in entry:
+            if p >= 0 and entry[p] is not None:
                 self._fold(n, p)
-            self._forget(n, e)  # type: ignore[arg-type]
-        if len(self._heap) > 2 * len(entry) + 1024:
+            self._forget(n, e)
+        if len(self._heap) > 2 * self._resident + 1024:
             self._compact()
 
     def _compact(self) -> None:
         # Drop the stale entries once they outnumber the live ones (rare: amortized O(1)).
-        self._heap = [e for e in self._entry.values() if e is not None]
+        self._heap = [e for e in self._entry if e is not None and e is not _PARKED]
         heapq.heapify(self._heap)
 
     def candidates(self) -> Generator[int, None, None]:
@@ -127,30 +149,34 @@ class _HeapPolicy:
             while heap:
                 e = pop(heap)
                 n = e[2]
-                if entry.get(n) is not e:
+                if entry[n] is not e:
                     continue  # stale
                 if tchild[n]:  # interior in the tier
-                    entry[n] = None  # park until on_leaf
+                    entry[n] = _PARKED  # park until on_leaf
                     continue
                 try:
                     yield n
                 except GeneratorExit:
-                    if entry.get(n) is e:
+                    if entry[n] is e:
                         aside.append(e)  # closed before the caller evicted it
                     raise
-                if entry.get(n) is e:
+                if entry[n] is e:
                     aside.append(e)  # the tree skipped it (pinned): keep it for later
         finally:
             while aside:
                 e = aside.pop()
-                if entry.get(e[2]) is e:
+                if entry[e[2]] is e:
                     heapq.heappush(heap, e)
 
     def check_integrity(self) -> None:
-        live = {e[2] for e in self._heap if self._entry.get(e[2]) is e}
-        ordered = {n for n, e in self._entry.items() if e is not None}
+        entry = self._entry
+        live = {e[2] for e in self._heap if entry[e[2]] is e}
+        ordered = {n for n, e in enumerate(entry) if e is not None and e is not _PARKED}
         assert live == ordered, f"{self.name}: {len(ordered - live)} ordered nodes missing from the heap"
         assert not self._aside, f"{self.name}: {len(self._aside)} candidates left aside"
+        resident = sum(1 for e in entry if e is not None)
+        assert resident == self._resident, f"{self.name}: {resident} resident slots, counted {self._resident}"
+        assert len(entry) <= len(self._depth), f"{self.name}: {len(entry)} slots for {len(self._depth)} nodes"
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
@@ -163,19 +189,21 @@ class LFUPolicy(_HeapPolicy):
 
     def __init__(self) -> None:
         super().__init__()
-        self._count: dict[int, int] = {}
+        self._count: list[int] = []  # by node id; meaningful while the node is resident
         self._age = 0.0
+
+    def _grow(self, n_slots: int) -> None:
+        self._count.extend([0] * (n_slots - len(self._count)))
+        super()._grow(n_slots)
 
     def _prio(self, n: int) -> float:
         return self._age + self._count[n]
 
     def _admit(self, node_ids: Sequence[int], now: int) -> None:
-        count = self._count
-        if count.keys().isdisjoint(node_ids):  # the usual case: all new to the tier
-            count.update(dict.fromkeys(node_ids, 0))
-        else:
-            for n in node_ids:
-                count.setdefault(n, 0)
+        count, entry = self._count, self._entry
+        for n in node_ids:
+            if entry[n] is None:  # new to the tier (a resident node keeps its count)
+                count[n] = 0
 
     def _touch(self, n: int, now: int) -> None:
         self._count[n] += 1
@@ -184,8 +212,7 @@ class LFUPolicy(_HeapPolicy):
         self._count[parent] += self._count[child]
 
     def _forget(self, n: int, entry: HeapEntry | None) -> None:
-        del self._count[n]
-        if entry is not None and entry[0] > self._age:
+        if entry is not None and entry is not _PARKED and entry[0] > self._age:
             self._age = entry[0]
 
 
@@ -206,8 +233,12 @@ class CostPolicy(LFUPolicy):
         if not isinstance(attention_tokens, int) or attention_tokens <= 0:
             raise ConfigError(f"cost policy: attention_tokens={attention_tokens!r} must be a positive int")
         self._attn = float(attention_tokens)
-        self._unit: dict[int, float] = {}  # node -> recompute cost per byte (static)
+        self._unit: list[float] = []  # by node id: recompute cost per byte (static while resident)
         self._size: list[int] = []
+
+    def _grow(self, n_slots: int) -> None:
+        self._unit.extend([0.0] * (n_slots - len(self._unit)))
+        super()._grow(n_slots)
 
     def bind(self, tree: RadixTree, tier_index: int) -> None:
         super().bind(tree, tier_index)
@@ -226,12 +257,16 @@ class CostPolicy(LFUPolicy):
     # slowest policy of the simulator's sweep, and each hook runs once per eviction, touch or new leaf
     # (4-6 Python calls per evicted chunk otherwise). Same effects in the same order as the base's.
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
+        if len(self._entry) < len(self._depth):
+            self._grow(len(self._depth))
         self._admit(node_ids, now)
         tchild, entry, count, unit, depth = self._tchild, self._entry, self._count, self._unit, self._depth
         heap, age = self._heap, self._age
         for n in node_ids:
+            if entry[n] is None:
+                self._resident += 1
             if tchild[n]:
-                entry[n] = None  # interior: ordered when it becomes a leaf
+                entry[n] = _PARKED  # interior: ordered when it becomes a leaf
             else:
                 e: HeapEntry = (age + count[n] * unit[n], -depth[n], n)
                 entry[n] = e
@@ -246,7 +281,7 @@ class CostPolicy(LFUPolicy):
 
     def on_leaf(self, node_id: int) -> None:
         entry = self._entry
-        if node_id in entry:
+        if entry[node_id] is not None:
             e: HeapEntry = (self._age + self._count[node_id] * self._unit[node_id],
                             -self._depth[node_id], node_id)
             entry[node_id] = e
@@ -256,36 +291,37 @@ class CostPolicy(LFUPolicy):
         # on_remove((node_id,)) then on_leaf(leaf_parent), in one call (see EvictionPolicy). node_id
         # is the node candidates() just yielded, so it has a live (not parked) entry.
         entry, count = self._entry, self._count
-        e: HeapEntry | None = entry.pop(node_id)
-        c = count.pop(node_id)
+        e: HeapEntry | None = entry[node_id]
+        entry[node_id] = None
+        self._resident -= 1
         p = self._parent[node_id]
-        if p >= 0 and p in entry:
-            count[p] += c
-        del self._unit[node_id]
+        if p >= 0 and entry[p] is not None:
+            count[p] += count[node_id]
         if e[0] > self._age:  # type: ignore[index]
             self._age = e[0]  # type: ignore[index]
-        if len(self._heap) > 2 * len(entry) + 1024:
+        if len(self._heap) > 2 * self._resident + 1024:
             self._compact()
-        if leaf_parent >= 0 and leaf_parent in entry:
+        if leaf_parent >= 0 and entry[leaf_parent] is not None:
             pe: HeapEntry = (self._age + count[leaf_parent] * self._unit[leaf_parent],
                              -self._depth[leaf_parent], leaf_parent)
             entry[leaf_parent] = pe
             heappush(self._heap, pe)
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
-        entry, parent, count, unit = self._entry, self._parent, self._count, self._unit
+        entry, parent, count = self._entry, self._parent, self._count
+        n_slots = len(entry)
         for n in node_ids:
-            e = entry.pop(n, _GONE)
-            if e is _GONE:
-                continue
-            c = count.pop(n)
+            e = entry[n] if n < n_slots else None
+            if e is None:
+                continue  # not resident in the tier
+            entry[n] = None
+            self._resident -= 1
             p = parent[n]
-            if p >= 0 and p in entry:
-                count[p] += c  # _fold: the parent's count includes every access below it
-            del unit[n]
-            if e is not None and e[0] > self._age:  # type: ignore[index]
-                self._age = e[0]  # type: ignore[index]
-        if len(self._heap) > 2 * len(entry) + 1024:
+            if p >= 0 and entry[p] is not None:
+                count[p] += count[n]  # _fold: the parent's count includes every access below it
+            if e is not _PARKED and e[0] > self._age:
+                self._age = e[0]
+        if len(self._heap) > 2 * self._resident + 1024:
             self._compact()
 
     def _admit(self, node_ids: Sequence[int], now: int) -> None:
@@ -296,14 +332,10 @@ class CostPolicy(LFUPolicy):
             t = tokens[n]
             unit[n] = t * (1.0 + (depth[n] - 1) * t / attn) / max(size[n], 1)
 
-    def _forget(self, n: int, entry: HeapEntry | None) -> None:
-        del self._unit[n]
-        super()._forget(n, entry)
-
     def check_integrity(self) -> None:
         super().check_integrity()
-        assert self._unit.keys() == self._count.keys(), (
-            f"cost: {len(self._unit)} nodes with a unit cost, {len(self._count)} with a count"
+        assert len(self._unit) == len(self._count) == len(self._entry), (
+            f"cost: {len(self._unit)} unit costs, {len(self._count)} counts, {len(self._entry)} slots"
         )
 
 
@@ -358,12 +390,18 @@ class AgedRefPolicy(_HeapPolicy):
         self._w = float(count_weight)
         self._h = float(initial_half_life)
         self._ghost_factor = float(ghost_factor)
-        self._score: dict[int, float] = {}  # H * log2(aged reference count) + time, in requests
-        self._last: dict[int, int] = {}  # clock of the node's last direct touch
+        # By node id, meaningful while the node is resident:
+        self._score: list[float] = []  # H * log2(aged reference count) + time, in requests
+        self._last: list[int] = []  # clock of the node's last direct touch (_NEVER: none)
         self._restored: dict[int, float] = {}  # score a node came back with from the ghost history
         self._ghost: OrderedDict[tuple[str | None, str | None], tuple[float, int]] = OrderedDict()
         self._full_tokens = 0
         self._clock = 0
+
+    def _grow(self, n_slots: int) -> None:
+        self._score.extend([-math.inf] * (n_slots - len(self._score)))
+        self._last.extend([_NEVER] * (n_slots - len(self._last)))
+        super()._grow(n_slots)
 
     @property
     def half_life(self) -> float:
@@ -383,8 +421,8 @@ class AgedRefPolicy(_HeapPolicy):
 
     def _prio(self, n: int) -> float:
         s = self._score[n]
-        last = self._last.get(n)
-        if last is not None and s > -math.inf:
+        last = self._last[n]
+        if last != _NEVER and s > -math.inf:
             # last use + count_weight * H * log2(aged references): the count's bonus is scaled down
             # without shortening the memory H of the count itself.
             s = last + self._w * (s - last)
@@ -395,7 +433,7 @@ class AgedRefPolicy(_HeapPolicy):
         if not node_ids:
             return
         p = self._parent[node_ids[0]]
-        if p >= 0 and p in self._last:
+        if p >= 0 and self._last[p] != _NEVER:
             self._observe_gap(self._clock + 1 - self._last[p])  # the request's deepest hit chunk
         for n in node_ids:
             if tokens[n] > self._full_tokens:
@@ -429,18 +467,19 @@ class AgedRefPolicy(_HeapPolicy):
                 return
             s = s + h * math.log2(rest)
         self._score[parent] = self._add(self._score[parent], s)
-        lc = self._last.get(child)
-        if lc is not None and lc > self._last.get(parent, -1):
+        lc = self._last[child]
+        if lc > self._last[parent]:  # _NEVER is below every clock value
             self._last[parent] = lc
 
     def _forget(self, n: int, entry: HeapEntry | None) -> None:
-        s = self._score.pop(n)
+        s = self._score[n]
         self._restored.pop(n, None)
-        last = self._last.pop(n, None)
+        last = self._last[n]
+        self._last[n] = _NEVER  # the slot may be reused by another node
         if self._ghost_factor and s > -math.inf and self._tokens[n] >= self._full_tokens:
             ghost = self._ghost
-            ghost[(self._ns[n], self._keys[n])] = (s, self._clock if last is None else last)
-            if len(ghost) > self._ghost_factor * len(self._entry) + 64:
+            ghost[(self._ns[n], self._keys[n])] = (s, self._clock if last == _NEVER else last)
+            if len(ghost) > self._ghost_factor * self._resident + 64:
                 ghost.popitem(last=False)  # O(1); deleting a plain dict's first key is not
 
 

@@ -165,13 +165,14 @@ class OddsRefPolicy(AgedRefPolicy):
         if c is not None and self._ghost_factor:
             ghost = self._ghost_cls
             ghost[(self._ns[n], self._keys[n])] = c
-            if len(ghost) > self._ghost_factor * len(self._entry) + 64:
+            if len(ghost) > self._ghost_factor * self._resident + 64:
                 ghost.popitem(last=False)
         super()._forget(n, entry)
 
     def check_integrity(self) -> None:
         super().check_integrity()
-        stray = set(self._cls).difference(self._entry)
+        entry = self._entry
+        stray = {n for n in self._cls if n >= len(entry) or entry[n] is None}
         assert not stray, (
             f"oddsref: {len(stray)} classed chunks not resident, e.g. {sorted(stray)[:5]}"
         )
