@@ -3,7 +3,9 @@
 A read goes to the fastest tier holding each chunk, one ``get_many`` per tier. A chunk a tier fails to
 deliver (miss, checksum failure, server down) loses that residency in the tree; chunks below it that
 no tier can reach any more are dropped as orphans and their bytes deleted. The chunk is retried from
-the next tier holding it; a chunk no tier delivers ends the run. Never wrong bytes.
+the next tier holding it; a chunk no tier delivers ends the run. Never wrong bytes. Once the store
+is closing (``TierStack.closing``), a failed read is its tiers closing under it, not a lost chunk:
+the read just misses and nothing is forgotten or deleted (the persistent tiers keep the chunks).
 """
 
 from __future__ import annotations
@@ -74,11 +76,17 @@ def read_run(
 def forget_failed(
     stack: TierStack, refs: Sequence[ChunkRef], masks: list[int], failed: list[tuple[int, int]]
 ) -> None:
+    """Drop the failed chunks' residencies (``(index, tier)`` pairs) from ``masks`` and the tree,
+    and delete the orphans' bytes. While the store closes only ``masks`` changes: a read overtaken
+    by close() fails because the tiers closed, and its chunks, intact on a persistent tier, must
+    not be deleted there."""
     by_tier: dict[int, list[int]] = defaultdict(list)
     for i, t in failed:
         by_tier[t].append(i)
         masks[i] &= ~(1 << t)
         stack.metrics.read_failures(stack.names[t], 1)
+    if stack.closing:
+        return
     entries: list[tuple[int, str, str]] = []
     with stack.cond:
         for t, idx in by_tier.items():

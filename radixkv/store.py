@@ -518,6 +518,9 @@ class HierarchicalStore:
         if self._closed:
             return
         self._closed = True  # first: callers racing close() get "the store is closed", not a tier's error
+        # Reads already running fail once the tiers close: that must not count as lost chunks
+        # (forgetting them deletes their bytes from the persistent tiers).
+        self._stack.closing = True
         flush = self.config.flush_on_close if flush is None else flush
         timeout = self.config.close_timeout_s
         self._reader.close(flush=False, timeout_s=timeout)
@@ -528,7 +531,10 @@ class HierarchicalStore:
             except Exception:  # closing must still close the tiers
                 logger.exception("radixkv: persisting a write_back store at close failed")
         self.metrics.stop_serving(self._metrics_server)
-        for tier in self._stack.tiers:
+        # Slowest first: work close() stopped waiting for that then fails on a closed memory tier
+        # (a refused put makes room by evicting) finds the persistent tiers below already closed,
+        # and a closed tier deletes nothing.
+        for tier in reversed(self._stack.tiers):
             try:
                 tier.close()
             except Exception:  # closing must not leave the other tiers open

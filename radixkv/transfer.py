@@ -75,6 +75,9 @@ class TierStack(WriteDeleteIntents):
         self.reserved = [0] * n
         self.claimed = [0] * n
         self.transfers_inflight = 0  # background copies holding pins (a writer may wait for them)
+        # Set by the store's close() before its tiers close: a read failing after that is the tiers
+        # closing under it, not a lost chunk (see reads.forget_failed).
+        self.closing = False
         # store.clear() calls so far, per namespace digest (None: all namespaces); a put that a clear
         # of its namespace overtook while it wrote discards its writes.
         self.clears: Counter[str | None] = Counter()

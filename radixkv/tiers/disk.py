@@ -142,6 +142,9 @@ class DiskTier:
         # Namespaces whose payload size only the start-up scan saw (files of an earlier process): a
         # put of another size replaces it, a get of another size is a miss, never an error.
         self._scanned_sizes: set[str] = set()
+        # Puts running per namespace: a namespace with none and no indexed chunk holds nothing of its
+        # fixed size, so another size may replace it (see _release_size_locked).
+        self._ns_writing: collections.Counter[str] = collections.Counter()
         self._ns_dirs: set[str] = set()  # namespaces whose 256 directories were made
         self._evicted: collections.deque[tuple[str, str]] = collections.deque(maxlen=1 << 16)
         # Recycled files; their bytes count in the capacity (usage + reserved + spares.bytes).
@@ -173,6 +176,8 @@ class DiskTier:
                 self._scanned_sizes.discard(namespace)  # this process's puts fix the size now
                 if self._ns_payload_bytes.get(namespace) != sizes[0]:
                     del self._ns_payload_bytes[namespace]  # old files of the other size read as misses
+            if sizes and self._ns_payload_bytes.get(namespace, sizes[0]) != sizes[0]:
+                self._release_size_locked(namespace)
             first_put = sizes and namespace not in self._ns_payload_bytes
             if first_put:
                 self._ns_payload_bytes[namespace] = sizes[0]
@@ -191,9 +196,16 @@ class DiskTier:
                 raise
             fresh_ns = namespace not in self._ns_dirs
             self._ns_dirs.add(namespace)
-        if fresh_ns:
-            self._layout.make_ns_dirs(namespace)
-        ok = self._run(lambda i: self._put_one(namespace, keys[i], views[i]), len(keys))
+            self._ns_writing[namespace] += 1
+        try:
+            if fresh_ns:
+                self._layout.make_ns_dirs(namespace)
+            ok = self._run(lambda i: self._put_one(namespace, keys[i], views[i]), len(keys))
+        finally:
+            with self._lock:
+                self._ns_writing[namespace] -= 1
+                if not self._ns_writing[namespace]:
+                    del self._ns_writing[namespace]
         if len(keys) > 1:  # parallel writes publish in completion order: make recency follow the batch
             with self._lock:
                 for key in keys:
@@ -214,6 +226,9 @@ class DiskTier:
             fixed = self._ns_payload_bytes.get(namespace)
             if namespace in self._scanned_sizes:
                 fixed = None  # a size only old files had: another size reads them as misses
+            elif fixed is not None and any(n != fixed for n in sizes):
+                if self._release_size_locked(namespace):
+                    fixed = None  # nothing of the old size is held: a miss, not an error
         for i, nbytes in enumerate(sizes):
             if fixed is not None and nbytes != fixed:
                 raise InputError(
@@ -243,6 +258,7 @@ class DiskTier:
         check_ident(namespace, keys)
         n = 0
         with self._lock:
+            self._check_open()  # a closed tier's files outlive it: a late caller must not remove them
             for k in keys:
                 frame = self._index.pop((namespace, k), None)
                 if frame is not None:
@@ -262,6 +278,7 @@ class DiskTier:
 
     def clear(self, namespace: str | None = None) -> None:
         with self._lock:
+            self._check_open()  # a closed tier's files outlive it: a late caller must not remove them
             frames = {}
             for ident in [i for i in self._index if namespace is None or i[0] == namespace]:
                 frames[ident] = self._index.pop(ident)
@@ -324,6 +341,8 @@ class DiskTier:
                     f"capacity {self.capacity_bytes}"
                 )
             self._spares.check_integrity()
+            if any(n <= 0 for n in self._ns_writing.values()):
+                raise RuntimeError(f"puts running per namespace not positive: {dict(self._ns_writing)}")
             if self.config.shared:
                 return  # other processes add and remove files: the directory is not ours alone
             on_disk = {(ns, key): path for ns, key, path in self._layout.walk(None)}
@@ -344,9 +363,11 @@ class DiskTier:
         nbytes = parts_nbytes(payload)
         frame = HEADER_BYTES + len(ns) + len(key) + nbytes
         with self._lock:
-            if ident in self._index:
+            if self._index.get(ident) == frame:
                 self._index.move_to_end(ident)
                 return True  # keys name content: present means the same bytes
+            # Absent, or indexed at another payload size (a file of an earlier process's size that
+            # the scan kept): such a file can only be a miss, so it is overwritten, not kept.
             ok, spare = self._reserve_locked(frame)
             if not ok:
                 self._stats.put_failures += 1
@@ -394,9 +415,10 @@ class DiskTier:
                     os.replace(tmp, path)
                 committed = True
                 self._reserved -= frame
-                if ident not in self._index:
+                old = self._index.get(ident)
+                if old != frame:  # new, or the rename replaced a file of another size
                     self._index[ident] = frame
-                    self._usage += frame
+                    self._usage += frame - (old or 0)
                 self._stats.puts += 1
                 self._stats.bytes_in += nbytes
                 self._stats.extra["recycled_puts"] += spare is not None
@@ -622,6 +644,17 @@ class DiskTier:
         if spare is None:
             return False
         self._spares.add(spare, size)
+        return True
+
+    def _release_size_locked(self, namespace: str) -> bool:
+        """Forget the namespace's fixed payload size if it holds nothing of it (no indexed file, no
+        put running), as ``clear`` does; True if released. A put that overlapped a store's clear of
+        the namespace fixes the old size again after the tier's clear, and the store then deletes
+        what it wrote: the next size must be a miss or a put, not an InputError forever. Scans the
+        index: for the error path only (a size that differs from the fixed one)."""
+        if self._ns_writing[namespace] or any(ns == namespace for ns, _key in self._index):
+            return False
+        self._ns_payload_bytes.pop(namespace, None)
         return True
 
     def _check_open(self) -> None:

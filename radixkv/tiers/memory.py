@@ -315,6 +315,7 @@ class MemoryTier:
     def delete_many(self, namespace: str, keys: Sequence[str]) -> int:
         _check_ident(namespace, keys)
         with self._lock:
+            self._check_open()  # like every tier: a closed one refuses changes (a persistent one must)
             n = sum(self._delete_locked((namespace, k)) for k in keys)
             self._stats.deletes += n
             return n
@@ -323,6 +324,7 @@ class MemoryTier:
         """Delete every chunk (of one namespace) and release the slot size. Puts copying meanwhile
         publish nothing (their slots are freed when they end), so no chunk of the old size returns."""
         with self._lock:
+            self._check_open()
             for ident in [i for i in self._index if namespace is None or i[0] == namespace]:
                 self._delete_locked(ident)
             if namespace is None:

@@ -34,9 +34,9 @@ deletes included, takes one node's connection at a time (a cluster pipeline hold
 node's could deadlock threads on the pools). A cluster client dropped for rediscovery is closed only
 after a grace period (other threads may still be in it), and any failure of the cluster client is a
 fault, never an exception. A ``clear`` the server could not complete is retried by later calls (so
-the byte ledger frees); ``ping`` asks every primary of a cluster; ``fault_mark`` (unchanged across
-a call = no fault) lets callers tell "unreachable" from "absent" (``store.reconcile`` forgets nothing a faulted tier
-could not confirm).
+the byte ledger frees); until it ran, its namespace misses and refuses puts. ``ping`` asks every
+primary of a cluster; ``fault_mark`` (unchanged across a call = no fault) lets callers tell
+"unreachable" from "absent" (``store.reconcile`` forgets nothing a faulted tier could not confirm).
 
 Capacity is accounted *locally*: the tier remembers the frame bytes it wrote per (namespace, key) and
 has not deleted, and forgets them when their TTL passes or a read finds the key gone. A put that would
@@ -214,7 +214,8 @@ class RedisTier:
         return ok
 
     def get_many(self, namespace: str, keys: Sequence[str], buffers: Sequence[ChunkBytes]) -> list[bool]:
-        """Read each payload into its buffer (exact size required); False is a miss."""
+        """Read each payload into its buffer (exact size required); False is a miss. A namespace
+        whose clear is pending (a node was down) misses until the clear completed."""
         _check_namespace(namespace)
         _check_keys(keys)
         if len(keys) != len(buffers):
@@ -226,6 +227,10 @@ class RedisTier:
         dsts = [t.numpy() for t in staged]
         started = time.monotonic()
         ok = [False] * len(keys)
+        self._retry_clears()
+        if self._cleared_out(namespace):  # the live nodes still hold pre-clear bytes: never serve them
+            self._count(gets=len(keys), misses=len(keys))
+            return ok
         gone: list[str] = []
         bad = moved = 0
         for batch in self._batches([d.nbytes for d in dsts]):
@@ -267,6 +272,8 @@ class RedisTier:
         if not keys:
             return 0
         self._retry_clears()
+        if self._cleared_out(namespace):  # what a pending clear did not delete yet is gone for callers
+            return 0
         replies = self._per_node(namespace, keys, "exists")
         if replies is None:
             return 0
@@ -348,7 +355,9 @@ class RedisTier:
 
     def _cleared_out(self, namespace: str) -> bool:
         """Whether a clear of the namespace (or of everything) is pending or running: a put now
-        would be deleted by it, so it is refused (a miss later, never a chunk acknowledged and lost)."""
+        would be deleted by it, so it is refused (a miss later, never a chunk acknowledged and lost),
+        and gets and ``contains_many`` answer misses (the nodes the clear did reach lost their chunks,
+        the others still hold pre-clear bytes that must not be served)."""
         blocked = self._pending_clears | self._clearing
         return bool(blocked) and (namespace in blocked or None in blocked)
 

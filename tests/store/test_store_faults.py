@@ -474,3 +474,83 @@ def test_a_put_lost_to_a_clear_evicts_nothing_else(make_store, monkeypatch):
     assert store.stats()["store"].get("mem.evicted_drop", 0) == 0
     store.check_integrity()
 
+
+
+def test_a_get_overtaken_by_close_deletes_nothing(make_store, monkeypatch):
+    # Found by a review: a get still reading when close() closed the tiers saw every read fail,
+    # forgot the chunks as lost and deleted their files from the persistent disk directory.
+    import threading
+
+    store = make_store("mem-disk", chunks={"mem": 16, "disk": 16})
+    root = disk_root(store)
+    ns = new_namespace()
+    _, keys = chain(101, 8)
+    assert put_chain(store, ns, keys) == [True] * 8
+    assert store.flush(30)
+    assert len(list(Path(root).rglob("*.kv"))) == 8
+    mem = store.tiers[0]
+    real_get = mem.get_many
+    in_get, closed = threading.Event(), threading.Event()
+    deletes: list[str] = []
+
+    def slow_get(*a, **k):  # a loaded host: close() overtakes the memory read
+        in_get.set()
+        closed.wait(5)
+        return real_get(*a, **k)
+
+    monkeypatch.setattr(mem, "get_many", slow_get)
+    for tier in store.tiers:
+        real_delete = tier.delete_many
+        monkeypatch.setattr(tier, "delete_many",
+                            lambda n, k, name=tier.name, real=real_delete: deletes.append(name) or real(n, k))
+    got: list[int] = []
+    th = threading.Thread(target=lambda: got.append(store.get(ns, keys, buffers(8))))
+    th.start()
+    assert in_get.wait(5)
+    store.close()
+    closed.set()
+    th.join(10)
+    assert got == [0] and deletes == []  # the read missed; no tier was asked to delete anything
+    assert len(list(Path(root).rglob("*.kv"))) == 8
+    cfg = StoreConfig(tiers=[TierConfig(url=f"file://{root}", capacity_bytes=16 * (CHUNK_BYTES + 200))],
+                      metrics=False)
+    with HierarchicalStore(cfg) as again:
+        out = buffers(8)
+        assert again.get(ns, keys, out) == 8
+        assert_exact(keys, out, 8)
+
+
+def test_a_put_overlapping_a_clear_does_not_pin_the_old_chunk_size(make_store, monkeypatch):
+    # Found by a review: the put's tier call ran after the disk tier's clear and fixed the old chunk
+    # size again; the store deleted what it wrote, but every later put or get of the namespace at
+    # another size raised InputError from the disk tier instead of storing or missing.
+    import threading
+
+    store = make_store(("disk",))
+    disk = store.tiers[0]
+    ns = new_namespace()
+    _, keys = chain(102, 4)
+    real_put = disk.put_many
+    in_put, cleared = threading.Event(), threading.Event()
+
+    def put_after_clear(*a, **k):
+        in_put.set()
+        cleared.wait(5)
+        return real_put(*a, **k)
+
+    monkeypatch.setattr(disk, "put_many", put_after_clear)
+    got: list[list[bool]] = []
+    th = threading.Thread(target=lambda: got.append(store.put(ns, keys, [payload_for(k) for k in keys])))
+    th.start()
+    assert in_put.wait(5)
+    store.clear(ns)
+    cleared.set()
+    th.join(10)
+    monkeypatch.undo()
+    assert got == [[False] * 4]
+    big = [torch.full((2 * CHUNK_BYTES,), i, dtype=torch.uint8) for i in range(4)]
+    assert store.put(ns, keys, big) == [True] * 4
+    out = [torch.zeros(2 * CHUNK_BYTES, dtype=torch.uint8) for _ in keys]
+    assert store.get(ns, keys, out) == 4
+    assert all(torch.equal(o, b) for o, b in zip(out, big))
+    store.check_integrity()

@@ -117,6 +117,20 @@ class TestFormat:
         with pytest.raises(InputError, match=r"4096 bytes.*8192-byte"):
             tier.get_many(NS, ["a"], [buf(4 * KiB)])
 
+    def test_a_namespace_holding_nothing_takes_a_new_size(self, tier):
+        # Found by a review: a put overlapping a store's clear fixed the old size again after the
+        # tier's clear; the store deleted what it wrote, yet every later get of the new size raised
+        # InputError through the store (and puts of it failed) instead of missing.
+        tier.put_many(NS, ["a", "b"], [pl(1), pl(2)])
+        assert tier.delete_many(NS, ["a", "b"]) == 2
+        assert tier.get_many(NS, ["a"], [buf(4 * KiB)]) == [False]  # a miss, not an InputError
+        assert tier.put_many(NS, ["c"], [pl(3, 4 * KiB)]) == [True]
+        out = buf(4 * KiB)
+        assert tier.get_many(NS, ["c"], [out]) == [True] and torch.equal(out, pl(3, 4 * KiB))
+        with pytest.raises(InputError, match=r"8192 bytes.*4096-byte"):  # held again: fixed
+            tier.put_many(NS, ["d"], [pl(4)])
+        tier.check_integrity()
+
 
 class TestCorruption:
     @pytest.mark.parametrize("where", ["payload", "header", "identity"])
@@ -355,6 +369,39 @@ class TestRestart:
         with pytest.raises(InputError, match="4096"):  # from now on the size is fixed
             t2.put_many(NS, ["d"], [pl(4)])
         assert t2.get_many(NS, ["a"], [buf(4 * KiB)]) == [False]
+        t2.check_integrity()
+        t2.close()
+
+    def test_a_key_the_scan_kept_at_an_older_size_is_overwritten(self, root):
+        # Found by a review: a put of the new size skipped a key whose old-size file the scan had
+        # indexed ("present means the same bytes"), so the key missed forever while puts said True.
+        t = DiskTier(root=root, capacity_bytes=1 << 20)
+        t.put_many(NS, ["a", "b"], [pl(1, 4 * KiB), pl(2, 4 * KiB)])
+        t.close()
+        t2 = DiskTier(root=root, capacity_bytes=1 << 20)
+        assert t2.put_many(NS, ["a"], [pl(3)]) == [True]
+        out = buf()
+        assert t2.get_many(NS, ["a"], [out]) == [True] and torch.equal(out, pl(3))
+        assert t2.usage_bytes() == frame_bytes("a") + frame_bytes("b", 4 * KiB)  # the new frame, once
+        assert t2.get_many(NS, ["b"], [buf()]) == [False]  # not rewritten yet: a miss, never bytes
+        t2.check_integrity()
+        t2.close()
+
+    def test_a_closed_tier_removes_no_file(self, root):
+        # Found by a review: a store's get still running at close() found the closed tiers failing
+        # and deleted its chunks from the persistent directory through delete_many.
+        t = DiskTier(root=root, capacity_bytes=1 << 20)
+        t.put_many(NS, ["a", "b"], [pl(1), pl(2)])
+        t.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            t.delete_many(NS, ["a"])
+        with pytest.raises(RuntimeError, match="closed"):
+            t.clear(NS)
+        with pytest.raises(RuntimeError, match="closed"):
+            t.clear()
+        t2 = DiskTier(root=root, capacity_bytes=1 << 20)
+        out = [buf(), buf()]
+        assert t2.get_many(NS, ["a", "b"], out) == [True, True] and torch.equal(out[1], pl(2))
         t2.check_integrity()
         t2.close()
 

@@ -670,3 +670,50 @@ def test_a_namespace_with_a_pending_clear_refuses_puts_until_it_ran(make, redis_
     out = empty(1)
     assert tier.get_many(ns, ["b"], out) == [True] and torch.equal(out[0], payload("b"))
     assert tier.contains_many(ns, ["a"]) == 0
+
+
+def test_a_namespace_with_a_pending_clear_serves_no_pre_clear_bytes(make, redis_url, monkeypatch):
+    # Found by a review: while a clear stayed pending, puts of the namespace were refused but gets
+    # and contains_many still answered from the chunks the clear had not deleted yet.
+    tier = make(redis_url)
+    ns, other = fresh_ns(), fresh_ns()
+    assert tier.put_many(ns, ["a"], [payload("a")]) == [True]
+    assert tier.put_many(other, ["a"], [payload("a")]) == [True]
+    real = tier._scan_unlink
+    monkeypatch.setattr(tier, "_scan_unlink", lambda n: False)  # the server misses the clear
+    tier.clear(ns)
+    assert tier.get_many(ns, ["a"], empty(1)) == [False]
+    assert tier.contains_many(ns, ["a"]) == 0
+    out = empty(1)
+    assert tier.get_many(other, ["a"], out) == [True] and torch.equal(out[0], payload("a"))
+    assert tier.contains_many(other, ["a"]) == 1
+    monkeypatch.setattr(tier, "_scan_unlink", real)
+    assert tier.contains_many(ns, ["a"]) == 0  # the retried clear ran: gone for good
+    assert tier.put_many(ns, ["a"], [payload("a", salt="new")]) == [True]
+    assert tier.get_many(ns, ["a"], out) == [True] and torch.equal(out[0], payload("a", salt="new"))
+
+
+def test_a_cluster_clear_a_dead_node_missed_serves_no_pre_clear_bytes(make, redis_cluster):
+    """The same with a real cluster: one primary down, clear(ns) stays pending, and the live nodes'
+    pre-clear chunks must not be served (a store would adopt them as current)."""
+    for node in redis_cluster.nodes:  # a cache cluster keeps serving the slots it has
+        c = redis.Redis(host="127.0.0.1", port=node.port)
+        c.config_set("cluster-require-full-coverage", "no")
+        c.close()
+    tier = make(redis_cluster.url, socket_timeout_s=0.5, socket_connect_timeout_s=0.25, down_backoff_s=0.0)
+    ns, keys = fresh_ns(), [f"{i:064x}" for i in range(24)]
+    assert tier.put_many(ns, keys, [payload(k) for k in keys]) == [True] * 24
+    victim = redis_cluster.nodes[2]
+    client = tier.redis_client
+    live = [k for k in keys if client.get_node_from_key(f"radixkv:{ns}:{k}").port != victim.port]
+    assert 0 < len(live) < 24
+    victim.stop()
+    try:
+        tier.clear(ns)
+        assert tier._pending_clears == {ns}
+        assert tier.contains_many(ns, live[:1]) == 0
+        outs = empty(len(live))
+        assert tier.get_many(ns, live, outs) == [False] * len(live)
+    finally:
+        victim.start()
+        redis_cluster.wait_ok()

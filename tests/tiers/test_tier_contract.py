@@ -375,3 +375,14 @@ class TestCapacityAndConcurrency:
         request.node._tier_closed = True
         tier.close()
         tier.close()
+
+    def test_a_closed_tier_refuses_deletes_and_clears(self, tier, ns, request):
+        """Like puts and gets: a late caller (a store's read overtaken by close()) must not remove
+        the chunks a persistent tier keeps for the next process."""
+        tier.check_integrity()
+        tier.clear()
+        request.node._tier_closed = True
+        tier.close()
+        for call in (lambda: tier.delete_many(ns, ["k"]), lambda: tier.clear(ns), tier.clear):
+            with pytest.raises(RuntimeError, match="closed"):
+                call()
