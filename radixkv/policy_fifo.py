@@ -36,7 +36,9 @@ class S3FIFOPolicy:
         self._small: OrderedDict[int, None] = OrderedDict()
         self._main: OrderedDict[int, None] = OrderedDict()
         self._parked: dict[int, bool] = {}  # node -> was in main
-        self._freq: dict[int, int] = {}
+        # 2-bit frequency by node id (a list slot is cheaper than an int-keyed dict probe, and it is
+        # read on every touch and every queue step); -1: not resident in the tier.
+        self._freq: list[int] = []
         self._inserted_at = -1  # clock of the last insert: its own path touch is not a reuse
         self._ghost: OrderedDict[tuple[str | None, str | None], None] = OrderedDict()
         self._aside: list[tuple[int, bool]] = []
@@ -61,7 +63,10 @@ class S3FIFOPolicy:
         self._inserted_at = now
         self._resident += len(node_ids)
         ghost, freq, small, ns, keys = self._ghost, self._freq, self._small, self._ns, self._keys
-        freq.update(dict.fromkeys(node_ids, 0))
+        if len(freq) < len(self._parent):
+            freq.extend([-1] * (len(self._parent) - len(freq)))
+        for n in node_ids:
+            freq[n] = 0
         if ghost.keys().isdisjoint(zip(map(ns.__getitem__, node_ids), map(keys.__getitem__, node_ids))):
             # The usual case, none of the keys is a ghost: the whole chain enters the small queue
             # in one C-level pass (the key tuples are built and probed in C too).
@@ -97,7 +102,7 @@ class S3FIFOPolicy:
         # there is no count to fold into the parent.
         n, small, main = node_id, self._small, self._main
         self._resident -= 1
-        del self._freq[n]
+        self._freq[n] = -1
         ghost = self._ghost
         if self._took_small:
             ghost[(self._ns[n], self._keys[n])] = None
@@ -134,9 +139,10 @@ class S3FIFOPolicy:
                         del self._aside[i]
                         break
             p = parent[n]
-            f = freq.pop(n)
-            if p >= 0 and f and p in freq and freq[p] < f:  # f == 0 never raises a parent's count
-                freq[p] = f
+            f = freq[n]
+            freq[n] = -1
+            if p >= 0 and f > 0 and freq[p] >= 0 and freq[p] < f:  # f == 0 never raises a parent's
+                freq[p] = f  # count; freq[p] < 0: the parent is not resident in the tier
         if len(ghost) > 16:
             limit = len(main)
             if limit < 16:
@@ -192,8 +198,12 @@ class S3FIFOPolicy:
         s, m, p = set(self._small), set(self._main), set(self._parked)
         assert not (s & m or s & p or m & p), "s3fifo: a node is in two queues"
         assert self._resident == len(s) + len(m) + len(p) + len(self._aside), "s3fifo: resident count drifted"
-        assert set(self._freq) == s | m | p, "s3fifo: frequency table out of step with the queues"
+        resident = {n for n, f in enumerate(self._freq) if f >= 0}
+        assert resident == s | m | p, "s3fifo: frequency table out of step with the queues"
         assert not self._aside, "s3fifo: candidates left aside"
+
+
+_OUT = -2  # SIEVEPolicy's link of a node not in the tier (-1 ends the FIFO)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
@@ -208,8 +218,11 @@ class SIEVEPolicy:
     live_candidates: ClassVar[bool] = True
 
     def __init__(self) -> None:
-        self._newer: dict[int, int] = {}  # node -> next newer node (-1 = none)
-        self._older: dict[int, int] = {}
+        # The FIFO as links in lists indexed by node id (cheaper than int-keyed dicts): the next
+        # newer and older node, -1 at either end; _OUT in both for a node not in the tier.
+        self._newer: list[int] = []
+        self._older: list[int] = []
+        self._resident = 0
         self._head = -1  # newest
         self._tail = -1  # oldest
         self._hand = -1
@@ -223,12 +236,18 @@ class SIEVEPolicy:
         self._parent = tree._parent
 
     def __len__(self) -> int:
-        return len(self._newer)
+        return self._resident
 
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         self._inserted_at = now
         newer, older = self._newer, self._older
+        if len(newer) < len(self._parent):
+            newer.extend([_OUT] * (len(self._parent) - len(newer)))
+            older.extend([_OUT] * (len(self._parent) - len(older)))
         for n in node_ids:
+            if newer[n] != _OUT:
+                continue  # already in the FIFO: keeps its place
+            self._resident += 1
             newer[n] = -1
             older[n] = self._head
             if self._head >= 0:
@@ -246,10 +265,13 @@ class SIEVEPolicy:
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
         newer, older, visited, parent = self._newer, self._older, self._visited, self._parent
+        n_slots = len(newer)
         for n in node_ids:
-            if n not in newer:
+            if n >= n_slots or newer[n] == _OUT:
                 continue
-            nw, od = newer.pop(n), older.pop(n)
+            nw, od = newer[n], older[n]
+            newer[n] = older[n] = _OUT
+            self._resident -= 1
             if self._hand == n:
                 self._hand = nw
             if nw >= 0:
@@ -263,13 +285,13 @@ class SIEVEPolicy:
             if n in visited:
                 visited.discard(n)
                 p = parent[n]
-                if p >= 0 and p in newer:
+                if p >= 0 and newer[p] != _OUT:
                     visited.add(p)
 
     def candidates(self) -> Generator[int, None, None]:
         newer, visited, tchild = self._newer, self._visited, self._tchild
         idle = 0  # steps since the last eviction; two full sweeps without one means none is possible
-        while newer and idle <= 2 * len(newer) + 2:
+        while self._resident and idle <= 2 * self._resident + 2:
             n = self._hand if self._hand >= 0 else self._tail
             self._hand = newer[n]
             idle += 1
@@ -279,14 +301,16 @@ class SIEVEPolicy:
             if tchild[n]:
                 continue
             yield n
-            if n not in newer:
+            if newer[n] == _OUT:
                 idle = 0
 
     def check_integrity(self) -> None:
         n, seen = self._tail, 0
         while n >= 0:
             seen += 1
-            assert seen <= len(self._newer), "sieve: cycle in the FIFO"
+            assert seen <= self._resident, "sieve: cycle in the FIFO"
             n = self._newer[n]
-        assert seen == len(self._newer) == len(self._older), "sieve: FIFO links broken"
-        assert self._visited <= set(self._newer), "sieve: visited bit on a node not in the tier"
+        linked = {n for n, nw in enumerate(self._newer) if nw != _OUT}
+        assert seen == self._resident == len(linked), "sieve: FIFO links broken"
+        assert linked == {n for n, od in enumerate(self._older) if od != _OUT}, "sieve: FIFO links broken"
+        assert self._visited <= linked, "sieve: visited bit on a node not in the tier"
