@@ -32,6 +32,7 @@ from radixkv.adapters.vllm_meta import RadixKVMetadata
 from radixkv.adapters.vllm_options import (
     VllmConnectorOptions,
     geometries_from_kv_cache_config,
+    model_identity_digest,
     resolve_chunk_tokens,
     resolve_hash_block_size,
 )
@@ -104,12 +105,16 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
                 self.hash_block_size,
                 loads=bool(kvt.is_kv_consumer),
                 saves=bool(kvt.is_kv_producer),
+                num_kv_cache_groups=len(kv_cache_config.kv_cache_groups),
             )
         else:
             from radixkv.adapters.vllm_worker import WorkerSide
 
             tp_rank, tp_size, pp_rank, pp_size, dp_rank = _parallel_ranks(vllm_config)
             model = self.options.model_name or str(vllm_config.model_config.model)
+            # The name alone does not fix the KV (revision, quantization, RoPE overrides...): the digest
+            # of the rest goes into every namespace, with an explicit model_name too.
+            model_digest = model_identity_digest(vllm_config.model_config, cache)
             layout = str(getattr(cache, "kv_cache_layout", None) or "default")
             self._worker = WorkerSide(
                 self.options,
@@ -122,6 +127,8 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
                 pp_rank,
                 pp_size,
                 dp_rank=dp_rank,
+                model_digest=model_digest,
+                num_kv_cache_groups=len(kv_cache_config.kv_cache_groups),
             )
 
     # ---- class-level hooks ---------------------------------------------------------------------

@@ -86,17 +86,23 @@ class RadixKVWorkerMeta(KVConnectorWorkerMetadata):
     failed_loads: set[str] = field(default_factory=set)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> RadixKVWorkerMeta:
-        """A chunk is a hit only where every worker holds its shard: take the minimum, AND the ready flags."""
+        """Merge two workers' answers; the result does not depend on the merge order.
+
+        A chunk is a hit only where every worker holds its shard: the minimum of the hit counts, AND of
+        the ready flags. A lookup that only one side answered, or that the two answered for different
+        lookups (``seq``), is a miss: ``LookupReport(seq, 0, True)`` (nothing to read, so ready), with
+        the newer ``seq`` (the scheduler numbers lookups increasingly and keeps only its latest)."""
         assert isinstance(other, RadixKVWorkerMeta), type(other)
-        merged = dict(self.lookups)
-        for req_id, rep in other.lookups.items():
-            mine = merged.get(req_id)
-            if mine is None or mine.seq != rep.seq:
-                # A worker that did not answer this lookup cannot serve it: treat as a miss.
-                merged[req_id] = LookupReport(rep.seq, 0, True) if mine is not None else rep
+        merged: dict[str, LookupReport] = {}
+        for req_id in self.lookups.keys() | other.lookups.keys():
+            mine, theirs = self.lookups.get(req_id), other.lookups.get(req_id)
+            if mine is None or theirs is None or mine.seq != theirs.seq:
+                # A worker that did not answer this lookup cannot serve its shard of it: a miss.
+                seq = max(r.seq for r in (mine, theirs) if r is not None)
+                merged[req_id] = LookupReport(seq, 0, True)
             else:
                 merged[req_id] = LookupReport(
-                    rep.seq, min(mine.hit_chunks, rep.hit_chunks), mine.ready and rep.ready
+                    mine.seq, min(mine.hit_chunks, theirs.hit_chunks), mine.ready and theirs.ready
                 )
         return RadixKVWorkerMeta(
             lookups=merged, failed_loads=self.failed_loads | other.failed_loads

@@ -13,8 +13,12 @@ request's LoRA, multimodal and ``cache_salt`` extra keys), so equal keys mean eq
 
 from __future__ import annotations
 
+import enum
 import hashlib
+import json
+import logging
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -29,14 +33,46 @@ __all__ = [
     "group_namespace",
     "NULL_BLOCK_ID",
     "geometries_from_kv_cache_config",
+    "cached_group_ids",
     "dtype_name",
+    "model_identity_digest",
 ]
+
+logger = logging.getLogger(__name__)
 
 # vLLM's BlockPool pops block 0 off a fresh free queue as its null block (the placeholder that
 # sliding-window and Mamba groups put where a block was skipped); it never holds KV.
 NULL_BLOCK_ID = 0
 
 _DEFAULT_CHUNK_TOKENS = 256
+_MODEL_DIGEST_TAG = "radixkv-vllm-model-v1"
+_MODEL_DIGEST_HEX = 16  # 64 bits: only distinct configurations of one model name must not collide
+_MODEL_DIGEST_RE = re.compile(r"[0-9a-f]{%d}" % _MODEL_DIGEST_HEX)
+# HF config keys that name files or versions, or only steer tokenization and outputs: they never change
+# a K/V value, and leaving them out keeps two copies of one model (other paths, other transformers
+# version) in one namespace. Keys starting with "_" (``_name_or_path``, ``_commit_hash``, transformers'
+# private switches) are left out as well.
+_NON_KV_HF_KEYS = frozenset(
+    {
+        "transformers_version",
+        "name_or_path",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "sep_token_id",
+        "decoder_start_token_id",
+        "id2label",
+        "label2id",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "use_cache",
+        "problem_type",
+        "task_specific_params",
+        "tokenizer_class",
+        "finetuning_task",
+    }
+)
 _KEY_TAG = b"radixkv-vllm-chunk-v1\x00"
 
 _KNOWN_OPTIONS = frozenset(
@@ -212,6 +248,81 @@ def chunk_keys_from_block_hashes(
     ]
 
 
+def _canonical(value: Any) -> Any:
+    """``value`` as plain JSON data that is the same in every process.
+
+    Never a ``repr`` that holds a memory address or anything seeded per process (``hash()``): an object
+    without a value form below stands for its type's qualified name only."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return repr(value)  # exact, and NaN/inf are not JSON numbers
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__qualname__}.{value.name}"
+    if isinstance(value, Mapping):
+        return {
+            str(k): _canonical(v)
+            for k, v in value.items()
+            if not str(k).startswith("_") and str(k) not in _NON_KV_HF_KEYS
+        }
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_canonical(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
+    if callable(value) and hasattr(value, "__qualname__"):  # an hf_overrides function, a class
+        return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
+    to_dict = getattr(value, "to_dict", None)  # a transformers config nested in another
+    if callable(to_dict):
+        return _canonical(to_dict())
+    text = str(value)  # torch.dtype ("torch.bfloat16") and other value-like objects
+    return text if " at 0x" not in text else f"{type(value).__module__}.{type(value).__qualname__}"
+
+
+def model_identity_digest(model_config: Any, cache_config: Any = None) -> str:
+    """A 16-hex digest of what, beside the model name, decides the values of the KV this deployment
+    computes (duck-typed over vLLM's ``ModelConfig`` / ``CacheConfig``: no vLLM import).
+
+    It covers the weights (``revision``, ``model_weights``, ``code_revision``, ``quantization``,
+    ``quantization_config``, the compute ``dtype``), the architecture as configured (every key of the
+    resolved HF config, so ``hf_overrides`` such as ``rope_theta`` / ``rope_scaling`` and a locally
+    edited ``config.json`` count, except :data:`_NON_KV_HF_KEYS` and ``_``-prefixed keys), the
+    ``hf_overrides`` themselves, ``model_class_overrides``, ``disable_sliding_window``, and the KV
+    cache's encoding (``cache_dtype``: fp8 variants are all ``uint8`` in the KV spec;
+    ``kv_cache_dtype_skip_layers``).
+    Not covered on purpose: the model path (the namespace's ``model`` part, or ``model_name``), the
+    tokenizer (tokens are in the keys), ``max_model_len``, parallelism (the namespace's shard).
+
+    SHA-256 of canonical JSON: the same in every process, rank and machine given equal configs."""
+    hf_config = getattr(model_config, "hf_config", None)
+    try:
+        hf = hf_config.to_dict() if hf_config is not None else None
+    except Exception:  # a config that cannot deep-copy itself: its attributes are the same data
+        hf = dict(vars(hf_config))
+    identity = {
+        "model_weights": getattr(model_config, "model_weights", None) or None,
+        "revision": getattr(model_config, "revision", None),
+        "code_revision": getattr(model_config, "code_revision", None),
+        # The hub commit of a model named by repo id (`revision=None` follows `main`, which moves),
+        # where transformers keeps it on the config (4.x; 5.x drops it: docs/vllm.md says to pin).
+        "commit": getattr(hf_config, "_commit_hash", None),
+        "quantization": getattr(model_config, "quantization", None),
+        "quantization_config": getattr(model_config, "quantization_config", None),
+        "dtype": getattr(model_config, "dtype", None),
+        "hf_overrides": getattr(model_config, "hf_overrides", None) or None,
+        "model_class_overrides": getattr(model_config, "model_class_overrides", None) or None,
+        "disable_sliding_window": bool(getattr(model_config, "disable_sliding_window", False)),
+        "hf_config": hf,
+        "cache_dtype": getattr(cache_config, "cache_dtype", None),
+        "kv_cache_dtype_skip_layers": (
+            getattr(cache_config, "kv_cache_dtype_skip_layers", None) or None
+        ),
+    }
+    text = json.dumps(
+        [_MODEL_DIGEST_TAG, _canonical(identity)], sort_keys=True, separators=(",", ":")
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:_MODEL_DIGEST_HEX]
+
+
 def group_namespace(
     model: str,
     geometry: GroupGeometry,
@@ -221,13 +332,23 @@ def group_namespace(
     tp_size: int,
     pp_rank: int = 0,
     pp_size: int = 1,
+    *,
+    model_digest: str = "",
 ) -> Namespace:
     """The namespace of one KV-cache group's chunks on one TP/PP rank.
 
     The payload byte layout is radixkv's chunk layout (docs/kernels.md: layer, K/V, token, head, dim)
     for the group's layers; ``kv_cache_layout`` (vLLM's physical page layout) and the block size are part
     of the identity as well, so a deployment never reads bytes produced under another layout.
+    ``model_digest`` (:func:`model_identity_digest`) ends ``extra`` as ``-m<hex>``, so configurations of
+    one model name whose KV differs (revision, quantization, RoPE overrides, ...) never share chunks;
+    ``""`` (tools without a vLLM config only) leaves it out.
     """
+    if model_digest and not _MODEL_DIGEST_RE.fullmatch(model_digest):
+        raise ConfigError(
+            f"model_digest={model_digest!r} must be {_MODEL_DIGEST_HEX} lowercase hex characters "
+            "(model_identity_digest's output)"
+        )
     layers = len(geometry.layer_names)
     layout = f"vllm-{kv_cache_layout}-bs{geometry.block_size}-L{layers}-D{geometry.head_size}" + (
         "-mla" if geometry.mla else ""
@@ -238,7 +359,8 @@ def group_namespace(
         layout=layout,
         chunk_tokens=chunk_tokens,
         shard=f"tp{tp_rank}of{tp_size}.pp{pp_rank}of{pp_size}",
-        extra=f"g{geometry.group_id}-{geometry.kind}",
+        extra=f"g{geometry.group_id}-{geometry.kind}"
+        + (f"-m{model_digest}" if model_digest else ""),
     )
 
 
@@ -247,15 +369,40 @@ def dtype_name(dtype: object) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def geometries_from_kv_cache_config(kv_cache_config: Any) -> list[GroupGeometry]:
-    """One :class:`GroupGeometry` per group of vLLM's ``KVCacheConfig`` (duck-typed: no vLLM import).
+_LOGGED_SKIPS: set[tuple[str, ...]] = set()
 
-    Attention groups (full, sliding window, chunked local, MLA) are supported; a group without a
-    ``head_size`` (Mamba state) raises :class:`ConfigError`, since its blocks are not token pages.
+
+def cached_group_ids(kv_cache_config: Any) -> tuple[int, ...]:
+    """The KV-cache groups a hash-addressed store may hold: vLLM's ``prefix_cacheable_group_ids``
+    (groups that take part in KV transfer, ``enable_kv_transfer``, and whose spec is prefix-cacheable;
+    not e.g. a ``CircularBufferSpec`` ring or a HiSparse replica). It is also what vLLM's
+    ``get_loaded_kv_cache_group_ids`` says a load restores: vLLM zeroes and rebuilds the other groups'
+    blocks itself, so a connector writing them would race with it. Every group on a config without
+    the attribute (duck-typed stand-ins)."""
+    ids = getattr(kv_cache_config, "prefix_cacheable_group_ids", None)
+    if ids is None:
+        return tuple(range(len(kv_cache_config.kv_cache_groups)))
+    return tuple(int(i) for i in ids)
+
+
+def geometries_from_kv_cache_config(kv_cache_config: Any) -> list[GroupGeometry]:
+    """One :class:`GroupGeometry` per group of vLLM's ``KVCacheConfig`` that radixkv stores
+    (:func:`cached_group_ids`), in group order; ``group_id`` stays vLLM's group index. Duck-typed: no
+    vLLM import.
+
+    Skipped groups (logged once at INFO) are neither looked up, loaded nor saved. Attention groups
+    (full, sliding window, chunked local, MLA) are supported; a stored group without a ``head_size``
+    (Mamba state) raises :class:`ConfigError`, since its blocks are not token pages, and so does a
+    config where no group is left to store.
     """
+    keep = set(cached_group_ids(kv_cache_config))
     out: list[GroupGeometry] = []
+    skipped: list[str] = []
     for gid, group in enumerate(kv_cache_config.kv_cache_groups):
         spec = group.kv_cache_spec
+        if gid not in keep:
+            skipped.append(f"{gid} ({type(spec).__name__})")
+            continue
         head_size = getattr(spec, "head_size", None)
         if head_size is None:
             raise ConfigError(
@@ -282,5 +429,17 @@ def geometries_from_kv_cache_config(kv_cache_config: Any) -> list[GroupGeometry]
                 mla=mla,
                 sliding_window_tokens=int(window) if window else None,
             )
+        )
+    if skipped and tuple(skipped) not in _LOGGED_SKIPS:  # once per process, not once per role
+        _LOGGED_SKIPS.add(tuple(skipped))
+        logger.info(
+            "radixkv: KV-cache group(s) %s are not prefix-cacheable or not transferable in vLLM "
+            "(prefix_cacheable_group_ids); radixkv neither stores nor loads them",
+            ", ".join(skipped),
+        )
+    if not out:
+        raise ConfigError(
+            f"no KV-cache group of this model can be stored by radixkv: vLLM marks all of them "
+            f"({', '.join(skipped)}) non-prefix-cacheable or excluded from KV transfer"
         )
     return out

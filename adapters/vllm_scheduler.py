@@ -70,13 +70,16 @@ class SchedulerSide:
         hash_block_size: int,
         loads: bool = True,
         saves: bool = True,
+        num_kv_cache_groups: int | None = None,
     ) -> None:
         """``loads`` / ``saves``: the roles enabled by ``kv_role`` (kv_both: both; kv_producer: saves
-        only; kv_consumer: loads only)."""
+        only; kv_consumer: loads only). ``groups`` are the groups radixkv stores, each naming its vLLM
+        group index; ``num_kv_cache_groups`` is vLLM's total (None: ``len(groups)``)."""
         self.options = options
         self.loads_enabled = loads
         self.saves_enabled = saves
         self.groups = groups
+        self.num_kv_cache_groups = len(groups) if num_kv_cache_groups is None else num_kv_cache_groups
         self.chunk_tokens = chunk_tokens
         self.hash_block_size = hash_block_size
         self._requests: dict[str, _RequestState] = {}
@@ -157,7 +160,8 @@ class SchedulerSide:
     def _load_is_async(self, st: _RequestState) -> bool:
         # With several KV-cache groups (HMA), vLLM 0.33 can only recover a failed load by request
         # (failed_recving), which it honours for requests waiting on an asynchronous load.
-        return not st.hit_ready or len(self.groups) > 1
+        # vLLM's rule counts all of its groups, including those radixkv does not store.
+        return not st.hit_ready or self.num_kv_cache_groups > 1
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -182,7 +186,9 @@ class SchedulerSide:
         first_chunk = start // self.chunk_tokens
         last_chunk = -(-end // self.chunk_tokens)  # exclusive
         page_ids: list[list[list[int]]] = []
-        for g, blocks_g in zip(self.groups, blocks.blocks):
+        for g in self.groups:
+            # vLLM's block lists cover every KV-cache group; self.groups only those radixkv stores.
+            blocks_g = blocks.blocks[g.group_id]
             bs = g.block_size
             per_chunk = self.chunk_tokens // bs
             rows = []
@@ -245,7 +251,8 @@ class SchedulerSide:
             return None
         first = st.stored_chunks
         page_ids: list[list[list[int]]] = []
-        for g, ids in zip(self.groups, block_ids):
+        for g in self.groups:
+            ids = block_ids[g.group_id]  # vLLM's ids cover every group, stored or not
             per_chunk = self.chunk_tokens // g.block_size
             rows = []
             for c in range(first, end_chunk):

@@ -127,11 +127,19 @@ class WorkerSide:
         pp_size: int = 1,
         store: Any = None,
         dp_rank: int = 0,
+        model_digest: str = "",
+        num_kv_cache_groups: int | None = None,
     ) -> None:
+        """``model_digest``: :func:`~radixkv.adapters.vllm_options.model_identity_digest` of the
+        deployment, part of every group's namespace (``""`` only for tools without a vLLM config).
+        ``groups`` are the KV-cache groups radixkv stores; ``num_kv_cache_groups`` is vLLM's total
+        (None: ``len(groups)``), which decides how a failed load is reported."""
         self.options = options
         self.geometries = groups
         self.chunk_tokens = chunk_tokens
         self.model = model
+        self.model_digest = model_digest
+        self.num_kv_cache_groups = len(groups) if num_kv_cache_groups is None else num_kv_cache_groups
         self.kv_cache_layout = kv_cache_layout
         self.ranks = (tp_rank, tp_size, pp_rank, pp_size)
         # This worker among all of the host's: its metrics port offset. Data-parallel ranks are
@@ -214,6 +222,7 @@ class WorkerSide:
                 tp_size,
                 pp_rank,
                 pp_size,
+                model_digest=self.model_digest,
             )
             ppc = g.blocks_per_chunk(self.chunk_tokens)
             self.groups.append(
@@ -320,14 +329,15 @@ class WorkerSide:
                         self.stats["loaded_chunks"] += gi == first
                     else:
                         failed = True
-                        if len(self.groups) == 1:
+                        if self.num_kv_cache_groups == 1:
                             self._load_errors.update(b for b in row if b >= 0)
                         self.stats["failed_chunks"] += gi == first
             if failed:
                 self._failed_loads.add(op.req_id)
-                if len(self.groups) > 1:
-                    # Block ids are unique only within a group: vLLM 0.33 takes hybrid-layout failures
-                    # by request (failed_recving; every such load is asynchronous, see SchedulerSide).
+                if self.num_kv_cache_groups > 1:
+                    # Block ids are unique only within a group (vLLM counts every group, stored by
+                    # radixkv or not): vLLM 0.33 takes hybrid-layout failures by request
+                    # (failed_recving; every such load is asynchronous, see SchedulerSide).
                     self._failed_recving.add(op.req_id)
                 logger.warning(
                     "radixkv: load of request %s failed for some chunks; vLLM recomputes them",

@@ -304,3 +304,74 @@ def test_one_engine_lookup_counts_once_whatever_the_groups(model_dir):
     eng.run_until_idle()
     st = eng.worker._worker.store.stats()["store"]
     assert st.get("lookup_hit_chunks", 0) == 2, st
+
+
+def test_groups_vllm_does_not_prefix_cache_are_left_alone(model_dir, caplog, monkeypatch):
+    """Found by review: every attention group was stored and loaded, including groups vLLM keeps out
+    of hash-addressed stores (``prefix_cacheable_group_ids``: ``enable_kv_transfer=False`` replicas,
+    ``CircularBufferSpec`` rings), whose blocks vLLM zeroes and rebuilds itself after a load. Such
+    groups are now skipped (logged once), and the stored groups keep vLLM's group index for block
+    ids: here the skipped group is group 0, so the stored one reads vLLM's second block list."""
+    import logging
+
+    from vllm.v1.kv_cache_interface import (
+        CircularBufferSpec,
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+    )
+    from vllm_harness import HEAD_SIZE, HEADS, NUM_BLOCKS, DTYPE
+
+    from radixkv.adapters import vllm_options
+    from radixkv.errors import ConfigError
+
+    full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_SIZE, dtype=DTYPE)
+    ring = CircularBufferSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_SIZE, dtype=DTYPE)
+    monkeypatch.setattr(vllm_options, "_LOGGED_SKIPS", set(), raising=False)  # log once: reset
+    with caplog.at_level(logging.INFO, logger=vllm_options.__name__):
+        two = [KVCacheGroupSpec(["layers.0"], ring), KVCacheGroupSpec(["layers.1"], full)]
+        geos = vllm_options.geometries_from_kv_cache_config(KVCacheConfig(NUM_BLOCKS, [], two))
+        vllm_options.geometries_from_kv_cache_config(KVCacheConfig(NUM_BLOCKS, [], two))
+    assert [g.group_id for g in geos] == [1]
+    skips = [r for r in caplog.records if "CircularBufferSpec" in r.getMessage()]
+    assert len(skips) == 1 and skips[0].levelno == logging.INFO
+    with pytest.raises(ConfigError, match="no KV-cache group"):
+        vllm_options.geometries_from_kv_cache_config(
+            KVCacheConfig(NUM_BLOCKS, [], [KVCacheGroupSpec(["layers.0"], ring)]))
+
+    # End to end through vLLM's scheduler: group 0 is excluded from KV transfer.
+    kcc = KVCacheConfig(NUM_BLOCKS, [], [
+        KVCacheGroupSpec(["layers.0"], full, enable_kv_transfer=False),
+        KVCacheGroupSpec(["layers.1"], full),
+    ])
+    assert kcc.prefix_cacheable_group_ids == (1,)
+    eng = Engine(make_vllm_config(model_dir, {"chunk_tokens": CHUNK, "store": mem_store()}), kcc)
+    conn = eng.connector
+    assert [g.group_id for g in conn._scheduler.groups] == [1]
+    w = eng.worker._worker
+    assert [g.geometry.group_id for g in w.groups] == [1]
+    assert w.groups[0].namespace.extra.startswith("g1-")
+    toks = prompt(70)
+    eng.add("r1", toks)
+    eng.run_until_idle()
+    assert w.stats["saved_chunks"] == 2
+    assert eng.sched.reset_prefix_cache()
+    eng.clear_kv()
+    toks2 = toks[:64] + prompt(20, seed=3)
+    req = eng.add("r2", toks2)
+    for _ in range(5):  # lookup, async load, then the first forward past the hit
+        if eng.step().scheduled.get("r2"):
+            break
+    assert conn._scheduler.stats["hit_tokens"] == 64 and req.num_computed_tokens == len(toks2)
+    skipped_ids, stored_ids = eng.sched.kv_cache_manager.get_block_ids("r2")
+    for b in range(4):  # the stored group's hit blocks hold the saved KV ...
+        assert torch.equal(
+            eng.block_bytes("layers.1", stored_ids[b]),
+            eng.expected_block("layers.1", toks2, b).contiguous().view(torch.uint8),
+        )
+        # ... and the connector wrote nothing into the skipped group's (the fake model computed none).
+        assert not eng.block_bytes("layers.0", skipped_ids[b]).any()
+    eng.run_until_idle()
+    assert req.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    conn.check_integrity()
+    eng.worker.check_integrity()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import pytest
 import torch
@@ -246,3 +247,108 @@ def test_data_parallel_ranks_serve_metrics_on_their_own_port_and_share_the_names
     finally:
         for eng in engines:
             eng.close()
+
+
+def _namespace_of(cfg) -> Any:
+    """Group 0's namespace in a worker connector built by vLLM's factory over ``cfg``."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm_harness import make_kv_caches
+
+    kcc = make_kv_cache_config()
+    conn = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, kcc)
+    try:
+        conn.register_kv_caches(make_kv_caches(kcc))
+        return conn._worker.groups[0].namespace
+    finally:
+        conn.shutdown()
+
+
+def _with_model(cfg, model_dir, **model_kwargs):
+    """``cfg`` with its ModelConfig rebuilt by vLLM from ``model_dir`` and ``model_kwargs``."""
+    from vllm.config import ModelConfig
+
+    kwargs = {"dtype": "float16", **model_kwargs}
+    cfg.model_config = ModelConfig(model=str(model_dir), seed=42, skip_tokenizer_init=True, **kwargs)
+    return cfg
+
+
+def test_namespace_carries_what_else_decides_the_kv(model_dir, tmp_path):
+    """Found by review: the namespace named the model by its path (or model_name) and KV dtype only,
+    so another weights revision or a RoPE override (RoPE is applied to K before caching) read the
+    other configuration's chunks from a shared or persistent tier. A digest of the rest of the model
+    identity now ends the namespace's ``extra``, with an explicit model_name too; copies of one model
+    under other paths still share with model_name."""
+    import re
+
+    store = {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24}]}
+    extra = {"chunk_tokens": CHUNK, "store": store}
+    base = _namespace_of(make_vllm_config(model_dir, extra))
+    assert re.fullmatch(r"g0-full-m[0-9a-f]{16}", base.extra), base.extra  # readable, digest last
+    assert base == _namespace_of(make_vllm_config(model_dir, extra))  # deterministic
+    for change in ({"revision": "other-rev"}, {"hf_overrides": {"rope_theta": 1234.0}},
+                   {"hf_overrides": {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}},
+                   {"dtype": "bfloat16"}):
+        other = _namespace_of(_with_model(make_vllm_config(model_dir, extra), model_dir, **change))
+        assert other.model == base.model and other.dtype == base.dtype  # what the namespace had
+        assert other != base and other.digest != base.digest, change
+    fp8 = make_vllm_config(model_dir, extra)  # fp8 variants are all uint8 in the KV spec
+    fp8.cache_config.cache_dtype = "fp8_e5m2"
+    assert _namespace_of(fp8) != base
+    # An explicit model_name keeps the digest: same name, other RoPE base -> other namespace ...
+    named = {**extra, "model_name": "my-model"}
+    a = _namespace_of(make_vllm_config(model_dir, named))
+    b = _namespace_of(_with_model(make_vllm_config(model_dir, named), model_dir,
+                                  hf_overrides={"rope_theta": 1234.0}))
+    assert a.model == b.model == "my-model" and a != b
+    # ... while the same model at another path shares (the path is not in the digest).
+    from vllm_harness import make_model_dir
+
+    elsewhere = make_model_dir(tmp_path / "copy-of-opt")
+    assert _namespace_of(make_vllm_config(elsewhere, named)) == a
+
+
+def test_model_identity_digest_is_the_same_in_another_process(model_dir):
+    """The digest is part of chunk identities shared across restarts and instances: it must not
+    depend on the process (hash seeds, object addresses)."""
+    import os
+    import subprocess
+    import sys
+
+    from radixkv.adapters.vllm_options import model_identity_digest
+
+    code = (
+        "import sys; from vllm.config import ModelConfig, CacheConfig\n"
+        "from radixkv.adapters.vllm_options import model_identity_digest\n"
+        "m = ModelConfig(model=sys.argv[1], dtype='float16', seed=42, skip_tokenizer_init=True,\n"
+        "                hf_overrides={'rope_scaling': {'rope_type': 'linear', 'factor': 2.0}})\n"
+        "print('DIGEST', model_identity_digest(m, CacheConfig(block_size=16)))\n"
+    )
+    cfg = _with_model(make_vllm_config(model_dir, {}), model_dir,
+                      hf_overrides={"rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+    from vllm.config import CacheConfig
+
+    here = model_identity_digest(cfg.model_config, CacheConfig(block_size=16))
+    seen = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code, str(model_dir)], env=env,
+                             capture_output=True, text=True, timeout=300, check=True).stdout
+        seen.add(next(line.split()[1] for line in out.splitlines() if line.startswith("DIGEST")))
+    assert seen == {here}
+
+
+def test_a_lookup_one_worker_did_not_answer_is_a_miss():
+    """Found by review: a lookup only one worker reported passed through aggregation as that worker's
+    hit, in either merge order, though the other worker cannot serve its shard of it."""
+    a = RadixKVWorkerMeta({"r": LookupReport(7, 3, True), "both": LookupReport(2, 4, True)})
+    b = RadixKVWorkerMeta({"both": LookupReport(2, 1, True), "q": LookupReport(5, 2, False)})
+    for m in (a.aggregate(b), b.aggregate(a)):
+        assert m.lookups == {
+            "r": LookupReport(7, 0, True),
+            "q": LookupReport(5, 0, True),
+            "both": LookupReport(2, 1, True),
+        }
+    # Different lookups of one request: a miss, under the newer seq, whatever the order.
+    c = RadixKVWorkerMeta({"r": LookupReport(8, 3, True)})
+    assert a.aggregate(c).lookups["r"] == c.aggregate(a).lookups["r"] == LookupReport(8, 0, True)
