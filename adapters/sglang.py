@@ -18,7 +18,11 @@ prefix tree at page granularity. Contract (docs/sglang.md):
   server); the copying ``get``/``set``/``batch_*``/``exists`` path works with ``interface_v1`` off;
 * ``batch_*_v2`` serve the KV pool plus sidecar pools (``all_pages`` and ``trailing_pages`` policies);
 * every storage identity carries model, dtype, layout, page size and the TP/PP/CP/DP shard; with MLA
-  only the storage-writer rank writes;
+  only the storage-writer rank writes, so an MLA server with non-writer ranks must have a tier they
+  share (Redis or a ``shared`` disk tier; a ConfigError at attach otherwise);
+* a non-shared disk tier is one directory per rank under the configured root (capacity per rank);
+* ``interface_v1`` is read as SGLang reads it (``bool(value)``), so ``batch_exists`` answers from
+  the namespace of the path SGLang's controller actually uses;
 * a batch call never raises: failures are per-page ``False`` with a logged reason.
 """
 
@@ -40,7 +44,13 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
-from radixkv.adapters.sglang_config import RadixKVOptions, namespace_for, tp_replicated
+from radixkv.adapters.sglang_config import (
+    RadixKVOptions,
+    check_mla_sharing,
+    namespace_for,
+    per_rank_config,
+    tp_replicated,
+)
 from radixkv.adapters.sglang_pages import PagePlan, plan_for
 from radixkv.config import metrics_port_for_rank
 from radixkv.errors import InputError
@@ -89,9 +99,14 @@ class RadixKVStore(HiCacheStorage):
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None) -> None:
         self.storage_config = storage_config
         self.options = RadixKVOptions.from_extra_config(storage_config.extra_config or {})
+        # What SGLang's controller picked (zero-copy batch_*_v1 or the copying path), read as it
+        # reads it: batch_exists must answer from that path's namespace.
         self.interface_v1 = self.options.interface_v1
         self.is_writer = bool(storage_config.is_storage_writer)
-        config = metrics_port_for_rank(self.options.store_config(), _host_rank(storage_config))
+        # Every rank gets this same extra config: non-shared disk tiers become per-rank directories.
+        config = per_rank_config(self.options.store_config(), storage_config)
+        check_mla_sharing(config, storage_config)
+        config = metrics_port_for_rank(config, _host_rank(storage_config))
         self.store = HierarchicalStore(config)
         self.registered_pools: dict[str, Any] = {}
         self._bindings: dict[str, _PoolBinding] = {}

@@ -15,8 +15,16 @@ SGLang's own (``backend_name``, ``module_path``, ``class_name``, ...):
 ``probe_tiers``     on a tree miss, ask the disk/Redis tiers (pages from before a restart or from
                     another server); default true. A StoreConfig field: it may also come from
                     ``store``, ``config_file`` or ``RADIXKV_PROBE_TIERS``
-``interface_v1``    SGLang's own switch: 1 = zero-copy ``batch_*_v1`` (recommended)
+``interface_v1``    SGLang's own switch: 1 = zero-copy ``batch_*_v1`` (recommended). Read exactly as
+                    SGLang reads it (``bool(value)``): any non-empty string, ``"0"`` and ``"false"``
+                    included, turns it on
 ==================  =============================================================================
+
+Per-rank state (:func:`per_rank_config`, :func:`check_mla_sharing`): every scheduler rank of a server
+(TP x PP x CP x DP) builds its own store from the same extra config. A disk tier that is not
+``shared`` is then one directory per rank, ``<root>/tp<r>of<n>.pp<r>of<n>.cp<r>of<n>.dp<r>``, and its
+capacity is per rank; ``shared`` disk tiers and Redis are used as given. An MLA model with non-writer
+TP ranks needs a tier those ranks share (Redis, or a ``shared`` disk tier) and ``probe_tiers`` on.
 
 Without ``tiers``/``config_file``, the store comes from the ``RADIXKV_*`` environment
 (``StoreConfig.from_env``), with one 4 GiB memory tier when it names no tiers and no config file.
@@ -28,18 +36,21 @@ SGLang version's own key).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import logging
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
-from radixkv.config import StoreConfig
+from radixkv.config import StoreConfig, TierConfig
 from radixkv.config_env import env_overrides
 from radixkv.errors import ConfigError
-from radixkv.keys import Namespace
+from radixkv.keys import KEY_RE, Namespace
 
-__all__ = ["RadixKVOptions", "namespace_for", "tp_replicated", "DEFAULT_TIERS"]
+__all__ = ["RadixKVOptions", "namespace_for", "tp_replicated", "DEFAULT_TIERS", "interface_v1_of",
+           "rank_dir", "per_rank_config", "tier_is_shared", "check_mla_sharing"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,14 +77,21 @@ def _check_keys(extra: Mapping[str, Any]) -> None:
                        "reads; ignored", stray)
 
 
-def _as_bool(v: Any, what: str) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, int) and v in (0, 1):
-        return bool(v)
-    if isinstance(v, str) and v.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        return v.lower() in ("1", "true", "yes", "on")
-    raise ConfigError(f"{what}={v!r} must be a boolean (true/false or 1/0)")
+def interface_v1_of(extra: Mapping[str, Any]) -> bool:
+    """``interface_v1`` exactly as SGLang 0.5.23 reads it to pick its transfer functions
+    (``bool(extra_config.get("interface_v1", 0))`` in ``HiCacheController.attach_storage_backend``).
+
+    The backend must agree with SGLang, not with what the value seems to mean: the zero-copy and
+    copying paths store pages in different namespaces, so a backend that disagreed would answer
+    ``batch_exists`` from the other path's namespace and every prefetch would miss. A string that
+    reads as "off" (``"0"``, ``"false"``) is on for SGLang: logged, and followed."""
+    value = extra.get("interface_v1", 0)
+    on = bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off", "none"):
+        logger.warning("radixkv: interface_v1=%r is a non-empty string, which SGLang 0.5.23 reads as on "
+                       "(bool(%r) is True): it uses the zero-copy batch_*_v1 path, and so does radixkv. "
+                       "To turn it off pass the JSON number 0 or false, not a string", value, value)
+    return on
 
 
 @dataclass(slots=True)
@@ -109,7 +127,7 @@ class RadixKVOptions:
             store=store,
             config_file=extra.get("config_file"),
             model=extra.get("model"),
-            interface_v1=_as_bool(extra.get("interface_v1", 0), "interface_v1"),
+            interface_v1=interface_v1_of(extra),
         )
 
     def store_config(self) -> StoreConfig:
@@ -162,3 +180,102 @@ def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, 
         shard=shard,
         extra=f"sglang-0.5.23/{pool_name}/{plan_tag}",
     )
+
+
+# ---------------------------------------------------------------------------- per-rank state
+
+def rank_dir(config: Any) -> str:
+    """The name of this scheduler rank's own directory under a non-shared disk tier's root: its
+    shard coordinates, as MHA namespaces spell them (``tp0of2.pp0of1.cp0of1.dp0``). Stable across
+    restarts (a rank finds its own files again) and distinct for every scheduler of a server. The
+    dots keep it apart from namespace directories (``radixkv.keys.KEY_RE`` has none), so nothing
+    that walks a root's namespaces ever takes it for one."""
+    def get(name: str, default: int) -> int:
+        v = getattr(config, name, default)
+        return int(default if v is None else v)
+
+    return (f"tp{get('tp_rank', 0)}of{get('tp_size', 1)}.pp{get('pp_rank', 0)}of{get('pp_size', 1)}"
+            f".cp{get('attn_cp_rank', 0)}of{get('attn_cp_size', 1)}.dp{get('dp_rank', 0)}")
+
+
+def tier_is_shared(tc: TierConfig) -> bool:
+    """Whether other processes (the server's other ranks, other servers) see this tier's chunks:
+    Redis always, a disk tier when ``shared`` (in ``options`` or the URL's query, parsed as the tier
+    registry parses it), memory never."""
+    if tc.kind == "redis":
+        return True
+    if tc.kind != "disk":
+        return False
+    from radixkv.tiers.registry import _parse_bool  # the tier's own reading of the option
+
+    query = dict(parse_qsl(urlsplit(tc.url).query))
+    value = tc.options.get("shared", query.get("shared", False))
+    return _parse_bool(value, f"shared of tier {tc.url!r}")
+
+
+def per_rank_config(store: StoreConfig, config: Any) -> StoreConfig:
+    """``store`` with every non-shared disk tier moved to this rank's own directory,
+    ``<root>/<rank_dir(config)>``.
+
+    SGLang hands every scheduler rank the same extra config, so without this all ranks of a TP/PP/
+    DP server would open one directory each believing it owns it: a starting rank's scan indexes
+    and evicts the other ranks' files and deletes their temp and spare files, spare names collide,
+    and the directory holds up to ranks x capacity. With one directory per rank each rank owns its
+    files, restarts find them again, and a tier's ``capacity`` is per rank. Shared disk tiers are
+    made for several processes and stay as given (their chunks are named by namespace, which
+    carries the shard)."""
+    sub = rank_dir(config)
+    tiers = []
+    for tc in store.tiers:
+        if tc.kind == "disk" and not tier_is_shared(tc):
+            parts = urlsplit(tc.url)
+            root = parts.path.rstrip("/") or ""
+            _warn_old_layout(unquote(root) or "/", tc.url)
+            tc = dataclasses.replace(tc, url=urlunsplit(parts._replace(path=f"{root}/{sub}")))
+        tiers.append(tc)
+    return dataclasses.replace(store, tiers=tiers)
+
+
+def _warn_old_layout(root: str, url: str) -> None:
+    """Namespace directories right under a non-shared root are from the one-directory layout of
+    earlier releases: no rank reads or evicts them any more. Say so (once per attach) rather than
+    let them hold disk space silently."""
+    try:
+        old = [n for n in os.listdir(root) if KEY_RE.fullmatch(n) and os.path.isdir(os.path.join(root, n))]
+    except OSError:
+        return
+    if old:
+        logger.warning("radixkv: disk tier %s: %d namespace directories directly under %s are from the "
+                       "layout before per-rank directories (each SGLang rank now uses %s/<rank>); they "
+                       "are no longer used: remove them, or move them into a rank's directory to keep "
+                       "them", url, len(old), root, root)
+
+
+def check_mla_sharing(store: StoreConfig, config: Any) -> None:
+    """Refuse an MLA server whose non-writer ranks could never hit L3.
+
+    With MLA only the storage-writer rank of each DCP shard writes (SGLang's ``is_storage_writer``:
+    ``tp_rank == dcp_rank``); the other TP ranks find its pages only by probing a tier they share
+    with it. SGLang all-reduces ``batch_exists`` with MIN over the ranks, so without such a tier the
+    non-writers answer 0 and every prefetch misses, silently. Raises :class:`ConfigError`."""
+    if not getattr(config, "is_mla_model", False):
+        return
+    tp_size = int(getattr(config, "tp_size", 1) or 1)
+    dcp_size = int(getattr(config, "dcp_size", 1) or 1)
+    if tp_size <= dcp_size:  # every TP rank is a writer (of its own DCP shard)
+        return
+    urls = [tc.url for tc in store.tiers]
+    if not any(tier_is_shared(tc) for tc in store.tiers):
+        raise ConfigError(
+            f"MLA model with tp_size={tp_size}: only the storage-writer rank writes pages to L3 and the "
+            f"other ranks can read them only from a tier they share with it, but the tiers {urls} are "
+            "all process-local (memory, or disk without shared: true); SGLang takes the minimum hit "
+            "count over the ranks, so L3 would never hit. Add a shared tier to \"tiers\": "
+            "{\"url\": \"redis://host:6379/0\"} or {\"url\": \"file:///dir\", \"capacity\": \"200GiB\", "
+            "\"options\": {\"shared\": true}}")
+    if not store.probe_tiers:
+        raise ConfigError(
+            f"MLA model with tp_size={tp_size} and probe_tiers=false: the non-writer ranks find the "
+            "writer rank's pages only by probing the shared tier, so L3 would never hit (SGLang takes "
+            "the minimum hit count over the ranks); set probe_tiers to true (the default) in the "
+            "extra config, store, config_file and RADIXKV_PROBE_TIERS")

@@ -18,8 +18,15 @@ Rules (what keeps the store's invariants):
 * the longest run wins, the fastest tier on a tie; every other probed tier holding a prefix of it
   gains that residency too (reads then use the fastest);
 * a bounded tier adopts only what fits its capacity in the store's books (``used + charges <=
-  capacity``), so reservations and eviction keep their meaning; a tier that counts its chunks has its
-  "held before the store opened it" allowance (``store._foreign_chunks``) reduced by what it adopted.
+  capacity``), so reservations and eviction keep their meaning. When it lacks room, the adoption
+  first makes room as a put does: it reserves the chunks' charges through the normal eviction path
+  (:meth:`TierStack.reserve`: the tier's own policy order, demotion to the next tier, or a drop from
+  the last one, bytes deleted after the tree forgets them), with the chunk it hangs from pinned so
+  the eviction cannot cut the chain it continues. Without this a store that only ever adopts (a
+  reader sharing a tier with a writer: SGLang's MLA non-writer ranks) fills its books once and then
+  adopts nothing, forever, while the entries it holds go stale as the writer evicts them;
+* a tier that counts its chunks has its "held before the store opened it" allowance
+  (``store._foreign_chunks``) reduced by what it adopted.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from radixkv.tiers.memory import MemoryTier
 
 if TYPE_CHECKING:
     from radixkv.store import HierarchicalStore
-    from radixkv.transfer import TierStack
+    from radixkv.transfer import ChunkRef, TierStack
 
 __all__ = ["adopt", "probe"]
 
@@ -111,14 +118,22 @@ def _adopt_once(
             return hit, 0
         watch = s.watch_locked(nsd)  # deletes from now on spoil what the probe sees
         clears = (s.clears[None], s.clears[nsd])  # a clear from now on spoils it too
+    owner = s.owner("adopt")
+    room: dict[int, int] = {}  # tier -> bytes reserved for this adoption (released before the insert)
+    pinned: list[ChunkRef] = []
     try:
         rest = list(keys[hit:])
         runs = probe(s, nsd, rest)
         if any(runs) and size is None:  # chunks of a namespace new to this store: fix its size
             assert chunk_bytes is not None
             size = register_namespace(store, nsd, chunk_bytes, "chunk_bytes")
+        if any(runs) and size is not None:
+            pinned = _make_room(store, nsd, keys, hit, runs, parent_key, size, owner, room)
         with s.cond:
             s.unwatch_locked(watch)
+            # The reservations only held the evicted room against other writers until now: the
+            # insert below (same lock hold) counts it as free again and fills it.
+            _release_locked(s, room, pinned, owner)
             overtaken = (s.clears[None], s.clears[nsd]) != clears
             if not any(runs) or watch.all_gone or size is None or overtaken:
                 return s.tree.match(nsd, keys, touch=False).hit_chunks, 0
@@ -129,7 +144,62 @@ def _adopt_once(
         with s.cond:
             if watch in s._watches:
                 s.unwatch_locked(watch)
+            _release_locked(s, room, pinned, owner)
         raise
+
+
+def _make_room(
+    store: HierarchicalStore,
+    nsd: str,
+    keys: Sequence[str],
+    hit: int,
+    runs: list[int],
+    parent_key: str | None,
+    chunk_bytes: int,
+    owner: str,
+    room: dict[int, int],
+) -> list[ChunkRef]:
+    """Reserve room in each bounded tier the probe found chunks in, for as many of them as the
+    insert could take (the keys the tree lacks), evicting through :meth:`TierStack.reserve` as a put
+    does; fills ``room`` (tier -> reserved bytes, to release) and returns the pinned refs (to unpin).
+
+    The chunk the run hangs from (the tree's last hit, else ``parent_key``) is pinned first: making
+    room must not evict it, or the insert would find the chain changed and adopt nothing."""
+    s, tree = store._stack, store._stack.tree
+    need: dict[int, int] = {}
+    with s.cond:
+        anchor = keys[hit - 1] if hit else parent_key
+        node = tree.lookup(nsd, anchor) if anchor is not None else None
+        pinned = s.pin_locked([s.ref_locked(node)], owner) if node is not None else []
+        free = 0
+        while free < len(keys) - hit and tree.lookup(nsd, keys[hit + free]) is None:
+            free += 1
+        for t, run in enumerate(runs):
+            k = min(run, free)
+            cap = s.capacity(t)
+            if k and cap and s.used_locked(t) + k * s.charge(t, chunk_bytes) > cap:
+                need[t] = k
+    try:
+        for t, k in need.items():
+            charge = s.charge(t, chunk_bytes)
+            granted = s.reserve(t, [charge] * k)
+            if granted:
+                room[t] = granted * charge
+    except BaseException:
+        with s.cond:
+            _release_locked(s, room, pinned, owner)
+        raise
+    return pinned
+
+
+def _release_locked(s: TierStack, room: dict[int, int], pinned: list[ChunkRef], owner: str) -> None:
+    """Give back what :func:`_make_room` holds (idempotent: it empties ``room`` and ``pinned``)."""
+    for t, nbytes in room.items():
+        s.release_locked(t, nbytes)
+    room.clear()
+    if pinned:
+        s.unpin_locked(pinned, owner)
+        pinned.clear()
 
 
 def _insert_locked(
