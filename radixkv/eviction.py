@@ -61,6 +61,9 @@ def reserve(
                 return _shrink_locked(stack, t, charges, k, used, cap)
         if entries:
             stack.delete_entries(entries)
+        if pending:
+            # Released even when no entry was left to delete (mark_deleting_locked leaves out a key
+            # another thread is writing): the claim counted its charge either way.
             with stack.cond:
                 stack.release_locked(t, pending)
         if victim is not None and _evict(stack, t, [victim], owner, claim) == 0 and not freed:
@@ -121,6 +124,7 @@ def _evict(stack: TierStack, t: int, victims: list[ChunkRef], owner: str, claim:
     name = stack.names[t]
     demoted: set[int] = set()
     below: set[int] = set()
+    pending = 0
     try:
         if t < stack.last:
             with stack.cond:
@@ -149,6 +153,11 @@ def _evict(stack: TierStack, t: int, victims: list[ChunkRef], owner: str, claim:
                 out.append(v)
             entries = stack.clear_locked([v.node_id for v in out], t)
             entries = stack.mark_deleting_locked([(t, v.namespace, v.key) for v in out] + entries)
+            # Their bytes stay on the medium until deleted outside the lock: keep them counted (as
+            # _claim_locked does), or a concurrent writer gets room the tier lacks and the tier
+            # evicts on its own, out of the tree's leaf-first order.
+            pending = sum(stack.charge(t, v.size_bytes) for v in out)
+            stack.reserved[t] += pending
             stack.unpin_locked(victims, owner)
         stack.delete_entries(entries)
         n_demoted = sum(v.node_id in demoted for v in out)
@@ -160,4 +169,5 @@ def _evict(stack: TierStack, t: int, victims: list[ChunkRef], owner: str, claim:
     finally:
         with stack.cond:
             stack.claimed[t] -= claim
+            stack.reserved[t] -= pending
             stack.cond.notify_all()

@@ -439,7 +439,9 @@ class HierarchicalStore:
     # ------------------------------------------------------------------ delete / clear
     def delete(self, ns: Namespace, keys: Sequence[str]) -> int:
         """Remove the chunks from every tier (descendants, now unreachable, go with them); returns
-        how many of ``keys`` were present."""
+        how many of ``keys`` the store tracked. Keys it does not track are deleted from the tiers
+        too: a persistent tier may hold them (from before a restart, or put by another process
+        sharing it), and a later lookup would otherwise adopt them back."""
         self._check_open()
         nsd = self._check_chain(ns, keys)
         s = self._stack
@@ -447,6 +449,8 @@ class HierarchicalStore:
         with s.cond:  # nothing is inserted inside this section, so removed ids are not reused here
             ids = [n for k in keys if (n := s.tree.lookup(nsd, k)) is not None]
             found = len(ids)
+            untracked = [k for k in keys if s.tree.lookup(nsd, k) is None]
+            entries += [(t, nsd, k) for t in range(len(s.tiers)) for k in untracked]
             for t in range(len(s.tiers)):
                 held = [n for n in ids if _alive(s.tree, n) and s.tree.node_tier_mask(n) & (1 << t)]
                 entries += [(t, nsd, s.tree.node_key(n)) for n in held]

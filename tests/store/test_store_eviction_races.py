@@ -1,0 +1,138 @@
+"""Eviction racing other writers, and delete() of chunks the store does not track.
+
+Each test holds one tier call open (a slow copy, a slow unlink) with events, so the window a real
+machine opens only now and then is open every time. All three failed on the code before their fix.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from radixkv.config import StoreConfig, TierConfig
+from radixkv.store import HierarchicalStore
+from store_helpers import CHUNK_BYTES, assert_exact, buffers, chain, new_namespace, payload_for
+
+
+def _put(store: HierarchicalStore, ns, keys: list[str], parent: str | None = None) -> list[bool]:
+    return store.put(ns, keys, [payload_for(k) for k in keys], parent_key=parent)
+
+
+def test_an_eviction_whose_delete_a_concurrent_put_skips_gives_its_room_back():
+    # Put A of key X stalls inside the memory tier; put B of X lands; later puts evict X. The
+    # eviction must not delete X's bytes under A (it skips them) but must still release the room it
+    # reserved for them: before the fix it never did, and the tier shrank for good.
+    store = HierarchicalStore(StoreConfig(tiers=[TierConfig(url="mem://", capacity_bytes=6 * CHUNK_BYTES)]))
+    try:
+        mem = store.tiers[0]
+        ns = new_namespace()
+        _, x = chain(1, 1)
+        gate, entered = threading.Event(), threading.Event()
+        put_many = mem.put_many
+        stalled = []
+
+        def slow_put(namespace, keys, payloads):
+            if not stalled and list(keys) == x:
+                stalled.append(True)
+                entered.set()
+                gate.wait(10)
+            return put_many(namespace, keys, payloads)
+
+        mem.put_many = slow_put
+        a = threading.Thread(target=_put, args=(store, ns, x))
+        a.start()
+        assert entered.wait(5)
+        assert _put(store, ns, x) == [True]
+        for seed in range(2, 8):  # six more single chunks: X, the least recently used, is evicted
+            _, k = chain(seed, 1)
+            _put(store, ns, k)
+        gate.set()
+        a.join(10)
+        s = store._stack
+        with store.lock:
+            assert s.reserved == [0], f"room still reserved after every put ended: {s.reserved}"
+        for seed in range(100, 110):
+            _, k = chain(seed, 1)
+            assert _put(store, ns, k) == [True]
+        with store.lock:
+            assert store.tree.tier_chunks(s.names[0]) == 6  # the whole tier is usable again
+        store.check_integrity()
+    finally:
+        store.close()
+
+
+def test_a_demoted_chunk_keeps_its_room_until_its_bytes_are_deleted(tmp_path):
+    # mem -> diskA -> diskB, write-back. A demotion from diskA to diskB clears its victim from the
+    # tree, then deletes its diskA file outside the lock (held open here). A writer meanwhile must
+    # not be given the room that file still fills: before the fix it was, diskA went over its
+    # capacity and evicted on its own (its LRU, not the tree's leaf-first order), and P, an interior
+    # chunk only diskA held, was dropped with its child C.
+    frame = CHUNK_BYTES + 200
+    tiers = [
+        TierConfig(url="mem://", capacity_bytes=3 * CHUNK_BYTES),
+        TierConfig(url=f"file://{tmp_path}/a", name="diskA", capacity_bytes=3 * frame),
+        TierConfig(url=f"file://{tmp_path}/b", name="diskB", capacity_bytes=20 * frame),
+    ]
+    store = HierarchicalStore(StoreConfig(tiers=tiers, write_policy="write_back", promote_on_hit=False))
+    try:
+        ns = new_namespace()
+        disk_a = store.tiers[1]
+        p, c = chain(1, 2)[1]
+        y, z, u, w, q, r, s2 = (chain(seed, 1)[1][0] for seed in (2, 3, 4, 5, 6, 7, 8))
+        _put(store, ns, [p, c])
+        _put(store, ns, [y])
+        _put(store, ns, [z])  # C -> diskA
+        _put(store, ns, [u])  # P -> diskA (interior in the tree, only on diskA)
+        assert store.get(ns, [p, c], buffers(2)) == 2
+        _put(store, ns, [w])  # y -> diskA: diskA is full
+        gate, entered = threading.Event(), threading.Event()
+        delete_many = disk_a.delete_many
+
+        def slow_delete(namespace, keys):
+            if not entered.is_set():
+                entered.set()
+                gate.wait(10)
+            return delete_many(namespace, keys)
+
+        disk_a.delete_many = slow_delete
+        t1 = threading.Thread(target=_put, args=(store, ns, [q]))  # demotes a diskA victim to diskB
+        t1.start()
+        assert entered.wait(5)
+        _put(store, ns, [r, s2])  # needs diskA room: must not take the room the held file fills
+        gate.set()
+        t1.join(10)
+        store.flush(10)
+        assert disk_a.stats().extra["evictions"] == 0, "diskA evicted on its own: it was overfilled"
+        bufs = buffers(2)
+        assert store.get(ns, [p, c], bufs) == 2
+        assert_exact([p, c], bufs, 2)
+        store.check_integrity()
+    finally:
+        store.close()
+
+
+def test_delete_removes_chunks_the_store_has_not_adopted(tmp_path):
+    # After a restart the disk tier holds chunks the new store's tree has not adopted yet: delete()
+    # must remove them too, or the next get adopts them back (before the fix: 4 chunks served).
+    cfg = StoreConfig(tiers=[
+        TierConfig(url="mem://", capacity_bytes=8 * CHUNK_BYTES),
+        TierConfig(url=f"file://{tmp_path}/disk", capacity_bytes=32 * (CHUNK_BYTES + 200)),
+    ])
+    ns = new_namespace()
+    keys = chain(1, 4)[1]
+    first = HierarchicalStore(cfg)
+    assert _put(first, ns, keys) == [True] * 4
+    first.close()
+    second = HierarchicalStore(cfg)
+    try:
+        assert second.delete(ns, keys) == 0  # none tracked yet
+        assert second.get(ns, keys, [torch.zeros(CHUNK_BYTES, dtype=torch.uint8) for _ in keys]) == 0
+        second.check_integrity()
+    finally:
+        second.close()
+    third = HierarchicalStore(cfg)  # and they are gone from the disk, not just hidden
+    try:
+        assert third.lookup(ns, keys) == 0
+    finally:
+        third.close()
