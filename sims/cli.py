@@ -7,20 +7,23 @@ policies and prints the table. Examples::
     radixkv sim --trace ../shared/traces/mooncake_conversation.jsonl --capacity 1%,5%,10% \\
         --policy lru,s3fifo,cost,agedref,oddsref,opt --model llama3-70b --json out.json --plot mrc.png
     radixkv sim --workload rag --tiers mem,disk=25%@7 --capacity 64GiB --model llama3-8b
+    radixkv sim --workload rag --tiers mem,disk=25%@7:lru --policy agedref --model llama3-8b
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 from radixkv.errors import RadixKVError
 from radixkv.sims.model import DEFAULT_TIER_MODELS, TierModel, parse_model
-from radixkv.sims.policy_spec import parse_policy_spec
-from radixkv.sims.report import format_table, plot, records, write_csv, write_json
-from radixkv.sims.sweep import LowerTier, parse_capacity, run_sweep
+from radixkv.sims.policy_spec import PolicySpec, parse_policy_spec
+from radixkv.sims.report import check_plot_backend, format_table, plot, records, write_csv, write_json
+from radixkv.sims.sweep import LowerTier, parse_capacity, run_sweep, tier_models
 from radixkv.sims.traces import read_trace
 from radixkv.sims.workloads import DEFAULT_WORKLOAD, WORKLOADS, WorkloadConfig, generate
 
@@ -56,8 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated policies, each NAME or NAME:KEY=VALUE[:KEY=VALUE...] with the policy's "
                         f"options, e.g. oddsref:gap_quantile=0.7 (default {_pct(DEFAULT_POLICIES)})")
     p.add_argument("--tiers", default="mem",
-                   help="tiers fastest first, NAME[=CAPACITY][@GBps]; the first tier's capacity is --capacity "
-                        "(default: mem). Example: mem@50,disk=25%%@7")
+                   help="tiers fastest first, NAME[=CAPACITY][@GBps][:POLICY[:KEY=VALUE...]]; the first tier's "
+                        "capacity is --capacity and its policy the swept --policy; a lower tier runs the swept "
+                        "policy too unless given one (lru is usually the better choice there) "
+                        "(default: mem). Example: mem@50,disk=25%%@7:lru")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"model preset or layers=..,kv_heads=..,head_dim=..,dtype=..,prefill_tps=.. for the "
                         f"byte sizes and TTFT (default {DEFAULT_MODEL}; 'none' to skip TTFT)")
@@ -70,19 +75,51 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _tier(text: str) -> tuple[str, str | None, TierModel | None]:
-    name, _, bw = text.partition("@")
+_TIER_SYNTAX = "NAME[=CAPACITY][@GB/s][:POLICY], e.g. disk=25%@7:lru"
+
+
+@dataclass(slots=True, frozen=True)
+class _TierArg:
+    """One parsed ``--tiers`` entry: capacity text (None if not given), load model (None: the name's
+    default) and policy (None: the swept policy)."""
+
+    name: str
+    capacity_text: str | None
+    model: TierModel | None
+    policy: PolicySpec | None
+
+
+def _tier(text: str) -> _TierArg:
+    """Parse ``NAME[=CAPACITY][@GB/s][:POLICY[:KEY=VALUE...]]`` (the policy comes last so that its
+    own ``:KEY=VALUE`` options read as in ``--policy``)."""
+    spec_text, colon, policy_text = text.partition(":")
+    name, at, bw = spec_text.partition("@")
     name, _, cap = name.partition("=")
-    name = name.strip()
+    name, cap, bw = name.strip(), cap.strip(), bw.strip()
+    if not name:
+        raise RadixKVError(f"--tiers: {text.strip()!r} has no tier name; the syntax is {_TIER_SYNTAX}")
     model = None
-    if bw:
+    if at:
         try:
             gbps = float(bw)
         except ValueError:
-            raise RadixKVError(f"tier {text!r}: bandwidth {bw!r} must be GB/s like @7") from None
+            gbps = math.nan
+        # An empty, negative, zero or infinite bandwidth would silently model a tier that is not there.
+        if not 0 < gbps < math.inf:
+            raise RadixKVError(f"--tiers: tier {text.strip()!r}: bandwidth {bw!r} must be a finite number of GB/s "
+                               f"> 0, as in {name}@7; the syntax is {_TIER_SYNTAX}")
         base = DEFAULT_TIER_MODELS.get(name)
         model = TierModel(name, gbps * 1e9, base.latency_s if base else 0.0)
-    return name, (cap or None), model
+    policy = None
+    if colon:
+        try:
+            policy = parse_policy_spec(policy_text)
+        except RadixKVError as e:
+            raise RadixKVError(f"--tiers: tier {text.strip()!r}: {e}; the syntax is {_TIER_SYNTAX}") from None
+        if policy.offline:
+            raise RadixKVError(f"--tiers: tier {text.strip()!r}: {policy.label} needs the future and models a single "
+                               "tier; give the tier an online policy such as lru")
+    return _TierArg(name, cap or None, model, policy)
 
 
 _PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")
@@ -119,6 +156,8 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.plot is not None and args.plot.rsplit(".", 1)[-1].lower() not in _PLOT_FORMATS:
         raise RadixKVError(f"--plot {args.plot!r}: name the image with one of the extensions "
                            f"{', '.join('.' + f for f in _PLOT_FORMATS)}")
+    if args.plot is not None:
+        check_plot_backend()  # matplotlib is an optional extra: fail now, not after the sweep
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,24 +185,40 @@ def _main(args: argparse.Namespace) -> int:
         raise RadixKVError(f"{source}: no requests to replay")
     trace.check_prefix_closed()
     model = None if args.model in ("none", "") else parse_model(args.model)
+    if args.overlap and model is None:
+        print("note: --overlap only changes the TTFT estimate, and --model none skips it: --overlap does "
+              "nothing here", file=sys.stderr)
     block_bytes = model.block_bytes(trace.block_tokens) if model else None
     unique = trace.unique_blocks
-    capacities = [parse_capacity(c, unique, block_bytes) for c in args.capacity.split(",") if c.strip()]
+    capacity_texts = [c.strip() for c in args.capacity.split(",") if c.strip()]
+    capacities = [parse_capacity(c, unique, block_bytes) for c in capacity_texts]
     tiers = [_tier(t) for t in args.tiers.split(",") if t.strip()]
     if not tiers:
         raise RadixKVError("--tiers needs at least one tier name")
-    top_name, top_cap, top_model = tiers[0]
-    if top_cap is not None:
-        raise RadixKVError(f"--tiers: the first tier's capacity is --capacity; drop '={top_cap}' from {top_name!r}")
-    for name, _, tm in tiers:
-        if tm is None and name not in DEFAULT_TIER_MODELS:
-            raise RadixKVError(f"--tiers: tier {name!r} has no default bandwidth (known: "
-                               f"{', '.join(sorted(DEFAULT_TIER_MODELS))}); give one, e.g. {name}@7 for 7 GB/s")
+    top = tiers[0]
+    if top.capacity_text is not None:
+        raise RadixKVError(f"--tiers: the first tier's capacity is --capacity; drop '={top.capacity_text}' "
+                           f"from {top.name!r}")
+    if top.policy is not None:
+        raise RadixKVError(f"--tiers: the first tier's policy is the swept --policy; drop ':{top.policy.label}' "
+                           f"from {top.name!r} and pass --policy {top.policy.label}")
+    for t in tiers:
+        if t.model is None and t.name not in DEFAULT_TIER_MODELS:
+            raise RadixKVError(f"--tiers: tier {t.name!r} has no default bandwidth (known: "
+                               f"{', '.join(sorted(DEFAULT_TIER_MODELS))}); give one, e.g. {t.name}@7 for 7 GB/s")
     lower = []
-    for name, cap, tm in tiers[1:]:
-        if cap is None:
-            raise RadixKVError(f"tier {name!r} needs a capacity: --tiers ...,{name}=25%")
-        lower.append(LowerTier(name, cap, tm))
+    for t in tiers[1:]:
+        if t.capacity_text is None:
+            raise RadixKVError(f"tier {t.name!r} needs a capacity: --tiers ...,{t.name}=25%")
+        lower.append(LowerTier(t.name, t.capacity_text, t.model, t.policy))
+    # A capacity above the unique blocks is legal (the infinite cache), but usually a unit slip.
+    checked = list(zip(capacity_texts, capacities))
+    checked += [(f"{lt.name}={lt.capacity_text}", parse_capacity(lt.capacity_text, unique, block_bytes))
+                for lt in lower]
+    for text, cap in checked:
+        if cap.blocks > unique:
+            print(f"note: capacity {text!r} is {cap.blocks:,} blocks, over 100% of the trace's {unique:,} unique "
+                  "blocks: it never evicts (the infinite cache)", file=sys.stderr)
     if lower and "opt" in policies:
         policies = [p for p in policies if p != "opt"]
         if not policies:
@@ -172,8 +227,8 @@ def _main(args: argparse.Namespace) -> int:
         print("note: opt models a single tier; left out with --tiers", file=sys.stderr)
     infinite = trace.infinite_hit_blocks() / max(trace.block_references, 1)
     points = run_sweep(
-        trace, policies, capacities, top_tier=top_name, lower_tiers=lower, model=model,
-        top_tier_model=top_model, overlap=args.overlap, jobs=args.jobs,
+        trace, policies, capacities, top_tier=top.name, lower_tiers=lower, model=model,
+        top_tier_model=top.model, overlap=args.overlap, jobs=args.jobs,
         progress=not args.no_progress and sys.stderr.isatty(),
     )
     recs = records(points, infinite)
@@ -186,6 +241,14 @@ def _main(args: argparse.Namespace) -> int:
     print("block/token hit: share of referenced blocks/tokens found cached (infinite cache: block hits, "
           "an upper bound); gap closed: share of the LRU-to-OPT gap at that capacity; TTFT: modelled "
           "(load the hit, prefill the rest); M acc/s: replay speed. docs/simulator.md, 'Outputs'.")
+    if model is not None:
+        names = [t.name for t in tiers]
+        for name, tm in zip(names, tier_models(top.name, top.model, lower)):
+            if tm.always_recomputed(model):
+                print(f"note: {name} loads at {tm.bandwidth_bytes_per_s / 1e9:g} GB/s, below the "
+                      f"{model.kv_bytes_per_token * model.prefill_tokens_per_s / 1e9:.3g} GB/s at which loading "
+                      f"beats prefill for {model.name}: the TTFT model recomputes every {name} hit (counted in "
+                      "recomputed_tokens, no loaded bytes), so those hits do not lower TTFT")
     try:
         if args.json is not None:
             write_json(recs, args.json)

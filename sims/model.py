@@ -17,7 +17,8 @@ TTFT of one request (seconds)::
 
     load_t    = bytes of the hit chunks served by tier t / bandwidth_t + latency_t  (t with hits)
     load      = sum over tiers of load_t          (a tier slower than recomputing is recomputed)
-    prefill   = (input tokens - loaded tokens) / prefill_tokens_per_s
+    recomputed tokens = input tokens - loaded tokens   (misses + hits of tiers recomputed)
+    prefill   = recomputed tokens / prefill_tokens_per_s
     TTFT      = load + prefill                    (no overlap)
               = max(load, prefill) + min(load, prefill) / layers   (layer-by-layer overlap)
 """
@@ -34,7 +35,7 @@ import numpy as np
 from radixkv.errors import ConfigError
 
 __all__ = ["ModelSpec", "MODEL_PRESETS", "TierModel", "DEFAULT_TIER_MODELS", "parse_model", "ttft_s",
-           "parse_size_bytes"]
+           "estimate_ttft", "TTFTEstimate", "parse_size_bytes"]
 
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
                 "float8": 1, "fp8": 1, "int8": 1}
@@ -89,18 +90,27 @@ def parse_model(text: str) -> ModelSpec:
         if k.strip() in fields:
             raise ConfigError(f"custom model {text!r} gives {k.strip()} twice; give each field once")
         fields[k.strip()] = v.strip()
+    def positive(name: str) -> int:
+        # Each field on its own: two negatives (kv_heads=-8,head_dim=-128) multiply to a plausible size.
+        value = int(fields.pop(name))
+        if value <= 0:
+            raise ConfigError(f"custom model {text!r}: {name}={value} must be a positive integer")
+        return value
+
     try:
-        layers = int(fields.pop("layers"))
+        layers = positive("layers")
         dtype = fields.pop("dtype", "bf16")
         if dtype not in _DTYPE_BYTES:
             raise ConfigError(f"model dtype {dtype!r} is not one of {sorted(_DTYPE_BYTES)}")
         if "mla_dim" in fields:
-            per_layer = int(fields.pop("mla_dim"))
+            per_layer = positive("mla_dim")
         else:
-            per_layer = 2 * int(fields.pop("kv_heads")) * int(fields.pop("head_dim"))
+            per_layer = 2 * positive("kv_heads") * positive("head_dim")
         tps = float(fields.pop("prefill_tps", "25000"))
     except KeyError as e:
         raise ConfigError(f"custom model {text!r} is missing {e.args[0]}=..") from None
+    except ConfigError:
+        raise  # already names the field (ConfigError is a ValueError: keep it from being wrapped twice)
     except ValueError as e:
         raise ConfigError(f"custom model {text!r}: {e}") from None
     if fields:
@@ -117,10 +127,17 @@ class TierModel:
     latency_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.bandwidth_bytes_per_s > 0:
-            raise ConfigError(f"tier {self.name!r}: bandwidth must be > 0 bytes/s")
-        if self.latency_s < 0:
-            raise ConfigError(f"tier {self.name!r}: latency_s must be >= 0")
+        if not 0 < self.bandwidth_bytes_per_s < math.inf:
+            raise ConfigError(f"tier {self.name!r}: bandwidth_bytes_per_s={self.bandwidth_bytes_per_s!r} must be a "
+                              "finite number > 0")
+        if not 0 <= self.latency_s < math.inf:
+            raise ConfigError(f"tier {self.name!r}: latency_s={self.latency_s!r} must be a finite number >= 0")
+
+    def always_recomputed(self, model: ModelSpec) -> bool:
+        """True if loading any amount of KV from this tier takes longer than recomputing it, so the
+        TTFT model recomputes every hit this tier serves (bandwidth below ``kv_bytes_per_token *
+        prefill_tokens_per_s``; the latency only adds to the load)."""
+        return self.bandwidth_bytes_per_s < model.kv_bytes_per_token * model.prefill_tokens_per_s
 
 
 GB = 1e9
@@ -144,6 +161,20 @@ def parse_size_bytes(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+@dataclass(slots=True, frozen=True)
+class TTFTEstimate:
+    """What :func:`estimate_ttft` models for a trace's requests.
+
+    ``ttft_s``: per request, seconds. ``loaded_bytes_per_tier``: per tier (in the order given), total
+    bytes loaded from it. ``recomputed_tokens``: per request, tokens prefilled: the misses plus the hit
+    tokens of tiers whose load would have been slower than recomputing them (fractional where a
+    partial last block is shared among tiers)."""
+
+    ttft_s: np.ndarray
+    loaded_bytes_per_tier: np.ndarray
+    recomputed_tokens: np.ndarray
+
+
 def ttft_s(
     model: ModelSpec,
     tiers: list[TierModel],
@@ -153,7 +184,21 @@ def ttft_s(
     tier_hit_blocks: np.ndarray,
     overlap: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per-request TTFT (s) and loaded bytes per tier ([tier] totals) under the model above.
+    """Per-request TTFT (s) and loaded bytes per tier ([tier] totals): :func:`estimate_ttft`'s first two."""
+    e = estimate_ttft(model, tiers, block_tokens, input_tokens, hit_blocks, tier_hit_blocks, overlap)
+    return e.ttft_s, e.loaded_bytes_per_tier
+
+
+def estimate_ttft(
+    model: ModelSpec,
+    tiers: list[TierModel],
+    block_tokens: int,
+    input_tokens: np.ndarray,
+    hit_blocks: np.ndarray,
+    tier_hit_blocks: np.ndarray,
+    overlap: bool = False,
+) -> TTFTEstimate:
+    """Per-request TTFT, loaded bytes per tier and recomputed tokens under the model above.
 
     A tier whose load would take longer than recomputing its tokens is recomputed instead (what a
     break-even-aware engine does), so a cache never makes the estimate worse than no cache."""
@@ -180,4 +225,4 @@ def ttft_s(
         ttft = np.maximum(load, prefill) + np.minimum(load, prefill) / model.layers
     else:
         ttft = load + prefill
-    return ttft, loaded_bytes
+    return TTFTEstimate(ttft, loaded_bytes, recompute_tokens)

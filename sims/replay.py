@@ -13,7 +13,9 @@ Semantics (fixed, so results are comparable and checkable):
   policy order (``tree.evict_candidates(tier, 1)``); a victim of a tier with a tier below it is
   demoted there (``set_resident`` on the lower tier, then ``clear_resident``), a victim of the last
   tier is dropped;
-* capacity is counted in blocks (a byte capacity is converted at the full-block size).
+* capacity is counted in blocks (a byte capacity is converted at the full-block size);
+* every tier runs the replay's policy unless its :class:`TierCapacity` names one (a lower tier only
+  sees demotions, so a frequency policy there counts each demotion as a first reference).
 
 ``offline`` policies (OPT) get the future through :meth:`OPTPolicy.set_next_use` after each insert.
 The replay never re-implements the tree or a policy: it only drives the public API.
@@ -41,14 +43,25 @@ _NS = "sim"
 
 @dataclass(slots=True)
 class TierCapacity:
-    """One simulated tier: a name and a capacity in blocks (:data:`UNBOUNDED` = never evicts)."""
+    """One simulated tier: a name, a capacity in blocks (:data:`UNBOUNDED` = never evicts), and
+    optionally its own eviction policy (a registered name and its constructor options).
+
+    ``policy=None`` (the default) means the replay's ``policy`` with its ``policy_options``, so a
+    tier list without policies replays exactly as before per-tier policies existed."""
 
     name: str
     capacity_blocks: int
+    policy: str | None = None
+    policy_options: dict | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ConfigError("a tier needs a non-empty name")
+        if self.policy is not None and (not isinstance(self.policy, str) or not self.policy):
+            raise ConfigError(f"tier {self.name!r}: policy={self.policy!r} must be a registered policy name or None")
+        if self.policy is None and self.policy_options:
+            raise ConfigError(f"tier {self.name!r}: policy_options={self.policy_options!r} need a policy; give "
+                              "policy=NAME too (without one the tier uses the replay's policy and its options)")
         if not isinstance(self.capacity_blocks, int) or (
             self.capacity_blocks < 1 and self.capacity_blocks != UNBOUNDED
         ):
@@ -99,20 +112,32 @@ def replay(
     progress: bool = False,
     next_use: list[list[int]] | None = None,
 ) -> ReplayResult:
-    """Replay ``trace`` through a fresh tree whose tiers all use ``policy``; return the counts.
+    """Replay ``trace`` through a fresh tree; return the counts.
 
-    ``block_bytes``: bytes of a full block (default: one byte per token, so capacities are in blocks
-    either way). ``check_every`` > 0 runs ``tree.check_integrity()`` every that many requests (tests).
+    Every tier uses ``policy`` (with ``policy_options``) unless its :class:`TierCapacity` names its
+    own ``policy``. ``block_bytes``: bytes of a full block (default: one byte per token, so
+    capacities are in blocks either way). ``check_every`` > 0 runs ``tree.check_integrity()`` every that many requests (tests).
     ``next_use``: the trace's :func:`~radixkv.sims.opt.next_use_table`, if the caller already has it
     (a sweep computes it once for all its OPT points); computed here otherwise.
     """
     if not tiers:
         raise ConfigError("replay needs at least one tier")
     names = [t.name for t in tiers]
-    tree = RadixTree(tiers=names, policy=policy, policy_options=policy_options)
+    if any(t.policy is not None for t in tiers):
+        # Per-tier mappings for both, so one tier's options never reach another tier's policy.
+        tree = RadixTree(
+            tiers=names,
+            policy={t.name: t.policy or policy for t in tiers},
+            policy_options={
+                t.name: dict((t.policy_options if t.policy is not None else policy_options) or {}) for t in tiers
+            },
+        )
+    else:
+        tree = RadixTree(tiers=names, policy=policy, policy_options=policy_options)
     oracle = getattr(tree.policy(names[0]), "offline", False)
-    if oracle and len(tiers) > 1:
-        raise ConfigError("the opt policy models one tier; pass a single tier for --policy opt")
+    if len(tiers) > 1 and any(getattr(tree.policy(n), "offline", False) for n in names):
+        raise ConfigError("the opt policy models one tier; pass a single tier for --policy opt (and no tier "
+                          "policy opt)")
     opt_policy = tree.policy(names[0]) if oracle else None
     if oracle and next_use is None:
         next_use = _opt.next_use_table(trace)
@@ -135,7 +160,9 @@ def replay(
     match, insert, tier_chunks, lookup = tree.match, tree.insert, tree.tier_chunks, tree.lookup
     evict_candidates, clear_resident, set_resident = tree.evict_candidates, tree.clear_resident, tree.set_resident
     tree_evict = tree.evict
-    set_next_use = opt_policy.set_next_use if opt_policy is not None else None  # type: ignore[union-attr]
+    set_next_use = (
+        opt_policy.set_next_use if opt_policy is not None else None  # type: ignore[union-attr,attr-defined]
+    )
     block_refs = block_hits = token_hits = input_tokens = evictions = demotions = 0
     bar = _progress(n_req) if progress else None
     # The replay allocates no reference cycles; the cyclic collector would only rescan the trace's

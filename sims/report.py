@@ -6,10 +6,15 @@ One record per (policy, capacity)::
     capacity_fraction (of the trace's unique blocks; null when given in bytes/blocks),
     capacity_blocks, requests, block_references, block_hits, block_hit_rate, token_hit_rate,
     infinite_block_hit_rate, gap_closed (fraction of the LRU-to-OPT gap; null without both),
-    elapsed_s, accesses_per_s, and with a model: ttft_mean_ms, ttft_p50_ms, ttft_p90_ms,
-    ttft_p99_ms, loaded_bytes (per tier), recomputed_tokens.
+    tier_hit_blocks ({tier: hit blocks served from it}, summing to block_hits), tier_policies
+    ({tier: policy label}), demotions (victims moved down a tier), elapsed_s, accesses_per_s, and
+    with a model: ttft_mean_ms, ttft_p50_ms, ttft_p90_ms, ttft_p99_ms, loaded_bytes ({tier: bytes
+    loaded from it}), recomputed_tokens (tokens the TTFT model prefills: misses plus hits it
+    recomputes because loading them would be slower).
 
-Hit rates are fractions in [0, 1].
+Hit rates are fractions in [0, 1]. CSV has no objects: each per-tier dict becomes one column per tier
+(``hit_blocks_<tier>``, ``policy_<tier>``, ``loaded_bytes_<tier>``); ``policy_options`` is left out
+(it is in the ``policy`` label).
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["Point", "records", "format_table", "write_json", "write_csv", "plot"]
+from radixkv.errors import ConfigError
+
+__all__ = ["Point", "records", "format_table", "write_json", "write_csv", "csv_row", "plot",
+           "check_plot_backend"]
 
 
 @dataclass(slots=True)
@@ -41,6 +49,9 @@ class Point:
     loaded_bytes: dict[str, float] | None = None
     recomputed_tokens: int | None = None
     policy_options: dict[str, Any] | None = None
+    tier_hit_blocks: dict[str, int] | None = None  # {tier: hit blocks served from it (fastest holder)}
+    demotions: int = 0
+    tier_policies: dict[str, str] | None = None  # {tier: policy label}; lower tiers may differ from `policy`
 
 
 def records(points: Sequence[Point], infinite_rate: float) -> list[dict[str, Any]]:
@@ -66,6 +77,9 @@ def records(points: Sequence[Point], infinite_rate: float) -> list[dict[str, Any
             "token_hit_rate": p.token_hit_rate,
             "infinite_block_hit_rate": infinite_rate,
             "gap_closed": gap,
+            "tier_hit_blocks": dict(p.tier_hit_blocks) if p.tier_hit_blocks is not None else None,
+            "tier_policies": dict(p.tier_policies) if p.tier_policies is not None else None,
+            "demotions": p.demotions,
             "elapsed_s": round(p.elapsed_s, 4),
             "accesses_per_s": round(p.block_references / p.elapsed_s) if p.elapsed_s > 0 else None,
         }
@@ -84,8 +98,17 @@ def records(points: Sequence[Point], infinite_rate: float) -> list[dict[str, Any
 
 
 def format_table(recs: Sequence[dict[str, Any]], title: str) -> str:
+    """The terminal table, one row per record. With several tiers it adds one column per tier: the
+    share of block references served from that tier ("disk hit"), and, where a lower tier runs a
+    policy other than the row's, says which (``lru+disk:lru``); one tier gives the plain table."""
     has_ttft = any("ttft_p50_ms" in r for r in recs)
+    tiers: list[str] = []
+    for r in recs:
+        tiers += [t for t in r.get("tier_hit_blocks") or {} if t not in tiers]
+    per_tier = len(tiers) > 1
     head = ["policy", "capacity", "blocks", "block hit", "token hit", "gap closed"]
+    if per_tier:
+        head += [f"{t} hit" for t in tiers]
     if has_ttft:
         head += ["TTFT p50", "TTFT p99"]
     head += ["M acc/s"]
@@ -93,8 +116,15 @@ def format_table(recs: Sequence[dict[str, Any]], title: str) -> str:
     for r in recs:
         cap = f"{r['capacity_fraction'] * 100:g}%" if r["capacity_fraction"] is not None else "-"
         gap = "-" if r["gap_closed"] is None else f"{r['gap_closed'] * 100:.0f}%"
-        row = [r["policy"], cap, f"{r['capacity_blocks']:,}", f"{r['block_hit_rate'] * 100:.2f}%",
+        label = r["policy"]
+        if per_tier:
+            own = (r.get("tier_policies") or {}).items()
+            label += "".join(f"+{t}:{pol}" for t, pol in own if pol != r["policy"])
+        row = [label, cap, f"{r['capacity_blocks']:,}", f"{r['block_hit_rate'] * 100:.2f}%",
                f"{r['token_hit_rate'] * 100:.2f}%", gap]
+        if per_tier:
+            refs = r["block_references"] or 1
+            row += [f"{(r.get('tier_hit_blocks') or {}).get(t, 0) / refs * 100:.2f}%" for t in tiers]
         if has_ttft:
             row += [f"{r.get('ttft_p50_ms', 0):.0f} ms", f"{r.get('ttft_p99_ms', 0):.0f} ms"]
         row += [f"{(r['accesses_per_s'] or 0) / 1e6:.2f}"]
@@ -112,19 +142,54 @@ def write_json(recs: Sequence[dict[str, Any]], path: str) -> None:
         f.write("\n")
 
 
+# Per-tier dicts of a record and the prefix of their CSV columns (one column per tier).
+_CSV_PER_TIER = {"tier_hit_blocks": "hit_blocks_", "tier_policies": "policy_", "loaded_bytes": "loaded_bytes_"}
+
+
+def csv_row(rec: dict[str, Any]) -> dict[str, Any]:
+    """One record flattened for CSV: per-tier dicts become ``<prefix><tier>`` columns, in place;
+    ``policy_options`` is dropped (its content is in the ``policy`` label)."""
+    row: dict[str, Any] = {}
+    for k, v in rec.items():
+        if k == "policy_options":
+            continue
+        if k in _CSV_PER_TIER:
+            for tier, value in (v or {}).items():
+                row[_CSV_PER_TIER[k] + tier] = value
+        else:
+            row[k] = v
+    return row
+
+
 def write_csv(recs: Sequence[dict[str, Any]], path: str) -> None:
+    rows = [csv_row(r) for r in recs]
     fields: list[str] = []
-    for r in recs:
-        fields += [k for k in r if k not in fields and k not in ("loaded_bytes", "policy_options")]
+    for row in rows:
+        fields += [k for k in row if k not in fields]
     with open(path, "w", encoding="utf-8", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
-        for r in recs:
-            w.writerow(r)
+        for row in rows:
+            w.writerow(row)
+
+
+PLOT_INSTALL_HINT = "pip install 'radixkv[sim]'"
+
+
+def check_plot_backend() -> None:
+    """Raise ConfigError naming the install command if matplotlib cannot be imported (checked before a
+    sweep that may take minutes, not when :func:`plot` runs after it)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(f"--plot needs matplotlib, which cannot be imported ({e}); install it with "
+                          f"{PLOT_INSTALL_HINT} (or pip install matplotlib), or drop --plot") from None
 
 
 def plot(points: Sequence[Point], infinite_rate: float, path: str, title: str) -> None:
-    """Miss-ratio curves (hit rate vs capacity per policy) and, with a model, TTFT CDFs."""
+    """Miss-ratio curves (hit rate vs capacity per policy) and, with a model, TTFT CDFs.
+
+    Needs matplotlib (the ``sim`` extra); :func:`check_plot_backend` checks for it up front."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -17,14 +17,14 @@ from typing import Sequence
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.sims.model import DEFAULT_TIER_MODELS, ModelSpec, TierModel, parse_size_bytes, ttft_s
+from radixkv.sims.model import DEFAULT_TIER_MODELS, ModelSpec, TierModel, estimate_ttft, parse_size_bytes
 from radixkv.sims.opt import next_use_table
 from radixkv.sims.policy_spec import PolicySpec, parse_policy_spec
 from radixkv.sims.replay import TierCapacity, replay
 from radixkv.sims.report import Point
 from radixkv.sims.traces import Trace
 
-__all__ = ["Capacity", "LowerTier", "parse_capacity", "run_sweep"]
+__all__ = ["Capacity", "LowerTier", "parse_capacity", "run_sweep", "tier_models"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,16 +37,38 @@ class Capacity:
 
 @dataclass(slots=True)
 class LowerTier:
-    """A tier below the swept one (victims of the tier above are demoted into it)."""
+    """A tier below the swept one (victims of the tier above are demoted into it).
+
+    ``policy``: its own eviction policy; None (the default) runs the swept policy there too."""
 
     name: str
     capacity_text: str
     model: TierModel | None = None
+    policy: PolicySpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy is not None and self.policy.offline:
+            raise ConfigError(f"tier {self.name!r}: policy {self.policy.label!r} needs the future and models a "
+                              "single tier; give a lower tier an online policy (e.g. :lru)")
+
+
+def tier_models(
+    top_tier: str, top_tier_model: TierModel | None, lower_tiers: Sequence[LowerTier]
+) -> list[TierModel]:
+    """The load model of each tier, fastest first: the one given, else the tier name's default, else
+    the default of mem (top tier) or disk (lower tiers)."""
+    models = [top_tier_model or DEFAULT_TIER_MODELS.get(top_tier) or DEFAULT_TIER_MODELS["mem"]]
+    for lt in lower_tiers:
+        models.append(lt.model or DEFAULT_TIER_MODELS.get(lt.name) or DEFAULT_TIER_MODELS["disk"])
+    return models
 
 
 def parse_capacity(text: str, unique_blocks: int, block_bytes: int | None) -> Capacity:
-    """``5%`` (of unique blocks), ``1828`` / ``1828blocks`` (blocks) or ``64GiB`` (needs a model)."""
+    """``5%`` (of unique blocks), ``1828`` / ``1828blocks`` / ``1828 blocks`` (whole blocks) or ``64GiB``
+    (a byte size with a unit; needs a model). A bare number is always a block count."""
     t = text.strip()
+    if not t:
+        raise ConfigError("capacity '' is empty; give 5% (of unique blocks), 1828 (blocks) or 64GiB")
     if t.endswith("%"):
         try:
             frac = float(t[:-1]) / 100.0
@@ -56,13 +78,23 @@ def parse_capacity(text: str, unique_blocks: int, block_bytes: int | None) -> Ca
             raise ConfigError(f"capacity {text!r} must be a finite percentage > 0%")
         # round half up, like the issue's table (1% of 182,790 = 1,827.9 -> 1,828)
         return Capacity(max(1, int(frac * unique_blocks + 0.5)), frac)
-    if t.endswith("blocks"):
-        t = t[: -len("blocks")]
+    unit_blocks = t.endswith("block") or t.endswith("blocks")
+    if unit_blocks:
+        t = t[: -len("blocks")] if t.endswith("blocks") else t[: -len("block")]
+        t = t.strip()  # "2 blocks" as well as "2blocks"
     if t.isdigit():
         blocks = int(t)
         if blocks < 1:
             raise ConfigError(f"capacity {text!r} must be at least 1 block")
         return Capacity(blocks)
+    try:
+        number = float(t)
+    except ValueError:
+        number = None
+    if number is not None or unit_blocks:
+        # A bare number is a block count (a byte size needs a unit), so 2.5 is not 2.5 bytes.
+        raise ConfigError(f"capacity {text!r} is not a whole number of blocks; give whole blocks (e.g. 1828), "
+                          "a percentage of unique blocks (e.g. 2.5%) or a byte size with a unit (e.g. 64GiB)")
     if block_bytes is None:
         raise ConfigError(f"capacity {text!r} is in bytes: pass --model so a block has a byte size")
     blocks = parse_size_bytes(t) // block_bytes
@@ -81,6 +113,7 @@ class _Job:
     tier_models: list[TierModel] = field(default_factory=list)
     overlap: bool = False
     progress: bool = False
+    tier_labels: list[str | None] = field(default_factory=list)  # per tier: its own policy's label, or None
 
 
 _TRACE: Trace | None = None  # set before forking, read by workers
@@ -93,6 +126,7 @@ def _run(job: _Job) -> Point:
     spec = job.policy
     r = replay(trace, spec.name, job.tiers, block_bytes=job.block_bytes, policy_options=spec.options,
                progress=job.progress, next_use=_NEXT_USE if spec.offline else None)
+    names = [t.name for t in job.tiers]
     point = Point(
         policy=spec.label,
         policy_options=dict(spec.options),
@@ -104,14 +138,21 @@ def _run(job: _Job) -> Point:
         block_hit_rate=r.block_hit_rate,
         token_hit_rate=r.token_hit_rate,
         elapsed_s=r.elapsed_s,
+        tier_hit_blocks={n: int(h) for n, h in zip(names, r.tier_hit_blocks.sum(axis=0))},
+        demotions=r.demotions,
+        tier_policies={t.name: label or spec.label
+                       for t, label in zip(job.tiers, job.tier_labels or [None] * len(job.tiers))},
     )
     if job.model is not None:
         inputs = np.fromiter((q.input_tokens for q in trace.requests), dtype=np.int64, count=len(trace))
-        ttft, loaded = ttft_s(job.model, job.tier_models, trace.block_tokens, inputs, r.hit_blocks,
-                              r.tier_hit_blocks, overlap=job.overlap)
-        point.ttft_s = ttft
-        point.loaded_bytes = {t.name: float(b) for t, b in zip(job.tier_models, loaded)}
-        point.recomputed_tokens = int(r.input_tokens - r.token_hits)
+        est = estimate_ttft(job.model, job.tier_models, trace.block_tokens, inputs, r.hit_blocks,
+                            r.tier_hit_blocks, overlap=job.overlap)
+        point.ttft_s = est.ttft_s
+        # Keyed by the simulated tier names (the models' names may differ: --tiers x@7 names "x").
+        point.loaded_bytes = {n: float(b) for n, b in zip(names, est.loaded_bytes_per_tier)}
+        # What the TTFT model prefills: misses plus hits it chose to recompute (rounded: a partial
+        # last block shared among tiers makes fractions).
+        point.recomputed_tokens = int(round(float(est.recomputed_tokens.sum())))
     return point
 
 
@@ -141,15 +182,20 @@ def run_sweep(
         raise ConfigError(f"policies {labels} name the same spec twice; list each once")
     block_bytes = model.block_bytes(trace.block_tokens) if model else None
     unique = trace.unique_blocks
-    tier_models = [top_tier_model or DEFAULT_TIER_MODELS.get(top_tier) or DEFAULT_TIER_MODELS["mem"]]
+    models = tier_models(top_tier, top_tier_model, lower_tiers)
     lower: list[TierCapacity] = []
     for lt in lower_tiers:
-        lower.append(TierCapacity(lt.name, parse_capacity(lt.capacity_text, unique, block_bytes).blocks))
-        tier_models.append(lt.model or DEFAULT_TIER_MODELS.get(lt.name) or DEFAULT_TIER_MODELS["disk"])
+        lower.append(TierCapacity(
+            lt.name, parse_capacity(lt.capacity_text, unique, block_bytes).blocks,
+            policy=lt.policy.name if lt.policy else None,
+            policy_options=dict(lt.policy.options) if lt.policy else None,
+        ))
+    labels_per_tier: list[str | None] = [None, *(lt.policy.label if lt.policy else None for lt in lower_tiers)]
     if lower and any(s.offline for s in specs):
         raise ConfigError("the opt policy models a single tier; drop --tiers or the opt policy")
     todo = [
-        _Job(s, c, [TierCapacity(top_tier, c.blocks)] + lower, block_bytes, model, tier_models, overlap)
+        _Job(s, c, [TierCapacity(top_tier, c.blocks)] + lower, block_bytes, model, models, overlap,
+             tier_labels=labels_per_tier)
         for s in specs
         for c in capacities
     ]

@@ -18,7 +18,14 @@ Readers (each returns a :class:`Trace`; :func:`read_trace` picks one by sniffing
   ``block_keys`` are opaque chain keys (strings or ints); ``token_ids`` are hashed with the chunk-key
   scheme (:func:`radixkv.keys.chunk_keys`, full chunks only: a partial trailing chunk is never stored,
   as in the runtime). ``input_tokens`` defaults to ``len(token_ids)`` or ``len(block_keys) *
-  block_tokens``.
+  block_tokens``; when given it must agree with them: ``input_tokens == len(token_ids)``, and
+  ``len(block_keys)`` is ``ceil(input_tokens / block_tokens)`` (the last block may be partial) or
+  ``floor(...)`` (full blocks only, as a trace written from token ids has).
+
+  ``tenant`` means different things in the two kinds of record. For ``token_ids`` it is the
+  request's ``cache_salt``: it seeds the key chain, so two tenants with the same tokens share no
+  block (as a salted runtime isolates them). For ``block_keys`` it is only a label: the keys are
+  used as given, so tenants share whatever keys they have in common; isolate them in the keys.
 
 Keys of every trace are strings (the tree's key type); Mooncake integer ids become their decimal text.
 Files ending in ``.xz`` or ``.gz`` are read compressed.
@@ -29,6 +36,7 @@ from __future__ import annotations
 import gzip
 import json
 import lzma
+import math
 import os
 from dataclasses import dataclass, field
 from typing import IO, Iterable, Iterator, Protocol, Sequence
@@ -191,10 +199,15 @@ def read_mooncake(path: str, *, block_tokens: int | None = None, limit: int | No
             raise InputError(f"{path}:{lineno}: 'hash_ids' must be a list of block ids (Mooncake format)")
         keys: list[str] = []
         for h in ids:
+            # Type first: a list id is unhashable (the lookup would raise TypeError), and True / 1.0
+            # equal 1 as dict keys, so an earlier id 1 would silently accept them. `type(h) is int`
+            # also rejects bool (an int subclass) and is cheap on the 288k ids of the trace.
+            if type(h) is not int or h < 0:
+                raise InputError(
+                    f"{path}:{lineno}: hash id {h!r} must be a non-negative integer (Mooncake block id)"
+                )
             s = interned.get(h)
             if s is None:
-                if not isinstance(h, int) or isinstance(h, bool) or h < 0:
-                    raise InputError(f"{path}:{lineno}: hash id {h!r} must be a non-negative integer")
                 s = interned[h] = str(h)
             keys.append(s)
         input_tokens = _int_field(path, lineno, rec, "input_length", len(ids) * bt)
@@ -205,8 +218,9 @@ def read_mooncake(path: str, *, block_tokens: int | None = None, limit: int | No
                 "--block-tokens)?"
             )
         ts = rec.get("timestamp", 0)
-        if not isinstance(ts, (int, float)) or ts < 0:
-            raise InputError(f"{path}:{lineno}: 'timestamp'={ts!r} must be non-negative milliseconds")
+        # isfinite: Python's json accepts NaN and Infinity, which would order nothing.
+        if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts) or ts < 0:
+            raise InputError(f"{path}:{lineno}: 'timestamp'={ts!r} must be finite non-negative milliseconds")
         trace.requests.append(
             Request(
                 arrival_s=ts / 1000.0,
@@ -254,19 +268,38 @@ def read_radixkv(path: str, *, block_tokens: int | None = None, limit: int | Non
                     s = interned[k] = str(k)
                 keys.append(s)
             input_tokens = _int_field(path, lineno, rec, "input_tokens", len(keys) * b)
+            # One key per started block (ceil), or per full block only (floor: what write_radixkv
+            # writes for a token-id trace, whose partial tail has no key). Anything else contradicts
+            # the prompt length and would skew token hits and the TTFT model.
+            if len(keys) not in (-(-input_tokens // b), input_tokens // b):
+                raise InputError(
+                    f"{path}:{lineno}: input_tokens={input_tokens} makes {-(-input_tokens // b)} blocks of {b} "
+                    f"tokens but block_keys has {len(keys)}; is the block size right (the header's "
+                    "block_tokens, --block-tokens)?"
+                )
         elif "token_ids" in rec:
             tokens = rec["token_ids"]
             if not isinstance(tokens, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 63 for t in tokens
             ):
                 raise InputError(f"{path}:{lineno}: 'token_ids' must be a list of integers in [0, 2**63)")
-            keys = chunk_keys(tokens, b, cache_salt=rec.get("tenant"))
+            # Validated before hashing: the tenant is the chain's cache_salt, and chunk_keys expects a
+            # string (anything else would fail deep inside the hash, not here naming the line).
+            tenant = _opt_str(path, lineno, rec, "tenant")
+            keys = chunk_keys(tokens, b, cache_salt=tenant)
             input_tokens = _int_field(path, lineno, rec, "input_tokens", len(tokens))
+            if input_tokens != len(tokens):
+                raise InputError(
+                    f"{path}:{lineno}: input_tokens={input_tokens} but token_ids has {len(tokens)} tokens; "
+                    "drop input_tokens (it defaults to len(token_ids)) or make them agree"
+                )
         else:
             raise InputError(f"{path}:{lineno}: a request needs 'block_keys' or 'token_ids'")
         arrival = rec.get("arrival_s", 0.0)
-        if not isinstance(arrival, (int, float)) or arrival < 0:
-            raise InputError(f"{path}:{lineno}: 'arrival_s'={arrival!r} must be non-negative seconds")
+        # isfinite: Python's json accepts NaN and Infinity.
+        if not isinstance(arrival, (int, float)) or isinstance(arrival, bool) or not math.isfinite(arrival) \
+                or arrival < 0:
+            raise InputError(f"{path}:{lineno}: 'arrival_s'={arrival!r} must be finite non-negative seconds")
         trace.requests.append(
             Request(
                 arrival_s=float(arrival),
