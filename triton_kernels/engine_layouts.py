@@ -120,6 +120,11 @@ def sglang_host_views(
         )
     if layout == "page_head":
         kv = _tensor(kv_buffer, "kv_buffer (page_head, MHA)", 6)
+        if kv.shape[0] != 2:
+            raise InputError(
+                f"MHA kv_buffer (page_head) must have 2 (K, V) in its first dim; got shape "
+                f"{tuple(kv.shape)}"
+            )
         if kv.shape[3] != page_tokens:
             raise InputError(
                 f"page_head kv_buffer has page_size {kv.shape[3]} but page_tokens={page_tokens}; "
@@ -133,6 +138,11 @@ def sglang_host_views(
     direct = layout == "page_first_direct"
     dims = (5 if direct else 4) + (0 if mla else 1)
     kv = _tensor(kv_buffer, f"kv_buffer ({layout}, {'MLA' if mla else 'MHA'})", dims)
+    if not mla and kv.shape[0] != 2:
+        raise InputError(
+            f"MHA kv_buffer ({layout}) must have 2 (K, V) in its first dim; got shape "
+            f"{tuple(kv.shape)} (pass mla=True for latent caches)"
+        )
     comps = [kv] if mla else [kv[0], kv[1]]  # each: the MLA shape of the table above
     if direct and comps[0].shape[2] != page_tokens:
         raise InputError(

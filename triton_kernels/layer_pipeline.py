@@ -83,11 +83,14 @@ class LayerPipeline:
             raise InputError(
                 f"layer {layer!r} outside the load batch 0..{len(self._load_jobs) - 1}"
             )
-        self._issue_loads_through(min(layer + self.lookahead_layers, len(self._load_jobs) - 1))
+        # Wait for this layer before issuing the look-ahead: a look-ahead job that raises must not
+        # leave the compute stream without its wait for a layer that did load.
+        self._issue_loads_through(layer)
         event = self._load_events[layer]
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
         self._waited.add(layer)
+        self._issue_loads_through(min(layer + self.lookahead_layers, len(self._load_jobs) - 1))
 
     @property
     def loads_pending(self) -> bool:
@@ -130,12 +133,25 @@ class LayerPipeline:
         return event
 
     def wait_all(self) -> None:
-        """Issue every unissued load, then block the host until all issued jobs have finished."""
-        if self._load_jobs:
-            self._issue_loads_through(len(self._load_jobs) - 1)
+        """Issue every unissued load, then block the host until all issued jobs have finished.
+
+        A load job that raises does not stop the others: every layer is still issued and the host
+        still waits for the side stream, then the first error is raised (later ones as notes).
+        """
+        error: Exception | None = None
+        while self.loads_pending:
+            try:
+                self._issue_loads_through(len(self._load_jobs) - 1)
+            except Exception as exc:  # the failed layer counts as issued: the loop moves on
+                if error is None:
+                    error = exc
+                else:
+                    error.add_note(f"another load job also failed: {exc!r}")
         if self.is_async:
             self._stream.synchronize()
         self._save_events = []
+        if error is not None:
+            raise error
 
     def check_integrity(self) -> None:
         """Issued loads never exceed the batch, waited layers were issued, CPU holds no events."""

@@ -184,3 +184,19 @@ def test_pages_from_token_indices() -> None:
     ]:
         with pytest.raises(InputError, match=match):
             pages_from_token_indices(torch.tensor(bad, dtype=torch.int64), 4)
+
+
+@pytest.mark.parametrize(
+    "shape, layout_name",
+    [
+        ((1, 2, 8, 1, 4), "layer_first"),
+        ((3, 2, 8, 1, 4), "layer_first"),
+        ((3, 8, 2, 1, 4), "page_first"),
+        ((1, 2, 2, 4, 1, 4), "page_first_direct"),
+        ((3, 2, 1, 4, 2, 4), "page_head"),
+    ],
+)
+def test_sglang_host_mha_needs_k_and_v_in_the_first_dim(shape, layout_name) -> None:
+    """A K/V dim other than 2 was an IndexError (1) or silently dropped the extra slices (3)."""
+    with pytest.raises(InputError, match="must have 2 \\(K, V\\) in its first dim"):
+        PagedLayout.from_sglang_host(torch.zeros(shape), layout=layout_name, page_tokens=4)

@@ -295,3 +295,43 @@ def test_uint8_layouts_take_flat_payloads() -> None:
     typed = alloc_chunks(layout, 1, 1)
     gather_chunks_reference(layout, [[2]], typed)
     assert torch.equal(payload, chunk_payload(typed[0]))
+
+
+_BIG_OFFSETS_SCRIPT = r"""
+import os, sys, torch
+os.environ["TRITON_INTERPRET"] = "1"
+from radixkv.kernels import PagedLayout, gather_chunks, gather_chunks_reference, scatter_chunks
+# 3 pages 2**30 int8 elements apart: page 2 starts at element 2**31 (int32 would wrap negative).
+# torch.empty only reserves address space; the kernel touches a few bytes per page.
+storage = torch.empty((1 << 31) + (1 << 20), dtype=torch.int8)
+view = storage.as_strided((3, 2, 1, 8), (1 << 30, 1 << 19, 8, 1))
+gen = torch.Generator().manual_seed(0)
+view.copy_(torch.randint(-128, 127, (3, 2, 1, 8), dtype=torch.int8, generator=gen))
+layout = PagedLayout.from_views([[view]])
+ids = torch.tensor([[2, 0, 1]])
+tri = torch.zeros((1, *layout.chunk_shape(3)), dtype=torch.int8)
+ref = tri.clone()
+gather_chunks(layout, ids, tri, force_triton=True)
+gather_chunks_reference(layout, ids, ref)
+assert torch.equal(tri, ref) and torch.equal(tri[0, 0, 0, :2], view[2]), "gather differs"
+pages = view.clone()
+view.zero_()
+scatter_chunks(layout, ids, tri, force_triton=True)
+assert torch.equal(view, pages), "scatter differs"
+print("OK")
+"""
+
+
+def test_page_offsets_beyond_2_pow_31_elements_in_interpreter() -> None:
+    """page * stride_page past 2**31 elements (pools > 2 GiB): the interpreter computes in the
+    kernel's own dtypes, so int32 offset arithmetic would wrap and read out of bounds (a crash,
+    hence the subprocess). The CUDA counterpart is test_int64_offsets_beyond_2_pow_31_elements."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _BIG_OFFSETS_SCRIPT], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), (
+        f"rc={proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    )

@@ -118,3 +118,77 @@ def test_layerwise_load_and_save_with_kernels() -> None:
     mask = (ids >= 0).repeat_interleave(src.layout.page_tokens, dim=1)  # [chunk, chunk_token]
     for c in range(2):
         assert same_bits(saved[c][:, :, mask[c]], chunks[c][:, :, mask[c]])
+
+
+def test_wait_all_issues_every_layer_and_syncs_when_a_job_fails() -> None:
+    """A failing load must not drop the layers after it nor leave the batch half-issued."""
+
+    def boom() -> None:
+        raise RuntimeError("transfer failed")
+
+    def boom2() -> None:
+        raise ValueError("second failure")
+
+    log: list[str] = []
+    pipe = LayerPipeline("cpu", lookahead_layers=0)
+    pipe.start_loads([_recorder(log, "load0"), boom, _recorder(log, "load2"), boom2])
+    with pytest.raises(RuntimeError, match="transfer failed") as info:
+        pipe.wait_all()
+    assert log == ["load0", "load2"]  # layer 2 still issued, in order
+    assert any("second failure" in note for note in getattr(info.value, "__notes__", []))
+    assert not pipe.loads_pending and pipe.loads_issued_total == 4
+    pipe.check_integrity()
+    pipe.start_loads([_recorder(log, "b0")])  # the next step is not refused
+    assert log[-1] == "b0"
+
+
+class _FakeStream:
+    def __init__(self, log: list[str], name: str) -> None:
+        self.log, self.name = log, name
+
+    def wait_event(self, event) -> None:
+        self.log.append(f"{self.name} waits {event.name}")
+
+    def wait_stream(self, other) -> None:
+        self.log.append(f"{self.name} waits stream {other.name}")
+
+    def synchronize(self) -> None:
+        self.log.append(f"sync {self.name}")
+
+
+def test_wait_layer_waits_for_its_layer_before_a_failing_lookahead(monkeypatch) -> None:
+    """GPU protocol with fake streams/events: when the look-ahead job of layer i+1 raises inside
+    wait_layer(i), the compute stream must still wait for layer i's (successful) load."""
+    import contextlib
+
+    log: list[str] = []
+    compute = _FakeStream(log, "compute")
+    loading: list[str] = []
+
+    class _Event:
+        def __init__(self) -> None:
+            self.name = f"event{loading[-1]}"
+
+        def record(self, stream) -> None:
+            pass
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: compute)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    pipe = LayerPipeline("cpu", lookahead_layers=1)
+    pipe.is_async, pipe._stream = True, _FakeStream(log, "side")
+
+    def job(i: int, fail: bool = False):
+        def run() -> None:
+            loading.append(str(i))
+            if fail:
+                raise RuntimeError(f"load {i} failed")
+
+        return run
+
+    pipe.start_loads([job(0), job(1), job(2, fail=True)])
+    pipe.wait_layer(0)
+    with pytest.raises(RuntimeError, match="load 2 failed"):
+        pipe.wait_layer(1)
+    assert "compute waits event1" in log
+    pipe.check_integrity()
