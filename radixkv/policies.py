@@ -164,7 +164,9 @@ class LRUPolicy:
     (kept out of the order): its effective time is the newest touch in its subtree, which is known only
     when its last child leaves. When that happens (:meth:`on_leaf`) every remaining child was evicted
     from the old end, so the parent's effective time is no newer than anything left and it enters at
-    the old end. A parked node that is touched again enters at the new end.
+    the old end. A parked node that is touched again enters at the new end. (A last child that left by
+    ``clear_resident`` instead, e.g. a delete, may have been recent: its parent still enters at the
+    old end, the one departure from exact LRU; see docs/design.md.)
 
     Parking is implicit: a resident node that is not in the order is parked. So inserting a chain
     costs one ordered-dict entry (its leaf), not one per chunk; an ordered node that gains a child

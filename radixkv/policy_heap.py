@@ -133,9 +133,12 @@ class _HeapPolicy:
             self._compact()
 
     def _compact(self) -> None:
-        # Drop the stale entries once they outnumber the live ones (rare: amortized O(1)).
-        self._heap = [e for e in self._entry if e is not None and e is not _PARKED]
-        heapq.heapify(self._heap)
+        # Drop the stale entries once they outnumber the live ones (rare: amortized O(1)). In place:
+        # a candidates() run in progress (the tree evicts between its steps, and on_remove or
+        # on_evict lands here) reads this very list; a new one would hide every later push from it.
+        heap = self._heap
+        heap[:] = [e for e in self._entry if e is not None and e is not _PARKED]
+        heapq.heapify(heap)
 
     def candidates(self) -> Generator[int, None, None]:
         heap, entry, tchild, aside = self._heap, self._entry, self._tchild, self._aside

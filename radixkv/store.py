@@ -53,6 +53,7 @@ from radixkv.errors import ConfigError, InputError
 from radixkv.keys import Namespace
 from radixkv.metrics import StoreMetrics
 from radixkv.tiers.base import ChunkBytes, chunk_nbytes
+from radixkv.tiers.memory import MemoryTier
 from radixkv.transfer import ChunkRef, TierStack
 from radixkv.tree import RadixTree
 
@@ -450,7 +451,10 @@ class HierarchicalStore:
             ids = [n for k in keys if (n := s.tree.lookup(nsd, k)) is not None]
             found = len(ids)
             untracked = [k for k in keys if s.tree.lookup(nsd, k) is None]
-            entries += [(t, nsd, k) for t in range(len(s.tiers)) for k in untracked]
+            # Only tiers adoption probes can hold them: a memory tier is process-local, and what it
+            # holds untracked is a put in flight (which its own cleanup deletes if it fails).
+            entries += [(t, nsd, k) for t, tier in enumerate(s.tiers) if not isinstance(tier, MemoryTier)
+                        for k in untracked]
             for t in range(len(s.tiers)):
                 held = [n for n in ids if _alive(s.tree, n) and s.tree.node_tier_mask(n) & (1 << t)]
                 entries += [(t, nsd, s.tree.node_key(n)) for n in held]

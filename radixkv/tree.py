@@ -327,6 +327,7 @@ class RadixTree:
             missing_tier = [n for n in m.node_ids if not self._mask[n] & bit]
             if missing_tier:
                 rest = keys[hit:]
+                _check_keys(rest)  # as _create would, but before the residency changes
                 if len(set(rest)) != len(rest) or any(k in idx for k in rest):
                     # _create would refuse these keys after the residency changed: refuse first,
                     # so a contradicting chain changes nothing (an uncommon path: no cost to inserts)
@@ -354,14 +355,7 @@ class RadixTree:
         m = len(keys)
         if not m:
             return []
-        try:
-            # One C-level pass type-checks every key (str.join rejects anything but str).
-            "".join(keys)
-        except TypeError:
-            bad = next(k for k in cast("Sequence[object]", keys) if not isinstance(k, str))
-            raise InputError(f"chunk key {bad!r} must be a non-empty str") from None
-        if not all(keys):
-            raise InputError("chunk key '' must be a non-empty str")
+        _check_keys(keys)
         # Index first: if the index does not grow by m, a key repeats or is already in the tree under
         # another prefix; undo and refuse before any column changes. (Cheaper than probing every key
         # twice: the big index is the expensive part of an insert.)
@@ -757,13 +751,13 @@ class RadixTree:
         removed: list[int] = []
         orphans: list[int] = []
         tiers = [self.tier_index(tier)] if tier is not None else range(len(self.tiers))
-        # Deepest first, so every removal is a leaf removal and nothing is counted as an orphan.
+        # Deepest first, and every tier of a node before the next node, so every removal is a leaf
+        # removal and nothing is counted as an orphan (tier by tier, a parent only the first tier
+        # held would leave before its child another tier holds, which would count as orphaned).
         targets.sort(key=self._depth.__getitem__, reverse=True)
-        for t in tiers:
-            bit = 1 << t
-            alive = [n for n in targets if self._key[n] is not None and self._mask[n] & bit]
-            for n in alive:
-                if self._key[n] is not None:
+        for n in targets:
+            for t in tiers:
+                if self._key[n] is not None and self._mask[n] & (1 << t):
                     r = self.clear_resident([n], self.tiers[t])
                     removed.extend(r.removed_node_ids)
                     orphans.extend(r.orphaned_node_ids)
@@ -774,6 +768,18 @@ class RadixTree:
     def check_integrity(self) -> None:
         """Verify every invariant; raises AssertionError naming the broken one with numbers."""
         check_tree(self)
+
+
+def _check_keys(keys: Sequence[str]) -> None:
+    """InputError unless every key is a non-empty str."""
+    try:
+        # One C-level pass type-checks every key (str.join rejects anything but str).
+        "".join(keys)
+    except TypeError:
+        bad = next(k for k in cast("Sequence[object]", keys) if not isinstance(k, str))
+        raise InputError(f"chunk key {bad!r} must be a non-empty str") from None
+    if not all(keys):
+        raise InputError("chunk key '' must be a non-empty str")
 
 
 def _options_for(

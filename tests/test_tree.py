@@ -443,3 +443,41 @@ def test_nodes_fields_batch_matches_node_fields_and_refuses_dead_ids():
     for dead in (ids[1], -1, 10_000):
         with pytest.raises(InputError, match="not in the tree"):
             t.nodes_fields([ids[0], dead])
+
+
+@pytest.mark.parametrize("policy", ["lfu", "cost", "agedref", "oddsref"])
+def test_evict_empties_the_tier_when_the_heap_compacts_mid_run(policy):
+    # Many touches of one chunk pile up stale heap entries; the eviction that follows compacts the
+    # heap while its candidates() run is reading it. The run must still see the parent that becomes
+    # a leaf (it was pushed onto a new heap the run never read: evict(3) removed 2).
+    t = RadixTree(("mem",), policy=policy)
+    t.insert("ns", ["a", "b"], "mem", 16, 100)
+    t.insert("ns", ["x"], "mem", 16, 100)
+    for _ in range(1100):
+        t.match("ns", ["x"])
+    r = t.evict("mem", 3)
+    assert len(r.removed_node_ids) == 3 and t.items("ns") == []
+    t.check_integrity()
+
+
+def test_an_insert_refused_for_a_bad_key_changes_no_residency():
+    # The matched prefix lacks the tier: its residency must not be added before the rest of the
+    # chain is refused (it was: "a" claimed the disk tier, whose bytes grew, after an InputError).
+    t = RadixTree(("mem", "disk"))
+    a = t.insert("ns", ["a"], "mem", 16, 10).new_node_ids[0]
+    with pytest.raises(InputError, match="non-empty str"):
+        t.insert("ns", ["a", ""], "disk", 16, 10)
+    assert t.node_tiers(a) == ["mem"] and t.tier_bytes("disk") == 0
+    t.check_integrity()
+
+
+def test_clearing_a_namespace_over_several_tiers_orphans_nothing():
+    # "a" only in mem, its child only in disk: clearing everything removes both, and neither is an
+    # orphan (tier by tier, "a" left first and its child was dropped and counted as orphaned).
+    t = RadixTree(("mem", "disk"))
+    t.insert("ns", ["a"], "mem", 16, 1)
+    t.insert("ns", ["a/b"], "disk", 16, 1, parent_key="a")
+    r = t.clear(namespace="ns")
+    assert len(r.removed_node_ids) == 2 and r.orphaned_node_ids == ()
+    assert t.stats.orphan_drops == 0 and len(t) == 0
+    t.check_integrity()
