@@ -202,6 +202,8 @@ class RadixTree:
         ``keys`` must be one chain (each key names its whole prefix, as engine page hashes do): then
         O(log len(keys)) dict lookups suffice. The depth span and the last link are always checked, so
         most malformed inputs fall back to a link-by-link walk; ``verify=True`` always walks."""
+        if isinstance(keys, (str, bytes)):  # a str is a sequence of 1-char "keys": never meant
+            raise InputError(f"keys={keys!r:.60} must be a sequence of chunk keys, not one str")
         idx = self._index.get(namespace)
         if not idx or not keys:
             return MatchResult(self, keys, idx or {}, 0)
@@ -291,9 +293,9 @@ class RadixTree:
         t = self._tier_pos.get(tier)  # tier_index inlined: the replay inserts twice per request
         if t is None:
             t = self.tier_index(tier)  # raises: unknown tier
-        if not isinstance(chunk_tokens, int) or chunk_tokens <= 0:
+        if not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens <= 0:
             raise InputError(f"chunk_tokens={chunk_tokens!r} must be a positive integer")
-        if not isinstance(size_bytes, int) or size_bytes < 0:
+        if not isinstance(size_bytes, int) or isinstance(size_bytes, bool) or size_bytes < 0:
             raise InputError(f"size_bytes={size_bytes!r} must be a non-negative integer")
         tokens_per_chunk: int = chunk_tokens
         bytes_per_chunk: int = size_bytes
@@ -717,7 +719,10 @@ class RadixTree:
 
     def unpin(self, node_ids: Iterable[int], owner: str) -> None:
         """Release ``owner``'s pins. Raises PinError if a node is not pinned by ``owner``; unpinning
-        a pin whose lease expired is a no-op (the lease already stopped protecting the node)."""
+        a pin whose lease expired is a no-op (the lease already stopped protecting the node) while the
+        node is in the tree. Once an expired node was evicted its pins are gone with it, and its id
+        may name another chunk: callers that can outlive their lease keep the key and check it (the
+        store's ChunkRef does)."""
         self._pins.unpin(node_ids, owner)
 
     def is_pinned(self, node_id: int) -> bool:
@@ -736,6 +741,8 @@ class RadixTree:
     ) -> DropResult:
         """Drop chunks: everything, one namespace, one subtree (``subtree_key`` and below, needs
         ``namespace``), restricted to one tier if given (chunks other tiers hold stay)."""
+        if tier is not None:
+            self.tier_index(tier)  # an unknown tier is an error even when nothing would be dropped
         if subtree_key is not None:
             if namespace is None:
                 raise InputError("clear(subtree_key=...) needs the namespace the key belongs to")

@@ -481,3 +481,17 @@ def test_clearing_a_namespace_over_several_tiers_orphans_nothing():
     assert len(r.removed_node_ids) == 2 and r.orphaned_node_ids == ()
     assert t.stats.orphan_drops == 0 and len(t) == 0
     t.check_integrity()
+
+
+def test_bad_arguments_the_checks_missed_are_refused():
+    t = RadixTree(("mem",))
+    with pytest.raises(InputError, match="chunk_tokens"):
+        t.insert("ns", ["q"], "mem", True, 1)  # a bool is an int to isinstance, not a token count
+    with pytest.raises(InputError, match="size_bytes"):
+        t.insert("ns", ["q"], "mem", 16, False)
+    with pytest.raises(InputError, match="not one str"):
+        t.match("ns", "abc")  # would be the keys "a", "b", "c"
+    with pytest.raises(InputError, match="unknown tier"):
+        t.clear(tier="bogus")  # even with nothing to drop
+    assert len(t) == 0
+    t.check_integrity()
