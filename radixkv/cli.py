@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if argv else 2
     if argv[0] == "--version":
+        if argv[1:]:
+            parser.error(f"--version takes no arguments (got {' '.join(argv[1:])})")
         from radixkv import __version__
 
         print(__version__)
@@ -42,7 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     if name not in _SUBCOMMANDS:
         parser.error(f"unknown command {name!r}; choose one of: {', '.join(_SUBCOMMANDS)}")
     module = importlib.import_module(_SUBCOMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    from radixkv.errors import ConfigError, InputError
+
+    try:
+        return int(module.main(rest) or 0)
+    except (ConfigError, InputError) as e:  # a bad argument: say so, like argparse, no traceback
+        print(f"radixkv {name}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -28,7 +28,24 @@ from urllib.parse import parse_qsl, urlsplit
 from radixkv.errors import ConfigError
 from radixkv.sizes import parse_bytes
 
-__all__ = ["TierConfig", "StoreConfig", "parse_bytes", "WRITE_POLICIES", "TIER_SCHEMES"]
+__all__ = ["TierConfig", "StoreConfig", "parse_bytes", "redact_url", "WRITE_POLICIES", "TIER_SCHEMES"]
+
+# ``scheme://user:password@host``: the password (up to the first '@') is masked in anything shown.
+_USERINFO_PASSWORD = re.compile(r"(://[^/\s'\"@:]*):[^\s'\"@]*@")
+
+
+def redact_url(text: Any) -> str:
+    """``text`` (a URL, or a message or repr holding URLs) with every URL password replaced by
+    ``***``: Redis URLs carry credentials, which must never reach logs, errors or reprs."""
+    return _USERINFO_PASSWORD.sub(r"\1:***@", text if isinstance(text, str) else repr(text))
+
+
+def _malformed_url(url: Any) -> str:
+    """repr of a value that should have been a URL and is not (no ``://``): whatever precedes an
+    '@' may be credentials, so it is not shown."""
+    if isinstance(url, str) and "@" in url:
+        return repr("***@" + url.rsplit("@", 1)[1])
+    return redact_url(repr(url))
 
 WRITE_POLICIES = ("write_through", "write_back")
 # Schemes the store knows how to name; the tier registry decides which ones it can actually open.
@@ -132,10 +149,22 @@ class TierConfig:
     options: dict[str, Any] = field(default_factory=dict)
     policy_options: dict[str, Any] | None = None
 
+    def __repr__(self) -> str:  # the URL's password stays out of logs and error messages
+        return redact_url(
+            f"TierConfig(url={self.url!r}, capacity_bytes={self.capacity_bytes!r}, name={self.name!r}, "
+            f"policy={self.policy!r}, options={self.options!r}, policy_options={self.policy_options!r})"
+        )
+
     def __post_init__(self) -> None:
+        try:
+            self._validate()
+        except ConfigError as e:  # every message below may quote the URL: never its password
+            raise ConfigError(redact_url(str(e))) from None
+
+    def _validate(self) -> None:
         if not isinstance(self.url, str) or "://" not in self.url:
             raise ConfigError(
-                f"tier url={self.url!r} is not a tier URL: use mem://, file:///abs/path, "
+                f"tier url={_malformed_url(self.url)} is not a tier URL: use mem://, file:///abs/path, "
                 "redis://host:port/db or rediss://... for TLS"
             )
         if self.scheme not in TIER_SCHEMES:
@@ -153,7 +182,10 @@ class TierConfig:
         self.capacity_bytes = parse_bytes(
             self.capacity_bytes, f"capacity_bytes of tier {self.url!r}"
         )
-        query = dict(parse_qsl(urlsplit(self.url).query))
+        pairs = parse_qsl(urlsplit(self.url).query, keep_blank_values=True)
+        query = dict(pairs)
+        if len(pairs) != len(query):
+            raise ConfigError(f"tier url={self.url!r} repeats a query option; give each once")
         if "capacity" in query:  # the registry's URL form: mem://?capacity=8GiB
             in_url = parse_bytes(query["capacity"], f"capacity in tier URL {self.url!r}")
             if self.capacity_bytes not in (0, in_url):
@@ -196,9 +228,9 @@ class TierConfig:
         if isinstance(d, str):
             return cls(url=d)
         if not isinstance(d, Mapping):
-            raise ConfigError(
+            raise ConfigError(redact_url(
                 f"{where}={d!r} must be a mapping with at least 'url' (or a URL string)"
-            )
+            ))
         d = dict(d)
         if "capacity" in d:  # friendlier spelling in YAML
             if "capacity_bytes" in d:
@@ -240,12 +272,14 @@ class StoreConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.tiers, (list, tuple)) or not self.tiers:
-            raise ConfigError(
+            raise ConfigError(redact_url(
                 f"tiers={self.tiers!r} must be a non-empty list of tiers, fastest first, e.g. "
                 "[TierConfig(url='mem://', capacity_bytes='4GiB')]"
-            )
+            ))
+        # copies: naming the tiers below must not rename the caller's TierConfig objects, and the
+        # same object listed twice is two tiers (two names), not one name used twice
         self.tiers = [
-            t if isinstance(t, TierConfig) else TierConfig.from_dict(t, f"tiers[{i}]")
+            dataclasses.replace(t) if isinstance(t, TierConfig) else TierConfig.from_dict(t, f"tiers[{i}]")
             for i, t in enumerate(self.tiers)
         ]
         _assign_names(self.tiers)
@@ -295,7 +329,8 @@ class StoreConfig:
     def from_dict(cls, d: Mapping[str, Any]) -> StoreConfig:
         if not isinstance(d, Mapping):
             raise ConfigError(
-                f"store config must be a mapping of options, got {type(d).__name__}: {d!r:.60}"
+                f"store config must be a mapping of options, got {type(d).__name__}: "
+                f"{redact_url(repr(d)):.60}"
             )
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - allowed)

@@ -7,6 +7,7 @@ variables are errors.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Mapping
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 __all__ = ["store_config_from_env", "env_overrides"]
 
 _ENV_PREFIX = "RADIXKV_"
+# Process-wide switches of other radixkv components (docs/configuration.md): never "misspelt".
+_OTHER_COMPONENTS = frozenset({"NATIVE", "STREAMING_COPY", "COMPILED", "COMPILE"})
 
 
 def store_config_from_env(
@@ -36,6 +39,7 @@ def store_config_from_env(
             for t in base.tiers
         ]
     data.update(env_overrides(cls, env))
+    _check_misspelt(cls, env)
     tiers = _tiers_from_env(env)
     if tiers is not None:
         data["tiers"] = tiers
@@ -60,6 +64,27 @@ def env_overrides(cls: type[StoreConfig], env: Mapping[str, str]) -> dict[str, s
     return out
 
 
+def _check_misspelt(cls: type[StoreConfig], env: Mapping[str, str]) -> None:
+    """A ``RADIXKV_*`` variable that is not the store's but nearly spells one of its variables
+    (``RADIXKV_PROMOTE_ON_HITS``, ``radixkv_metrics_port``) is a ConfigError, not silently ignored;
+    variables of other components (not close to any store variable) stay ignored."""
+    ours = {f.name.upper() for f in fields(cls) if f.name != "tiers"} | {"CONFIG", "TIERS", "TIER_CAPACITIES"}
+    for k in env:
+        if not k.upper().startswith(_ENV_PREFIX):
+            continue
+        suffix = k[len(_ENV_PREFIX):]
+        if k.startswith(_ENV_PREFIX) and (suffix in ours or suffix in _OTHER_COMPONENTS):
+            continue
+        if k.upper().startswith(_ENV_PREFIX + "TIER") and k.startswith(_ENV_PREFIX):
+            continue  # tier variables: _tiers_from_env checks them
+        close = difflib.get_close_matches(suffix.upper(), sorted(ours), n=1, cutoff=0.8)
+        if close:
+            raise ConfigError(
+                f"environment variable {k} is not understood; did you mean {_ENV_PREFIX + close[0]}? "
+                "(docs/configuration.md lists the RADIXKV_* variables)"
+            )
+
+
 def _split_urls(listed: str) -> list[str]:
     """``RADIXKV_TIERS`` split at its commas, except those inside one URL: a Redis Cluster URL lists
     its seed nodes with commas (``redis+cluster://h1:7000,h2:7001``); a piece without ``://`` goes
@@ -78,7 +103,7 @@ def _split_urls(listed: str) -> list[str]:
 def _tiers_from_env(env: Mapping[str, str]) -> list[TierConfig] | None:
     listed = env.get(_ENV_PREFIX + "TIERS")
     indexed: dict[int, dict[str, Any]] = {}
-    pat = re.compile(r"^RADIXKV_TIER(\d+)_(URL|CAPACITY|POLICY|NAME)$")
+    pat = re.compile(r"^RADIXKV_TIER(0|[1-9][0-9]*)_(URL|CAPACITY|POLICY|NAME)$")  # TIER01: a typo
     for k, v in env.items():
         m = pat.match(k)
         if m:
@@ -98,6 +123,11 @@ def _tiers_from_env(env: Mapping[str, str]) -> list[TierConfig] | None:
                           "tiers' URLs (e.g. 'mem://,file:///var/cache/radixkv'), one capacity each")
     if listed is not None:
         urls = _split_urls(listed)
+        if not urls:
+            raise ConfigError(
+                f"RADIXKV_TIERS={listed!r} names no tier: give comma-separated tier URLs, fastest first "
+                "(e.g. 'mem://,file:///var/cache/radixkv'), or unset it"
+            )
         caps_raw = env.get(_ENV_PREFIX + "TIER_CAPACITIES", "")
         caps = [c.strip() for c in caps_raw.split(",")] if caps_raw.strip() else []
         if caps and len(caps) != len(urls):

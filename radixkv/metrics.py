@@ -304,7 +304,7 @@ class StoreMetrics:
 
         try:
             server, thread = start_http_server(port, addr=addr, registry=self.registry)
-        except OSError as e:
+        except (OSError, OverflowError) as e:  # taken, bad address, or (per-rank) past 65535
             logger.warning("radixkv: cannot serve metrics on %s:%d (%s); they stay in stats() and "
                            "store.metrics.registry", addr, port, e)
             return None

@@ -23,6 +23,7 @@ import importlib
 import urllib.parse
 from typing import Any
 
+from radixkv.config import _malformed_url, redact_url
 from radixkv.errors import ConfigError
 from radixkv.sizes import parse_bytes
 from radixkv.tiers.base import Tier
@@ -47,10 +48,15 @@ def _parse_bool(value: Any, what: str) -> bool:
 
 
 def _parse_int(value: Any, what: str) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what}={value!r} must be an integer") from None
+    """A whole number from an int or a decimal string; never a truncated float (1.5) or a bool."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise ConfigError(f"{what}={value!r} must be an integer (a whole number such as 4)")
 
 
 def _merge(spec: str, query: dict[str, str], kwargs: dict[str, Any],
@@ -92,17 +98,18 @@ def make_tier(spec: str, *, capacity_bytes: int | str | None = None, name: str |
     """A tier for ``spec`` (see the module docstring). Raises :class:`ConfigError` for an unknown
     scheme (listing the supported ones), a bad option, or a missing capacity for mem:// and file://."""
     if not isinstance(spec, str) or "://" not in spec:
-        raise ConfigError(f"tier URL {spec!r} has no scheme; use one of: "
+        raise ConfigError(f"tier URL {_malformed_url(spec)} has no scheme; use one of: "
                           + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES))
     scheme = spec.split("://", 1)[0].lower()
     if scheme in _REDIS_SCHEMES:
         return _make_redis(spec, capacity_bytes, name, options)
     if scheme not in SUPPORTED_SCHEMES:
-        raise ConfigError(f"tier URL {spec!r}: unknown scheme {scheme!r}; supported schemes: "
-                          + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES))
+        raise ConfigError(f"tier URL {redact_url(repr(spec))}: unknown scheme {scheme!r}; supported "
+                          "schemes: " + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES))
     parsed = urllib.parse.urlsplit(spec)
-    query = dict(urllib.parse.parse_qsl(parsed.query, keep_blank_values=True, strict_parsing=False))
-    if len(urllib.parse.parse_qsl(parsed.query)) != len(query):
+    pairs = urllib.parse.parse_qsl(parsed.query, keep_blank_values=True, strict_parsing=False)
+    query = dict(pairs)
+    if len(pairs) != len(query):  # (blank values count: '?pin=' is a bad value, not a repeat)
         raise ConfigError(f"tier URL {spec!r} repeats a query option; give each once")
     if capacity_bytes is not None and not (capacity_bytes == 0 and "capacity" in query):
         options["capacity_bytes"] = capacity_bytes

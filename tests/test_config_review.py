@@ -1,0 +1,148 @@
+"""Regression tests of the configuration/wiring review: URL passwords never shown, strict tier-URL
+options, misspelt RADIXKV_* variables reported, the console command's bad arguments."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+
+from radixkv import cli
+from radixkv.config import StoreConfig, TierConfig, redact_url
+from radixkv.errors import ConfigError
+from radixkv.metrics import StoreMetrics
+from radixkv.tiers.registry import make_tier
+
+PW = "hunter2secret"
+
+
+# ---------------------------------------------------------------- passwords never shown
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: TierConfig(f"redis://:{PW}@h:6379/0", "lots"),  # bad capacity
+        lambda: TierConfig(f"redis://user:{PW}@h:6379/0", policy="nope"),  # bad policy
+        lambda: TierConfig(f"redsi://:{PW}@h:6379/0"),  # unknown scheme
+        lambda: TierConfig(f"redis:/:{PW}@h:6379/0"),  # malformed (no ://)
+        lambda: TierConfig(f"rediss+cluster://u:{PW}@h1:7000,h2:7001", options="x"),
+        lambda: StoreConfig(f"redis://:{PW}@h/0"),  # tiers given as a string
+        lambda: StoreConfig.from_dict({"tiers": [[f"redis://:{PW}@h/0"]]}),
+        lambda: make_tier(f"redsi://:{PW}@h:1/0"),
+        lambda: make_tier(f"redis:/:{PW}@h:1/0"),
+    ],
+)
+def test_config_errors_never_show_the_url_password(build):
+    with pytest.raises(ConfigError) as e:
+        build()
+    assert PW not in str(e.value)
+    assert "***" in str(e.value) or "h" in str(e.value)
+
+
+def test_tier_and_store_config_reprs_hide_the_url_password():
+    tc = TierConfig(f"redis://user:{PW}@h:6379/0")
+    cfg = StoreConfig([TierConfig("mem://", "1MiB"), tc])
+    assert PW not in repr(tc) and PW not in repr(cfg) and PW not in str(cfg)
+    assert "redis://user:***@h:6379/0" in repr(tc)
+    assert tc.url == f"redis://user:{PW}@h:6379/0"  # the real URL is kept for the tier
+
+
+def test_redact_url_masks_only_passwords():
+    assert redact_url("redis://:p%40ss@h:1/0") == "redis://:***@h:1/0"
+    assert redact_url("redis://user@h:1/0") == "redis://user@h:1/0"
+    assert redact_url("file:///a:b@c/d") == "file:///a:b@c/d"
+    assert redact_url("x 'rediss+cluster://u:pw@h1:1,h2:2' y") == "x 'rediss+cluster://u:***@h1:1,h2:2' y"
+
+
+# ---------------------------------------------------------------- tier URLs
+def test_a_blank_query_value_is_a_bad_value_not_a_repeat():
+    with pytest.raises(ConfigError, match=r"pin='' must be a boolean"):
+        make_tier("mem://?capacity=1MiB&pin=")
+
+
+def test_integer_tier_options_are_not_truncated():
+    for bad in (1.5, True, "2.0", "many"):
+        with pytest.raises(ConfigError, match="io_threads=.* must be an integer"):
+            make_tier("file:///tmp/radixkv-review-never-created?capacity=1MiB", io_threads=bad)
+
+
+def test_tier_config_rejects_a_repeated_query_option():
+    with pytest.raises(ConfigError, match="repeats a query option"):
+        TierConfig("mem://?capacity=8GiB&capacity=4GiB")
+
+
+def test_the_same_tier_config_listed_twice_gets_two_names_and_is_not_renamed():
+    t = TierConfig("mem://", "1MiB")
+    cfg = StoreConfig([t, t])
+    assert cfg.tier_names == ("mem", "mem-2")
+    assert t.name is None  # the caller's object is not mutated
+
+
+# ---------------------------------------------------------------- environment
+BASE = {"RADIXKV_TIERS": "mem://", "RADIXKV_TIER_CAPACITIES": "1MiB"}
+
+
+@pytest.mark.parametrize(
+    "var, meant",
+    [
+        ("RADIXKV_PROMOTE_ON_HITS", "RADIXKV_PROMOTE_ON_HIT"),
+        ("RADIXKV_METRIC_PORT", "RADIXKV_METRICS_PORT"),
+        ("RADIXKV_IOTHREADS", "RADIXKV_IO_THREADS"),
+        ("RADIXKV_LEASE", "RADIXKV_LEASE_S"),
+        ("radixkv_metrics_port", "RADIXKV_METRICS_PORT"),
+    ],
+)
+def test_a_misspelt_store_variable_is_an_error_naming_the_right_one(var, meant):
+    with pytest.raises(ConfigError, match=f"{var} is not understood; did you mean {meant}"):
+        StoreConfig.from_env({**BASE, var: "0"})
+
+
+def test_other_components_variables_stay_ignored():
+    env = {**BASE, "RADIXKV_NATIVE": "0", "RADIXKV_COMPILED": "0", "RADIXKV_COMPILE": "0",
+           "RADIXKV_STREAMING_COPY": "0", "RADIXKV_SOMETHING_ELSE": "x"}
+    assert StoreConfig.from_env(env).tier_names == ("mem",)
+
+
+def test_an_empty_radixkv_tiers_names_the_variable():
+    for v in ("", " , "):
+        with pytest.raises(ConfigError, match="RADIXKV_TIERS=.* names no tier"):
+            StoreConfig.from_env({"RADIXKV_TIERS": v})
+
+
+def test_a_zero_padded_tier_index_is_not_an_alias():
+    env = {"RADIXKV_TIER0_URL": "mem://", "RADIXKV_TIER0_CAPACITY": "1MiB", "RADIXKV_TIER00_URL": "mem://"}
+    with pytest.raises(ConfigError, match="RADIXKV_TIER00_URL is not understood"):
+        StoreConfig.from_env(env)
+
+
+# ---------------------------------------------------------------- metrics and CLI
+def test_serving_metrics_on_an_impossible_port_is_a_warning(caplog):
+    m = StoreMetrics(["mem"])
+    with caplog.at_level(logging.WARNING, logger="radixkv.metrics"):
+        assert m.serve(70000, "127.0.0.1") is None  # e.g. a base port + rank past 65535
+    assert "cannot serve metrics" in caplog.text
+
+
+def test_metrics_port_taken_is_a_warning(caplog):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    try:
+        with caplog.at_level(logging.WARNING, logger="radixkv.metrics"):
+            assert StoreMetrics(["mem"]).serve(s.getsockname()[1], "127.0.0.1") is None
+    finally:
+        s.close()
+    assert "cannot serve metrics" in caplog.text
+
+
+def test_cli_subcommand_config_error_is_a_message_not_a_traceback(capsys):
+    assert cli.main(["demo", "--page-size", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "radixkv demo: error:" in err and "chunk_tokens=0" in err and "Traceback" not in err
+
+
+def test_cli_version_rejects_extra_arguments(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version", "extra"])
+    assert e.value.code == 2
+    assert "--version takes no arguments" in capsys.readouterr().err
