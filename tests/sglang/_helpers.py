@@ -23,8 +23,11 @@ def mem_tier(capacity="256MiB"):
     return {"url": "mem://", "capacity": capacity}
 
 
-def disk_tier(path, capacity="256MiB"):
-    return {"url": f"file://{path}", "capacity": capacity}
+def disk_tier(path, capacity="256MiB", shared=False):
+    tier = {"url": f"file://{path}", "capacity": capacity}
+    if shared:
+        tier["options"] = {"shared": True}
+    return tier
 
 
 def tokens(n, seed):

@@ -52,3 +52,15 @@ def sglang_parallel_context():
     # SGLang logs every prefetch miss at WARNING; keep test output readable.
     logging.getLogger("sglang").setLevel(logging.ERROR)
     yield None
+
+
+@pytest.fixture
+def rank():
+    """Switch SGLang's parallel context to another TP rank for one harness; restore rank 0 after."""
+    from radixkv.adapters.sglang_cpu import set_parallel_context
+
+    def use(tp_rank: int, tp_size: int) -> None:
+        set_parallel_context(tp_rank=tp_rank, tp_size=tp_size)
+
+    yield use
+    set_parallel_context()

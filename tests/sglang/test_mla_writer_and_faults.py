@@ -6,32 +6,16 @@ import pytest
 
 pytest.importorskip("sglang.srt.mem_cache.hicache_storage", reason="needs sglang==0.5.23 (run inside .envs/sglang)")
 
-from radixkv.adapters.sglang_cpu import ControllerHarness, PoolSpec, set_parallel_context  # noqa: E402
+from radixkv.adapters.sglang_cpu import ControllerHarness, PoolSpec  # noqa: E402
 
 from _helpers import disk_tier, extra_config, mem_tier, tokens, unwrap  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 
 
-@pytest.fixture
-def rank():
-    """Switch SGLang's parallel context to another TP rank for one harness; restore rank 0 after."""
-    def use(tp_rank: int, tp_size: int) -> None:
-        set_parallel_context(tp_rank=tp_rank, tp_size=tp_size)
-
-    yield use
-    set_parallel_context()
-
-
-def _shared_disk(path):
-    t = disk_tier(path)
-    t["options"] = {"shared": True}
-    return t
-
-
 def test_mla_only_the_writer_rank_writes_and_every_rank_reads(tmp_path, rank):
     spec = PoolSpec(kind="mla", layout="page_first", page_size=4, host_tokens=256)
-    cfg = extra_config([mem_tier(), _shared_disk(tmp_path / "l3")])
+    cfg = extra_config([mem_tier(), disk_tier(tmp_path / "l3", shared=True)])
     toks = tokens(32, seed=31)
 
     rank(1, 2)
@@ -69,7 +53,7 @@ def test_mla_only_the_writer_rank_writes_and_every_rank_reads(tmp_path, rank):
 
 def test_mha_tp_ranks_never_read_each_others_pages(tmp_path, rank):
     spec = PoolSpec(kind="mha", layout="page_first", page_size=4, host_tokens=256)
-    cfg = extra_config([mem_tier(), _shared_disk(tmp_path / "l3")])
+    cfg = extra_config([mem_tier(), disk_tier(tmp_path / "l3", shared=True)])
     toks = tokens(16, seed=41)
     rank(0, 2)
     r0 = ControllerHarness(spec, extra_config=cfg)

@@ -10,26 +10,12 @@ import pytest
 
 pytest.importorskip("sglang.srt.mem_cache.hicache_storage", reason="needs sglang==0.5.23 (run inside .envs/sglang)")
 
-from radixkv.adapters.sglang_cpu import ControllerHarness, PoolSpec, set_parallel_context  # noqa: E402
+from radixkv.adapters.sglang_cpu import ControllerHarness, PoolSpec  # noqa: E402
 from radixkv.errors import ConfigError  # noqa: E402
 
 from _helpers import disk_tier, extra_config, mem_tier, tokens, unwrap  # noqa: E402
 
 pytestmark = pytest.mark.sglang
-
-
-@pytest.fixture
-def rank():
-    """Switch SGLang's parallel context to another TP rank for one harness; restore rank 0 after."""
-    def use(tp_rank: int, tp_size: int) -> None:
-        set_parallel_context(tp_rank=tp_rank, tp_size=tp_size)
-
-    yield use
-    set_parallel_context()
-
-
-def _shared(tier: dict) -> dict:
-    return {**tier, "options": {"shared": True}}
 
 
 def _disk_root(backend) -> str:
@@ -77,7 +63,7 @@ def test_tp_ranks_own_a_directory_each_and_keep_their_pages_across_restarts(tmp_
 def test_a_shared_disk_tier_stays_at_its_root(tmp_path, rank):
     spec = PoolSpec(kind="mha", layout="page_first", page_size=4, host_tokens=256)
     rank(1, 2)
-    h = ControllerHarness(spec, extra_config=extra_config([mem_tier(), _shared(disk_tier(tmp_path / "l3"))]))
+    h = ControllerHarness(spec, extra_config=extra_config([mem_tier(), disk_tier(tmp_path / "l3", shared=True)]))
     try:
         assert _disk_root(h.backend) == str(tmp_path / "l3")
     finally:
@@ -90,7 +76,7 @@ def test_mla_non_writer_keeps_adopting_after_its_books_fill(tmp_path, rank):
     # the writer evicted them), batch_exists answered 0 there, and SGLang's MIN over the TP ranks
     # turned every later prefetch into a miss.
     spec = PoolSpec(kind="mla", layout="page_first", page_size=4, host_tokens=512)
-    tier = _shared(disk_tier(tmp_path / "l3", capacity=12 * (spec.page_bytes + 200)))  # 12 pages
+    tier = disk_tier(tmp_path / "l3", capacity=12 * (spec.page_bytes + 200), shared=True)  # 12 pages
     cfg = extra_config([tier])
     rank(1, 2)
     r1 = ControllerHarness(spec, extra_config=cfg)
@@ -133,7 +119,7 @@ def test_mla_tp_without_a_shared_tier_fails_the_attach(tmp_path, rank, tiers):
         ControllerHarness(spec, extra_config=cfg)
     assert isinstance(e.value.__cause__, ConfigError)  # SGLang's factory wraps it in a ValueError
     # A shared tier (here a shared disk directory) makes the same server valid; so does TP=1.
-    h = ControllerHarness(spec, extra_config=extra_config([mem_tier(), _shared(disk_tier(tmp_path / "s"))]))
+    h = ControllerHarness(spec, extra_config=extra_config([mem_tier(), disk_tier(tmp_path / "s", shared=True)]))
     h.close()
     rank(0, 1)
     h = ControllerHarness(spec, extra_config=cfg)
@@ -143,7 +129,7 @@ def test_mla_tp_without_a_shared_tier_fails_the_attach(tmp_path, rank, tiers):
 def test_mla_tp_with_probing_off_fails_the_attach(tmp_path, rank):
     spec = PoolSpec(kind="mla", layout="page_first", page_size=4, host_tokens=256)
     rank(0, 2)
-    cfg = extra_config([mem_tier(), _shared(disk_tier(tmp_path / "l3"))], probe_tiers=False)
+    cfg = extra_config([mem_tier(), disk_tier(tmp_path / "l3", shared=True)], probe_tiers=False)
     with pytest.raises(ValueError, match="probe_tiers=false") as e:
         ControllerHarness(spec, extra_config=cfg)
     assert isinstance(e.value.__cause__, ConfigError)
