@@ -12,7 +12,8 @@ page of one (layer, component) as ``[BLOCK_R (token, head) rows x BLOCK_D dims]`
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from numbers import Integral
 from dataclasses import dataclass
 
@@ -221,18 +222,47 @@ def _launch(layout: PagedLayout, plan: _Plan, *, to_chunk: bool, interpret: bool
     return _result(layout, plan, "triton-interpreter" if interpret else "triton", launches=1)
 
 
+# One program's tile: at most this many elements, run by this many warps. Measured on an H200
+# (docs/benchmarks.md, `python -m radixkv.bench kernels --tune`); `_tile_config` overrides both.
+_TILE_MAX_ELEMS = 4096
+_NUM_WARPS = 4
+
+
+@contextmanager
+def _tile_config(max_elems: int, num_warps: int) -> Iterator[None]:
+    """Launch with another tile size and warp count inside the block (the benchmark's --tune)."""
+    global _TILE_MAX_ELEMS, _NUM_WARPS
+    saved = _TILE_MAX_ELEMS, _NUM_WARPS
+    _TILE_MAX_ELEMS, _NUM_WARPS = max_elems, num_warps
+    try:
+        yield
+    finally:
+        _TILE_MAX_ELEMS, _NUM_WARPS = saved
+
+
+def _tile(layout: PagedLayout) -> tuple[int, int, int]:
+    """``(BLOCK_R, BLOCK_D, num_warps)``: a [rows x dims] tile of at most `_TILE_MAX_ELEMS`."""
+    block_d = min(128, triton.next_power_of_2(layout.head_dim))
+    rows = layout.page_tokens * layout.num_heads
+    block_r = min(triton.next_power_of_2(rows), max(1, _TILE_MAX_ELEMS // block_d))
+    return block_r, block_d, _NUM_WARPS
+
+
 def _launch_args(layout: PagedLayout, plan: _Plan, *, to_chunk: bool) -> tuple[tuple, list, dict]:
     """Grid, positional arguments and meta-parameters of one launch (tests compile from these)."""
     num_chunks, pages_per_chunk = plan.page_ids.shape
     chunk_offsets = [layout.element_offset(c.data_ptr()) for c in plan.chunks]
     aligned = all(o % 16 == 0 for o in chunk_offsets) and layout.views_aligned
     meta = torch.cat([torch.tensor(chunk_offsets, dtype=torch.int64), plan.page_ids.reshape(-1)])
-    # One small host->device copy carries chunk offsets and page ids (pageable source: the copy is
-    # staged by the driver before returning, so `meta` may die right after).
-    meta = meta.to(layout.device, non_blocking=True)
-    block_d = min(128, triton.next_power_of_2(layout.head_dim))
-    rows = layout.page_tokens * layout.num_heads
-    block_r = min(triton.next_power_of_2(rows), max(1, 4096 // block_d))
+    if layout.device.type == "cuda":
+        # One small host->device copy carries chunk offsets and page ids. Staged through pinned
+        # memory from torch's caching host allocator, so the copy is truly asynchronous (a pageable
+        # source makes the driver stage it synchronously) and the block is reused only after the
+        # copy has finished (the allocator records the stream).
+        staged = torch.empty(meta.shape, dtype=meta.dtype, pin_memory=True)
+        staged.copy_(meta)
+        meta = staged.to(layout.device, non_blocking=True)
+    block_r, block_d, num_warps = _tile(layout)
     grid = (num_chunks * pages_per_chunk, len(plan.layers) * layout.num_components)
     args = [
         layout.views[0][0].view(word_dtype(layout.dtype)),
@@ -247,7 +277,13 @@ def _launch_args(layout: PagedLayout, plan: _Plan, *, to_chunk: bool) -> tuple[t
         layout.num_heads,
         layout.head_dim,
     ]
-    meta_params = {"TO_CHUNK": to_chunk, "ALIGNED": aligned, "BLOCK_R": block_r, "BLOCK_D": block_d}
+    meta_params = {
+        "TO_CHUNK": to_chunk,
+        "ALIGNED": aligned,
+        "BLOCK_R": block_r,
+        "BLOCK_D": block_d,
+        "num_warps": num_warps,
+    }
     return grid, args, meta_params
 
 

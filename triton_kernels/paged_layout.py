@@ -60,6 +60,10 @@ class PagedLayout:
     dtype: torch.dtype = field(init=False)
     device: torch.device = field(init=False)
     page_strides: tuple[int, int, int, int] = field(init=False)
+    itemsize: int = field(init=False)  # bytes per element
+    # True when every view offset is a multiple of 16 elements (lets the kernel vectorise); fixed for
+    # the layout's lifetime, so computed once (every launch asks).
+    views_aligned: bool = field(init=False)
     _view_offsets: dict = field(init=False, repr=False)
     # Byte ranges of the engine's storage behind the views, sorted and merged (aliasing checks).
     storage_spans: tuple[tuple[int, int], ...] = field(init=False, repr=False)
@@ -104,7 +108,11 @@ class PagedLayout:
         self.dtype = ref.dtype
         self.device = ref.device
         self.page_strides = tuple(int(s) for s in ref.stride())  # type: ignore[assignment]
+        self.itemsize = ref.element_size()
         self._view_offsets = {}
+        self.views_aligned = all(
+            self.element_offset(v.data_ptr()) % 16 == 0 for layer in views for v in layer
+        )
         self.storage_spans = merged(
             (v.untyped_storage().data_ptr(), v.untyped_storage().data_ptr() + v.untyped_storage().nbytes())
             for layer in views for v in layer
@@ -153,10 +161,6 @@ class PagedLayout:
         return cls(sglang_host_views(kv_buffer, layout=layout, page_tokens=page_tokens, mla=mla))
 
     # --- sizes ----------------------------------------------------------------------------------
-
-    @property
-    def itemsize(self) -> int:
-        return self.views[0][0].element_size()
 
     @property
     def page_bytes(self) -> int:
@@ -208,13 +212,6 @@ class PagedLayout:
                 torch.cuda.current_stream(self.device).synchronize()
             self._view_offsets[key] = table
         return table
-
-    @property
-    def views_aligned(self) -> bool:
-        """True when every view offset is a multiple of 16 elements (lets the kernel vectorise)."""
-        return all(
-            self.element_offset(v.data_ptr()) % 16 == 0 for layer in self.views for v in layer
-        )
 
     def check_integrity(self) -> None:
         """Re-check the invariants (the engine tensors must not have been resized or moved)."""

@@ -16,6 +16,7 @@ smaller defaults (8 layers, 2 chunks per batch), and says so: the GPU targets do
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -76,21 +77,28 @@ class Row:
 
 
 def _median_s(fn: Callable[[], object], device: torch.device, iters: int, warmup: int) -> float:
+    """Seconds per call. On CUDA: ``iters`` calls back to back between two events (the sustained
+    rate an engine issuing batch after batch sees: the host's launch work overlaps the copies, as
+    it does in serving), the median of 5 such runs. On CPU: the median of ``iters`` single calls."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        runs = []
+        for _ in range(5):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn()
+            for _ in range(iters):
+                fn()
             end.record()
             end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+            runs.append(start.elapsed_time(end) / 1e3 / iters)
+        return statistics.median(runs)
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
@@ -178,6 +186,32 @@ def _measure(cfg: BenchConfig, page_tokens: int, chunk_tokens: int) -> list[Row]
     return rows
 
 
+# (max tile elements, warps) tried by --tune; the first is the launcher's default.
+TUNE_CONFIGS = ((4096, 4), (2048, 4), (8192, 4), (16384, 4), (4096, 8), (8192, 8), (16384, 8),
+                (16384, 16), (1024, 2))
+
+
+def tune(cfg: BenchConfig) -> str:
+    """GB/s of each kernel row under every `TUNE_CONFIGS` entry, as a markdown table (CUDA only)."""
+    from radixkv.kernels import paged_copy
+
+    cfg = dataclasses.replace(cfg, iters=min(cfg.iters, 5))  # 9 configs x 4 shapes: keep it short
+    lines = [
+        "| page tokens | chunk tokens | tile elems | warps | gather d2d | scatter d2d "
+        "| gather d2h | scatter h2d |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for page in cfg.page_tokens:
+        for chunk in cfg.chunk_tokens:
+            for elems, warps in TUNE_CONFIGS:
+                with paged_copy._tile_config(elems, warps):
+                    rows = _measure(cfg, page, chunk)
+                cells = " | ".join(f"{r.kernel_gbps:.1f} ({r.ratio:.2f})" for r in rows)
+                lines.append(f"| {page} | {chunk} | {elems} | {warps} | {cells} |")
+                print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
 def format_table(rows: list[Row], on_gpu: bool) -> str:
     ceiling = "torch copy_ GB/s (ceiling)"
     lines = [
@@ -213,6 +247,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--warmup", type=int, default=None, help="untimed iterations; default 3 GPU, 1 CPU"
+    )
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="GPU only: also time every kernel row under each tile size and warp count",
     )
     p.add_argument(
         "--threads",
@@ -264,7 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"radixkv kernels benchmark on {where}: vLLM LBNHC cache, {cfg.layers} layers x "
         f"{cfg.kv_heads} KV heads x {cfg.head_dim} dims, bf16, {cfg.chunks_per_batch} chunks per "
-        f"batch, median of {cfg.iters} (warm-up {cfg.warmup})"
+        + (
+            f"batch, median of 5 runs of {cfg.iters} back-to-back calls (warm-up {cfg.warmup})"
+            if on_gpu
+            else f"batch, median of {cfg.iters} calls (warm-up {cfg.warmup})"
+        )
     )
     if not on_gpu:
         print(
@@ -274,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             "host<->device rows; the GPU targets (>= 0.85 of each ceiling, 1 launch per batch) "
             "apply to CUDA runs only."
         )
+        if args.tune:
+            print("NOTE: --tune times the CUDA kernels' tile sizes; ignored on CPU")
     rows: list[Row] = []
     for page in cfg.page_tokens:
         for chunk in cfg.chunk_tokens:
@@ -285,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
             f"targets: {len(rows) - len(missed)}/{len(rows)} rows at >= {TARGET_RATIO:.2f} of "
             "ceiling with 1 launch per batch"
         )
+        if args.tune:
+            print("tuning: GB/s (ratio to its ceiling) per tile size and warp count")
+            tune(cfg)
     return 0
 
 

@@ -38,6 +38,7 @@ def _compile_ptx(layout: PagedLayout, ids, chunks, *, to_chunk: bool) -> str:
     """Specialise like Triton's launcher: ints == 1 -> constexpr; values % 16 == 0 -> hint."""
     plan = paged_copy._plan(layout, ids, chunks, None, to_chunk=to_chunk)
     _, args, meta_params = paged_copy._launch_args(layout, plan, to_chunk=to_chunk)
+    options = {k: meta_params.pop(k) for k in ("num_warps", "num_stages") if k in meta_params}
     kernel = paged_copy._kernel(interpret=False)  # the JITFunction, whatever TRITON_INTERPRET was
     names = kernel.arg_names
     signature, constexprs, attrs = {}, dict(meta_params), {}
@@ -57,7 +58,7 @@ def _compile_ptx(layout: PagedLayout, ids, chunks, *, to_chunk: bool) -> str:
         signature[name] = "constexpr"
     src = ASTSource(kernel, signature, constexprs, attrs)
     try:
-        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     except RuntimeError as exc:  # pragma: no cover - broken toolchain, not a kernel bug
         if "ptxas" in str(exc) and "not found" in str(exc):
             pytest.skip(f"no ptxas: {exc}")

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Every GPU check in one run (for a lent CUDA machine; CI has none): the gpu-marked tests, then
+# `python -m radixkv.bench kernels --tune`. Logs go to $OUT (default ./gpu-out).
+# Runs from a copy of the package laid out as installed (radixkv/kernels, ...), so it needs no
+# pip install and no network; the machine's own torch and triton are used.
+set -u
+R=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$R/gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 RADIXKV_COMPILE=0
+PY=${PYTHON:-python3}
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv
+  $PY -c "import sys, torch, triton; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))"
+  nproc
+} 2>&1 | tee "$OUT/env.txt"
+PKG=$(mktemp -d)
+cp -r "$R/radixkv" "$PKG/radixkv"
+rm -f "$PKG"/radixkv/*.so
+cp -r "$R/triton_kernels" "$PKG/radixkv/kernels"
+cp -r "$R/adapters" "$PKG/radixkv/adapters"
+cp -r "$R/sims" "$PKG/radixkv/sims"
+cd "$PKG" || exit 1  # `python -m` puts the cwd first on sys.path: the laid-out copy, not $R/radixkv
+export PYTHONPATH=$PKG
+timeout 240 $PY -m pytest -p no:cacheprovider -c "$R/pyproject.toml" --rootdir "$R" -m gpu -q \
+  "$R/tests/kernels" "$R/tests/tiers/test_memory_tier.py" 2>&1 | tee "$OUT/pytest.txt"
+echo "pytest exit ${PIPESTATUS[0]}" | tee -a "$OUT/pytest.txt"
+timeout 300 $PY -m radixkv.bench kernels ${BENCH_ARGS:---tune} 2>&1 | tee "$OUT/bench.txt"
+echo "bench exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench.txt"
