@@ -26,5 +26,6 @@ export PYTHONPATH=$PKG
 timeout 240 $PY -m pytest -p no:cacheprovider -c "$R/pyproject.toml" --rootdir "$R" -m gpu -q \
   "$R/tests/kernels" "$R/tests/tiers/test_memory_tier.py" 2>&1 | tee "$OUT/pytest.txt"
 echo "pytest exit ${PIPESTATUS[0]}" | tee -a "$OUT/pytest.txt"
+timeout 60 $PY "$R/scripts/gpu_launch_profile.py" 2>&1 | tee "$OUT/launch_profile.txt"
 timeout 300 $PY -m radixkv.bench kernels ${BENCH_ARGS:---tune} 2>&1 | tee "$OUT/bench.txt"
 echo "bench exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench.txt"

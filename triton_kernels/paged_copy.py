@@ -5,8 +5,9 @@ references (`gather_chunks_reference`, `scatter_chunks_reference`, also the CPU 
 together so that every path shares one validated plan and one chunk byte layout (docs/kernels.md
 §2).
 
-Grid: ``(num_chunks * pages_per_chunk, selected_layers * num_components)``; each program copies one
-page of one (layer, component) as ``[BLOCK_R (token, head) rows x BLOCK_D dims]`` tiles.
+Grid: ``(num_chunks * pages_per_chunk, selected_layers)``; each program copies one page of one layer,
+all its components (K and V) together, as ``[BLOCK_R (token, head) rows x BLOCK_D dims]`` tiles (or
+``selected_layers * num_components`` programs, one per component, when `_FUSE_COMPONENTS` is off).
 """
 
 from __future__ import annotations
@@ -49,21 +50,27 @@ def _paged_chunk_copy_kernel(
     num_chunks,
     pages_per_chunk,
     layer_start,
-    num_components,
     page_tokens,
     num_heads,
     head_dim,
     # Meta-parameters
+    NUM_COMPONENTS: tl.constexpr,  # 2 (K, V) or 1 (MLA latent)
+    FUSE_COMPONENTS: tl.constexpr,  # one program copies every component of its (page, layer)
     TO_CHUNK: tl.constexpr,
     ALIGNED: tl.constexpr,  # every view and chunk offset is a multiple of 16 elements
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     chunk_page = tl.program_id(0)  # chunk * pages_per_chunk + page_in_chunk
-    slot = tl.program_id(1)  # selected layer * num_components + component
     page = tl.load(meta_ptr + num_chunks + chunk_page)
     if page >= 0:  # -1 = skip this page
-        view_idx = layer_start * num_components + slot  # absolute (layer, component) index
+        # FUSE_COMPONENTS: program (page, layer) copies K and V together, so the two halves of an
+        # interleaved K||V row (vLLM) are read back to back, and two tiles are in flight at once.
+        # Else program (page, layer * components + component) copies one.
+        if FUSE_COMPONENTS:
+            view_idx = (layer_start + tl.program_id(1)) * NUM_COMPONENTS
+        else:
+            view_idx = layer_start * NUM_COMPONENTS + tl.program_id(1)
         view_off = tl.load(view_offsets_ptr + view_idx)
         chunk_off = tl.load(meta_ptr + chunk_page // pages_per_chunk)
         if ALIGNED:  # offsets read from memory carry no alignment: state it, so accesses vectorise
@@ -77,6 +84,12 @@ def _paged_chunk_copy_kernel(
         page_ptr = base_ptr + view_off + page.to(tl.int64) * stride_page
         slab = view_idx.to(tl.int64) * pages_per_chunk + chunk_page % pages_per_chunk
         chunk_ptr = base_ptr + chunk_off + slab * page_elems
+        if FUSE_COMPONENTS and NUM_COMPONENTS == 2:
+            v_off = tl.load(view_offsets_ptr + view_idx + 1)
+            if ALIGNED:
+                v_off = tl.multiple_of(v_off, 16)
+            v_page_ptr = base_ptr + v_off + page.to(tl.int64) * stride_page
+            v_chunk_ptr = chunk_ptr + pages_per_chunk * page_elems  # the next slab: same page, V
         for r0 in range(0, rows, BLOCK_R):
             r = r0 + tl.arange(0, BLOCK_R)
             r_mask = r < rows
@@ -91,10 +104,18 @@ def _paged_chunk_copy_kernel(
                 chunk_off2 = chunk_row[:, None] + d[None, :]
                 if TO_CHUNK:
                     words = tl.load(page_ptr + page_off, mask=mask)
+                    if FUSE_COMPONENTS and NUM_COMPONENTS == 2:
+                        v_words = tl.load(v_page_ptr + page_off, mask=mask)
                     tl.store(chunk_ptr + chunk_off2, words, mask=mask)
+                    if FUSE_COMPONENTS and NUM_COMPONENTS == 2:
+                        tl.store(v_chunk_ptr + chunk_off2, v_words, mask=mask)
                 else:
                     words = tl.load(chunk_ptr + chunk_off2, mask=mask)
+                    if FUSE_COMPONENTS and NUM_COMPONENTS == 2:
+                        v_words = tl.load(v_chunk_ptr + chunk_off2, mask=mask)
                     tl.store(page_ptr + page_off, words, mask=mask)
+                    if FUSE_COMPONENTS and NUM_COMPONENTS == 2:
+                        tl.store(v_page_ptr + page_off, v_words, mask=mask)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +134,11 @@ class _Plan:
     chunks: tuple[torch.Tensor, ...]  # typed contiguous [L, C, T, H, D] views
     layers: range
     valid_pages: int
+    # The page ids as a flat list when they were checked in Python (small batches), else None.
+    flat_ids: list[int] | None = None
+    # Element offsets of the chunks from the layout's base when the chunks are one stacked buffer
+    # (computed without touching each view), else None.
+    chunk_offsets: list[int] | None = None
 
 
 def gather_chunks(
@@ -226,58 +252,69 @@ def _launch(layout: PagedLayout, plan: _Plan, *, to_chunk: bool, interpret: bool
 # (docs/benchmarks.md, `python -m radixkv.bench kernels --tune`); `_tile_config` overrides both.
 _TILE_MAX_ELEMS = 4096
 _NUM_WARPS = 4
+_FUSE_COMPONENTS = True
 
 
 @contextmanager
-def _tile_config(max_elems: int, num_warps: int) -> Iterator[None]:
-    """Launch with another tile size and warp count inside the block (the benchmark's --tune)."""
-    global _TILE_MAX_ELEMS, _NUM_WARPS
-    saved = _TILE_MAX_ELEMS, _NUM_WARPS
-    _TILE_MAX_ELEMS, _NUM_WARPS = max_elems, num_warps
+def _tile_config(max_elems: int, num_warps: int, fuse: bool = True) -> Iterator[None]:
+    """Launch with another tile, warp count or component fusion inside the block (bench --tune)."""
+    global _TILE_MAX_ELEMS, _NUM_WARPS, _FUSE_COMPONENTS
+    saved = _TILE_MAX_ELEMS, _NUM_WARPS, _FUSE_COMPONENTS
+    _TILE_MAX_ELEMS, _NUM_WARPS, _FUSE_COMPONENTS = max_elems, num_warps, fuse
     try:
         yield
     finally:
-        _TILE_MAX_ELEMS, _NUM_WARPS = saved
+        _TILE_MAX_ELEMS, _NUM_WARPS, _FUSE_COMPONENTS = saved
 
 
 def _tile(layout: PagedLayout) -> tuple[int, int, int]:
     """``(BLOCK_R, BLOCK_D, num_warps)``: a [rows x dims] tile of at most `_TILE_MAX_ELEMS`."""
-    block_d = min(128, triton.next_power_of_2(layout.head_dim))
+    block_d = min(128, _pow2_at_least(layout.head_dim))
     rows = layout.page_tokens * layout.num_heads
-    block_r = min(triton.next_power_of_2(rows), max(1, _TILE_MAX_ELEMS // block_d))
+    block_r = min(_pow2_at_least(rows), max(1, _TILE_MAX_ELEMS // block_d))
     return block_r, block_d, _NUM_WARPS
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << (n - 1).bit_length()  # triton.next_power_of_2, without its per-call overhead
 
 
 def _launch_args(layout: PagedLayout, plan: _Plan, *, to_chunk: bool) -> tuple[tuple, list, dict]:
     """Grid, positional arguments and meta-parameters of one launch (tests compile from these)."""
     num_chunks, pages_per_chunk = plan.page_ids.shape
-    chunk_offsets = [layout.element_offset(c.data_ptr()) for c in plan.chunks]
-    aligned = all(o % 16 == 0 for o in chunk_offsets) and layout.views_aligned
-    meta = torch.cat([torch.tensor(chunk_offsets, dtype=torch.int64), plan.page_ids.reshape(-1)])
-    if layout.device.type == "cuda":
-        # One small host->device copy carries chunk offsets and page ids. Staged through pinned
-        # memory from torch's caching host allocator, so the copy is truly asynchronous (a pageable
-        # source makes the driver stage it synchronously) and the block is reused only after the
-        # copy has finished (the allocator records the stream).
-        staged = torch.empty(meta.shape, dtype=meta.dtype, pin_memory=True)
-        staged.copy_(meta)
-        meta = staged.to(layout.device, non_blocking=True)
+    chunk_offsets = plan.chunk_offsets
+    if chunk_offsets is None:
+        chunk_offsets = [layout.element_offset(c.data_ptr()) for c in plan.chunks]
+    aligned = layout.views_aligned and all(o % 16 == 0 for o in chunk_offsets)
+    # One small host->device copy carries chunk offsets and page ids. On CUDA it is staged through
+    # pinned memory from torch's caching host allocator, so the copy is truly asynchronous (a
+    # pageable source makes the driver stage it synchronously) and the block is reused only after
+    # the copy has finished (the allocator records the stream).
+    pin = layout.device.type == "cuda"
+    if plan.flat_ids is not None:
+        meta = torch.tensor(chunk_offsets + plan.flat_ids, dtype=torch.int64, pin_memory=pin)
+    else:
+        meta = torch.cat([torch.tensor(chunk_offsets, dtype=torch.int64), plan.page_ids.view(-1)])
+        meta = meta.pin_memory() if pin else meta
+    meta = meta.to(layout.device, non_blocking=True)
     block_r, block_d, num_warps = _tile(layout)
-    grid = (num_chunks * pages_per_chunk, len(plan.layers) * layout.num_components)
+    fuse = _FUSE_COMPONENTS
+    grid = (num_chunks * pages_per_chunk, len(plan.layers) * (1 if fuse else layout.num_components))
     args = [
-        layout.views[0][0].view(word_dtype(layout.dtype)),
+        layout.word_base,
         layout.view_offsets(),
         meta,
         *layout.page_strides,
         num_chunks,
         pages_per_chunk,
         plan.layers.start,
-        layout.num_components,
         layout.page_tokens,
         layout.num_heads,
         layout.head_dim,
     ]
     meta_params = {
+        "NUM_COMPONENTS": layout.num_components,
+        "FUSE_COMPONENTS": fuse,
         "TO_CHUNK": to_chunk,
         "ALIGNED": aligned,
         "BLOCK_R": block_r,
@@ -295,14 +332,43 @@ def _result(layout: PagedLayout, plan: _Plan, backend: str, *, launches: int) ->
 # --- validation ----------------------------------------------------------------------------------
 
 
+# Below this many page ids, they are checked as a Python list: cheaper than torch's per-op dispatch
+# (a launch's host work is part of its cost: a 32 MiB chunk moves in ~16 us on an H200).
+_SMALL_IDS = 4096
+
+
 def _plan(layout, page_ids, chunks, layers, *, to_chunk: bool) -> _Plan:
     if not isinstance(layout, PagedLayout):
         raise InputError(f"layout must be a PagedLayout; got {type(layout).__name__}")
-    ids = _page_ids(layout, page_ids, unique=not to_chunk)
+    ids, flat, valid = _page_ids(layout, page_ids, unique=not to_chunk)
     num_chunks, pages_per_chunk = ids.shape
+    stacked = _stacked_chunks(layout, chunks, num_chunks, pages_per_chunk)
+    if stacked is not None:
+        # One contiguous [num_chunks, L, C, T, H, D] buffer: its chunks are disjoint by construction.
+        _check_chunk_device(layout, stacked, 0)
+        _check_outside_engine(layout, stacked, 0)
+        step = stacked[0].numel()
+        first = layout.element_offset(stacked.data_ptr())
+        offsets = [first + i * step for i in range(num_chunks)]
+        views = tuple(stacked.unbind(0))
+        return _Plan(ids, views, _layers(layout, layers), valid, flat, offsets)
     views = _chunk_views(layout, chunks, num_chunks, pages_per_chunk)
     _check_aliasing(layout, views, to_chunk)
-    return _Plan(ids, views, _layers(layout, layers), int((ids >= 0).sum()))
+    return _Plan(ids, views, _layers(layout, layers), valid, flat)
+
+
+def _stacked_chunks(layout, chunks, num_chunks: int, pages_per_chunk: int) -> torch.Tensor | None:
+    """``chunks`` itself when it is one contiguous typed ``[num_chunks, *chunk_shape]`` tensor."""
+    if (
+        isinstance(chunks, torch.Tensor)
+        and chunks.dtype == layout.dtype
+        and chunks.dim() == 6
+        and chunks.shape[0] == num_chunks
+        and tuple(chunks.shape[1:]) == layout.chunk_shape(pages_per_chunk)
+        and chunks.is_contiguous()
+    ):
+        return chunks
+    return None
 
 
 def _check_aliasing(layout: PagedLayout, views: Sequence[torch.Tensor], to_chunk: bool) -> None:
@@ -313,14 +379,20 @@ def _check_aliasing(layout: PagedLayout, views: Sequence[torch.Tensor], to_chunk
     if pair is not None:
         raise InputError(f"chunks {pair[0]} and {pair[1]} share one buffer or overlap; gather needs a "
                          "distinct buffer per chunk")
-    for i, span in enumerate(spans):
-        # Another device's addresses cannot alias the engine's pages.
-        if views[i].device == layout.device and overlaps_any(span, layout.storage_spans):
-            raise InputError(f"chunk {i} lies inside the engine's page storage; chunks must be separate "
-                             "buffers (alloc_chunks)")
+    for i, view in enumerate(views):
+        _check_outside_engine(layout, view, i)
 
 
-def _page_ids(layout: PagedLayout, page_ids, *, unique: bool) -> torch.Tensor:
+def _check_outside_engine(layout: PagedLayout, chunk: torch.Tensor, i: int) -> None:
+    # Another device's addresses cannot alias the engine's pages.
+    span = (chunk.data_ptr(), chunk.data_ptr() + chunk.numel() * chunk.element_size())
+    if chunk.device == layout.device and overlaps_any(span, layout.storage_spans):
+        raise InputError(f"chunk {i} lies inside the engine's page storage; chunks must be separate "
+                         "buffers (alloc_chunks)")
+
+
+def _page_ids(layout: PagedLayout, page_ids, *, unique: bool) -> tuple[torch.Tensor, list[int] | None, int]:
+    """``(ids, flat ids or None, valid page count)``: ids a CPU int64 ``[chunks, pages]`` tensor."""
     if isinstance(page_ids, torch.Tensor):
         if page_ids.device.type != "cpu":
             raise InputError(
@@ -352,17 +424,28 @@ def _page_ids(layout: PagedLayout, page_ids, *, unique: bool) -> torch.Tensor:
             f"{tuple(ids.shape)}"
         )
     ids = ids.contiguous()
-    bad = (ids < -1) | (ids >= layout.num_pages)
+    num_pages = layout.num_pages
+    if ids.numel() <= _SMALL_IDS:
+        flat = ids.view(-1).tolist()
+        if min(flat) < -1 or max(flat) >= num_pages:
+            first = next(x for x in flat if x < -1 or x >= num_pages)
+            raise InputError(
+                f"page id {first} out of range: pages are 0..{num_pages - 1}, -1 = skip"
+            )
+        valid = [x for x in flat if x >= 0] if min(flat) < 0 else flat
+        if unique and len(set(valid)) != len(valid):
+            raise InputError("scatter page_ids name a page twice; each destination page once")
+        return ids, flat, len(valid)
+    bad = (ids < -1) | (ids >= num_pages)
     if bool(bad.any()):
         first = int(ids[bad][0])
         raise InputError(
-            f"page id {first} out of range: pages are 0..{layout.num_pages - 1}, -1 = skip"
+            f"page id {first} out of range: pages are 0..{num_pages - 1}, -1 = skip"
         )
-    if unique:
-        valid = ids[ids >= 0]
-        if valid.numel() != torch.unique(valid).numel():
-            raise InputError("scatter page_ids name a page twice; each destination page once")
-    return ids
+    valid_ids = ids[ids >= 0]
+    if unique and valid_ids.numel() != torch.unique(valid_ids).numel():
+        raise InputError("scatter page_ids name a page twice; each destination page once")
+    return ids, None, int(valid_ids.numel())
 
 
 def _layers(layout: PagedLayout, layers) -> range:

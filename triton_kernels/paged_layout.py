@@ -64,6 +64,8 @@ class PagedLayout:
     # True when every view offset is a multiple of 16 elements (lets the kernel vectorise); fixed for
     # the layout's lifetime, so computed once (every launch asks).
     views_aligned: bool = field(init=False)
+    # views[0][0] as integer words: the base pointer every kernel address is an offset from.
+    word_base: torch.Tensor = field(init=False, repr=False)
     _view_offsets: dict = field(init=False, repr=False)
     # Byte ranges of the engine's storage behind the views, sorted and merged (aliasing checks).
     storage_spans: tuple[tuple[int, int], ...] = field(init=False, repr=False)
@@ -109,6 +111,7 @@ class PagedLayout:
         self.device = ref.device
         self.page_strides = tuple(int(s) for s in ref.stride())  # type: ignore[assignment]
         self.itemsize = ref.element_size()
+        self.word_base = ref.view(word_dtype(ref.dtype))
         self._view_offsets = {}
         self.views_aligned = all(
             self.element_offset(v.data_ptr()) % 16 == 0 for layer in views for v in layer

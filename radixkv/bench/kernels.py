@@ -186,28 +186,28 @@ def _measure(cfg: BenchConfig, page_tokens: int, chunk_tokens: int) -> list[Row]
     return rows
 
 
-# (max tile elements, warps) tried by --tune; the first is the launcher's default.
-TUNE_CONFIGS = ((4096, 4), (2048, 4), (8192, 4), (16384, 4), (4096, 8), (8192, 8), (16384, 8),
-                (16384, 16), (1024, 2))
+# (max tile elements, warps, K and V in one program) tried by --tune; the first is the default.
+TUNE_CONFIGS = ((4096, 4, True), (2048, 4, True), (8192, 4, True), (4096, 8, True), (8192, 8, True),
+                (16384, 8, True), (4096, 4, False), (16384, 8, False))
 
 
 def tune(cfg: BenchConfig) -> str:
     """GB/s of each kernel row under every `TUNE_CONFIGS` entry, as a markdown table (CUDA only)."""
     from radixkv.kernels import paged_copy
 
-    cfg = dataclasses.replace(cfg, iters=min(cfg.iters, 5))  # 9 configs x 4 shapes: keep it short
+    cfg = dataclasses.replace(cfg, iters=min(cfg.iters, 5))  # 8 configs x 4 shapes: keep it short
     lines = [
-        "| page tokens | chunk tokens | tile elems | warps | gather d2d | scatter d2d "
+        "| page tokens | chunk tokens | tile elems | warps | K+V fused | gather d2d | scatter d2d "
         "| gather d2h | scatter h2d |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for page in cfg.page_tokens:
         for chunk in cfg.chunk_tokens:
-            for elems, warps in TUNE_CONFIGS:
-                with paged_copy._tile_config(elems, warps):
+            for elems, warps, fuse in TUNE_CONFIGS:
+                with paged_copy._tile_config(elems, warps, fuse):
                     rows = _measure(cfg, page, chunk)
                 cells = " | ".join(f"{r.kernel_gbps:.1f} ({r.ratio:.2f})" for r in rows)
-                lines.append(f"| {page} | {chunk} | {elems} | {warps} | {cells} |")
+                lines.append(f"| {page} | {chunk} | {elems} | {warps} | {fuse} | {cells} |")
                 print(lines[-1], flush=True)
     return "\n".join(lines)
 

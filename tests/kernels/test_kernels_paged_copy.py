@@ -18,6 +18,7 @@ from radixkv.kernels import (
     chunk_payload,
     gather_chunks,
     gather_chunks_reference,
+    paged_copy,
     scatter_chunks,
     scatter_chunks_reference,
 )
@@ -90,6 +91,17 @@ def test_every_dtype(name: str, dtype: torch.dtype) -> None:
     ids = random_page_ids(NUM_CHUNKS, PAGES_PER_CHUNK, seed=DTYPES.index(dtype))
     _check_gather(case, ids)
     _check_scatter(case, ids)
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["kv-fused", "per-component"])
+@pytest.mark.parametrize("name", ["vllm_lbnhc", "sglang_device", "sglang_device_mla"])
+def test_component_fusion_on_and_off(name: str, fuse: bool) -> None:
+    """Both program shapes (one per page and layer, or per page, layer and component) copy alike."""
+    case = make_case(name, torch.float16, seed=11)
+    ids = random_page_ids(NUM_CHUNKS, PAGES_PER_CHUNK, seed=11)
+    with paged_copy._tile_config(2048, 4, fuse=fuse):
+        _check_gather(case, ids, layers=range(1, 3))
+        _check_scatter(case, ids, layers=range(1, 3))
 
 
 @pytest.mark.parametrize("layers", [0, 2, range(1, 3)], ids=["first", "last", "range"])
