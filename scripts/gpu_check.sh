@@ -29,3 +29,5 @@ echo "pytest exit ${PIPESTATUS[0]}" | tee -a "$OUT/pytest.txt"
 timeout 60 $PY "$R/scripts/gpu_launch_profile.py" 2>&1 | tee "$OUT/launch_profile.txt"
 timeout 300 $PY -m radixkv.bench kernels ${BENCH_ARGS:---tune} 2>&1 | tee "$OUT/bench.txt"
 echo "bench exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench.txt"
+# The launch-bound case: 4 chunks per call whatever their size (128 MiB calls for 256-token chunks).
+timeout 120 $PY -m radixkv.bench kernels --chunks 4 2>&1 | tee "$OUT/bench_4chunks.txt"

@@ -58,6 +58,9 @@ def _paged_chunk_copy_kernel(
     FUSE_COMPONENTS: tl.constexpr,  # one program copies every component of its (page, layer)
     TO_CHUNK: tl.constexpr,
     ALIGNED: tl.constexpr,  # every view and chunk offset is a multiple of 16 elements
+    # Offsets inside one page fit int32 (bases stay int64): half the integer work per element, which
+    # a copy at HBM speed notices.
+    OFFSETS_32: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -93,12 +96,18 @@ def _paged_chunk_copy_kernel(
         for r0 in range(0, rows, BLOCK_R):
             r = r0 + tl.arange(0, BLOCK_R)
             r_mask = r < rows
-            tok = (r // num_heads).to(tl.int64)
-            head = (r % num_heads).to(tl.int64)
+            tok = r // num_heads
+            head = r % num_heads
+            if not OFFSETS_32:  # offsets inside one page can pass 2**31: widen before multiplying
+                tok = tok.to(tl.int64)
+                head = head.to(tl.int64)
+                r = r.to(tl.int64)
             page_row = tok * stride_token + head * stride_head
-            chunk_row = r.to(tl.int64) * head_dim
+            chunk_row = r * head_dim
             for d0 in range(0, head_dim, BLOCK_D):
-                d = (d0 + tl.arange(0, BLOCK_D)).to(tl.int64)
+                d = d0 + tl.arange(0, BLOCK_D)
+                if not OFFSETS_32:
+                    d = d.to(tl.int64)
                 mask = r_mask[:, None] & (d < head_dim)[None, :]
                 page_off = page_row[:, None] + d[None, :] * stride_dim
                 chunk_off2 = chunk_row[:, None] + d[None, :]
@@ -131,7 +140,8 @@ class CopyResult:
 @dataclass(frozen=True, slots=True)
 class _Plan:
     page_ids: torch.Tensor  # CPU int64 [num_chunks, pages_per_chunk]
-    chunks: tuple[torch.Tensor, ...]  # typed contiguous [L, C, T, H, D] views
+    # typed contiguous [L, C, T, H, D] views, or one stacked [num_chunks, L, C, T, H, D] tensor
+    chunks: tuple[torch.Tensor, ...] | torch.Tensor
     layers: range
     valid_pages: int
     # The page ids as a flat list when they were checked in Python (small batches), else None.
@@ -250,8 +260,8 @@ def _launch(layout: PagedLayout, plan: _Plan, *, to_chunk: bool, interpret: bool
 
 # One program's tile: at most this many elements, run by this many warps. Measured on an H200
 # (docs/benchmarks.md, `python -m radixkv.bench kernels --tune`); `_tile_config` overrides both.
-_TILE_MAX_ELEMS = 4096
-_NUM_WARPS = 4
+_TILE_MAX_ELEMS = 8192
+_NUM_WARPS = 8
 _FUSE_COMPONENTS = True
 
 
@@ -273,6 +283,19 @@ def _tile(layout: PagedLayout) -> tuple[int, int, int]:
     rows = layout.page_tokens * layout.num_heads
     block_r = min(_pow2_at_least(rows), max(1, _TILE_MAX_ELEMS // block_d))
     return block_r, block_d, _NUM_WARPS
+
+
+def _page_offsets_fit_int32(layout: PagedLayout) -> bool:
+    """True when every element offset inside one page, engine side and chunk side, is < 2**31."""
+    st_token, st_head, st_dim = layout.page_strides[1:]
+    engine_last = (
+        (layout.page_tokens - 1) * st_token
+        + (layout.num_heads - 1) * st_head
+        + (layout.head_dim - 1) * st_dim
+    )
+    # + one tile of slack: masked-off lanes of the last tile still form (unused) offsets
+    chunk_last = (layout.page_tokens * layout.num_heads + 4096) * layout.head_dim
+    return max(engine_last + 4096 * max(st_token, st_head, st_dim), chunk_last) < 2**31
 
 
 def _pow2_at_least(n: int) -> int:
@@ -317,6 +340,7 @@ def _launch_args(layout: PagedLayout, plan: _Plan, *, to_chunk: bool) -> tuple[t
         "FUSE_COMPONENTS": fuse,
         "TO_CHUNK": to_chunk,
         "ALIGNED": aligned,
+        "OFFSETS_32": _page_offsets_fit_int32(layout),
         "BLOCK_R": block_r,
         "BLOCK_D": block_d,
         "num_warps": num_warps,
@@ -350,8 +374,7 @@ def _plan(layout, page_ids, chunks, layers, *, to_chunk: bool) -> _Plan:
         step = stacked[0].numel()
         first = layout.element_offset(stacked.data_ptr())
         offsets = [first + i * step for i in range(num_chunks)]
-        views = tuple(stacked.unbind(0))
-        return _Plan(ids, views, _layers(layout, layers), valid, flat, offsets)
+        return _Plan(ids, stacked, _layers(layout, layers), valid, flat, offsets)
     views = _chunk_views(layout, chunks, num_chunks, pages_per_chunk)
     _check_aliasing(layout, views, to_chunk)
     return _Plan(ids, views, _layers(layout, layers), valid, flat)
@@ -402,7 +425,7 @@ def _page_ids(layout: PagedLayout, page_ids, *, unique: bool) -> tuple[torch.Ten
         check_integer_dtype(page_ids.dtype, "page_ids")
         if page_ids.dtype == torch.uint64 and page_ids.numel() and int(page_ids.max()) >= 1 << 63:
             raise InputError("page_ids hold a uint64 id >= 2**63 (it would wrap to a negative id)")
-        ids = page_ids.to(torch.int64)
+        ids = page_ids if page_ids.dtype == torch.int64 else page_ids.to(torch.int64)
     else:
         try:
             rows = [list(row) for row in page_ids]
@@ -512,7 +535,7 @@ def _check_chunk_device(layout: PagedLayout, chunk: torch.Tensor, i: int) -> Non
 def _reference(layout: PagedLayout, plan: _Plan, *, to_chunk: bool) -> CopyResult:
     n_tok, heads, dim = layout.page_tokens, layout.num_heads, layout.head_dim
     word = word_dtype(layout.dtype)  # integer words: bit-exact, and fp8 has no index_copy_ on CPU
-    for typed_chunk, ids in zip(plan.chunks, plan.page_ids):
+    for typed_chunk, ids in zip(plan.chunks, plan.page_ids):  # (iterating a stacked tensor: its chunks)
         chunk = typed_chunk.view(word)
         slots = torch.nonzero(ids >= 0).flatten()
         if slots.numel() == 0:

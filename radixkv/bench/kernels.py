@@ -32,7 +32,8 @@ TARGET_RATIO = 0.85
 
 @dataclass(slots=True)
 class BenchConfig:
-    """What to measure. Sizes in tokens; ``chunks_per_batch`` chunks move in one call."""
+    """What to measure. Sizes in tokens. One call moves ``chunks_per_batch`` chunks, or when that is
+    None, as many chunks as make ``batch_tokens`` (the same bytes per call for every chunk size)."""
 
     device: str
     layers: int
@@ -40,13 +41,14 @@ class BenchConfig:
     head_dim: int
     page_tokens: tuple[int, ...]
     chunk_tokens: tuple[int, ...]
-    chunks_per_batch: int
+    chunks_per_batch: int | None
+    batch_tokens: int
     iters: int
     warmup: int
 
     def __post_init__(self) -> None:
-        for name in ("layers", "kv_heads", "head_dim", "chunks_per_batch", "iters"):
-            if getattr(self, name) < 1:
+        for name in ("layers", "kv_heads", "head_dim", "chunks_per_batch", "batch_tokens", "iters"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(
                     f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}"
                 )
@@ -59,6 +61,19 @@ class BenchConfig:
                         f"chunk size {chunk} is not a multiple of page size {page}; choose sizes "
                         "with chunk % page == 0"
                     )
+        if self.chunks_per_batch is None:
+            for chunk in self.chunk_tokens:
+                if self.batch_tokens % chunk:
+                    raise ValueError(
+                        f"--batch-tokens {self.batch_tokens} is not a multiple of chunk size "
+                        f"{chunk}; choose a multiple, or give --chunks"
+                    )
+
+    def chunks_for(self, chunk_tokens: int) -> int:
+        """Chunks moved per call for this chunk size."""
+        if self.chunks_per_batch is not None:
+            return self.chunks_per_batch
+        return self.batch_tokens // chunk_tokens
 
 
 @dataclass(slots=True)
@@ -66,6 +81,7 @@ class Row:
     op: str
     page_tokens: int
     chunk_tokens: int
+    chunks: int
     batch_bytes: int
     kernel_gbps: float
     ceiling_gbps: float
@@ -121,10 +137,11 @@ def _vllm_cache(cfg: BenchConfig, page_tokens: int, num_blocks: int) -> PagedLay
 def _measure(cfg: BenchConfig, page_tokens: int, chunk_tokens: int) -> list[Row]:
     dev = torch.device(cfg.device)
     pages_per_chunk = chunk_tokens // page_tokens
-    num_pages = cfg.chunks_per_batch * pages_per_chunk
+    num_chunks = cfg.chunks_for(chunk_tokens)
+    num_pages = num_chunks * pages_per_chunk
     layout = _vllm_cache(cfg, page_tokens, 2 * num_pages)  # half the pool used, scattered
-    ids = torch.randperm(2 * num_pages)[:num_pages].view(cfg.chunks_per_batch, pages_per_chunk)
-    chunks = alloc_chunks(layout, cfg.chunks_per_batch, pages_per_chunk)
+    ids = torch.randperm(2 * num_pages)[:num_pages].view(num_chunks, pages_per_chunk)
+    chunks = alloc_chunks(layout, num_chunks, pages_per_chunk)
     nbytes = chunks.numel() * chunks.element_size()
     # Both filled: an untouched CPU source maps the kernel's shared zero page, which stays in cache
     # and inflated the ceiling by 15-40% (found by a benchmark review).
@@ -141,6 +158,7 @@ def _measure(cfg: BenchConfig, page_tokens: int, chunk_tokens: int) -> list[Row]
             "gather d2d" if dev.type == "cuda" else "gather cpu",
             page_tokens,
             chunk_tokens,
+            num_chunks,
             nbytes,
             timed(lambda: gather_chunks(layout, ids, chunks)),
             ceiling,
@@ -150,6 +168,7 @@ def _measure(cfg: BenchConfig, page_tokens: int, chunk_tokens: int) -> list[Row]
             "scatter d2d" if dev.type == "cuda" else "scatter cpu",
             page_tokens,
             chunk_tokens,
+            num_chunks,
             nbytes,
             timed(lambda: scatter_chunks(layout, ids, chunks)),
             ceiling,
@@ -158,7 +177,7 @@ def _measure(cfg: BenchConfig, page_tokens: int, chunk_tokens: int) -> list[Row]
     ]
     if dev.type == "cuda":
         host = alloc_chunks(
-            layout, cfg.chunks_per_batch, pages_per_chunk, device="cpu", pin_memory=True
+            layout, num_chunks, pages_per_chunk, device="cpu", pin_memory=True
         )
         host_flat = host.view(-1).view(torch.uint8)
         d2h = timed(lambda: host_flat.copy_(flat_src, non_blocking=True))
@@ -168,6 +187,7 @@ def _measure(cfg: BenchConfig, page_tokens: int, chunk_tokens: int) -> list[Row]
                 "gather d2h (zero-copy)",
                 page_tokens,
                 chunk_tokens,
+                num_chunks,
                 nbytes,
                 timed(lambda: gather_chunks(layout, ids, host)),
                 d2h,
@@ -177,6 +197,7 @@ def _measure(cfg: BenchConfig, page_tokens: int, chunk_tokens: int) -> list[Row]
                 "scatter h2d (zero-copy)",
                 page_tokens,
                 chunk_tokens,
+                num_chunks,
                 nbytes,
                 timed(lambda: scatter_chunks(layout, ids, host)),
                 h2d,
@@ -187,8 +208,8 @@ def _measure(cfg: BenchConfig, page_tokens: int, chunk_tokens: int) -> list[Row]
 
 
 # (max tile elements, warps, K and V in one program) tried by --tune; the first is the default.
-TUNE_CONFIGS = ((4096, 4, True), (2048, 4, True), (8192, 4, True), (4096, 8, True), (8192, 8, True),
-                (16384, 8, True), (4096, 4, False), (16384, 8, False))
+TUNE_CONFIGS = ((8192, 8, True), (4096, 4, True), (8192, 4, True), (4096, 8, True), (16384, 8, True),
+                (16384, 16, True), (8192, 8, False), (16384, 8, False))
 
 
 def tune(cfg: BenchConfig) -> str:
@@ -215,14 +236,15 @@ def tune(cfg: BenchConfig) -> str:
 def format_table(rows: list[Row], on_gpu: bool) -> str:
     ceiling = "torch copy_ GB/s (ceiling)"
     lines = [
-        "| op | page tokens | chunk tokens | batch MiB | radixkv GB/s "
+        "| op | page tokens | chunk tokens | chunks | batch MiB | radixkv GB/s "
         f"| {ceiling} | ratio | launches |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         mark = "" if not on_gpu else (" ok" if r.ratio >= TARGET_RATIO else " MISS")
         lines.append(
-            f"| {r.op} | {r.page_tokens} | {r.chunk_tokens} | {r.batch_bytes / 2**20:.0f} | "
+            f"| {r.op} | {r.page_tokens} | {r.chunk_tokens} | {r.chunks} | "
+            f"{r.batch_bytes / 2**20:.0f} | "
             f"{r.kernel_gbps:.1f} | {r.ceiling_gbps:.1f} | {r.ratio:.2f}{mark} | "
             f"{r.launches if on_gpu else 'n/a (torch)'} |"
         )
@@ -240,7 +262,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--page-tokens", default="16,64", help="comma-separated page sizes")
     p.add_argument("--chunk-tokens", default="256,1024", help="comma-separated chunk sizes")
     p.add_argument(
-        "--chunks", type=int, default=None, help="chunks per batch; default 4 GPU, 2 CPU"
+        "--chunks",
+        type=int,
+        default=None,
+        help="chunks per call (overrides --batch-tokens); default on CPU 2",
+    )
+    p.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=4096,
+        help="GPU: tokens moved per call, as chunks of each size (default 4096: a long prefix hit)",
     )
     p.add_argument(
         "--iters", type=int, default=None, help="timed iterations; default 20 GPU, 3 CPU"
@@ -292,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
             head_dim=args.head_dim,
             page_tokens=_ints(args.page_tokens, "--page-tokens"),
             chunk_tokens=_ints(args.chunk_tokens, "--chunk-tokens"),
-            chunks_per_batch=_default(args.chunks, 4 if on_gpu else 2),
+            chunks_per_batch=args.chunks if on_gpu else _default(args.chunks, 2),
+            batch_tokens=args.batch_tokens,
             iters=_default(args.iters, 20 if on_gpu else 3),
             warmup=_default(args.warmup, 3 if on_gpu else 1),
         )
@@ -302,11 +334,16 @@ def main(argv: list[str] | None = None) -> int:
     where = torch.cuda.get_device_name(torch.device(device)) if on_gpu else "CPU"
     print(
         f"radixkv kernels benchmark on {where}: vLLM LBNHC cache, {cfg.layers} layers x "
-        f"{cfg.kv_heads} KV heads x {cfg.head_dim} dims, bf16, {cfg.chunks_per_batch} chunks per "
+        f"{cfg.kv_heads} KV heads x {cfg.head_dim} dims, bf16, "
         + (
-            f"batch, median of 5 runs of {cfg.iters} back-to-back calls (warm-up {cfg.warmup})"
+            f"{cfg.chunks_per_batch} chunks per call, "
+            if cfg.chunks_per_batch is not None
+            else f"{cfg.batch_tokens} tokens per call, "
+        )
+        + (
+            f"median of 5 runs of {cfg.iters} back-to-back calls (warm-up {cfg.warmup})"
             if on_gpu
-            else f"batch, median of {cfg.iters} calls (warm-up {cfg.warmup})"
+            else f"median of {cfg.iters} calls (warm-up {cfg.warmup})"
         )
     )
     if not on_gpu:

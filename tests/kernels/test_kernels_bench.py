@@ -39,7 +39,7 @@ def test_cpu_run_prints_table_with_ratios_and_says_cpu(capsys: pytest.CaptureFix
     assert len(rows) == 4  # 2 page sizes x 1 chunk size x (gather, scatter); no host rows on CPU
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        kernel, ceiling, ratio = float(cells[4]), float(cells[5]), float(cells[6])
+        kernel, ceiling, ratio = float(cells[5]), float(cells[6]), float(cells[7])
         assert kernel >= 0 and ceiling > 0 and ratio >= 0
         if ceiling > 0.1:  # the printed GB/s are rounded to 0.05: the ratio must lie within that
             assert (kernel - 0.05) / (ceiling + 0.05) - 0.01 <= ratio
@@ -47,11 +47,11 @@ def test_cpu_run_prints_table_with_ratios_and_says_cpu(capsys: pytest.CaptureFix
 
 
 def test_row_ratio() -> None:
-    row = bench.Row("gather d2d", 16, 256, 2**20, kernel_gbps=45.0, ceiling_gbps=50.0, launches=1)
+    row = bench.Row("gather d2d", 16, 256, 4, 2**20, kernel_gbps=45.0, ceiling_gbps=50.0, launches=1)
     assert row.ratio == pytest.approx(0.9)
     table = bench.format_table([row], on_gpu=True)
-    assert "| gather d2d | 16 | 256 | 1 | 45.0 | 50.0 | 0.90 ok | 1 |" in table
-    slow = bench.Row("scatter d2d", 16, 256, 2**20, kernel_gbps=40.0, ceiling_gbps=50.0, launches=1)
+    assert "| gather d2d | 16 | 256 | 4 | 1 | 45.0 | 50.0 | 0.90 ok | 1 |" in table
+    slow = bench.Row("scatter d2d", 16, 256, 4, 2**20, kernel_gbps=40.0, ceiling_gbps=50.0, launches=1)
     assert "0.80 MISS" in bench.format_table([slow], on_gpu=True)
 
 
@@ -86,6 +86,7 @@ def test_dispatcher_lists_and_runs_kernels(capsys: pytest.CaptureFixture[str]) -
         (["--device", "cpu", "--page-tokens", "16", "--chunk-tokens", "24"], "not a multiple"),
         (["--device", "cpu", "--page-tokens", "a"], "comma-separated integers"),
         (["--device", "cpu", "--iters", "0"], "--iters must be >= 1"),
+        (["--device", "cpu", "--batch-tokens", "0"], "--batch-tokens must be >= 1"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_reason(argv, message, capsys) -> None:
@@ -104,8 +105,9 @@ def test_cuda_requested_without_cuda(capsys) -> None:
 
 @pytest.mark.gpu
 def test_gpu_run_has_host_rows_and_single_launches(capsys) -> None:
-    assert bench.main(["--layers", "2", "--chunks", "2", "--iters", "2"]) == 0
+    assert bench.main(["--layers", "2", "--batch-tokens", "2048", "--iters", "2"]) == 0
     out = capsys.readouterr().out
+    assert "| gather d2d | 16 | 256 | 8 |" in out and "| gather d2d | 64 | 1024 | 2 |" in out
     assert "zero-copy" in out and "targets:" in out
     for line in out.splitlines():
         if line.startswith("| gather") or line.startswith("| scatter"):

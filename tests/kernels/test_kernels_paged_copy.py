@@ -14,6 +14,7 @@ from _kernel_cases import (
     same_bits,
 )
 from radixkv.kernels import (
+    PagedLayout,
     alloc_chunks,
     chunk_payload,
     gather_chunks,
@@ -102,6 +103,25 @@ def test_component_fusion_on_and_off(name: str, fuse: bool) -> None:
     with paged_copy._tile_config(2048, 4, fuse=fuse):
         _check_gather(case, ids, layers=range(1, 3))
         _check_scatter(case, ids, layers=range(1, 3))
+
+
+def test_64_bit_in_page_offsets_copy_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The int64 in-page offset path (pages whose own span passes 2**31 elements) copies alike."""
+    case = make_case("vllm_lbnhc", torch.bfloat16, seed=12)
+    assert paged_copy._page_offsets_fit_int32(case.layout)
+    monkeypatch.setattr(paged_copy, "_page_offsets_fit_int32", lambda layout: False)
+    ids = random_page_ids(NUM_CHUNKS, PAGES_PER_CHUNK, seed=12)
+    _check_gather(case, ids)
+    _check_scatter(case, ids)
+
+
+def test_in_page_offset_width_follows_the_strides() -> None:
+    base = torch.zeros(2, 8, 4, 64, dtype=torch.float16)  # [pages, tokens, heads, dim]
+    layout = PagedLayout.from_views([[base, base]])
+    assert paged_copy._page_offsets_fit_int32(layout)
+    # A token stride of 2**28 elements (no such tensor is allocated): token 7 lies past 2**31.
+    object.__setattr__(layout, "page_strides", (2**31, 2**28, 64, 1))
+    assert not paged_copy._page_offsets_fit_int32(layout)
 
 
 @pytest.mark.parametrize("layers", [0, 2, range(1, 3)], ids=["first", "last", "range"])
