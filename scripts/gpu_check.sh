@@ -27,7 +27,10 @@ timeout 240 $PY -m pytest -p no:cacheprovider -c "$R/pyproject.toml" --rootdir "
   "$R/tests/kernels" "$R/tests/tiers/test_memory_tier.py" 2>&1 | tee "$OUT/pytest.txt"
 echo "pytest exit ${PIPESTATUS[0]}" | tee -a "$OUT/pytest.txt"
 timeout 60 $PY "$R/scripts/gpu_launch_profile.py" 2>&1 | tee "$OUT/launch_profile.txt"
-timeout 300 $PY -m radixkv.bench kernels ${BENCH_ARGS:---tune} 2>&1 | tee "$OUT/bench.txt"
-echo "bench exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench.txt"
+# REPEAT=N runs the benchmark N times (a check of run-to-run spread); BENCH_ARGS=" " skips --tune.
+for _ in $(seq "${REPEAT:-1}"); do
+  timeout 300 $PY -m radixkv.bench kernels ${BENCH_ARGS:---tune} 2>&1 | tee -a "$OUT/bench.txt"
+  echo "bench exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench.txt"
+done
 # The launch-bound case: 4 chunks per call whatever their size (128 MiB calls for 256-token chunks).
 timeout 120 $PY -m radixkv.bench kernels --chunks 4 2>&1 | tee "$OUT/bench_4chunks.txt"
