@@ -27,6 +27,9 @@ timeout 240 $PY -m pytest -p no:cacheprovider -c "$R/pyproject.toml" --rootdir "
   "$R/tests/kernels" "$R/tests/tiers/test_memory_tier.py" 2>&1 | tee "$OUT/pytest.txt"
 echo "pytest exit ${PIPESTATUS[0]}" | tee -a "$OUT/pytest.txt"
 timeout 60 $PY "$R/scripts/gpu_launch_profile.py" 2>&1 | tee "$OUT/launch_profile.txt"
+for n in 6144 4096; do  # per-layer matmul size: compute longer, then shorter, than the loads
+  timeout 60 $PY "$R/scripts/gpu_pipeline_overlap.py" $n 2>&1 | tee -a "$OUT/pipeline.txt"
+done
 # REPEAT=N runs the benchmark N times (a check of run-to-run spread); BENCH_ARGS=" " skips --tune.
 for _ in $(seq "${REPEAT:-1}"); do
   timeout 300 $PY -m radixkv.bench kernels ${BENCH_ARGS:---tune} 2>&1 | tee -a "$OUT/bench.txt"
