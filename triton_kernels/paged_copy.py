@@ -61,6 +61,9 @@ def _paged_chunk_copy_kernel(
     # Offsets inside one page fit int32 (bases stay int64): half the integer work per element, which
     # a copy at HBM speed notices.
     OFFSETS_32: tl.constexpr,
+    # Cache hints: "" (default), or "evict_first" / ".cs" for streaming (copied bytes are not reread).
+    LOAD_EVICT: tl.constexpr,
+    STORE_CACHE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -112,19 +115,19 @@ def _paged_chunk_copy_kernel(
                 page_off = page_row[:, None] + d[None, :] * stride_dim
                 chunk_off2 = chunk_row[:, None] + d[None, :]
                 if TO_CHUNK:
-                    words = tl.load(page_ptr + page_off, mask=mask)
+                    words = tl.load(page_ptr + page_off, mask=mask, eviction_policy=LOAD_EVICT)
                     if FUSE_COMPONENTS and NUM_COMPONENTS == 2:
-                        v_words = tl.load(v_page_ptr + page_off, mask=mask)
-                    tl.store(chunk_ptr + chunk_off2, words, mask=mask)
+                        v_words = tl.load(v_page_ptr + page_off, mask=mask, eviction_policy=LOAD_EVICT)
+                    tl.store(chunk_ptr + chunk_off2, words, mask=mask, cache_modifier=STORE_CACHE)
                     if FUSE_COMPONENTS and NUM_COMPONENTS == 2:
-                        tl.store(v_chunk_ptr + chunk_off2, v_words, mask=mask)
+                        tl.store(v_chunk_ptr + chunk_off2, v_words, mask=mask, cache_modifier=STORE_CACHE)
                 else:
-                    words = tl.load(chunk_ptr + chunk_off2, mask=mask)
+                    words = tl.load(chunk_ptr + chunk_off2, mask=mask, eviction_policy=LOAD_EVICT)
                     if FUSE_COMPONENTS and NUM_COMPONENTS == 2:
-                        v_words = tl.load(v_chunk_ptr + chunk_off2, mask=mask)
-                    tl.store(page_ptr + page_off, words, mask=mask)
+                        v_words = tl.load(v_chunk_ptr + chunk_off2, mask=mask, eviction_policy=LOAD_EVICT)
+                    tl.store(page_ptr + page_off, words, mask=mask, cache_modifier=STORE_CACHE)
                     if FUSE_COMPONENTS and NUM_COMPONENTS == 2:
-                        tl.store(v_page_ptr + page_off, v_words, mask=mask)
+                        tl.store(v_page_ptr + page_off, v_words, mask=mask, cache_modifier=STORE_CACHE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,18 +266,23 @@ def _launch(layout: PagedLayout, plan: _Plan, *, to_chunk: bool, interpret: bool
 _TILE_MAX_ELEMS = 8192
 _NUM_WARPS = 8
 _FUSE_COMPONENTS = True
+_STREAMING_HINTS = False  # evict-first loads and streaming (.cs) stores
 
 
 @contextmanager
-def _tile_config(max_elems: int, num_warps: int, fuse: bool = True) -> Iterator[None]:
-    """Launch with another tile, warp count or component fusion inside the block (bench --tune)."""
-    global _TILE_MAX_ELEMS, _NUM_WARPS, _FUSE_COMPONENTS
-    saved = _TILE_MAX_ELEMS, _NUM_WARPS, _FUSE_COMPONENTS
-    _TILE_MAX_ELEMS, _NUM_WARPS, _FUSE_COMPONENTS = max_elems, num_warps, fuse
+def _tile_config(
+    max_elems: int, num_warps: int, fuse: bool = True, streaming: bool = False
+) -> Iterator[None]:
+    """Launch with another tile, warp count, fusion or cache hints inside the block (bench --tune)."""
+    global _TILE_MAX_ELEMS, _NUM_WARPS, _FUSE_COMPONENTS, _STREAMING_HINTS
+    saved = _TILE_MAX_ELEMS, _NUM_WARPS, _FUSE_COMPONENTS, _STREAMING_HINTS
+    _TILE_MAX_ELEMS, _NUM_WARPS, _FUSE_COMPONENTS, _STREAMING_HINTS = (
+        max_elems, num_warps, fuse, streaming
+    )
     try:
         yield
     finally:
-        _TILE_MAX_ELEMS, _NUM_WARPS, _FUSE_COMPONENTS = saved
+        _TILE_MAX_ELEMS, _NUM_WARPS, _FUSE_COMPONENTS, _STREAMING_HINTS = saved
 
 
 def _tile(layout: PagedLayout) -> tuple[int, int, int]:
@@ -341,6 +349,8 @@ def _launch_args(layout: PagedLayout, plan: _Plan, *, to_chunk: bool) -> tuple[t
         "TO_CHUNK": to_chunk,
         "ALIGNED": aligned,
         "OFFSETS_32": _page_offsets_fit_int32(layout),
+        "LOAD_EVICT": "evict_first" if _STREAMING_HINTS else "",
+        "STORE_CACHE": ".cs" if _STREAMING_HINTS else "",
         "BLOCK_R": block_r,
         "BLOCK_D": block_d,
         "num_warps": num_warps,

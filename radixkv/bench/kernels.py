@@ -207,9 +207,18 @@ def _measure(cfg: BenchConfig, page_tokens: int, chunk_tokens: int) -> list[Row]
     return rows
 
 
-# (max tile elements, warps, K and V in one program) tried by --tune; the first is the default.
-TUNE_CONFIGS = ((8192, 8, True), (4096, 4, True), (8192, 4, True), (4096, 8, True), (16384, 8, True),
-                (16384, 16, True), (8192, 8, False), (16384, 8, False))
+# (max tile elements, warps, K and V in one program, streaming cache hints) tried by --tune; the
+# first is the launcher's default.
+TUNE_CONFIGS = (
+    (8192, 8, True, False),
+    (8192, 8, True, True),
+    (16384, 8, True, False),
+    (16384, 8, True, True),
+    (4096, 4, True, False),
+    (8192, 4, True, False),
+    (8192, 8, False, False),
+    (16384, 8, False, False),
+)
 
 
 def tune(cfg: BenchConfig) -> str:
@@ -218,17 +227,19 @@ def tune(cfg: BenchConfig) -> str:
 
     cfg = dataclasses.replace(cfg, iters=min(cfg.iters, 5))  # 8 configs x 4 shapes: keep it short
     lines = [
-        "| page tokens | chunk tokens | tile elems | warps | K+V fused | gather d2d | scatter d2d "
-        "| gather d2h | scatter h2d |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| page tokens | chunk tokens | tile elems | warps | K+V fused | streaming hints "
+        "| gather d2d | scatter d2d | gather d2h | scatter h2d |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for page in cfg.page_tokens:
         for chunk in cfg.chunk_tokens:
-            for elems, warps, fuse in TUNE_CONFIGS:
-                with paged_copy._tile_config(elems, warps, fuse):
+            for elems, warps, fuse, streaming in TUNE_CONFIGS:
+                with paged_copy._tile_config(elems, warps, fuse, streaming):
                     rows = _measure(cfg, page, chunk)
                 cells = " | ".join(f"{r.kernel_gbps:.1f} ({r.ratio:.2f})" for r in rows)
-                lines.append(f"| {page} | {chunk} | {elems} | {warps} | {fuse} | {cells} |")
+                lines.append(
+                    f"| {page} | {chunk} | {elems} | {warps} | {fuse} | {streaming} | {cells} |"
+                )
                 print(lines[-1], flush=True)
     return "\n".join(lines)
 

@@ -90,6 +90,16 @@ def test_size_one_arguments_compile(to_chunk: bool) -> None:
     _compile_ptx(layout, ids, alloc_chunks(layout, 2, 1), to_chunk=to_chunk)
 
 
+@pytest.mark.parametrize("to_chunk", [True, False], ids=["gather", "scatter"])
+def test_streaming_cache_hints_compile(to_chunk: bool) -> None:
+    """The --tune variant with evict-first loads and .cs stores reaches the PTX."""
+    base = torch.zeros(2, 4, 16, 8, 256, dtype=torch.bfloat16)
+    layout = PagedLayout.from_vllm([base[i].permute(0, 2, 1, 3) for i in range(2)])
+    with paged_copy._tile_config(8192, 8, streaming=True):
+        ptx = _compile_ptx(layout, [[0, 1], [2, -1]], alloc_chunks(layout, 2, 2), to_chunk=to_chunk)
+    assert any(".cs" in op for op in _ops(ptx, "st")), _ops(ptx, "st")
+
+
 def test_unaligned_layout_still_compiles() -> None:
     case = make_case("strided_dim", torch.float32)
     assert not case.layout.views_aligned or case.layout.page_strides[-1] != 1

@@ -94,13 +94,14 @@ def test_every_dtype(name: str, dtype: torch.dtype) -> None:
     _check_scatter(case, ids)
 
 
+@pytest.mark.parametrize("streaming", [False, True], ids=["plain", "streaming-hints"])
 @pytest.mark.parametrize("fuse", [True, False], ids=["kv-fused", "per-component"])
 @pytest.mark.parametrize("name", ["vllm_lbnhc", "sglang_device", "sglang_device_mla"])
-def test_component_fusion_on_and_off(name: str, fuse: bool) -> None:
+def test_component_fusion_on_and_off(name: str, fuse: bool, streaming: bool) -> None:
     """Both program shapes (one per page and layer, or per page, layer and component) copy alike."""
     case = make_case(name, torch.float16, seed=11)
     ids = random_page_ids(NUM_CHUNKS, PAGES_PER_CHUNK, seed=11)
-    with paged_copy._tile_config(2048, 4, fuse=fuse):
+    with paged_copy._tile_config(2048, 4, fuse=fuse, streaming=streaming):
         _check_gather(case, ids, layers=range(1, 3))
         _check_scatter(case, ids, layers=range(1, 3))
 
