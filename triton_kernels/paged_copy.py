@@ -167,7 +167,7 @@ def gather_chunks(
     One Triton launch on CUDA (chunks on the layout's GPU or in pinned host memory: zero-copy). On
     CPU the torch reference runs, unless ``force_triton`` or ``TRITON_INTERPRET=1`` (then the
     interpreter). ``-1`` pages are skipped and leave their chunk region untouched. Launches go to
-    the current stream.
+    the current stream of the layout's device.
     """
     return _run(layout, page_ids, chunks, layers, to_chunk=True, force_triton=force_triton)
 
@@ -222,6 +222,12 @@ def _run(layout, page_ids, chunks, layers, *, to_chunk: bool, force_triton: bool
     plan = _plan(layout, page_ids, chunks, layers, to_chunk=to_chunk)
     dev = layout.device.type
     if dev == "cuda":
+        index = layout.device.index
+        if index is not None and index != torch.cuda.current_device():
+            # Triton launches on the current device (and its current stream): make that the
+            # layout's, so the kernel and the page-id upload run where the pages are.
+            with torch.cuda.device(index):
+                return _launch(layout, plan, to_chunk=to_chunk, interpret=False)
         return _launch(layout, plan, to_chunk=to_chunk, interpret=False)
     if dev == "cpu" and (force_triton or _interpret_env()):
         return _launch(layout, plan, to_chunk=to_chunk, interpret=True)
@@ -273,8 +279,16 @@ _STREAMING_HINTS = False  # evict-first loads and streaming (.cs) stores
 def _tile_config(
     max_elems: int, num_warps: int, fuse: bool = True, streaming: bool = False
 ) -> Iterator[None]:
-    """Launch with another tile, warp count, fusion or cache hints inside the block (bench --tune)."""
+    """Launch with another tile, warp count, fusion or cache hints inside the block (bench --tune).
+
+    ``max_elems`` and ``num_warps`` must be powers of two (tl.arange and the warp layout need
+    them); checked here, not at the first launch deep inside Triton.
+    """
     global _TILE_MAX_ELEMS, _NUM_WARPS, _FUSE_COMPONENTS, _STREAMING_HINTS
+    for name, value in (("max_elems", max_elems), ("num_warps", num_warps)):
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if not is_int or value < 1 or value & (value - 1):
+            raise InputError(f"{name} must be a power of two >= 1; got {value!r}")
     saved = _TILE_MAX_ELEMS, _NUM_WARPS, _FUSE_COMPONENTS, _STREAMING_HINTS
     _TILE_MAX_ELEMS, _NUM_WARPS, _FUSE_COMPONENTS, _STREAMING_HINTS = (
         max_elems, num_warps, fuse, streaming
@@ -294,16 +308,25 @@ def _tile(layout: PagedLayout) -> tuple[int, int, int]:
 
 
 def _page_offsets_fit_int32(layout: PagedLayout) -> bool:
-    """True when every element offset inside one page, engine side and chunk side, is < 2**31."""
+    """True when every element offset the kernel forms inside one page, engine side and chunk side,
+    is < 2**31, with the tile it is launched with (`_tile`).
+
+    The masked-off lanes of the last row and dim tiles count too: they still form (unused) offsets,
+    up to a whole tile past the page (BLOCK_R rows: 8192 when head_dim is 1), so the bound follows
+    the tile rather than a fixed slack.
+    """
+    block_r, block_d, _ = _tile(layout)
+    rows = layout.page_tokens * layout.num_heads
+    r_last = -(-rows // block_r) * block_r - 1  # last row index of the last row tile
+    d_last = -(-layout.head_dim // block_d) * block_d - 1
     st_token, st_head, st_dim = layout.page_strides[1:]
     engine_last = (
-        (layout.page_tokens - 1) * st_token
+        (r_last // layout.num_heads) * st_token
         + (layout.num_heads - 1) * st_head
-        + (layout.head_dim - 1) * st_dim
+        + d_last * st_dim
     )
-    # + one tile of slack: masked-off lanes of the last tile still form (unused) offsets
-    chunk_last = (layout.page_tokens * layout.num_heads + 4096) * layout.head_dim
-    return max(engine_last + 4096 * max(st_token, st_head, st_dim), chunk_last) < 2**31
+    chunk_last = r_last * layout.head_dim + d_last
+    return max(engine_last, chunk_last) < 2**31
 
 
 def _pow2_at_least(n: int) -> int:
@@ -380,7 +403,10 @@ def _plan(layout, page_ids, chunks, layers, *, to_chunk: bool) -> _Plan:
     if stacked is not None:
         # One contiguous [num_chunks, L, C, T, H, D] buffer: its chunks are disjoint by construction.
         _check_chunk_device(layout, stacked, 0)
-        _check_outside_engine(layout, stacked, 0)
+        if _overlaps_engine(layout, stacked):
+            # Name the first chunk that does (the one buffer may straddle the engine's storage).
+            for i in range(num_chunks):
+                _check_outside_engine(layout, stacked[i], i)
         step = stacked[0].numel()
         first = layout.element_offset(stacked.data_ptr())
         offsets = [first + i * step for i in range(num_chunks)]
@@ -416,10 +442,15 @@ def _check_aliasing(layout: PagedLayout, views: Sequence[torch.Tensor], to_chunk
         _check_outside_engine(layout, view, i)
 
 
-def _check_outside_engine(layout: PagedLayout, chunk: torch.Tensor, i: int) -> None:
-    # Another device's addresses cannot alias the engine's pages.
+def _overlaps_engine(layout: PagedLayout, chunk: torch.Tensor) -> bool:
+    """Whether ``chunk``'s bytes overlap the engine's storage (another device's addresses cannot
+    alias the engine's pages)."""
     span = (chunk.data_ptr(), chunk.data_ptr() + chunk.numel() * chunk.element_size())
-    if chunk.device == layout.device and overlaps_any(span, layout.storage_spans):
+    return chunk.device == layout.device and overlaps_any(span, layout.storage_spans)
+
+
+def _check_outside_engine(layout: PagedLayout, chunk: torch.Tensor, i: int) -> None:
+    if _overlaps_engine(layout, chunk):
         raise InputError(f"chunk {i} lies inside the engine's page storage; chunks must be separate "
                          "buffers (alloc_chunks)")
 

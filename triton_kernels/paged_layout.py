@@ -189,10 +189,12 @@ class PagedLayout:
     def element_offset(self, address: int) -> int:
         """Offset of ``address`` from ``views[0][0]`` in elements (how the kernel addresses all).
 
-        Any address works (another allocation, pinned host memory: one unified address space on
-        CUDA); it must be aligned to the element size.
+        Measured from `word_base`, the pointer the kernels add every offset to (views[0][0] as
+        built), so view and chunk offsets always match the base they are applied to. Any address
+        works (another allocation, pinned host memory: one unified address space on CUDA); it must
+        be aligned to the element size.
         """
-        delta = address - self.views[0][0].data_ptr()
+        delta = address - self.word_base.data_ptr()
         if delta % self.itemsize:
             raise InputError(
                 f"address {address:#x} is not aligned to the {self.itemsize}-byte elements of "
@@ -237,6 +239,27 @@ class PagedLayout:
             ]
             if table.cpu().tolist() != offsets:
                 raise RuntimeError("cached view offsets no longer match the views' addresses")
+        # Also cached at construction (every launch uses them): the kernels' base pointer, and
+        # their promise that every view offset is a multiple of 16 elements (a false one makes
+        # vectorised accesses misaligned).
+        if (
+            self.word_base.data_ptr() != ref.data_ptr()
+            or ref.dtype != self.dtype
+            or ref.device != self.device
+        ):
+            raise RuntimeError(
+                f"views moved: views[0][0] is {ref.dtype} at {ref.data_ptr():#x} on {ref.device}, "
+                f"but the layout was built with the base {self.dtype} at "
+                f"{self.word_base.data_ptr():#x} on {self.device}; rebuild the PagedLayout"
+            )
+        base, unit = self.word_base.data_ptr(), 16 * self.itemsize
+        aligned = all((v.data_ptr() - base) % unit == 0 for layer in self.views for v in layer)
+        if aligned != self.views_aligned:
+            raise RuntimeError(
+                f"views moved: their offsets are {'' if aligned else 'no longer '}multiples of 16 "
+                f"elements but views_aligned={self.views_aligned} (the kernels' alignment "
+                "promise); rebuild the PagedLayout"
+            )
 
 
 def _check_like(view: object, ref: torch.Tensor, what: str) -> None:

@@ -47,16 +47,28 @@ class BenchConfig:
     warmup: int
 
     def __post_init__(self) -> None:
+        # field -> the flag that sets it (chunks_per_batch is --chunks)
+        flags = {"chunks_per_batch": "chunks"}
         for name in ("layers", "kv_heads", "head_dim", "chunks_per_batch", "batch_tokens", "iters"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(
-                    f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}"
-                )
+                flag = flags.get(name, name).replace("_", "-")
+                raise ValueError(f"--{flag} must be >= 1; got {getattr(self, name)}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0; got {self.warmup}")
+        # Sizes before the multiple checks: a 0 chunk passed `chunk % page == 0` and then divided
+        # --batch-tokens by zero (a negative one gave a negative chunk count).
+        for flag, sizes in (
+            ("--page-tokens", self.page_tokens),
+            ("--chunk-tokens", self.chunk_tokens),
+        ):
+            if not sizes or min(sizes) < 1:
+                raise ValueError(
+                    f"{flag} must be one or more sizes >= 1 (comma-separated); got "
+                    f"{','.join(map(str, sizes))!r}"
+                )
         for page in self.page_tokens:
             for chunk in self.chunk_tokens:
-                if page < 1 or chunk % page:
+                if chunk % page:
                     raise ValueError(
                         f"chunk size {chunk} is not a multiple of page size {page}; choose sizes "
                         "with chunk % page == 0"

@@ -87,11 +87,35 @@ def test_dispatcher_lists_and_runs_kernels(capsys: pytest.CaptureFixture[str]) -
         (["--device", "cpu", "--page-tokens", "a"], "comma-separated integers"),
         (["--device", "cpu", "--iters", "0"], "--iters must be >= 1"),
         (["--device", "cpu", "--batch-tokens", "0"], "--batch-tokens must be >= 1"),
+        (["--device", "cpu", "--chunks", "0"], "--chunks must be >= 1"),
+        (["--device", "cpu", "--chunk-tokens", "0"], "--chunk-tokens must be one or more sizes"),
+        (["--device", "cpu", "--chunk-tokens", "-16"], "got '-16'"),
+        (["--device", "cpu", "--page-tokens", "0"], "--page-tokens must be one or more sizes >= 1"),
+        (["--device", "cpu", "--page-tokens", ","], "--page-tokens must be one or more sizes"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_reason(argv, message, capsys) -> None:
     assert bench.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("chunk", [0, -256])
+def test_batch_tokens_mode_rejects_non_positive_chunk_sizes(chunk: int) -> None:
+    """The GPU default (no --chunks: chunks per call from --batch-tokens) divided by a 0 chunk size,
+    and a negative one gave a negative chunk count; both must be a ValueError naming the flag."""
+    with pytest.raises(ValueError, match="--chunk-tokens must be one or more sizes >= 1"):
+        bench.BenchConfig(
+            device="cpu",
+            layers=1,
+            kv_heads=1,
+            head_dim=8,
+            page_tokens=(16,),
+            chunk_tokens=(chunk,),
+            chunks_per_batch=None,
+            batch_tokens=4096,
+            iters=1,
+            warmup=0,
+        )
 
 
 def test_cuda_requested_without_cuda(capsys) -> None:

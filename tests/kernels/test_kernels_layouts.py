@@ -112,6 +112,33 @@ def test_check_integrity_notices_moved_views() -> None:
         lay.check_integrity()
 
 
+def test_check_integrity_notices_a_moved_base_before_any_launch() -> None:
+    """The kernels' base pointer (word_base) is cached at construction: a replaced views[0][0] is
+    reported even when no launch has cached the offset table yet, and offsets stay measured from
+    the base the kernel adds them to (they were measured from the new views[0][0])."""
+    lay = make_case("sglang_device", torch.float16).layout
+    base = lay.word_base.data_ptr()
+    lay.views = ((lay.views[0][0].clone(), lay.views[0][1]),) + lay.views[1:]
+    other = torch.zeros(4, dtype=torch.float16)
+    assert lay.element_offset(other.data_ptr()) == (other.data_ptr() - base) // 2
+    with pytest.raises(RuntimeError, match="views moved: views\\[0\\]\\[0\\]"):
+        lay.check_integrity()
+
+
+def test_check_integrity_notices_views_that_lost_their_alignment() -> None:
+    """views_aligned is cached too (it lets the kernel promise 16-element offsets): a V view moved
+    to an 8-element offset must be reported."""
+    s = torch.zeros(2, 4, 4, 2, 32, dtype=torch.float16)  # [L, B, N, H, 2D], D = 16
+    lay = PagedLayout.from_vllm([s[i].permute(0, 2, 1, 3) for i in range(2)])
+    assert lay.views_aligned
+    lay.check_integrity()
+    # the same shape and strides, 8 elements into another allocation (allocations: 64-byte aligned)
+    moved = torch.zeros(s.numel() + 8, dtype=torch.float16)[8:].view(s.shape)
+    lay.views = ((lay.views[0][0], moved[0][..., 16:]),) + lay.views[1:]  # [B, N, H, D] V view
+    with pytest.raises(RuntimeError, match="no longer multiples of 16"):
+        lay.check_integrity()
+
+
 def test_view_offsets_are_element_offsets_from_the_first_view() -> None:
     lay = make_case("vllm_lbnhc", torch.bfloat16).layout
     table = lay.view_offsets()

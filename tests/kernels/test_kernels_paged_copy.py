@@ -120,9 +120,54 @@ def test_in_page_offset_width_follows_the_strides() -> None:
     base = torch.zeros(2, 8, 4, 64, dtype=torch.float16)  # [pages, tokens, heads, dim]
     layout = PagedLayout.from_views([[base, base]])
     assert paged_copy._page_offsets_fit_int32(layout)
-    # A token stride of 2**28 elements (no such tensor is allocated): token 7 lies past 2**31.
+    # A token stride of 2**28 elements (no such tensor is allocated): token 7 lies at 1.75 * 2**30,
+    # still inside int32; at 2**29 it lies past 2**31.
     object.__setattr__(layout, "page_strides", (2**31, 2**28, 64, 1))
+    assert paged_copy._page_offsets_fit_int32(layout)
+    object.__setattr__(layout, "page_strides", (2**32, 2**29, 64, 1))
     assert not paged_copy._page_offsets_fit_int32(layout)
+
+
+def test_in_page_offset_width_counts_the_masked_lanes_of_the_last_tile() -> None:
+    """With head_dim 1 a tile is 8192 rows: the last row tile of an 8193-row page forms offsets
+    (masked off) up to row 16383, not 4096 rows past the page (the fixed slack it once assumed)."""
+    base = torch.zeros(1, 8193, 1, 1, dtype=torch.int8)  # [pages, tokens, heads, dim]
+    layout = PagedLayout.from_views([[base]])
+    assert paged_copy._tile(layout)[:2] == (8192, 1)
+    assert paged_copy._page_offsets_fit_int32(layout)
+    # token stride 150000 (no such tensor is allocated): row 8192 lies at 1.23e9 elements, the
+    # last lane of its tile at 16383 * 150000 = 2.46e9 > 2**31.
+    object.__setattr__(layout, "page_strides", (8193 * 150_000, 150_000, 1, 1))
+    assert not paged_copy._page_offsets_fit_int32(layout)
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_every_engine_layout_gets_int32_in_page_offsets(name: str) -> None:
+    assert paged_copy._page_offsets_fit_int32(make_case(name, torch.bfloat16).layout)
+
+
+@pytest.mark.parametrize("max_elems, num_warps", [(6000, 8), (8192, 6), (0, 8), (8192, True)])
+def test_tile_config_rejects_tiles_triton_cannot_build(max_elems, num_warps) -> None:
+    with pytest.raises(InputError, match="must be a power of two"), paged_copy._tile_config(
+        max_elems, num_warps
+    ):
+        pass
+    assert paged_copy._tile(make_case("vllm_lbnhc", torch.float16).layout)[2] == 8  # restored
+
+
+def test_stacked_chunks_inside_the_engine_name_the_offending_chunk() -> None:
+    """One stacked buffer whose second chunk lies in the engine's storage: the error names chunk
+    1 (the stacked fast path named chunk 0 whichever chunk it was)."""
+    np = pytest.importorskip("numpy")
+    words = np.zeros(32 + 128, dtype=np.int16)  # 2 chunks of 32 elements, then the engine (128)
+    engine = torch.from_numpy(words[32:]).view(torch.bfloat16)  # its storage starts at chunk 1
+    k, v = engine[:64].view(4, 2, 1, 8), engine[64:].view(4, 2, 1, 8)
+    layout = PagedLayout.from_views([[k, v]])
+    chunks = torch.from_numpy(words[:64]).view(torch.bfloat16).view(2, *layout.chunk_shape(1))
+    assert paged_copy._stacked_chunks(layout, chunks, 2, 1) is chunks
+    for fn in (gather_chunks, scatter_chunks, gather_chunks_reference):
+        with pytest.raises(InputError, match="chunk 1 lies inside the engine's page storage"):
+            fn(layout, [[0], [1]], chunks)
 
 
 @pytest.mark.parametrize("layers", [0, 2, range(1, 3)], ids=["first", "last", "range"])
