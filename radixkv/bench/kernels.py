@@ -288,13 +288,13 @@ def _parser() -> argparse.ArgumentParser:
         "--chunks",
         type=int,
         default=None,
-        help="chunks per call (overrides --batch-tokens); default on CPU 2",
+        help="chunks per call (overrides --batch-tokens); default on CPU 2 unless --batch-tokens",
     )
     p.add_argument(
         "--batch-tokens",
         type=int,
-        default=4096,
-        help="GPU: tokens moved per call, as chunks of each size (default 4096: a long prefix hit)",
+        default=None,
+        help="tokens moved per call, as chunks of each size (GPU default 4096: a long prefix hit)",
     )
     p.add_argument(
         "--iters", type=int, default=None, help="timed iterations; default 20 GPU, 3 CPU"
@@ -346,8 +346,11 @@ def main(argv: list[str] | None = None) -> int:
             head_dim=args.head_dim,
             page_tokens=_ints(args.page_tokens, "--page-tokens"),
             chunk_tokens=_ints(args.chunk_tokens, "--chunk-tokens"),
-            chunks_per_batch=args.chunks if on_gpu else _default(args.chunks, 2),
-            batch_tokens=args.batch_tokens,
+            # CPU: 2 chunks per call unless a batch size is given (the torch path is slow there).
+            chunks_per_batch=(
+                args.chunks if on_gpu or args.batch_tokens is not None else _default(args.chunks, 2)
+            ),
+            batch_tokens=_default(args.batch_tokens, 4096),
             iters=_default(args.iters, 20 if on_gpu else 3),
             warmup=_default(args.warmup, 3 if on_gpu else 1),
         )

@@ -118,6 +118,14 @@ def test_batch_tokens_mode_rejects_non_positive_chunk_sizes(chunk: int) -> None:
         )
 
 
+def test_cpu_run_honours_batch_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--device", "cpu", "--layers", "1", "--page-tokens", "4", "--chunk-tokens", "8,16",
+            "--batch-tokens", "32", "--iters", "1", "--warmup", "0"]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| gather cpu | 4 | 8 | 4 |" in out and "| gather cpu | 4 | 16 | 2 |" in out
+
+
 def test_cuda_requested_without_cuda(capsys) -> None:
     import torch
 
