@@ -161,6 +161,8 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         self._failed_loads: set[str] = set()
         self._saves: list[_PendingSave] = []
+        # Per group: (the pending saves it covers, their prepared gather); reset with the saves.
+        self._gather_preps: dict[int, tuple[tuple[Any, ...], Any]] = {}
         self.stats = {
             "lookups": 0,
             "loaded_chunks": 0,
@@ -346,21 +348,17 @@ class WorkerSide:
         return plan
 
     def _run_loads(self, ops: list[LoadOp], layerwise: bool) -> None:
-        from radixkv.kernels import scatter_chunks
+        from radixkv.kernels import prepare_scatter
 
         plan = self._plan_copies(ops)
         for grp, (page_ids, bufs) in zip(self.groups, plan):
             if grp is None or not page_ids:
                 continue
             self._sync_load_keepalive.append(bufs)
-            jobs = [
-                (
-                    lambda layout=grp.layout, p=page_ids, b=bufs, i=i: scatter_chunks(
-                        layout, p, b, layers=i
-                    )
-                )
-                for i in range(grp.layout.num_layers)
-            ]
+            # Checked once for the batch; each layer's job is then one launch (no per-layer
+            # validation of every chunk buffer, one upload of the page ids).
+            prep = prepare_scatter(grp.layout, page_ids, bufs)
+            jobs = [lambda prep=prep, i=i: prep.run(layers=i) for i in range(grp.layout.num_layers)]
             grp.pipeline.start_loads(jobs)
             if not layerwise:
                 # Whole-step load: the compute stream waits for every layer now, so the result is right
@@ -410,21 +408,32 @@ class WorkerSide:
                 self._gather_layer(gi, i)
 
     def _gather_layer(self, gi: int, layer: int) -> None:
-        from radixkv.kernels import gather_chunks
+        from radixkv.kernels import prepare_gather
 
         grp = self.groups[gi]
-        page_ids: list[list[int]] = []
-        bufs: list[torch.Tensor] = []
+        members: list[_PendingSave] = []  # the pending saves still missing this layer
         for ps in self._saves:
-            if layer in ps.layers_done[gi]:
-                continue
-            ps.layers_done[gi].add(layer)
-            page_ids.extend(ps.op.page_ids[gi])
-            bufs.extend(ps.buffers[gi])
-        if page_ids:
-            grp.pipeline.save_layer(
-                layer, lambda: gather_chunks(grp.layout, page_ids, bufs, layers=layer)
-            )
+            if layer not in ps.layers_done[gi]:
+                ps.layers_done[gi].add(layer)
+                if ps.op.page_ids[gi]:
+                    members.append(ps)
+        if not members:
+            return
+        # The same saves miss every layer in the usual step: one prepared gather serves them all.
+        # Matched by identity (the cache holds the saves, so no other save can take their ids).
+        cached = self._gather_preps.get(gi)
+        if cached is None or len(cached[0]) != len(members) or any(
+            a is not b for a, b in zip(cached[0], members)
+        ):
+            page_ids: list[list[int]] = []
+            bufs: list[torch.Tensor] = []
+            for ps in members:
+                page_ids.extend(ps.op.page_ids[gi])
+                bufs.extend(ps.buffers[gi])
+            cached = (tuple(members), prepare_gather(grp.layout, page_ids, bufs))
+            self._gather_preps[gi] = cached
+        prep = cached[1]
+        grp.pipeline.save_layer(layer, lambda: prep.run(layers=layer))
 
     def wait_for_save(self) -> None:
         self._ensure_saves()
@@ -453,6 +462,7 @@ class WorkerSide:
                         "radixkv: storing %d chunks of %s failed", len(ps.op.keys), ps.op.req_id
                     )
         self._saves = []
+        self._gather_preps = {}
 
     # ---- results back to vLLM ------------------------------------------------------------------
     def get_finished(self) -> tuple[set[str], set[str]]:

@@ -8,8 +8,11 @@ from __future__ import annotations
 from radixkv.kernels.layer_pipeline import LayerPipeline
 from radixkv.kernels.paged_copy import (
     CopyResult,
+    PreparedCopy,
     gather_chunks,
     gather_chunks_reference,
+    prepare_gather,
+    prepare_scatter,
     scatter_chunks,
     scatter_chunks_reference,
 )
@@ -26,12 +29,15 @@ __all__ = [
     "CopyResult",
     "LayerPipeline",
     "PagedLayout",
+    "PreparedCopy",
     "alloc_chunks",
     "chunk_from_payload",
     "chunk_payload",
     "gather_chunks",
     "gather_chunks_reference",
     "pages_from_token_indices",
+    "prepare_gather",
+    "prepare_scatter",
     "scatter_chunks",
     "scatter_chunks_reference",
     "word_dtype",

@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from numbers import Integral
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -28,6 +28,9 @@ from radixkv.spans import first_overlap, overlaps_any
 
 __all__ = [
     "CopyResult",
+    "PreparedCopy",
+    "prepare_gather",
+    "prepare_scatter",
     "gather_chunks",
     "scatter_chunks",
     "gather_chunks_reference",
@@ -211,6 +214,69 @@ def scatter_chunks_reference(
     return _reference(layout, plan, to_chunk=False)
 
 
+class PreparedCopy:
+    """A gather or scatter checked once and run for any layers: what a layer-wise pipeline wants.
+
+    `gather_chunks` / `scatter_chunks` validate the page ids and every chunk buffer and upload the
+    page ids on each call; for one batch copied layer by layer (32 calls for a Llama-8B step) that
+    host work repeats per layer. `prepare_gather` / `prepare_scatter` do it once; `run(layers)` then
+    costs a launch (on CUDA) and reuses one upload of the page ids, from any stream.
+
+    Contract: the engine tensors, chunk buffers and page ids must stay as they were prepared (alive,
+    not resized, not moved) until the last run's copy has finished; the caller keeps them alive, as
+    with `LayerPipeline`. Each run dispatches like the one-shot calls (Triton on CUDA, the torch
+    reference on CPU unless ``force_triton`` or ``TRITON_INTERPRET=1``).
+    """
+
+    __slots__ = ("layout", "to_chunk", "_plan", "_force_triton", "_cache")
+
+    def __init__(self, layout: PagedLayout, plan: _Plan, *, to_chunk: bool, force_triton: bool):
+        self.layout = layout
+        self.to_chunk = to_chunk
+        self._plan = plan
+        self._force_triton = force_triton
+        self._cache = _MetaCache()
+
+    @property
+    def num_chunks(self) -> int:
+        return int(self._plan.page_ids.shape[0])
+
+    def run(self, layers: int | range | None = None) -> CopyResult:
+        """Copy the selected layers (default all) of the prepared batch; one launch on CUDA."""
+        plan = self._plan
+        selected = _layers(self.layout, layers)
+        if selected != plan.layers:
+            plan = replace(plan, layers=selected)
+        return _dispatch(
+            self.layout, plan, to_chunk=self.to_chunk, force_triton=self._force_triton,
+            cache=self._cache,
+        )
+
+
+def prepare_gather(
+    layout: PagedLayout,
+    page_ids: torch.Tensor | Sequence[Sequence[int]],
+    chunks: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    force_triton: bool = False,
+) -> PreparedCopy:
+    """`gather_chunks` checked once for all layers; ``.run(layers)`` copies (see `PreparedCopy`)."""
+    plan = _plan(layout, page_ids, chunks, None, to_chunk=True)
+    return PreparedCopy(layout, plan, to_chunk=True, force_triton=force_triton)
+
+
+def prepare_scatter(
+    layout: PagedLayout,
+    page_ids: torch.Tensor | Sequence[Sequence[int]],
+    chunks: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    force_triton: bool = False,
+) -> PreparedCopy:
+    """`scatter_chunks` checked once for all layers; ``.run(layers)`` copies (see `PreparedCopy`)."""
+    plan = _plan(layout, page_ids, chunks, None, to_chunk=False)
+    return PreparedCopy(layout, plan, to_chunk=False, force_triton=force_triton)
+
+
 # --- dispatch ------------------------------------------------------------------------------------
 
 
@@ -220,6 +286,12 @@ def _interpret_env() -> bool:
 
 def _run(layout, page_ids, chunks, layers, *, to_chunk: bool, force_triton: bool) -> CopyResult:
     plan = _plan(layout, page_ids, chunks, layers, to_chunk=to_chunk)
+    return _dispatch(layout, plan, to_chunk=to_chunk, force_triton=force_triton, cache=None)
+
+
+def _dispatch(
+    layout: PagedLayout, plan: _Plan, *, to_chunk: bool, force_triton: bool, cache: _MetaCache | None
+) -> CopyResult:
     dev = layout.device.type
     if dev == "cuda":
         index = layout.device.index
@@ -227,10 +299,10 @@ def _run(layout, page_ids, chunks, layers, *, to_chunk: bool, force_triton: bool
             # Triton launches on the current device (and its current stream): make that the
             # layout's, so the kernel and the page-id upload run where the pages are.
             with torch.cuda.device(index):
-                return _launch(layout, plan, to_chunk=to_chunk, interpret=False)
-        return _launch(layout, plan, to_chunk=to_chunk, interpret=False)
+                return _launch(layout, plan, to_chunk=to_chunk, interpret=False, cache=cache)
+        return _launch(layout, plan, to_chunk=to_chunk, interpret=False, cache=cache)
     if dev == "cpu" and (force_triton or _interpret_env()):
-        return _launch(layout, plan, to_chunk=to_chunk, interpret=True)
+        return _launch(layout, plan, to_chunk=to_chunk, interpret=True, cache=cache)
     return _reference(layout, plan, to_chunk=to_chunk)
 
 
@@ -261,8 +333,10 @@ def _kernel(interpret: bool):
     return kernel
 
 
-def _launch(layout: PagedLayout, plan: _Plan, *, to_chunk: bool, interpret: bool) -> CopyResult:
-    grid, args, meta_params = _launch_args(layout, plan, to_chunk=to_chunk)
+def _launch(
+    layout: PagedLayout, plan: _Plan, *, to_chunk: bool, interpret: bool, cache: _MetaCache | None
+) -> CopyResult:
+    grid, args, meta_params = _launch_args(layout, plan, to_chunk=to_chunk, cache=cache)
     _kernel(interpret)[grid](*args, **meta_params)
     return _result(layout, plan, "triton-interpreter" if interpret else "triton", launches=1)
 
@@ -333,24 +407,61 @@ def _pow2_at_least(n: int) -> int:
     return 1 << (n - 1).bit_length()  # triton.next_power_of_2, without its per-call overhead
 
 
-def _launch_args(layout: PagedLayout, plan: _Plan, *, to_chunk: bool) -> tuple[tuple, list, dict]:
-    """Grid, positional arguments and meta-parameters of one launch (tests compile from these)."""
-    num_chunks, pages_per_chunk = plan.page_ids.shape
-    chunk_offsets = plan.chunk_offsets
-    if chunk_offsets is None:
-        chunk_offsets = [layout.element_offset(c.data_ptr()) for c in plan.chunks]
-    aligned = layout.views_aligned and all(o % 16 == 0 for o in chunk_offsets)
-    # One small host->device copy carries chunk offsets and page ids. On CUDA it is staged through
-    # pinned memory from torch's caching host allocator, so the copy is truly asynchronous (a
-    # pageable source makes the driver stage it synchronously) and the block is reused only after
-    # the copy has finished (the allocator records the stream).
+def _meta(layout: PagedLayout, plan: _Plan, chunk_offsets: list[int]) -> torch.Tensor:
+    """The kernel's int64 chunk offsets and page ids, on the layout's device (current stream)."""
+    # One small host->device copy. On CUDA it is staged through pinned memory from torch's caching
+    # host allocator, so the copy is truly asynchronous (a pageable source makes the driver stage it
+    # synchronously) and the block is reused only after the copy has finished (the allocator
+    # records the stream).
     pin = layout.device.type == "cuda"
     if plan.flat_ids is not None:
         meta = torch.tensor(chunk_offsets + plan.flat_ids, dtype=torch.int64, pin_memory=pin)
     else:
         meta = torch.cat([torch.tensor(chunk_offsets, dtype=torch.int64), plan.page_ids.view(-1)])
         meta = meta.pin_memory() if pin else meta
-    meta = meta.to(layout.device, non_blocking=True)
+    return meta.to(layout.device, non_blocking=True)
+
+
+class _MetaCache:
+    """One upload of a prepared copy's page ids, shared by all its runs, on any stream.
+
+    The upload is made on the stream of the first CUDA run; a run on another stream first waits for
+    it (an event) and records that stream on the tensor, so the caching allocator keeps it until
+    that stream's launches are done.
+    """
+
+    __slots__ = ("_meta", "_event", "_stream")
+
+    def __init__(self) -> None:
+        self._meta: torch.Tensor | None = None
+        self._event = None
+        self._stream = None  # held: a live stream's handle is never reused by another
+
+    def meta(self, layout: PagedLayout, plan: _Plan, chunk_offsets: list[int]) -> torch.Tensor:
+        if self._meta is None:
+            self._meta = _meta(layout, plan, chunk_offsets)
+            if layout.device.type == "cuda":
+                self._stream = torch.cuda.current_stream(layout.device)
+                self._event = torch.cuda.Event()
+                self._event.record(self._stream)
+        elif self._stream is not None:
+            stream = torch.cuda.current_stream(layout.device)
+            if stream != self._stream:
+                stream.wait_event(self._event)
+                self._meta.record_stream(stream)
+        return self._meta
+
+
+def _launch_args(
+    layout: PagedLayout, plan: _Plan, *, to_chunk: bool, cache: _MetaCache | None = None
+) -> tuple[tuple, list, dict]:
+    """Grid, positional arguments and meta-parameters of one launch (tests compile from these)."""
+    num_chunks, pages_per_chunk = plan.page_ids.shape
+    chunk_offsets = plan.chunk_offsets
+    if chunk_offsets is None:
+        chunk_offsets = [layout.element_offset(c.data_ptr()) for c in plan.chunks]
+    aligned = layout.views_aligned and all(o % 16 == 0 for o in chunk_offsets)
+    meta = _meta(layout, plan, chunk_offsets) if cache is None else cache.meta(layout, plan, chunk_offsets)
     block_r, block_d, num_warps = _tile(layout)
     fuse = _FUSE_COMPONENTS
     grid = (num_chunks * pages_per_chunk, len(plan.layers) * (1 if fuse else layout.num_components))

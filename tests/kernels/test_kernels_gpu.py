@@ -148,3 +148,36 @@ def test_pipeline_save_waits_for_compute_and_load_precedes_use() -> None:
     for layer in range(layout.num_layers):
         N = layout.page_tokens
         assert same_bits(seen[layer].cpu(), src[0, layer, 0, :N])
+
+
+def test_prepared_copies_on_side_streams_match_reference() -> None:
+    """One page-id upload shared by runs on the pipeline's side stream and on another stream."""
+    from radixkv.kernels import prepare_gather, prepare_scatter
+
+    case = make_case("vllm_lbnhc", torch.bfloat16, device="cuda")
+    layout = case.layout
+    ids = random_page_ids(NUM_CHUNKS, PAGES_PER_CHUNK, seed=5)
+    src = _chunks(layout, "cpu", pin=True, seed=6)
+    original = case.storage.clone()
+    scatter_chunks_reference(layout, ids, src)
+    expected = case.storage.clone()
+    case.storage.copy_(original)
+    torch.cuda.synchronize()
+    prep = prepare_scatter(layout, ids, src)
+    pipe = LayerPipeline("cuda")
+    pipe.start_loads([lambda i=i: prep.run(layers=i) for i in range(layout.num_layers - 1)])
+    for i in range(layout.num_layers - 1):
+        pipe.wait_layer(i)
+    other = torch.cuda.Stream()
+    with torch.cuda.stream(other):  # the last layer from a stream that did not upload the ids
+        assert prep.run(layers=layout.num_layers - 1).launches == 1
+    torch.cuda.synchronize()
+    assert same_bits(case.storage, expected)
+    out = torch.zeros_like(src).pin_memory()  # zero-copy gather into pinned host chunks
+    g = prepare_gather(layout, ids, out)
+    for i in range(layout.num_layers):
+        g.run(layers=i)
+    torch.cuda.synchronize()
+    want = torch.zeros_like(src)
+    gather_chunks_reference(layout, ids, want)
+    assert same_bits(out, want)

@@ -413,3 +413,58 @@ def test_page_offsets_beyond_2_pow_31_elements_in_interpreter() -> None:
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), (
         f"rc={proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     )
+
+
+@pytest.mark.parametrize("name", ["vllm_lbnhc", "sglang_host_page_first", "sglang_device_mla"])
+def test_prepared_copies_run_layer_by_layer_like_one_call(name: str) -> None:
+    """prepare_gather / prepare_scatter, run one layer at a time (as a layer pipeline does), write
+    the same bytes as one gather_chunks / scatter_chunks call over all layers, in the interpreter."""
+    from radixkv.kernels import prepare_gather, prepare_scatter
+
+    case = make_case(name, torch.bfloat16, seed=21)
+    layout = case.layout
+    ids = random_page_ids(NUM_CHUNKS, PAGES_PER_CHUNK, seed=21)
+    want = _filled_chunks(layout, 0)
+    got = want.clone()
+    gather_chunks(layout, ids, want, force_triton=True)
+    prep = prepare_gather(layout, ids, [got[c] for c in range(NUM_CHUNKS)], force_triton=True)
+    assert prep.num_chunks == NUM_CHUNKS and prep.to_chunk
+    results = [prep.run(layers=i) for i in range(layout.num_layers)]
+    assert same_bits(got, want)
+    assert {r.backend for r in results} == {"triton-interpreter"}
+    valid = int((ids >= 0).sum())
+    assert all(r.launches == 1 and r.page_copies == valid * layout.num_components for r in results)
+
+    chunks = _filled_chunks(layout, 1)
+    original = case.storage.clone()
+    scatter_chunks(layout, ids, chunks, force_triton=True)
+    expected = case.storage.clone()
+    case.storage.copy_(original)
+    prep = prepare_scatter(layout, ids, chunks, force_triton=True)
+    for i in reversed(range(layout.num_layers)):  # any order, any subset
+        prep.run(layers=range(i, i + 1))
+    assert same_bits(case.storage, expected)
+    case.storage.copy_(original)
+    prep.run()  # all layers at once
+    assert same_bits(case.storage, expected)
+
+
+def test_prepared_copy_torch_path_and_bad_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from radixkv.kernels import prepare_scatter
+
+    monkeypatch.delenv("TRITON_INTERPRET")  # CPU without the interpreter: the torch reference
+
+    case = make_case("vllm_lbnhc", torch.float16, seed=22)
+    ids = random_page_ids(NUM_CHUNKS, PAGES_PER_CHUNK, seed=22)
+    chunks = _filled_chunks(case.layout, 2)
+    original = case.storage.clone()
+    scatter_chunks_reference(case.layout, ids, chunks, layers=1)
+    expected = case.storage.clone()
+    case.storage.copy_(original)
+    prep = prepare_scatter(case.layout, ids, chunks)
+    assert prep.run(layers=1).backend == "torch"
+    assert same_bits(case.storage, expected)
+    with pytest.raises(InputError, match="outside the layout"):
+        prep.run(layers=case.layout.num_layers)
+    with pytest.raises(InputError, match="name a page twice"):
+        prepare_scatter(case.layout, [[0, 1, 2], [2, 3, 4]], chunks)

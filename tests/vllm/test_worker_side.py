@@ -89,6 +89,38 @@ def test_saved_bytes_load_back_identically(model_dir, layout, layer_hooks, late_
     w.check_integrity()
 
 
+@pytest.mark.parametrize("layer_hooks", [True, False])
+def test_saves_of_later_steps_store_their_own_bytes(model_dir, layer_hooks):
+    """Saves of a later step gather into that step's buffers (the worker prepares each step's
+    gathers anew): a second request's chunks load back as the model wrote them."""
+    extra = {
+        "chunk_tokens": CHUNK,
+        "store": {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24}]},
+        "sync_load_wait_s": 5.0,
+    }
+    eng = Engine(make_vllm_config(model_dir, extra), make_kv_cache_config(), layer_hooks=layer_hooks)
+    eng.add("a", tokens(100, 1))
+    eng.run_until_idle()
+    toks_c = tokens(100, 3)
+    eng.add("c", toks_c)
+    eng.run_until_idle()
+    w = eng.worker._worker
+    assert w.stats["saved_chunks"] == 6
+    assert eng.sched.reset_prefix_cache()
+    eng.clear_kv()
+    toks_d = toks_c[:96] + tokens(10, 4)
+    eng.add("d", toks_d)
+    eng.step()
+    log = eng.step()
+    assert log.scheduled == {"d": len(toks_d) - 96}
+    ids = eng.sched.kv_cache_manager.get_block_ids("d")[0]
+    for name in eng.kv:
+        for b in range(96 // BLOCK):
+            assert torch.equal(eng.kv[name][ids[b]], eng.expected_block(name, toks_c, b)), (name, b)
+    eng.run_until_idle()
+    w.check_integrity()
+
+
 def test_namespace_separates_models(model_dir):
     from radixkv.adapters.vllm_options import chunk_keys_from_block_hashes
 
