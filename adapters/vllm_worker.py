@@ -394,9 +394,37 @@ class WorkerSide:
         if self._saves or self._meta is None or not self._meta.saves:
             return
         for op in self._meta.saves:
+            n = self._storable_chunks(op)
+            if n < len(op.keys):
+                # A buffer is put only if a gather fills it: a chunk without its pages in some group
+                # (rows missing, short or skipped) would store uninitialised bytes that a later hit
+                # loads into the blocks. Chunks form a chain: keep the leading run every group has.
+                logger.warning(
+                    "radixkv: save of %s names pages for %d of its %d chunks in every group; "
+                    "storing those", op.req_id, n, len(op.keys)
+                )
+                if n == 0:
+                    continue
+                op = SaveOp(op.req_id, op.keys[:n], op.parent_key,
+                            [rows[:n] for rows in op.page_ids])
             bufs = [[self._alloc_payload(grp) for _ in op.keys] if grp is not None else []
                     for grp in self.groups]
             self._saves.append(_PendingSave(op, bufs, [set() for _ in self.groups]))
+
+    def _storable_chunks(self, op: SaveOp) -> int:
+        """Leading chunks of ``op`` whose row holds all of its pages in every group held here."""
+        n = len(op.keys)
+        for gi, grp in enumerate(self.groups):
+            if grp is None:
+                continue
+            rows = op.page_ids[gi] if gi < len(op.page_ids) else []
+            k = 0
+            while k < min(n, len(rows)) and len(rows[k]) == grp.pages_per_chunk and all(
+                p >= 0 for p in rows[k]
+            ):
+                k += 1
+            n = k
+        return n
 
     def save_kv_layer(self, layer_name: str) -> None:
         self._ensure_saves()

@@ -153,7 +153,7 @@ class _Plan:
     # The page ids as a flat list when they were checked in Python (small batches), else None.
     flat_ids: list[int] | None = None
     # Element offsets of the chunks from the layout's base when the chunks are one stacked buffer
-    # (computed without touching each view), else None.
+    # (computed without touching each view) or the plan is prepared (measured once), else None.
     chunk_offsets: list[int] | None = None
 
 
@@ -220,22 +220,34 @@ class PreparedCopy:
     `gather_chunks` / `scatter_chunks` validate the page ids and every chunk buffer and upload the
     page ids on each call; for one batch copied layer by layer (32 calls for a Llama-8B step) that
     host work repeats per layer. `prepare_gather` / `prepare_scatter` do it once; `run(layers)` then
-    costs a launch (on CUDA) and reuses one upload of the page ids, from any stream.
+    costs a launch (on CUDA) and reuses one upload of the page ids, from any stream and any thread.
 
-    Contract: the engine tensors, chunk buffers and page ids must stay as they were prepared (alive,
-    not resized, not moved) until the last run's copy has finished; the caller keeps them alive, as
-    with `LayerPipeline`. Each run dispatches like the one-shot calls (Triton on CUDA, the torch
-    reference on CPU unless ``force_triton`` or ``TRITON_INTERPRET=1``).
+    Contract: the engine tensors and chunk buffers must stay as they were prepared (alive, not
+    resized, not moved) until the last run's copy has finished; the caller keeps them alive, as with
+    `LayerPipeline`. The page ids are copied when prepared: every run copies the pages that were
+    checked, whatever the caller later writes into its id tensor. Each run dispatches like the
+    one-shot calls (Triton on CUDA, the torch reference on CPU unless ``force_triton`` or
+    ``TRITON_INTERPRET=1``) and returns the same `CopyResult`.
     """
 
-    __slots__ = ("layout", "to_chunk", "_plan", "_force_triton", "_cache")
+    __slots__ = ("_cache", "_force_triton", "_layout", "_plan", "_to_chunk")
 
     def __init__(self, layout: PagedLayout, plan: _Plan, *, to_chunk: bool, force_triton: bool):
-        self.layout = layout
-        self.to_chunk = to_chunk
+        self._layout = layout
+        self._to_chunk = to_chunk
         self._plan = plan
         self._force_triton = force_triton
         self._cache = _MetaCache()
+
+    # Read-only: the plan was checked for this layout and direction (scatter: no page twice;
+    # gather: disjoint chunks), so neither may change under it.
+    @property
+    def layout(self) -> PagedLayout:
+        return self._layout
+
+    @property
+    def to_chunk(self) -> bool:
+        return self._to_chunk
 
     @property
     def num_chunks(self) -> int:
@@ -244,11 +256,11 @@ class PreparedCopy:
     def run(self, layers: int | range | None = None) -> CopyResult:
         """Copy the selected layers (default all) of the prepared batch; one launch on CUDA."""
         plan = self._plan
-        selected = _layers(self.layout, layers)
+        selected = _layers(self._layout, layers)
         if selected != plan.layers:
             plan = replace(plan, layers=selected)
         return _dispatch(
-            self.layout, plan, to_chunk=self.to_chunk, force_triton=self._force_triton,
+            self._layout, plan, to_chunk=self._to_chunk, force_triton=self._force_triton,
             cache=self._cache,
         )
 
@@ -261,8 +273,7 @@ def prepare_gather(
     force_triton: bool = False,
 ) -> PreparedCopy:
     """`gather_chunks` checked once for all layers; ``.run(layers)`` copies (see `PreparedCopy`)."""
-    plan = _plan(layout, page_ids, chunks, None, to_chunk=True)
-    return PreparedCopy(layout, plan, to_chunk=True, force_triton=force_triton)
+    return _prepare(layout, page_ids, chunks, to_chunk=True, force_triton=force_triton)
 
 
 def prepare_scatter(
@@ -273,8 +284,28 @@ def prepare_scatter(
     force_triton: bool = False,
 ) -> PreparedCopy:
     """`scatter_chunks` checked once for all layers; ``.run(layers)`` copies (see `PreparedCopy`)."""
-    plan = _plan(layout, page_ids, chunks, None, to_chunk=False)
-    return PreparedCopy(layout, plan, to_chunk=False, force_triton=force_triton)
+    return _prepare(layout, page_ids, chunks, to_chunk=False, force_triton=force_triton)
+
+
+def _prepare(layout, page_ids, chunks, *, to_chunk: bool, force_triton: bool) -> PreparedCopy:
+    plan = _plan(layout, page_ids, chunks, None, to_chunk=to_chunk)
+    ids = plan.page_ids
+    if isinstance(page_ids, torch.Tensor) and ids.untyped_storage().data_ptr() == (
+        page_ids.untyped_storage().data_ptr()
+    ):
+        # An int64 tensor is used as given (a one-shot call reads it at once). A prepared copy reads
+        # it at later runs (the torch path every run, the first CUDA run's upload for large
+        # batches): the caller refilling it for its next batch would copy unchecked ids (out of
+        # range: writes past the engine's pages; a page twice: scatter bytes that depend on order).
+        ids = ids.clone()
+    offsets = plan.chunk_offsets
+    if offsets is None:
+        # Fixed for the plan's life: measured once, so every run's alignment promise (ALIGNED) and
+        # the one uploaded offset table come from the same addresses, and runs skip the per-chunk
+        # walk.
+        offsets = [layout.element_offset(c.data_ptr()) for c in plan.chunks]
+    plan = replace(plan, page_ids=ids, chunk_offsets=offsets)
+    return PreparedCopy(layout, plan, to_chunk=to_chunk, force_triton=force_triton)
 
 
 # --- dispatch ------------------------------------------------------------------------------------
@@ -426,30 +457,40 @@ class _MetaCache:
     """One upload of a prepared copy's page ids, shared by all its runs, on any stream.
 
     The upload is made on the stream of the first CUDA run; a run on another stream first waits for
-    it (an event) and records that stream on the tensor, so the caching allocator keeps it until
-    that stream's launches are done.
+    it (an event recorded on the uploading stream right after the copy) and records that stream on
+    the tensor, so the caching allocator keeps it until that stream's launches are done.
+
+    Thread-safe without a lock: ``(meta, stream, event)`` is published as one tuple, and only once
+    the event marks the upload. A run that finds no tuple uploads its own copy (two first runs racing
+    both upload, the last one is kept; the other's tensor lives on its own stream's order). Were the
+    tensor visible before its event, a run on another thread's stream would read it with no wait.
     """
 
-    __slots__ = ("_meta", "_event", "_stream")
+    __slots__ = ("_state",)
 
     def __init__(self) -> None:
-        self._meta: torch.Tensor | None = None
-        self._event = None
-        self._stream = None  # held: a live stream's handle is never reused by another
+        # (device tensor, uploading stream or None off CUDA, event after the upload or None). The
+        # stream is held only to compare: equal handles are one CUDA stream, ordered by itself.
+        self._state: tuple[torch.Tensor, object, object] | None = None
 
     def meta(self, layout: PagedLayout, plan: _Plan, chunk_offsets: list[int]) -> torch.Tensor:
-        if self._meta is None:
-            self._meta = _meta(layout, plan, chunk_offsets)
+        state = self._state
+        if state is None:
+            meta = _meta(layout, plan, chunk_offsets)
+            stream = event = None
             if layout.device.type == "cuda":
-                self._stream = torch.cuda.current_stream(layout.device)
-                self._event = torch.cuda.Event()
-                self._event.record(self._stream)
-        elif self._stream is not None:
+                stream = torch.cuda.current_stream(layout.device)  # the one `_meta` copied on
+                event = torch.cuda.Event()
+                event.record(stream)
+            self._state = (meta, stream, event)
+            return meta
+        meta, uploaded_on, event = state
+        if uploaded_on is not None:
             stream = torch.cuda.current_stream(layout.device)
-            if stream != self._stream:
-                stream.wait_event(self._event)
-                self._meta.record_stream(stream)
-        return self._meta
+            if stream != uploaded_on:
+                stream.wait_event(event)
+                meta.record_stream(stream)
+        return meta
 
 
 def _launch_args(

@@ -468,3 +468,150 @@ def test_prepared_copy_torch_path_and_bad_layers(monkeypatch: pytest.MonkeyPatch
         prep.run(layers=case.layout.num_layers)
     with pytest.raises(InputError, match="name a page twice"):
         prepare_scatter(case.layout, [[0, 1, 2], [2, 3, 4]], chunks)
+
+
+@pytest.mark.parametrize("path", ["torch", "interpreter-small", "interpreter-large"])
+def test_prepared_copy_copies_the_page_ids_it_checked(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: an int64 id tensor was kept as given, and runs read it later (the torch path
+    every run, the first upload for batches past _SMALL_IDS), so ids the caller wrote after
+    prepare_scatter were copied unchecked (out of range: past the engine's pages; a page twice). A
+    prepared copy now copies the ids it checked."""
+    from radixkv.kernels import prepare_scatter
+
+    force = path != "torch"
+    if not force:
+        monkeypatch.delenv("TRITON_INTERPRET")
+    if path == "interpreter-large":
+        monkeypatch.setattr(paged_copy, "_SMALL_IDS", 0)  # the tensor path of large batches
+    case = make_case("vllm_lbnhc", torch.float16, seed=24)
+    layout = case.layout
+    ids = random_page_ids(NUM_CHUNKS, PAGES_PER_CHUNK, seed=24, holes=False)
+    unused = next(p for p in range(layout.num_pages) if p not in ids.tolist()[0] + ids.tolist()[1])
+    chunks = _filled_chunks(layout, 4)
+    original = case.storage.clone()
+    want = scatter_chunks_reference(layout, ids, chunks)
+    expected = case.storage.clone()
+    case.storage.copy_(original)
+    prep = prepare_scatter(layout, ids, chunks, force_triton=force)
+    ids[0, 0] = unused  # the caller refills its id tensor for its next batch
+    got = prep.run()
+    assert same_bits(case.storage, expected), "the run copied ids written after prepare"
+    assert (got.page_copies, got.bytes_copied) == (want.page_copies, want.bytes_copied)
+
+
+def test_prepared_copy_direction_and_layout_are_fixed() -> None:
+    """The plan was checked for one direction (scatter: no page twice; gather: disjoint chunks):
+    flipping `to_chunk` would run it unchecked the other way."""
+    from radixkv.kernels import prepare_gather
+
+    case = make_case("vllm_lbnhc", torch.float16, seed=25)
+    prep = prepare_gather(case.layout, [[0, 0, 1], [1, 2, 2]], _filled_chunks(case.layout, 5))
+    with pytest.raises(AttributeError):
+        prep.to_chunk = False
+    with pytest.raises(AttributeError):
+        prep.layout = make_case("sglang_device_mla", torch.float16).layout
+
+
+class _FakeStream:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.waited: list[tuple[_FakeStream, int] | None] = []
+
+    def wait_event(self, event: _FakeEvent) -> None:
+        # What the wait orders after: the event's record *now* (CUDA: waiting on an event not yet
+        # recorded returns at once).
+        self.waited.append(event.recorded)
+
+
+class _FakeEvent:
+    def __init__(self, clock: list[int]) -> None:
+        self.clock = clock
+        self.recorded: tuple[_FakeStream, int] | None = None
+
+    def record(self, stream: _FakeStream) -> None:
+        self.clock[0] += 1
+        self.recorded = (stream, self.clock[0])
+
+
+class _FakeMeta:
+    """A device tensor: the stream (and time) it was uploaded on, the streams recorded on it."""
+
+    def __init__(self, stream: _FakeStream, at: int) -> None:
+        self.stream, self.at, self.streams = stream, at, {stream}
+
+    def record_stream(self, stream: _FakeStream) -> None:
+        self.streams.add(stream)
+
+
+def _safe_use(meta: _FakeMeta, stream: _FakeStream, waited: list) -> bool:
+    """A launch on ``stream`` may read ``meta``: it was uploaded on that stream, or that stream waited
+    (``waited``: its waits before the launch) for an event recorded after the upload on the
+    uploading stream, and is recorded on the tensor."""
+    if meta.stream is stream:
+        return True
+    after_upload = any(
+        rec is not None and rec[0] is meta.stream and rec[1] > meta.at for rec in waited
+    )
+    return after_upload and stream in meta.streams
+
+
+def test_meta_cache_stream_protocol_and_a_racing_first_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_MetaCache` on CUDA, with fake streams (no GPU needed): a run on the uploading stream adds no
+    wait; a run on another stream waits for the upload's event and records its stream. Found by
+    review: the tensor was published before its stream and event, so a run on another thread (its own
+    current stream) that came in between got the tensor without a wait for the upload; the tuple is
+    now published whole, after the event."""
+    clock = [0]
+    current: list[_FakeStream] = []
+    uploads: list[_FakeMeta] = []
+    used: list[tuple[_FakeMeta, _FakeStream, list]] = []
+    layout = type("L", (), {"device": torch.device("cuda", 0)})()
+    race: dict = {"to": None}
+
+    def fake_upload(layout, plan, offsets):
+        clock[0] += 1
+        uploads.append(_FakeMeta(current[0], clock[0]))
+        return uploads[-1]
+
+    def run_on(cache, stream: _FakeStream) -> None:
+        current[:] = [stream]
+        meta = cache.meta(layout, None, [])
+        used.append((meta, stream, list(stream.waited)))  # what this launch is ordered after
+
+    class Event(_FakeEvent):
+        def __init__(self) -> None:
+            super().__init__(clock)
+
+        def record(self, stream) -> None:
+            if race["to"] is not None:  # another thread's run, on its own stream, before this record
+                cache, other = race["to"]
+                race["to"] = None
+                mine = current[0]
+                run_on(cache, other)
+                current[:] = [mine]
+            super().record(stream)
+
+    monkeypatch.setattr(paged_copy, "_meta", fake_upload)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current[0])
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+
+    default, side = _FakeStream("default"), _FakeStream("side")
+    cache = paged_copy._MetaCache()
+    run_on(cache, default)  # first run: uploads on the default stream
+    run_on(cache, default)
+    assert default.waited == [] and len(uploads) == 1
+    run_on(cache, side)  # later runs on a side stream: wait for the upload, keep the tensor for it
+    run_on(cache, side)
+    assert len(uploads) == 1 and side in uploads[0].streams
+    assert all(_safe_use(*u) for u in used), [(m.stream.name, s.name) for m, s, _ in used]
+
+    used.clear()
+    side, other = _FakeStream("side"), _FakeStream("other")
+    cache = paged_copy._MetaCache()
+    race["to"] = (cache, other)
+    run_on(cache, side)  # first run; another thread's run lands between its upload and its event
+    run_on(cache, other)
+    run_on(cache, side)
+    assert all(_safe_use(*u) for u in used), [(m.stream.name, s.name) for m, s, _ in used]

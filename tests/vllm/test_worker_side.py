@@ -121,6 +121,67 @@ def test_saves_of_later_steps_store_their_own_bytes(model_dir, layer_hooks):
     w.check_integrity()
 
 
+@pytest.mark.parametrize("layer_hooks", [True, False])
+@pytest.mark.parametrize(
+    ("rows", "stored"),
+    [
+        ([], 0),  # no pages for the group
+        ([[5, 6], [7, -1], [9, 10]], 1),  # the second chunk misses a page
+        ([[5, 6]], 1),  # one row for three keys
+        ([[5, 6], [7]], 1),  # a short row
+    ],
+)
+def test_a_save_stores_only_chunks_whose_pages_it_gathered(model_dir, layer_hooks, rows, stored):
+    """Found by review: the worker allocates a buffer per key and puts them all, but gathers only
+    the pages a save names (the prepared gather leaves a save without rows out; a -1 page is
+    skipped): such a save stored uninitialised bytes a later hit loads into the blocks, or (rows
+    and keys not matching) failed the step. Only the leading chunks whose pages every group names
+    are stored; another save in the step is unaffected."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm_harness import make_kv_caches
+
+    kcc = make_kv_cache_config()
+    extra = {"chunk_tokens": CHUNK, "store": {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24}]}}
+    conn = KVConnectorFactory.create_connector(
+        make_vllm_config(model_dir, extra), KVConnectorRole.WORKER, kcc
+    )
+    views = make_kv_caches(kcc)
+    conn.register_kv_caches(views)
+    w = conn._worker
+    g = torch.Generator().manual_seed(3)
+    for v in views.values():
+        v.copy_(torch.randn(v.shape, generator=g).to(v.dtype))
+    want = {n: v.clone() for n, v in views.items()}
+    good = [f"{1:064x}", f"{2:064x}"]
+    odd = [f"{k:064x}" for k in (3, 4, 5)]
+    saves = [SaveOp("good", good, None, [[[1, 2], [3, 4]]]), SaveOp("odd", odd, None, [rows])]
+    conn.bind_connector_metadata(RadixKVMetadata(saves=saves))
+    if layer_hooks:
+        conn.save_kv_layer("layers.0", views["layers.0"], None)  # wait_for_save does layers.1
+    conn.wait_for_save()
+    conn.clear_connector_metadata()
+    conn.bind_connector_metadata(
+        RadixKVMetadata(lookups=[LookupOp("g", 1, good, 0), LookupOp("o", 1, odd, 0)])
+    )
+    meta = w.build_worker_meta()
+    assert meta.lookups["g"].hit_chunks == 2
+    assert meta.lookups["o"].hit_chunks == stored
+    conn.clear_connector_metadata()
+    if stored:  # what was stored is what the blocks held
+        for v in views.values():
+            v.zero_()
+        conn.bind_connector_metadata(RadixKVMetadata(loads=[LoadOp("o", 1, 0, [[[20, 21]]], False)]))
+        conn.start_load_kv(None)
+        for n in views:
+            conn.wait_for_layer_load(n)
+        for n, v in views.items():
+            assert torch.equal(v[20:22], want[n][5:7]), n
+        conn.clear_connector_metadata()
+    w.check_integrity()
+    conn.shutdown()
+
+
 def test_namespace_separates_models(model_dir):
     from radixkv.adapters.vllm_options import chunk_keys_from_block_hashes
 
