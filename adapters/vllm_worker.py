@@ -430,10 +430,28 @@ class WorkerSide:
         self._ensure_saves()
         if not self._saves:
             return
-        for gi, grp in enumerate(self.groups):
-            i = grp.layer_index.get(layer_name) if grp is not None else None
-            if i is not None:
-                self._gather_layer(gi, i)
+        try:
+            for gi, grp in enumerate(self.groups):
+                i = grp.layer_index.get(layer_name) if grp is not None else None
+                if i is not None:
+                    self._gather_layer(gi, i)
+        except Exception:
+            self._abort_saves()
+            raise
+
+    def _abort_saves(self) -> None:
+        """A copy of this step failed: drop the step's saves. Their buffers may be partly gathered,
+        and a later step must neither store them nor finish gathering them from blocks that hold
+        other requests' KV by then; the next step's saves start afresh."""
+        for grp in self.present:  # each wait_all blocks until its side stream is done
+            try:
+                grp.pipeline.wait_all()
+            except Exception:  # the error being raised is the first; later ones are only logged
+                logger.warning("radixkv: another copy failed while dropping a step's saves",
+                               exc_info=True)
+        self._sync_load_keepalive.clear()
+        self._saves = []
+        self._gather_preps = {}
 
     def _gather_layer(self, gi: int, layer: int) -> None:
         from radixkv.kernels import prepare_gather
@@ -464,13 +482,17 @@ class WorkerSide:
         grp.pipeline.save_layer(layer, lambda: prep.run(layers=layer))
 
     def wait_for_save(self) -> None:
-        self._ensure_saves()
-        if self._saves:
-            for gi, grp in enumerate(self.groups):
-                for layer in range(grp.layout.num_layers if grp is not None else 0):
-                    self._gather_layer(gi, layer)  # layers whose save_kv_layer hook did not run
-        for grp in self.present:
-            grp.pipeline.wait_all()
+        try:
+            self._ensure_saves()
+            if self._saves:
+                for gi, grp in enumerate(self.groups):
+                    for layer in range(grp.layout.num_layers if grp is not None else 0):
+                        self._gather_layer(gi, layer)  # layers whose save_kv_layer hook did not run
+            for grp in self.present:
+                grp.pipeline.wait_all()
+        except Exception:
+            self._abort_saves()
+            raise
         self._sync_load_keepalive.clear()
         first = self._first_held
         for ps in self._saves:

@@ -182,6 +182,63 @@ def test_a_save_stores_only_chunks_whose_pages_it_gathered(model_dir, layer_hook
     conn.shutdown()
 
 
+@pytest.mark.parametrize("layer_hooks", [True, False])
+def test_a_failed_save_copy_stores_nothing_and_the_next_step_saves(
+    model_dir, tmp_path, monkeypatch, layer_hooks
+):
+    """A gather that raises fails the step (from save_kv_layer, or wait_for_save without per-layer
+    hooks): none of its partly gathered buffers is stored, then or later, and the next step's saves
+    are not lost behind the failed ones (a second engine on the same disk tier loads them back)."""
+    from vllm.v1.request import RequestStatus
+
+    from radixkv.kernels import paged_copy
+
+    extra = {
+        "chunk_tokens": CHUNK,
+        "store": {"tiers": [{"url": f"file://{tmp_path / 'kv'}", "capacity_bytes": 1 << 26}]},
+        "sync_load_wait_s": 5.0,
+    }
+    eng = Engine(make_vllm_config(model_dir, extra), make_kv_cache_config(), layer_hooks=layer_hooks)
+    w = eng.worker._worker
+    real_run = paged_copy.PreparedCopy.run
+
+    def failing_run(self, layers=None):
+        if self.to_chunk and layers == 1:
+            raise RuntimeError("injected copy failure")
+        return real_run(self, layers)
+
+    monkeypatch.setattr(paged_copy.PreparedCopy, "run", failing_run)
+    eng.add("a", tokens(100, 1))
+    with pytest.raises(RuntimeError, match="injected"):
+        eng.run_until_idle()
+    assert w.stats["saved_chunks"] == 0 and not w._saves
+    monkeypatch.setattr(paged_copy.PreparedCopy, "run", real_run)
+    # The failed step never returned to the scheduler: end it as an engine would, by aborting it.
+    eng.worker.clear_connector_metadata()
+    eng.sched.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    toks_c = tokens(100, 3)
+    eng.add("c", toks_c)
+    eng.run_until_idle()
+    assert w.stats["saved_chunks"] == 3  # c's three chunks; nothing of a's step, then or later
+    w.check_integrity()
+    eng.close()
+
+    fresh = Engine(make_vllm_config(model_dir, extra), make_kv_cache_config())
+    for req_id, toks, hit in (("d", toks_c[:96] + tokens(10, 4), True), ("e", tokens(100, 1), False)):
+        fresh.add(req_id, toks)
+        fresh.step()
+        log = fresh.step()
+        assert log.scheduled == {req_id: len(toks) - 96 if hit else len(toks)}, (req_id, log)
+        if hit:
+            ids = fresh.sched.kv_cache_manager.get_block_ids(req_id)[0]
+            for name in fresh.kv:
+                for b in range(96 // BLOCK):
+                    want = fresh.expected_block(name, toks_c, b)
+                    assert torch.equal(fresh.kv[name][ids[b]], want), (name, b)
+        fresh.run_until_idle()
+    fresh.close()
+
+
 def test_namespace_separates_models(model_dir):
     from radixkv.adapters.vllm_options import chunk_keys_from_block_hashes
 
