@@ -136,7 +136,8 @@ class LayerPipeline:
         """Issue every unissued load, then block the host until all issued jobs have finished.
 
         A load job that raises does not stop the others: every layer is still issued and the host
-        still waits for the side stream, then the first error is raised (later ones as notes).
+        still waits for the side stream, then the first error is raised (later ones as notes). The
+        batch is released: a later `wait_layer` returns at once until the next `start_loads`.
         """
         error: Exception | None = None
         while self.loads_pending:
@@ -150,6 +151,9 @@ class LayerPipeline:
         if self.is_async:
             self._stream.synchronize()
         self._save_events = []
+        # Every job has run and the host has waited for the stream: let go of the batch now (its
+        # jobs hold the pinned staging buffers and page ids), not at the next start_loads.
+        self._load_jobs, self._load_events, self._waited = [], [], set()
         if error is not None:
             raise error
 

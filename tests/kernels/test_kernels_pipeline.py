@@ -56,6 +56,30 @@ def test_start_loads_refuses_an_unfinished_batch_and_wait_all_finishes_it() -> N
     assert log[-1] == "b0"
 
 
+def test_wait_all_lets_go_of_the_batch() -> None:
+    """After wait_all the finished batch's jobs (and what they hold: staging buffers, page ids) are
+    released at once, not kept until the next start_loads; a wait_layer then returns at once."""
+    import gc
+    import weakref
+
+    class Held:
+        pass
+
+    held = Held()
+    ref = weakref.ref(held)
+    pipe = LayerPipeline("cpu", lookahead_layers=0)
+    pipe.start_loads([lambda h=held: None for _ in range(3)])
+    del held
+    pipe.wait_layer(0)
+    gc.collect()
+    assert ref() is not None  # the batch is still running
+    pipe.wait_all()
+    gc.collect()
+    assert ref() is None and not pipe.loads_pending
+    pipe.wait_layer(2)  # no batch any more: returns at once
+    pipe.check_integrity()
+
+
 def test_saves_run_in_order() -> None:
     log: list[str] = []
     pipe = LayerPipeline("cpu")
