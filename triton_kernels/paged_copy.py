@@ -253,6 +253,23 @@ class PreparedCopy:
     def num_chunks(self) -> int:
         return int(self._plan.page_ids.shape[0])
 
+    def check_integrity(self) -> None:
+        """The layout's invariants, and the chunk buffers and uploaded page ids as prepared."""
+        self._layout.check_integrity()
+        plan = self._plan
+        offsets = [self._layout.element_offset(c.data_ptr()) for c in plan.chunks]
+        if offsets != plan.chunk_offsets:
+            raise RuntimeError("chunk buffers moved since the copy was prepared; prepare it again")
+        num_chunks, pages_per_chunk = plan.page_ids.shape
+        if int((plan.page_ids >= 0).sum()) != plan.valid_pages:
+            raise RuntimeError("the prepared page ids changed since they were checked")
+        state = self._cache._state
+        if state is not None and state[0].numel() != num_chunks * (1 + pages_per_chunk):
+            raise RuntimeError(
+                f"uploaded page-id table holds {state[0].numel()} entries, expected "
+                f"{num_chunks * (1 + pages_per_chunk)}"
+            )
+
     def run(self, layers: int | range | None = None) -> CopyResult:
         """Copy the selected layers (default all) of the prepared batch; one launch on CUDA."""
         plan = self._plan

@@ -447,6 +447,7 @@ def test_prepared_copies_run_layer_by_layer_like_one_call(name: str) -> None:
     case.storage.copy_(original)
     prep.run()  # all layers at once
     assert same_bits(case.storage, expected)
+    prep.check_integrity()
 
 
 def test_prepared_copy_torch_path_and_bad_layers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -615,3 +616,17 @@ def test_meta_cache_stream_protocol_and_a_racing_first_run(monkeypatch: pytest.M
     run_on(cache, other)
     run_on(cache, side)
     assert all(_safe_use(*u) for u in used), [(m.stream.name, s.name) for m, s, _ in used]
+
+
+def test_prepared_copy_check_integrity_notices_moved_buffers() -> None:
+    from radixkv.kernels import prepare_gather
+
+    case = make_case("vllm_lbnhc", torch.float16, seed=23)
+    ids = random_page_ids(NUM_CHUNKS, PAGES_PER_CHUNK, seed=23)
+    chunks = [c.clone() for c in _filled_chunks(case.layout, 3)]
+    prep = prepare_gather(case.layout, ids, chunks)
+    prep.run(layers=0)
+    prep.check_integrity()
+    chunks[1].set_(chunks[1].clone())  # the buffer now lives elsewhere
+    with pytest.raises(RuntimeError, match="moved since the copy was prepared"):
+        prep.check_integrity()
