@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Every GPU check in one run (for a lent CUDA machine; CI has none): the gpu-marked tests, then
-# `python -m radixkv.bench kernels --tune`. Logs go to $OUT (default ./gpu-out).
+# Every GPU check in one run (for a lent CUDA machine; CI has none): the gpu-marked tests, a launch
+# profile, the LayerPipeline overlap measurement, `python -m radixkv.bench kernels` (BENCH_ARGS=--tune
+# adds the tile sweep, ~1 min more) and the same with 4 chunks per call. Logs go to $OUT (default
+# ./gpu-out). About 2 minutes on an H200, plus the machine's start.
 # Runs from a copy of the package laid out as installed (radixkv/kernels, ...), so it needs no
 # pip install and no network; the machine's own torch and triton are used.
 set -u
@@ -30,9 +32,9 @@ timeout 60 $PY "$R/scripts/gpu_launch_profile.py" 2>&1 | tee "$OUT/launch_profil
 for n in 6144 4096; do  # per-layer matmul size: compute longer, then shorter, than the loads
   timeout 60 $PY "$R/scripts/gpu_pipeline_overlap.py" $n 2>&1 | tee -a "$OUT/pipeline.txt"
 done
-# REPEAT=N runs the benchmark N times (a check of run-to-run spread); BENCH_ARGS=" " skips --tune.
+# REPEAT=N runs the benchmark N times (a check of run-to-run spread).
 for _ in $(seq "${REPEAT:-1}"); do
-  timeout 300 $PY -m radixkv.bench kernels ${BENCH_ARGS:---tune} 2>&1 | tee -a "$OUT/bench.txt"
+  timeout 300 $PY -m radixkv.bench kernels ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench.txt"
   echo "bench exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench.txt"
 done
 # The launch-bound case: 4 chunks per call whatever their size (128 MiB calls for 256-token chunks).
