@@ -27,6 +27,14 @@ def tokens(n: int, seed: int) -> list[int]:
     return [10 + (seed * 7919 + i * 53) % 30000 for i in range(n)]
 
 
+def assert_loaded_as_written(eng: Engine, req_id: str, toks: list[int], n_tokens: int) -> None:
+    """The first ``n_tokens`` of ``req_id``'s blocks hold what the model wrote for ``toks``."""
+    ids = eng.sched.kv_cache_manager.get_block_ids(req_id)[0]
+    for name in eng.kv:
+        for b in range(n_tokens // BLOCK):
+            assert torch.equal(eng.kv[name][ids[b]], eng.expected_block(name, toks, b)), (name, b)
+
+
 @pytest.mark.parametrize(
     ("layout", "layer_hooks", "late_start", "layerwise"),
     [
@@ -113,10 +121,7 @@ def test_saves_of_later_steps_store_their_own_bytes(model_dir, layer_hooks):
     eng.step()
     log = eng.step()
     assert log.scheduled == {"d": len(toks_d) - 96}
-    ids = eng.sched.kv_cache_manager.get_block_ids("d")[0]
-    for name in eng.kv:
-        for b in range(96 // BLOCK):
-            assert torch.equal(eng.kv[name][ids[b]], eng.expected_block(name, toks_c, b)), (name, b)
+    assert_loaded_as_written(eng, "d", toks_c, 96)
     eng.run_until_idle()
     w.check_integrity()
 
@@ -230,11 +235,7 @@ def test_a_failed_save_copy_stores_nothing_and_the_next_step_saves(
         log = fresh.step()
         assert log.scheduled == {req_id: len(toks) - 96 if hit else len(toks)}, (req_id, log)
         if hit:
-            ids = fresh.sched.kv_cache_manager.get_block_ids(req_id)[0]
-            for name in fresh.kv:
-                for b in range(96 // BLOCK):
-                    want = fresh.expected_block(name, toks_c, b)
-                    assert torch.equal(fresh.kv[name][ids[b]], want), (name, b)
+            assert_loaded_as_written(fresh, req_id, toks_c, 96)
         fresh.run_until_idle()
     fresh.close()
 
