@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from numbers import Integral
 from dataclasses import dataclass, replace
 
@@ -257,8 +257,7 @@ class PreparedCopy:
         """The layout's invariants, and the chunk buffers and uploaded page ids as prepared."""
         self._layout.check_integrity()
         plan = self._plan
-        offsets = [self._layout.element_offset(c.data_ptr()) for c in plan.chunks]
-        if offsets != plan.chunk_offsets:
+        if _measure_chunk_offsets(self._layout, plan) != plan.chunk_offsets:
             raise RuntimeError("chunk buffers moved since the copy was prepared; prepare it again")
         num_chunks, pages_per_chunk = plan.page_ids.shape
         if int((plan.page_ids >= 0).sum()) != plan.valid_pages:
@@ -315,13 +314,9 @@ def _prepare(layout, page_ids, chunks, *, to_chunk: bool, force_triton: bool) ->
         # batches): the caller refilling it for its next batch would copy unchecked ids (out of
         # range: writes past the engine's pages; a page twice: scatter bytes that depend on order).
         ids = ids.clone()
-    offsets = plan.chunk_offsets
-    if offsets is None:
-        # Fixed for the plan's life: measured once, so every run's alignment promise (ALIGNED) and
-        # the one uploaded offset table come from the same addresses, and runs skip the per-chunk
-        # walk.
-        offsets = [layout.element_offset(c.data_ptr()) for c in plan.chunks]
-    plan = replace(plan, page_ids=ids, chunk_offsets=offsets)
+    # Fixed for the plan's life: measured once, so every run's alignment promise (ALIGNED) and the
+    # one uploaded offset table come from the same addresses, and runs skip the per-chunk walk.
+    plan = replace(plan, page_ids=ids, chunk_offsets=_chunk_offsets(layout, plan))
     return PreparedCopy(layout, plan, to_chunk=to_chunk, force_triton=force_triton)
 
 
@@ -343,12 +338,11 @@ def _dispatch(
     dev = layout.device.type
     if dev == "cuda":
         index = layout.device.index
-        if index is not None and index != torch.cuda.current_device():
-            # Triton launches on the current device (and its current stream): make that the
-            # layout's, so the kernel and the page-id upload run where the pages are.
-            with torch.cuda.device(index):
-                return _launch(layout, plan, to_chunk=to_chunk, interpret=False, cache=cache)
-        return _launch(layout, plan, to_chunk=to_chunk, interpret=False, cache=cache)
+        # Triton launches on the current device (and its current stream): make that the layout's,
+        # so the kernel and the page-id upload run where the pages are.
+        switch = index is not None and index != torch.cuda.current_device()
+        with torch.cuda.device(index) if switch else nullcontext():
+            return _launch(layout, plan, to_chunk=to_chunk, interpret=False, cache=cache)
     if dev == "cpu" and (force_triton or _interpret_env()):
         return _launch(layout, plan, to_chunk=to_chunk, interpret=True, cache=cache)
     return _reference(layout, plan, to_chunk=to_chunk)
@@ -455,6 +449,17 @@ def _pow2_at_least(n: int) -> int:
     return 1 << (n - 1).bit_length()  # triton.next_power_of_2, without its per-call overhead
 
 
+def _chunk_offsets(layout: PagedLayout, plan: _Plan) -> list[int]:
+    """Element offsets of the plan's chunks from the layout's base: as recorded, else measured."""
+    if plan.chunk_offsets is not None:
+        return plan.chunk_offsets
+    return _measure_chunk_offsets(layout, plan)
+
+
+def _measure_chunk_offsets(layout: PagedLayout, plan: _Plan) -> list[int]:
+    return [layout.element_offset(c.data_ptr()) for c in plan.chunks]
+
+
 def _meta(layout: PagedLayout, plan: _Plan, chunk_offsets: list[int]) -> torch.Tensor:
     """The kernel's int64 chunk offsets and page ids, on the layout's device (current stream)."""
     # One small host->device copy. On CUDA it is staged through pinned memory from torch's caching
@@ -515,9 +520,7 @@ def _launch_args(
 ) -> tuple[tuple, list, dict]:
     """Grid, positional arguments and meta-parameters of one launch (tests compile from these)."""
     num_chunks, pages_per_chunk = plan.page_ids.shape
-    chunk_offsets = plan.chunk_offsets
-    if chunk_offsets is None:
-        chunk_offsets = [layout.element_offset(c.data_ptr()) for c in plan.chunks]
+    chunk_offsets = _chunk_offsets(layout, plan)
     aligned = layout.views_aligned and all(o % 16 == 0 for o in chunk_offsets)
     meta = _meta(layout, plan, chunk_offsets) if cache is None else cache.meta(layout, plan, chunk_offsets)
     block_r, block_d, num_warps = _tile(layout)
