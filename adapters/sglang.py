@@ -132,7 +132,12 @@ class RadixKVStore(HiCacheStorage):
 
     def _bind(self, name: str, pool: Any) -> None:
         with self._lock:
-            self._bindings[name] = _PoolBinding(name, pool, self.storage_config, self.options)
+            b = self._bindings[name] = _PoolBinding(name, pool, self.storage_config, self.options)
+        if not self.is_writer and b.replicated:
+            # The writer rank stores and evicts these pages; this rank only reads them, so making
+            # room in its own books must forget them, never delete them from the shared tier.
+            self.store.borrow(b.ns)
+            self.store.borrow(b.ns_flat)
 
     def _binding(self, name: str = "kv") -> _PoolBinding:
         b = self._bindings.get(name)

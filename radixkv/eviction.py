@@ -104,7 +104,7 @@ def _claim_locked(
                 tree.pin([ref.node_id], owner, stack.lease_s)
                 stack.claimed[t] += charge
                 return ref, charge, freed, pending, entries
-            entries += stack.mark_deleting_locked(
+            entries += stack.evicted_entries_locked(
                 [(t, ref.namespace, ref.key)] + stack.clear_locked([ref.node_id], t)
             )
             stack.reserved[t] += charge  # still on the medium until deleted outside the lock
@@ -152,7 +152,7 @@ def _evict(stack: TierStack, t: int, victims: list[ChunkRef], owner: str, claim:
                     continue  # dropping it would orphan its descendants: keep it
                 out.append(v)
             entries = stack.clear_locked([v.node_id for v in out], t)
-            entries = stack.mark_deleting_locked([(t, v.namespace, v.key) for v in out] + entries)
+            entries = stack.evicted_entries_locked([(t, v.namespace, v.key) for v in out] + entries)
             # Their bytes stay on the medium until deleted outside the lock: keep them counted (as
             # _claim_locked does), or a concurrent writer gets room the tier lacks and the tier
             # evicts on its own, out of the tree's leaf-first order.

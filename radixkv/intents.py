@@ -49,12 +49,19 @@ class WriteDeleteIntents:
         # its keys, so the tree never says "resident" for bytes a racing delete removed.
         self._writing: dict[tuple[int, str, str], int] = defaultdict(int)
         self._deleting: dict[tuple[int, str, str], int] = defaultdict(int)
+        # Deletes skipped because a put of the key was in flight. That put may still fail (a full
+        # tier) or not make the key resident; its writer settles these (settle_writes_locked) once
+        # its tree update is done, so the bytes are deleted unless the tree places them again.
+        self._deferred: set[tuple[int, str, str]] = set()
         # Deletes a tier may have failed (server down): (namespace, key) -> first failure time.
         self._retry_deletes: list[dict[tuple[str, str], float]] = [{} for _ in range(n_tiers)]
         self._retry_after = [0.0] * n_tiers
         # Adoptions between their probe and their insert (radixkv.adoption): a delete meanwhile
         # spoils the keys it names, so stale bytes are never adopted.
         self._watches: list[AdoptionWatch] = []
+        # (tier, namespace) whose bytes another process owns (store.borrow): evictions forget them.
+        self._borrowed: set[tuple[int, str]] = set()
+        self.kept_on_evict = 0  # evicted entries left on their tier for their owner (cumulative)
 
     def tier_delete(self, t: int, ns: str, keys: Sequence[str]) -> bool:
         """Delete best effort. A batch of which the tier found fewer keys than asked may have failed
@@ -141,14 +148,62 @@ class WriteDeleteIntents:
         self.spoil_locked(entries)
         # Never delete bytes the tree says a tier holds: a late writer's "leaked" copy of a chunk
         # that was adopted meanwhile (radixkv.adoption) is that chunk's bytes.
-        out = [
-            e
-            for e in dict.fromkeys(entries)
-            if e not in self._writing and not self._resident_locked(*e)
-        ]
+        out = []
+        for e in dict.fromkeys(entries):
+            if self._resident_locked(*e):
+                continue
+            if e in self._writing:
+                self._deferred.add(e)  # its writer decides (settle_writes_locked)
+                continue
+            self._deferred.discard(e)
+            out.append(e)
         for e in out:
             self._deleting[e] += 1
         return out
+
+    def settle_writes_locked(self, t: int, ns: str, keys: Sequence[str]) -> list[tuple[int, str, str]]:
+        """For a writer that ended its writes of ``keys`` into tier ``t`` and updated the tree: the
+        deletes skipped meanwhile because of those writes that are now due (no other write of the
+        key in flight, the tree does not place it in ``t``). Pass them to
+        :meth:`mark_deleting_locked` with the writer's own leftovers. Without this, a put that
+        failed after a delete deferred to it (the tier was full) left bytes nothing tracked."""
+        if not self._deferred:
+            return []
+        due = []
+        for k in keys:
+            e = (t, ns, k)
+            if e in self._deferred and e not in self._writing:
+                self._deferred.discard(e)
+                if not self._resident_locked(t, ns, k):
+                    due.append(e)
+        return due
+
+    def borrow_locked(self, t: int, namespace: str) -> None:
+        """Mark ``namespace``'s bytes in tier ``t`` as another process's (see ``store.borrow``)."""
+        self._borrowed.add((t, namespace))
+
+    def evicted_entries_locked(
+        self, entries: Sequence[tuple[int, str, str]]
+    ) -> list[tuple[int, str, str]]:
+        """:meth:`mark_deleting_locked` for evictions: the entries of borrowed (tier, namespace)
+        pairs are only forgotten (the tree already cleared them), their bytes stay for their owner.
+        Returns the entries to delete; the kept ones are counted in ``kept_on_evict``."""
+        if self._borrowed:
+            mine, theirs = [], defaultdict(list)
+            for e in entries:
+                if (e[0], e[1]) in self._borrowed:
+                    theirs[(e[0], e[1])].append(e[2])
+                else:
+                    mine.append(e)
+            for (t, ns), keys in theirs.items():
+                self.kept_on_evict += len(keys)
+                # A tier that counts other processes' chunks it read (a shared disk) stops counting
+                # them; its own lock only (no I/O), so calling it under ours is safe.
+                forget = getattr(self.tiers[t], "forget_many", None)
+                if forget is not None:
+                    forget(ns, keys)
+            entries = mine
+        return self.mark_deleting_locked(entries)
 
     def watch_locked(self, namespace: str) -> AdoptionWatch:
         """Start recording deletes of ``namespace`` (end with :meth:`unwatch_locked`)."""

@@ -230,6 +230,8 @@ class HierarchicalStore:
                     s.end_write_locked(0, nsd, wkeys)
                     s.release_locked(0, sum(charges[:granted]))
                     s.unpin_locked(pinned, owner)
+                    due = s.mark_deleting_locked(s.settle_writes_locked(0, nsd, wkeys))
+                s.delete_entries(due)
                 raise
             written = dict(zip(wrote, ok_w))
             with s.cond:
@@ -271,6 +273,7 @@ class HierarchicalStore:
                 leaked = s.mark_deleting_locked(
                     [(0, nsd, keys[i]) for i, o in written.items() if o and i >= run]
                     + (leaked_by_clear if cleared else [])
+                    + s.settle_writes_locked(0, nsd, wkeys)
                 )
             s.delete_entries(leaked)
             if error is not None:
@@ -438,6 +441,40 @@ class HierarchicalStore:
             self._unpin(refs, owner)
 
     # ------------------------------------------------------------------ delete / clear
+    def borrow(self, ns: Namespace, tiers: Sequence[str] | None = None) -> list[str]:
+        """Declare that another process owns ``ns``'s bytes in the shared ``tiers`` (default: every
+        shared tier of this store: Redis, a disk tier with ``shared=True``). This store still reads
+        and adopts them, but when it makes room it only *forgets* them: they leave its tree and stop
+        counting against its capacity, and their bytes stay for the owner, which evicts them itself.
+        For readers of a namespace one other process writes, as SGLang's MLA non-writer ranks read
+        what the storage-writer rank stores: without this, a reader making room in its own books
+        would delete the writer's chunks from the shared tier. Explicit :meth:`delete` and
+        :meth:`clear` still delete. Returns the names of the tiers borrowed from; idempotent."""
+        self._check_open()
+        if not isinstance(ns, Namespace):
+            raise InputError(f"ns={ns!r} must be a radixkv Namespace")
+        s = self._stack
+        shared = [name for name, tier in zip(s.names, s.tiers) if getattr(tier, "shared", False)]
+        if tiers is None:
+            names = shared
+        else:
+            if isinstance(tiers, str):
+                raise InputError(f"tiers={tiers!r} must be a list of tier names, not one str")
+            names = list(dict.fromkeys(tiers))
+            for name in names:
+                if name not in s.names:
+                    raise InputError(f"tier {name!r} is not one of this store's tiers {list(s.names)}")
+                if name not in shared:
+                    raise InputError(
+                        f"tier {name!r} is not shared with other processes, so no other process owns "
+                        f"its bytes; borrow from the shared tiers {shared} (a disk tier is shared "
+                        "with options shared=true)"
+                    )
+        with s.cond:
+            for name in names:
+                s.borrow_locked(s.names.index(name), ns.digest)
+        return names
+
     def delete(self, ns: Namespace, keys: Sequence[str]) -> int:
         """Remove the chunks from every tier (descendants, now unreachable, go with them); returns
         how many of ``keys`` the store tracked. Keys it does not track are deleted from the tiers

@@ -155,6 +155,8 @@ def store_stats(store: HierarchicalStore) -> dict[str, Any]:
         out["tiers"][tier.name]["usage_bytes"] = tier.usage_bytes()
         out["tiers"][tier.name].update(tier.stats().as_dict())
     out["queues"] = {"write": store._writer.depth, "prefetch": store._reader.depth}
+    # Evicted chunks of borrowed namespaces, forgotten but left on their shared tier (store.borrow).
+    out["store"]["evictions_kept_for_owner"] = s.kept_on_evict
     return out
 
 
@@ -179,6 +181,9 @@ def check_store(store: HierarchicalStore, deep: bool = True) -> None:
         resident: dict[int, dict[str, list[str]]] = {
             t: defaultdict(list) for t in range(len(s.tiers))
         }
+        if quiet:
+            # Every write that a delete deferred to has settled it (intents.settle_writes_locked).
+            assert not s._deferred, f"{len(s._deferred)} deferred deletes outlived their writes"
         if deep and quiet:
             for nsd in s.tree.namespaces():
                 for key, n in s.tree.items(nsd):

@@ -340,6 +340,8 @@ class TierStack(WriteDeleteIntents):
             with self.cond:
                 self.end_write_locked(t, ns, keys)
                 self.release_locked(t, sum(charges[:k]))
+                due = self.mark_deleting_locked(self.settle_writes_locked(t, ns, keys))
+            self.delete_entries(due)
             raise
         leaked: list[tuple[int, str, str]] = []
         result = [False] * len(refs)
@@ -357,7 +359,7 @@ class TierStack(WriteDeleteIntents):
             if keep:
                 self.tree.set_resident(keep, self.names[t])
             self.release_locked(t, sum(charges[:k]))
-            leaked = self.mark_deleting_locked(leaked)
+            leaked = self.mark_deleting_locked(leaked + self.settle_writes_locked(t, ns, keys))
         self.delete_entries(leaked)
         return result
 

@@ -151,7 +151,7 @@ class DiskTier:
         self._spares = SpareFiles(self._layout.spare_dir, config.recycle and not config.shared)
         self._stats = TierStats()
         self._stats.extra.update(evictions=0, evicted_bytes=0, evictions_unreported=0, scan_indexed=0, scan_skipped=0,
-                                 temp_removed=0, size_mismatches=0, adopted=0, recycled_puts=0)
+                                 temp_removed=0, size_mismatches=0, adopted=0, recycled_puts=0, forgotten=0)
         self._layout.prepare_root()
         if not config.shared:
             self._spares.reset()
@@ -299,6 +299,26 @@ class DiskTier:
             else:
                 self._ns_payload_bytes.pop(namespace, None)
                 self._scanned_sizes.discard(namespace)
+
+    @property
+    def shared(self) -> bool:
+        """Whether other processes use this directory (``shared=True``)."""
+        return self.config.shared
+
+    def forget_many(self, namespace: str, keys: Sequence[str]) -> int:
+        """Stop counting the keys' files against this process's budget and stop evicting them, but
+        leave the files: another process owns them (a store's borrowed namespace, see
+        ``HierarchicalStore.borrow``). Returns how many were indexed."""
+        check_ident(namespace, keys)
+        n = 0
+        with self._lock:
+            for k in keys:
+                frame = self._index.pop((namespace, k), None)
+                if frame is not None:
+                    self._usage -= frame
+                    n += 1
+            self._stats.extra["forgotten"] += n
+        return n
 
     def drain_evicted(self) -> list[tuple[str, str]]:
         """(namespace, key) of chunks this tier evicted on its own since the last call (bounded)."""

@@ -334,6 +334,11 @@ class MemoryTier:
                 self._ns_gen[namespace] = self._ns_gen.get(namespace, 0) + 1
                 self._ns_slot_bytes.pop(namespace, None)
 
+    @property
+    def shared(self) -> bool:
+        """Process-local memory: never shared."""
+        return False
+
     def usage_bytes(self) -> int:
         """Bytes of occupied slots (published, being written, or deleted but still leased)."""
         with self._lock:

@@ -115,6 +115,11 @@ class RedisTier:
         self._clearing: set[str | None] = set()  # clears running now
 
     @property
+    def shared(self) -> bool:
+        """A Redis server is reachable by other processes: always shared."""
+        return True
+
+    @property
     def redis_client(self) -> Any:
         """The underlying redis-py ``Redis``/``RedisCluster`` (for diagnostics and tests)."""
         return self._link.client()

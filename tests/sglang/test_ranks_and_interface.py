@@ -105,6 +105,54 @@ def test_mla_non_writer_keeps_adopting_after_its_books_fill(tmp_path, rank):
         r1.close()
 
 
+def test_mla_non_writer_making_room_leaves_the_writers_pages(tmp_path, rank):
+    # Before: a non-writer making room in its own books evicted through the normal path, which
+    # deletes the bytes: it removed pages the writer still held (here C, which the writer keeps
+    # while the non-writer's order puts it first), so the writer's next prefetch of C missed.
+    spec = PoolSpec(kind="mla", layout="page_first", page_size=4, host_tokens=512)
+    tier = disk_tier(tmp_path / "l3", capacity=12 * (spec.page_bytes + 200), shared=True)  # 12 pages
+    cfg = extra_config([tier])
+    rank(1, 2)
+    r1 = ControllerHarness(spec, extra_config=cfg)
+    rank(0, 2)
+    r0 = ControllerHarness(spec, extra_config=cfg)
+    seqs = {name: tokens(16, seed=90 + i) for i, name in enumerate("ABCD")}  # 4 pages each
+    want = {}
+
+    def read(h, name):
+        res = h.prefetch(seqs[name])
+        got = h.page_bytes_at(res.host_indices) if res.loaded_tokens else None
+        h.host_pool.free(res.host_indices)
+        return res.loaded_tokens, got
+
+    def backup(name, seed):
+        src = r0.alloc(16)
+        r0.fill_random(src, seed=seed)
+        want[name] = r0.page_bytes_at(src)
+        assert r0.backup(seqs[name], src) == 16
+        assert unwrap(r0.backend).store.flush(timeout_s=30)
+        r0.host_pool.free(src)
+
+    try:
+        for i, name in enumerate("ABC"):
+            backup(name, 100 + i)  # the writer's books are full: 12 pages
+        for name in "CBA":  # the non-writer's order: C oldest
+            assert read(r1, name) == (16, want[name])
+        assert read(r0, "A") == (16, want["A"])  # the writer's order: B oldest, then C
+        backup("D", 103)  # the writer evicts B
+        assert read(r1, "D") == (16, want["D"])  # the non-writer makes room: it forgets C
+        # The writer still has C; the non-writer finds it again in the shared tier.
+        assert read(r0, "C") == (16, want["C"])
+        assert read(r1, "C") == (16, want["C"])
+        assert unwrap(r1.backend).store.stats()["store"]["evictions_kept_for_owner"] > 0
+        assert read(r0, "B")[0] < 16  # the writer's own eviction did delete (part of) B
+        for h in (r0, r1):
+            unwrap(h.backend).check_integrity()
+    finally:
+        r0.close()
+        r1.close()
+
+
 @pytest.mark.parametrize("tiers", ["default", "mem", "local-disk"])
 def test_mla_tp_without_a_shared_tier_fails_the_attach(tmp_path, rank, tiers):
     # Before: the attach succeeded; only the writer rank stored pages, the other ranks' batch_exists
