@@ -24,6 +24,9 @@ _UNITS = {
 _SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*")
 
 
+_MAX_BYTES = (1 << 63) - 1  # a signed 64-bit byte count: the largest size any tier or OS call takes
+
+
 def parse_bytes(value: Any, what: str = "size") -> int:
     """An int >= 0 from an int, a whole float, or a size string (``"8GiB"`` -> 8589934592).
 
@@ -51,4 +54,8 @@ def parse_bytes(value: Any, what: str = "size") -> int:
         raise ConfigError(f"{what}={value!r} is not a size: give bytes as an integer or a string like '8GiB'")
     if n < 0:
         raise ConfigError(f"{what}={value!r} must be >= 0 bytes")
+    if n > _MAX_BYTES:
+        # No medium holds more; a value this large is a unit slip (1e30 for 1e3), not a budget.
+        raise ConfigError(f"{what}={value!r} is more than 8 EiB (2^63 - 1 bytes); give a real size, "
+                          "or 0 where 0 means unbounded (a Redis tier)")
     return n

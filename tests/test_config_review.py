@@ -146,3 +146,12 @@ def test_cli_version_rejects_extra_arguments(capsys):
         cli.main(["--version", "extra"])
     assert e.value.code == 2
     assert "--version takes no arguments" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", [1e30, "9000000TiB", 1 << 63])
+def test_a_size_past_8_eib_is_an_error_not_a_budget(value):
+    from radixkv.sizes import parse_bytes
+
+    with pytest.raises(ConfigError, match=r"capacity_bytes=.* is more than 8 EiB"):
+        parse_bytes(value, "capacity_bytes")
+    assert parse_bytes((1 << 63) - 1) == (1 << 63) - 1
