@@ -182,7 +182,10 @@ def _make_room(
     try:
         for t, k in need.items():
             charge = s.charge(t, chunk_bytes)
-            granted = s.reserve(t, [charge] * k)
+            # Adoption runs in the caller's thread (lookup/get/prefetch), never on a background
+            # worker, so it may wait (bounded) for a background copy (a promotion of the very
+            # chunks it would evict) instead of adopting nothing.
+            granted = s.reserve(t, [charge] * k, wait_for_transfers=True)
             if granted:
                 room[t] = granted * charge
     except BaseException:

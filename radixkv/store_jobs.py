@@ -101,6 +101,10 @@ class Promoter:
                 s.unpin_locked(chosen, owner)
                 chosen = []  # a clear since the bytes were read: they may be stale
                 spaces, clears = set(), {}
+            # A background copy holding pins: a foreground writer (or adoption) whose eviction
+            # candidates are all pinned by it waits for it (bounded) instead of getting no room.
+            counted = bool(chosen)
+            s.transfers_inflight += counted
         keep = {r.node_id for r in chosen}
         payloads = [chunk_copy(buffers[i]) for i in picks if refs[i].node_id in keep]
 
@@ -125,6 +129,8 @@ class Promoter:
                     for token in tokens:
                         s.end_copy_locked(token)
                     s.unpin_locked(chosen, owner)
+                    if counted:
+                        s.end_transfer_locked()
 
         try:
             job = self._pool.submit(run, 0, block=False, name=owner)
@@ -134,3 +140,5 @@ class Promoter:
             s.metrics.dropped_job("write")
             with s.cond:
                 s.unpin_locked(chosen, owner)
+                if counted:
+                    s.end_transfer_locked()

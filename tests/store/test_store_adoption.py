@@ -305,3 +305,42 @@ class TestShared:
             t.join()
             a.close()
             b.close()
+
+
+class TestAdoptionAndBackgroundCopies:
+    def test_adoption_waits_for_a_promotion_that_pins_its_only_victims(self, tmp_path):
+        """Reading x promotes it to memory in the background, pinning x's chunks; reading y next
+        must evict x from the full disk books to adopt y. Before: the adoption found every candidate
+        pinned, did not wait, and adopted nothing (y read as a miss). Now it waits (bounded) for
+        the promotion, as a put does for background copies."""
+        import threading
+        import time
+
+        ns = new_namespace()
+        x, y = chain(50, 4)[1], chain(51, 4)[1]
+        with HierarchicalStore(disk_config(tmp_path, chunks=16, shared=True)) as a:
+            fill(a, ns, x)
+            fill(a, ns, y)
+        # Shared: the reader's start-up scan neither deletes nor counts the writer's 8 files.
+        with HierarchicalStore(disk_config(tmp_path, chunks=4, shared=True)) as b:
+            s = b._stack
+            real_write, release = s.write, threading.Event()
+
+            def write(t, refs, payloads):
+                if threading.current_thread() is not threading.main_thread():
+                    assert release.wait(30)  # hold the promotion (and its pins) for a while
+                return real_write(t, refs, payloads)
+
+            s.write = write
+            assert read(b, ns, x) == 4  # the 4 disk slots now hold x; x's promotion is queued
+            timer = threading.Timer(0.3, release.set)
+            timer.start()
+            try:
+                t0 = time.monotonic()
+                assert read(b, ns, y) == 4
+                assert time.monotonic() - t0 >= 0.2  # it waited for the promotion
+            finally:
+                release.set()
+                timer.join()
+            b.flush(30)
+            b.check_integrity()
