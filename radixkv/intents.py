@@ -188,22 +188,36 @@ class WriteDeleteIntents:
         """:meth:`mark_deleting_locked` for evictions: the entries of borrowed (tier, namespace)
         pairs are only forgotten (the tree already cleared them), their bytes stay for their owner.
         Returns the entries to delete; the kept ones are counted in ``kept_on_evict``."""
-        if self._borrowed:
-            mine, theirs = [], defaultdict(list)
-            for e in entries:
-                if (e[0], e[1]) in self._borrowed:
-                    theirs[(e[0], e[1])].append(e[2])
-                else:
-                    mine.append(e)
-            for (t, ns), keys in theirs.items():
+        return self.mark_deleting_locked(self.owned_entries_locked(entries, evicted=True))
+
+    def owned_entries_locked(
+        self, entries: Sequence[tuple[int, str, str]], evicted: bool = False
+    ) -> list[tuple[int, str, str]]:
+        """``entries`` less those of borrowed (tier, namespace) pairs, which the tree already
+        forgot and whose bytes stay for their owner (a shared disk stops counting them). Every
+        implicit delete (eviction, orphan cleanup, a failed read, a tier's own eviction,
+        ``reconcile``) goes through this; only explicit ``delete``/``clear`` delete borrowed bytes."""
+        if not self._borrowed:
+            return list(entries)
+        mine, theirs = [], defaultdict(list)
+        for e in entries:
+            if (e[0], e[1]) in self._borrowed:
+                theirs[(e[0], e[1])].append(e[2])
+            else:
+                mine.append(e)
+        for (t, ns), keys in theirs.items():
+            if evicted:
                 self.kept_on_evict += len(keys)
-                # A tier that counts other processes' chunks it read (a shared disk) stops counting
-                # them; its own lock only (no I/O), so calling it under ours is safe.
-                forget = getattr(self.tiers[t], "forget_many", None)
-                if forget is not None:
-                    forget(ns, keys)
-            entries = mine
-        return self.mark_deleting_locked(entries)
+            else:
+                # A failed read's chunk (and its orphans) may be bad on the medium: an adoption
+                # probing it now must not take it (as if it were deleted), though it stays there.
+                self.spoil_locked([(t, ns, k) for k in keys])
+            # A tier that counts other processes' chunks it read (a shared disk) stops counting
+            # them; its own lock only (no I/O), so calling it under ours is safe.
+            forget = getattr(self.tiers[t], "forget_many", None)
+            if forget is not None:
+                forget(ns, keys)
+        return mine
 
     def watch_locked(self, namespace: str) -> AdoptionWatch:
         """Start recording deletes of ``namespace`` (end with :meth:`unwatch_locked`)."""

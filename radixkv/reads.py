@@ -95,7 +95,8 @@ def forget_failed(
             entries += stack.clear_locked(ids, t)
         for i, _t in failed:  # what the tree still knows (another thread may have added a tier)
             masks[i] &= stack.mask_locked(refs[i])
-        entries = stack.mark_deleting_locked(entries)
+        # A borrowed namespace's bytes are the owner's: forget them, never delete them.
+        entries = stack.mark_deleting_locked(stack.owned_entries_locked(entries))
     stack.delete_entries(entries)
 
 

@@ -244,7 +244,9 @@ def reconcile_store(store: HierarchicalStore) -> int:
         for t, nsd, key in lost:
             n = s.tree.lookup(nsd, key)
             if n is not None:
-                entries += s.clear_locked([n], t)
+                # Its orphans (their prefix is lost) leave the tree; in a borrowed namespace their
+                # bytes are the owner's, so they are only forgotten.
+                entries += s.owned_entries_locked(s.clear_locked([n], t))
         entries = s.mark_deleting_locked(entries)
     s.delete_entries(entries)
     return len(lost)

@@ -246,7 +246,7 @@ class TierStack(WriteDeleteIntents):
             with self.cond:
                 self.spoil_locked([(t, ns, key) for ns, key in gone])
                 ids = [n for ns, key in gone if (n := self.tree.lookup(ns, key)) is not None]
-                entries = self.mark_deleting_locked(self.clear_locked(ids, t))
+                entries = self.mark_deleting_locked(self.owned_entries_locked(self.clear_locked(ids, t)))
             self.delete_entries(entries)
 
     # ------------------------------------------------------------------ residency changes
@@ -295,6 +295,8 @@ class TierStack(WriteDeleteIntents):
                 # A clear that began since the caller chose these chunks is not waiting for this
                 # copy: copy only chunks still alive now (none of ns is, until that clear ended).
                 idx = [i for i in idx if self.alive_locked(refs[i])]
+                if (dst, ns) in self._borrowed:
+                    idx = []  # another process owns ns's bytes in dst: never write them there
                 token = self.begin_copy_locked(ns)  # before the read: clear() waits for this copy
             sub = [refs[i] for i in idx]
             try:

@@ -108,3 +108,71 @@ def test_only_shared_tiers_can_be_borrowed(tmp_path):
             s.borrow(ns, names[2])
         with pytest.raises(InputError, match=r"must be a radixkv Namespace"):
             s.borrow("ns", [names[2]])  # type: ignore[arg-type]
+
+
+def _shared_disk(root, chunks: int) -> TierConfig:
+    return TierConfig(url=f"file://{root}", capacity_bytes=chunks * (CHUNK_BYTES + FRAME_SLACK),
+                      options={"shared": True})
+
+
+def test_a_failed_read_in_a_borrowed_namespace_leaves_the_owners_chunks(tmp_path):
+    """A reader's read of x[1] fails once (a transient I/O error): it forgets x[1] and its orphans
+    x[2], x[3]. Before: it also deleted them from the shared tier, so the owner lost intact chunks."""
+    ns = new_namespace()
+    x = chain(43, 4)[1]
+    owner = HierarchicalStore(StoreConfig(tiers=[_shared_disk(tmp_path, 16)]))
+    reader = HierarchicalStore(StoreConfig(tiers=[_shared_disk(tmp_path, 16)]))
+    try:
+        reader.borrow(ns)
+        fill(owner, ns, x)
+        assert read(reader, ns, x) == 4  # adopted
+        tier = reader.tiers[0]
+        real = tier.get_many
+        tier.get_many = lambda n, keys, bufs: [o and k != x[1] for k, o in zip(keys, real(n, keys, bufs))]
+        assert read(reader, ns, x) == 1
+        tier.get_many = real
+        assert read(owner, ns, x) == 4
+        assert read(reader, ns, x) == 4  # adopted again
+        owner.check_integrity()
+        reader.check_integrity()
+    finally:
+        owner.close()
+        reader.close()
+
+
+def test_a_borrower_never_writes_into_the_borrowed_tier(tmp_path):
+    """x0 is in the reader's memory only (its disk books forgot it, the owner deleted it); a
+    promotion evicts x0 from memory. Before: the demotion wrote x0 into the shared directory, and
+    the reader's next eviction only forgot it: a file no store tracked or counted."""
+    import os
+
+    ns = new_namespace()
+    (x0,), z, (w0,), (v0,), (u0,) = (chain(50 + i, 2 if i == 1 else 1)[1] for i in range(5))
+    owner = HierarchicalStore(StoreConfig(tiers=[_shared_disk(tmp_path, 16)]))
+    reader = HierarchicalStore(StoreConfig(
+        tiers=[TierConfig(url="mem://", capacity_bytes=2 * CHUNK_BYTES), _shared_disk(tmp_path, 3)],
+        promote_after_hits=2))
+    path = owner.tiers[0]._layout.path(ns.digest, x0)
+    try:
+        reader.borrow(ns)
+        for c in ([x0], z, [w0], [v0], [u0]):
+            fill(owner, ns, c)
+        read(reader, ns, [x0])
+        read(reader, ns, [x0])
+        reader.flush(30)  # the reader holds x0 in memory and on disk
+        owner.delete(ns, [x0])  # the owner drops x0: its file is gone
+        read(reader, ns, z)
+        read(reader, ns, [w0])  # adopting w0 forgets x0 in the reader's disk books
+        read(reader, ns, z)
+        reader.flush(30)  # promoting z evicts x0 from memory: no demotion into the borrowed tier
+        for c in ([w0], [v0], [u0]):
+            read(reader, ns, c)
+        reader.flush(30)
+        with reader.lock:
+            assert reader.tree.lookup(ns.digest, x0) is None
+        assert not os.path.exists(path), "a file of the borrowed namespace that no store tracks"
+        owner.check_integrity()
+        reader.check_integrity()
+    finally:
+        owner.close()
+        reader.close()
