@@ -182,6 +182,9 @@ class WriteDeleteIntents:
         """Mark ``namespace``'s bytes in tier ``t`` as another process's (see ``store.borrow``)."""
         self._borrowed.add((t, namespace))
 
+    def is_borrowed_locked(self, t: int, namespace: str) -> bool:
+        return (t, namespace) in self._borrowed
+
     def evicted_entries_locked(
         self, entries: Sequence[tuple[int, str, str]]
     ) -> list[tuple[int, str, str]]:

@@ -191,6 +191,11 @@ class HierarchicalStore:
             )
         s = self._stack
         with s.cond:
+            if s.is_borrowed_locked(0, nsd):
+                raise InputError(
+                    f"namespace {ns} is borrowed from tier {s.names[0]!r} (store.borrow): another "
+                    "process writes it there and this store only reads it; put it from the owner"
+                )
             if s.clearing_locked(nsd):  # its namespace is being cleared: nothing would stay
                 return [False] * len(keys)
         size = self._check_tensors(ns, payloads, "payloads")
@@ -473,6 +478,11 @@ class HierarchicalStore:
         with s.cond:
             for name in names:
                 s.borrow_locked(s.names.index(name), ns.digest)
+        for name in names:
+            # A shared disk tier then never counts or evicts the owner's files in its own budget.
+            tier_borrow = getattr(s.tiers[s.names.index(name)], "borrow", None)
+            if tier_borrow is not None:
+                tier_borrow(ns.digest)
         return names
 
     def delete(self, ns: Namespace, keys: Sequence[str]) -> int:

@@ -295,7 +295,7 @@ class TierStack(WriteDeleteIntents):
                 # A clear that began since the caller chose these chunks is not waiting for this
                 # copy: copy only chunks still alive now (none of ns is, until that clear ended).
                 idx = [i for i in idx if self.alive_locked(refs[i])]
-                if (dst, ns) in self._borrowed:
+                if self.is_borrowed_locked(dst, ns):
                     idx = []  # another process owns ns's bytes in dst: never write them there
                 token = self.begin_copy_locked(ns)  # before the read: clear() waits for this copy
             sub = [refs[i] for i in idx]

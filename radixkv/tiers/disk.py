@@ -149,6 +149,7 @@ class DiskTier:
         self._evicted: collections.deque[tuple[str, str]] = collections.deque(maxlen=1 << 16)
         # Recycled files; their bytes count in the capacity (usage + reserved + spares.bytes).
         self._spares = SpareFiles(self._layout.spare_dir, config.recycle and not config.shared)
+        self._borrowed: set[str] = set()  # namespaces whose files another process owns (borrow)
         self._stats = TierStats()
         self._stats.extra.update(evictions=0, evicted_bytes=0, evictions_unreported=0, scan_indexed=0, scan_skipped=0,
                                  temp_removed=0, size_mismatches=0, adopted=0, recycled_puts=0, forgotten=0)
@@ -318,6 +319,20 @@ class DiskTier:
     def shared(self) -> bool:
         """Whether other processes use this directory (``shared=True``)."""
         return self.config.shared
+
+    def borrow(self, namespace: str) -> None:
+        """The namespace's files belong to another process (a store's borrowed namespace, see
+        ``HierarchicalStore.borrow``): read them, but never index, count or evict them, so this
+        process's budget never deletes them. Shared mode only (a private directory has no owner
+        besides us)."""
+        check_ident(namespace, [])
+        if not self.config.shared:
+            raise InputError(f"tier {self.name!r} is not shared: no other process owns its files; open it "
+                             "with shared=True to borrow a namespace")
+        with self._lock:
+            self._borrowed.add(namespace)
+            for ident in [i for i in self._index if i[0] == namespace]:
+                self._usage -= self._index.pop(ident)
 
     def forget_many(self, namespace: str, keys: Sequence[str]) -> int:
         """Stop counting the keys' files against this process's budget and stop evicting them, but
@@ -610,6 +625,8 @@ class DiskTier:
 
     def _adopt(self, ident: tuple[str, str], frame: int) -> None:
         with self._lock:
+            if ident[0] in self._borrowed:
+                return  # another process's file: never counted, never evicted by us
             if ident not in self._index and self._usage + self._reserved + frame <= self.capacity_bytes:
                 self._index[ident] = frame
                 self._usage += frame

@@ -11,7 +11,7 @@ import pytest
 from radixkv.config import StoreConfig, TierConfig
 from radixkv.errors import InputError
 from radixkv.store import HierarchicalStore
-from store_helpers import CHUNK_BYTES, FRAME_SLACK, REDIS_OPTIONS, chain, new_namespace
+from store_helpers import CHUNK_BYTES, FRAME_SLACK, REDIS_OPTIONS, chain, new_namespace, payload_for
 from test_store_adoption import fill, read
 
 
@@ -171,6 +171,32 @@ def test_a_borrower_never_writes_into_the_borrowed_tier(tmp_path):
         with reader.lock:
             assert reader.tree.lookup(ns.digest, x0) is None
         assert not os.path.exists(path), "a file of the borrowed namespace that no store tracks"
+        owner.check_integrity()
+        reader.check_integrity()
+    finally:
+        owner.close()
+        reader.close()
+
+
+def test_a_borrowers_disk_budget_never_counts_the_owners_files(tmp_path):
+    """A shared disk tier indexes the files it reads and evicts what it indexes when its own
+    per-process budget runs out. Before: the owner's files a borrower had read were in that budget
+    (so its disk tier could delete them on its own); now the tier never indexes a borrowed
+    namespace, and a put into it is refused."""
+    theirs, mine = new_namespace(), new_namespace()
+    x, y = chain(60, 4)[1], chain(61, 4)[1]
+    owner = HierarchicalStore(StoreConfig(tiers=[_shared_disk(tmp_path, 16)]))
+    reader = HierarchicalStore(StoreConfig(tiers=[_shared_disk(tmp_path, 4)]))
+    try:
+        reader.borrow(theirs)
+        fill(owner, theirs, x)
+        assert read(reader, theirs, x) == 4
+        assert reader.tiers[0].stats().extra["chunks"] == 0  # read, not indexed
+        fill(reader, mine, y)  # its own chunks, in its own 4-chunk budget
+        assert read(owner, theirs, x) == 4
+        assert reader.tiers[0].stats().extra["chunks"] == 4  # only its own files count
+        with pytest.raises(InputError, match=r"borrowed from tier .* put it from the owner"):
+            reader.put(theirs, x, [payload_for(k) for k in x])
         owner.check_integrity()
         reader.check_integrity()
     finally:
