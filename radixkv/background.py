@@ -43,11 +43,19 @@ class Job(Generic[T]):
         "_done",
         "_lock",
         "_cancel",
+        "_on_cancel",
         "name",
     )
 
-    def __init__(self, fn: Callable[[Job[T]], T], cancel_result: T, name: str = "") -> None:
+    def __init__(
+        self,
+        fn: Callable[[Job[T]], T],
+        cancel_result: T,
+        name: str = "",
+        on_cancel: Callable[[], None] | None = None,
+    ) -> None:
         self._fn = fn
+        self._on_cancel = on_cancel  # runs once if the job is cancelled before it ran
         self._cancel_result = cancel_result
         self._state = _PENDING
         self._result: T = cancel_result
@@ -66,11 +74,16 @@ class Job(Generic[T]):
         :attr:`cancel_requested` and may stop early; a finished job is unaffected (False)."""
         self._cancel.set()
         with self._lock:
-            if self._state == _PENDING:
-                self._state = _CANCELLED
-                self._done.set()
-                return True
-        return False
+            if self._state != _PENDING:
+                return False
+            self._state = _CANCELLED
+            on_cancel, self._on_cancel, self._fn = self._on_cancel, None, None  # type: ignore[assignment]
+        try:
+            if on_cancel is not None:  # release what the submitter took for the job (pins, counts)
+                on_cancel()
+        finally:
+            self._done.set()
+        return True
 
     def cancelled(self) -> bool:
         return self._state == _CANCELLED
@@ -101,6 +114,7 @@ class Job(Generic[T]):
                 self._state = _DONE
             self._done.set()
             self._fn = None  # type: ignore[assignment]  # drop references to payloads early
+            self._on_cancel = None
 
 
 class WorkerPool:
@@ -123,6 +137,7 @@ class WorkerPool:
         self._pid = os.getpid()
         self._queue: queue.Queue[Job[Any] | None] = queue.Queue(maxsize=max_queue)
         self._close_lock = threading.Lock()
+        self._swept = False  # close() cancelled what was queued after its threads stopped
         self._inflight = 0
         self._idle = threading.Condition()
         self._threads = [
@@ -151,13 +166,14 @@ class WorkerPool:
         block: bool = True,
         timeout_s: float | None = None,
         name: str = "",
+        on_cancel: Callable[[], None] | None = None,
     ) -> Job[T] | None:
         """Queue ``fn``; None if the queue stayed full (``block=False`` or ``timeout_s`` elapsed).
         RuntimeError after :meth:`close`."""
         self._fork_check()
         if self._closed:
             raise RuntimeError(f"worker pool {self.name!r} is closed; create a new store")
-        job: Job[T] = Job(fn, cancel_result, name)
+        job: Job[T] = Job(fn, cancel_result, name, on_cancel)
         with self._idle:
             self._inflight += 1
         # Wait for room in slices, so a close() while we wait rejects us instead of leaving us
@@ -176,6 +192,13 @@ class WorkerPool:
                 if not block or (deadline is not None and time.monotonic() >= deadline):
                     self._finish_one()
                     return None
+        if self._closed:
+            # close() may have ended (threads joined, queue swept) between our closed check and our
+            # put: nothing would ever run or cancel the job, and its wait() would never return.
+            with self._close_lock:
+                if self._swept:
+                    for _ in range(self._cancel_queued()):
+                        self._queue.put_nowait(None)
         self._report_depth()
         return job
 
@@ -210,9 +233,11 @@ class WorkerPool:
         # A submit that found room after the stop markers queued a job no thread will run: cancel it,
         # so its handle completes (as cancelled) instead of waiting forever. Stop markers a thread
         # still stuck in a job has not reached yet go back.
-        markers = self._cancel_queued()
-        for _ in range(markers):
-            self._queue.put_nowait(None)
+        with self._close_lock:  # a submit that puts after this sweep sweeps again (see submit)
+            markers = self._cancel_queued()
+            for _ in range(markers):
+                self._queue.put_nowait(None)
+            self._swept = True
         self._report_depth()
         return ok
 

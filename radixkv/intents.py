@@ -53,6 +53,9 @@ class WriteDeleteIntents:
         # tier) or not make the key resident; its writer settles these (settle_writes_locked) once
         # its tree update is done, so the bytes are deleted unless the tree places them again.
         self._deferred: set[tuple[int, str, str]] = set()
+        # Keys a tier evicted on its own (a disk over its budget) while a put of them was in flight:
+        # that put may have committed the very file evicted, so its writer must not make it resident.
+        self._lost_writes: set[tuple[int, str, str]] = set()
         # Deletes a tier may have failed (server down): (namespace, key) -> first failure time.
         self._retry_deletes: list[dict[tuple[str, str], float]] = [{} for _ in range(n_tiers)]
         self._retry_after = [0.0] * n_tiers
@@ -177,6 +180,25 @@ class WriteDeleteIntents:
                 if not self._resident_locked(t, ns, k):
                     due.append(e)
         return due
+
+    def lose_writes_locked(self, entries: Sequence[tuple[int, str, str]]) -> None:
+        """A tier evicted ``entries`` on its own: remember those being written (see take_lost_writes_locked)."""
+        self._lost_writes.update(e for e in entries if e in self._writing)
+
+    def take_lost_writes_locked(self, t: int, ns: str, keys: Sequence[str]) -> set[str]:
+        """For a writer that ended its writes of ``keys`` into tier ``t``: the keys the tier evicted on
+        its own meanwhile (their file may be the one this writer committed). The writer treats them
+        as failed and deletes what may be left. Forgotten once no write of the key is in flight."""
+        if not self._lost_writes:
+            return set()
+        lost = set()
+        for k in keys:
+            e = (t, ns, k)
+            if e in self._lost_writes:
+                lost.add(k)
+                if e not in self._writing:
+                    self._lost_writes.discard(e)
+        return lost
 
     def borrow_locked(self, t: int, namespace: str) -> None:
         """Mark ``namespace``'s bytes in tier ``t`` as another process's (see ``store.borrow``)."""

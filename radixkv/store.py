@@ -241,6 +241,8 @@ class HierarchicalStore:
             written = dict(zip(wrote, ok_w))
             with s.cond:
                 s.end_write_locked(0, nsd, wkeys)
+                lost = s.take_lost_writes_locked(0, nsd, wkeys)  # the tier evicted them meanwhile
+                written = {i: o and keys[i] not in lost for i, o in written.items()}
                 # what we wrote may be gone (a clear overtook us, or is clearing the tiers now)
                 cleared = (s.clears[None], s.clears[nsd]) != clears or s.clearing_locked(nsd)
                 if cleared:
@@ -279,6 +281,7 @@ class HierarchicalStore:
                     [(0, nsd, keys[i]) for i, o in written.items() if o and i >= run]
                     + (leaked_by_clear if cleared else [])
                     + s.settle_writes_locked(0, nsd, wkeys)
+                    + [(0, nsd, k) for k in lost]
                 )
             s.delete_entries(leaked)
             if error is not None:
@@ -288,9 +291,11 @@ class HierarchicalStore:
         return [i < run for i in range(len(keys))]
 
     def _submit_write(self, fn: Any, refs: list[ChunkRef], owner: str) -> None:
-        # Blocks while the queue is full (backpressure on writers); after close it runs inline.
+        # Blocks while the queue is full (backpressure on writers); after close it runs inline. A job
+        # cancelled before it ran (a non-flushing close) releases its pins and transfer count.
         try:
-            self._writer.submit(fn, 0, block=True, name=owner)
+            self._writer.submit(fn, 0, block=True, name=owner,
+                                on_cancel=lambda: jobs.release(self._stack, refs, owner))
         except RuntimeError:
             fn(None)
 
@@ -385,10 +390,15 @@ class HierarchicalStore:
         refs, masks, owner, clears = self._match_and_pin(ns, keys, buffers, parent_key)
         if not refs:
             return PrefetchHandle(None)
-        job = self._reader.submit(
-            lambda j: self._read(ns, refs, masks, owner, buffers, j, True, clears), 0, block=True, name=owner
-        )
-        return PrefetchHandle(job, on_cancel=lambda: self._unpin(refs, owner))
+        try:
+            job = self._reader.submit(
+                lambda j: self._read(ns, refs, masks, owner, buffers, j, True, clears), 0, block=True,
+                name=owner, on_cancel=lambda: self._unpin(refs, owner),  # cancelled before it ran
+            )
+        except RuntimeError:  # close() overtook us
+            self._unpin(refs, owner)
+            raise RuntimeError("the store is closed; create a new HierarchicalStore") from None
+        return PrefetchHandle(job)
 
     def _match_and_pin(
         self,
@@ -519,7 +529,15 @@ class HierarchicalStore:
             s.clears[nsd] += 1
             s.clearing[nsd] += 1
             s.spoil_namespace_locked(nsd)
+            held = [s.used_locked(t) - s.reserved[t] for t in range(len(s.tiers))]
             s.tree.clear(namespace=nsd)
+            # The tiers hold the namespace's bytes until their clear below ends: keep them counted,
+            # or other namespaces' writers get room a tier lacks, and a disk tier then evicts on its
+            # own (LRU, out of the tree's order; even a chunk another writer committed but has not
+            # made resident yet, which the tree then places on a disk that deleted it).
+            held = [h - (s.used_locked(t) - s.reserved[t]) for t, h in enumerate(held)]
+            for t, h in enumerate(held):
+                s.reserved[t] += h
             # A copy between tiers that began before this clear holds bytes read before it: let it
             # land (and find its chunks gone) before the tiers are wiped, so no pre-clear bytes
             # survive under a key a later put of the namespace would trust.
@@ -535,6 +553,8 @@ class HierarchicalStore:
                     logger.warning("radixkv: clearing tier %r failed: %s: %s", t.name, type(e).__name__, e)
         finally:
             with s.cond:
+                for t, h in enumerate(held):
+                    s.release_locked(t, h)
                 s.clearing[nsd] -= 1
                 s.clears[nsd] += 1  # puts that started during the clear see it at their end
                 if nsd is None:

@@ -17,7 +17,7 @@ from radixkv.keys import Namespace
 from radixkv.tiers.base import ChunkBytes, chunk_copy
 from radixkv.transfer import ChunkRef, TierStack
 
-__all__ = ["write_through", "account", "Promoter"]
+__all__ = ["write_through", "release", "account", "Promoter"]
 
 _PROMOTE_COUNTS_MAX = 1 << 16
 
@@ -39,9 +39,14 @@ def write_through(stack: TierStack, refs: list[ChunkRef], owner: str) -> int:
                 copied += sum(stack.copy(src, dst, group))
         return copied
     finally:
-        with stack.cond:
-            stack.unpin_locked(refs, owner)
-            stack.end_transfer_locked()
+        release(stack, refs, owner)
+
+
+def release(stack: TierStack, refs: list[ChunkRef], owner: str) -> None:
+    """What a queued write-through job holds: ``owner``'s pins and one transfer count."""
+    with stack.cond:
+        stack.unpin_locked(refs, owner)
+        stack.end_transfer_locked()
 
 
 def account(
@@ -132,13 +137,16 @@ class Promoter:
                     if counted:
                         s.end_transfer_locked()
 
-        try:
-            job = self._pool.submit(run, 0, block=False, name=owner)
-        except RuntimeError:  # the store is closing
-            job = None
-        if job is None:  # promotion is an optimisation: skip it rather than block the reader
-            s.metrics.dropped_job("write")
+        def give_up() -> None:
             with s.cond:
                 s.unpin_locked(chosen, owner)
                 if counted:
                     s.end_transfer_locked()
+
+        try:  # cancelled before it ran (a non-flushing close): give_up
+            job = self._pool.submit(run, 0, block=False, name=owner, on_cancel=give_up)
+        except RuntimeError:  # the store is closing
+            job = None
+        if job is None:  # promotion is an optimisation: skip it rather than block the reader
+            s.metrics.dropped_job("write")
+            give_up()

@@ -245,6 +245,7 @@ class TierStack(WriteDeleteIntents):
         if gone:
             with self.cond:
                 self.spoil_locked([(t, ns, key) for ns, key in gone])
+                self.lose_writes_locked([(t, ns, key) for ns, key in gone])
                 ids = [n for ns, key in gone if (n := self.tree.lookup(ns, key)) is not None]
                 entries = self.mark_deleting_locked(self.owned_entries_locked(self.clear_locked(ids, t)))
             self.delete_entries(entries)
@@ -349,9 +350,13 @@ class TierStack(WriteDeleteIntents):
         result = [False] * len(refs)
         with self.cond:
             self.end_write_locked(t, ns, keys)
+            lost = self.take_lost_writes_locked(t, ns, keys)  # the tier evicted them meanwhile
             keep = []
             for i in range(k):
                 if not ok[i]:
+                    continue
+                if keys[i] in lost:
+                    leaked.append((t, ns, keys[i]))
                     continue
                 if self.alive_locked(refs[i]):
                     keep.append(refs[i].node_id)

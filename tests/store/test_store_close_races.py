@@ -1,0 +1,101 @@
+"""Shutdown races: a job submitted as close() ends, or cancelled by a non-flushing close, still
+completes its handle and releases what its submitter took for it (pins, the transfer count).
+Each test forces the interleaving with events; each failed before its fix."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from store_helpers import buffers, chain, new_namespace, payload_for
+
+
+def _stall_queue_put(pool, thread_name, entered, go):
+    """The submitting thread is preempted between WorkerPool.submit's `_closed` check and its
+    queue.put (a plain bytecode boundary): model that by holding its put until `go`."""
+    real_put = pool._queue.put
+
+    def put(item, *a, **k):
+        if threading.current_thread().name == thread_name and item is not None:
+            entered.set()
+            assert go.wait(30)
+        return real_put(item, *a, **k)
+
+    pool._queue.put = put
+
+
+def test_a_prefetch_submitted_as_close_ends_still_completes(make_store):
+    store = make_store("mem-disk")
+    ns = new_namespace()
+    _, keys = chain(1, 3)
+    assert store.put(ns, keys, [payload_for(k) for k in keys]) == [True] * 3
+    entered, go = threading.Event(), threading.Event()
+    _stall_queue_put(store._reader, "prefetcher", entered, go)
+    out = []
+    t = threading.Thread(target=lambda: out.append(store.prefetch(ns, keys, buffers(3))), name="prefetcher")
+    t.start()
+    assert entered.wait(30)        # prefetch passed the pool's closed check, its put not yet done
+    store.close(flush=False)       # the whole close runs: threads joined, queue swept
+    go.set()
+    t.join(30)
+    (h,) = out
+    # Before the fix: the job sits in a queue no thread serves; wait() never returns, done() stays
+    # False, and the chunks stay pinned.
+    assert h.wait(5) == 0
+    assert h.done()
+    assert store.stats()["tree"]["pinned_chunks"] == 0
+
+
+def test_a_write_through_submitted_as_close_ends_releases_its_pins(make_store):
+    store = make_store("mem-disk")
+    ns = new_namespace()
+    _, keys = chain(2, 2)
+    entered, go = threading.Event(), threading.Event()
+    _stall_queue_put(store._writer, "writer", entered, go)
+    out = []
+    t = threading.Thread(target=lambda: out.append(store.put(ns, keys, [payload_for(k) for k in keys])),
+                         name="writer")
+    t.start()
+    assert entered.wait(30)        # the put inserted its chunks, pinned them, counted a transfer
+    store.close(flush=False)
+    go.set()
+    t.join(30)
+    assert out == [[True, True]]
+    s = store._stack
+    assert s.transfers_inflight == 0
+    assert store.stats()["tree"]["pinned_chunks"] == 0
+
+
+def test_a_prefetch_cancelled_by_close_releases_its_pins(make_store):
+    """close() cancels the prefetches still queued; the pins they took must go with them."""
+    store = make_store("mem-disk", prefetch_threads=1)
+    ns = new_namespace()
+    _, a = chain(3, 2)
+    _, b = chain(4, 2)
+    for keys in (a, b):
+        assert store.put(ns, keys, [payload_for(k) for k in keys]) == [True, True]
+    tier = store.tiers[0]
+    real_get = tier.get_many
+    entered, go = threading.Event(), threading.Event()
+
+    def get_many(namespace, keys, bufs):
+        if threading.current_thread().name.startswith("radixkv-prefetch"):
+            entered.set()
+            assert go.wait(30)
+        return real_get(namespace, keys, bufs)
+
+    tier.get_many = get_many
+    h1 = store.prefetch(ns, a, buffers(2))
+    assert entered.wait(30)          # the only prefetch thread is busy with h1
+    h2 = store.prefetch(ns, b, buffers(2))  # queued: its chunks are pinned
+    closer = threading.Thread(target=lambda: store.close(flush=False))
+    closer.start()
+    deadline = time.monotonic() + 30
+    while not store._reader._closed and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.2)  # close() cancelled h2 and waits for h1's thread
+    go.set()
+    closer.join(30)
+    assert h2.wait(5) == 0 and h2.done()
+    h1.wait(5)
+    assert store.stats()["tree"]["pinned_chunks"] == 0
