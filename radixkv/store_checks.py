@@ -184,6 +184,7 @@ def check_store(store: HierarchicalStore, deep: bool = True) -> None:
         if quiet:
             # Every write that a delete deferred to has settled it (intents.settle_writes_locked).
             assert not s._deferred, f"{len(s._deferred)} deferred deletes outlived their writes"
+            assert not s._lost_writes, f"{len(s._lost_writes)} lost writes outlived their writers"
         if deep and quiet:
             for nsd in s.tree.namespaces():
                 for key, n in s.tree.items(nsd):
