@@ -291,13 +291,16 @@ class HierarchicalStore:
         return [i < run for i in range(len(keys))]
 
     def _submit_write(self, fn: Any, refs: list[ChunkRef], owner: str) -> None:
-        # Blocks while the queue is full (backpressure on writers); after close it runs inline. A job
-        # cancelled before it ran (a non-flushing close) releases its pins and transfer count.
+        # Blocks while the queue is full (backpressure on writers). A job cancelled before it ran (a
+        # non-flushing close) releases its pins and transfer count. The pool refuses jobs only once
+        # close() began: running the copy inline then would read tiers close() is closing (a
+        # "tier 'mem' is closed" error escaped to the caller); release and say the store closed.
         try:
             self._writer.submit(fn, 0, block=True, name=owner,
                                 on_cancel=lambda: jobs.release(self._stack, refs, owner))
         except RuntimeError:
-            fn(None)
+            jobs.release(self._stack, refs, owner)
+            raise RuntimeError("the store is closed; create a new HierarchicalStore") from None
 
     # ------------------------------------------------------------------ lookup / get / prefetch
     def lookup(

@@ -1,0 +1,48 @@
+"""A put that passed the store's open check when close() ran: its inline write-through (the pool
+refused it) must not surface a tier's "tier 'mem' is closed"; the caller gets the store's own
+RuntimeError, and the put leaves no pins or transfer count behind."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from store_helpers import chain, new_namespace, payload_for
+
+
+def test_a_put_racing_close_gets_the_stores_closed_error(make_store):
+    store = make_store("mem-disk")
+    ns = new_namespace()
+    _, keys = chain(7, 2)
+    top = store.tiers[0]
+    real_put = top.put_many
+    wrote, closed = threading.Event(), threading.Event()
+
+    def put_many(*a, **k):
+        ok = real_put(*a, **k)
+        if threading.current_thread().name == "writer":
+            wrote.set()            # the chunks are in memory; the put has not inserted them yet
+            assert closed.wait(30)
+        return ok
+
+    top.put_many = put_many
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(store.put(ns, keys, [payload_for(k) for k in keys]))
+        except Exception as e:  # noqa: BLE001
+            out.append(e)
+
+    t = threading.Thread(target=run, name="writer")
+    t.start()
+    assert wrote.wait(30)
+    store.close(flush=False)       # the whole close runs: pools closed, tiers closed
+    closed.set()
+    t.join(30)
+    (r,) = out
+    # Before the fix: RuntimeError("tier 'mem' is closed") from the inline write-through's lease.
+    assert isinstance(r, RuntimeError) and "store is closed" in str(r), repr(r)
+    assert store._stack.transfers_inflight == 0
+    assert store.stats()["tree"]["pinned_chunks"] == 0
