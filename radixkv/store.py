@@ -462,12 +462,15 @@ class HierarchicalStore:
     def borrow(self, ns: Namespace, tiers: Sequence[str] | None = None) -> list[str]:
         """Declare that another process owns ``ns``'s bytes in the shared ``tiers`` (default: every
         shared tier of this store: Redis, a disk tier with ``shared=True``). This store still reads
-        and adopts them, but when it makes room it only *forgets* them: they leave its tree and stop
-        counting against its capacity, and their bytes stay for the owner, which evicts them itself.
-        For readers of a namespace one other process writes, as SGLang's MLA non-writer ranks read
-        what the storage-writer rank stores: without this, a reader making room in its own books
-        would delete the writer's chunks from the shared tier. Explicit :meth:`delete` and
-        :meth:`clear` still delete. Returns the names of the tiers borrowed from; idempotent."""
+        and adopts them, but every implicit removal (making room, a failed read, a tier's own
+        eviction, :meth:`reconcile`) only *forgets* them: they leave its tree and stop counting
+        against its capacity, and their bytes stay for the owner, which evicts them itself. Nor does
+        it write the namespace there: copies into those tiers are skipped, and a :meth:`put` into a
+        borrowed top tier is an InputError. For readers of a namespace one other process writes, as
+        SGLang's MLA non-writer ranks read what the storage-writer rank stores: without this, a
+        reader making room in its own books would delete the writer's chunks from the shared tier.
+        Explicit :meth:`delete` and :meth:`clear` still delete. Returns the names of the tiers
+        borrowed from; idempotent."""
         self._check_open()
         if not isinstance(ns, Namespace):
             raise InputError(f"ns={ns!r} must be a radixkv Namespace")
