@@ -70,18 +70,23 @@ def test_a_shared_disk_tier_stays_at_its_root(tmp_path, rank):
         h.close()
 
 
+def _mla_writer_and_non_writer(tmp_path, rank):
+    """TP rank 0 (the storage writer) and rank 1 of an MLA server over one shared disk tier with
+    room for 12 pages per rank."""
+    spec = PoolSpec(kind="mla", layout="page_first", page_size=4, host_tokens=512)
+    cfg = extra_config([disk_tier(tmp_path / "l3", capacity=12 * (spec.page_bytes + 200), shared=True)])
+    rank(1, 2)
+    r1 = ControllerHarness(spec, extra_config=cfg)
+    rank(0, 2)
+    return ControllerHarness(spec, extra_config=cfg), r1
+
+
 def test_mla_non_writer_keeps_adopting_after_its_books_fill(tmp_path, rank):
     # Before: the non-writer only adopts what the writer stores in the shared tier, and adoption
     # never evicted: once its books were full it adopted nothing more (its entries going stale as
     # the writer evicted them), batch_exists answered 0 there, and SGLang's MIN over the TP ranks
     # turned every later prefetch into a miss.
-    spec = PoolSpec(kind="mla", layout="page_first", page_size=4, host_tokens=512)
-    tier = disk_tier(tmp_path / "l3", capacity=12 * (spec.page_bytes + 200), shared=True)  # 12 pages
-    cfg = extra_config([tier])
-    rank(1, 2)
-    r1 = ControllerHarness(spec, extra_config=cfg)
-    rank(0, 2)
-    r0 = ControllerHarness(spec, extra_config=cfg)
+    r0, r1 = _mla_writer_and_non_writer(tmp_path, rank)
     try:
         assert unwrap(r0.backend).is_writer and not unwrap(r1.backend).is_writer
         for i in range(5):  # 5 x 8 pages through 12 pages of room
@@ -109,13 +114,7 @@ def test_mla_non_writer_making_room_leaves_the_writers_pages(tmp_path, rank):
     # Before: a non-writer making room in its own books evicted through the normal path, which
     # deletes the bytes: it removed pages the writer still held (here C, which the writer keeps
     # while the non-writer's order puts it first), so the writer's next prefetch of C missed.
-    spec = PoolSpec(kind="mla", layout="page_first", page_size=4, host_tokens=512)
-    tier = disk_tier(tmp_path / "l3", capacity=12 * (spec.page_bytes + 200), shared=True)  # 12 pages
-    cfg = extra_config([tier])
-    rank(1, 2)
-    r1 = ControllerHarness(spec, extra_config=cfg)
-    rank(0, 2)
-    r0 = ControllerHarness(spec, extra_config=cfg)
+    r0, r1 = _mla_writer_and_non_writer(tmp_path, rank)
     seqs = {name: tokens(16, seed=90 + i) for i, name in enumerate("ABCD")}  # 4 pages each
     want = {}
 
