@@ -235,7 +235,10 @@ class HierarchicalStore:
                     s.end_write_locked(0, nsd, wkeys)
                     s.release_locked(0, sum(charges[:granted]))
                     s.unpin_locked(pinned, owner)
-                    due = s.mark_deleting_locked(s.settle_writes_locked(0, nsd, wkeys))
+                    lost = s.take_lost_writes_locked(0, nsd, wkeys)
+                    due = s.mark_deleting_locked(
+                        s.settle_writes_locked(0, nsd, wkeys) + [(0, nsd, k) for k in lost]
+                    )
                 s.delete_entries(due)
                 raise
             written = dict(zip(wrote, ok_w))

@@ -343,7 +343,10 @@ class TierStack(WriteDeleteIntents):
             with self.cond:
                 self.end_write_locked(t, ns, keys)
                 self.release_locked(t, sum(charges[:k]))
-                due = self.mark_deleting_locked(self.settle_writes_locked(t, ns, keys))
+                lost = self.take_lost_writes_locked(t, ns, keys)
+                due = self.mark_deleting_locked(
+                    self.settle_writes_locked(t, ns, keys) + [(t, ns, key) for key in lost]
+                )
             self.delete_entries(due)
             raise
         leaked: list[tuple[int, str, str]] = []
