@@ -150,7 +150,8 @@ class WorkerSide:
         self.groups: list[_Group | None] = []  # per KV-cache group; None: another stage's
         self._meta: RadixKVMetadata | None = None
         self._staged: dict[str, _Staged] = {}
-        self._staged_bytes = 0
+        self._staged_bytes = 0  # buffers of self._staged and of self._draining
+        self._draining: list[_Staged] = []  # dropped, but a read may still be filling them
         self._reports: dict[str, LookupReport] = {}
         self._new_lookups: list[str] = []
         self._sync_loads_started = False
@@ -253,6 +254,7 @@ class WorkerSide:
     def bind(self, meta: RadixKVMetadata) -> None:
         self._meta = meta
         self._sync_loads_started = False
+        self._reap_draining()
         for req_id in meta.releases:
             self._drop_staged(req_id)
         for op in meta.lookups:
@@ -264,7 +266,19 @@ class WorkerSide:
             for h in st.handles:
                 if h is not None and not h.done():
                     h.cancel()
-            self._staged_bytes -= st.nbytes
+            if st.done():
+                self._staged_bytes -= st.nbytes
+            else:
+                # A read already running fills its buffers until it stops (cancel is checked
+                # between tier batches): they stay counted until then (_reap_draining).
+                self._draining.append(st)
+
+    def _reap_draining(self) -> None:
+        """Stop counting the buffers of dropped requests whose reads have ended."""
+        if self._draining:
+            still = [st for st in self._draining if not st.done()]
+            self._staged_bytes -= sum(st.nbytes for st in self._draining) - sum(st.nbytes for st in still)
+            self._draining = still
 
     def _lookup(self, op: LookupOp) -> None:
         self._drop_staged(op.req_id)
@@ -564,7 +578,7 @@ class WorkerSide:
             self.store.close()
 
     def check_integrity(self) -> None:
-        total = sum(st.nbytes for st in self._staged.values())
+        total = sum(st.nbytes for st in self._staged.values()) + sum(st.nbytes for st in self._draining)
         assert total == self._staged_bytes, (total, self._staged_bytes)
         assert self._staged_bytes <= max(self.options.max_staging_bytes, 0), self._staged_bytes
         for grp in self.present:

@@ -41,3 +41,23 @@ def test_abort_during_the_lookup_round_trip_releases_staging(tmp_path, model_dir
     assert "r2" not in eng.sched.requests
     assert w._staged == {} and w._staged_bytes == 0 and w._async_loads == []
     eng.worker.check_integrity()
+
+
+def test_a_released_request_whose_read_still_runs_stays_counted_until_it_ends(tmp_path, model_dir):
+    # Before: the staging bytes were given back at the release, while the running read still filled
+    # its buffers, so staging memory could exceed max_staging_bytes by the reads in flight.
+    eng, toks, gated = _warm_then_gate(tmp_path, model_dir)
+    gated.running = True
+    eng.add("r2", toks[:64] + prompt(20, seed=7))
+    eng.step()  # lookup sent; the read runs (held back)
+    w = eng.worker._worker
+    held = w._staged_bytes
+    assert held > 0
+    eng.sched.finish_requests("r2", RequestStatus.FINISHED_ABORTED)
+    eng.step()
+    assert w._staged == {} and w._staged_bytes == held  # released, but its read still runs
+    eng.worker.check_integrity()
+    gated.open()
+    eng.step()
+    assert w._staged_bytes == 0 and w._draining == []
+    eng.worker.check_integrity()

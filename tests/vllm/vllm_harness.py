@@ -339,6 +339,9 @@ class GatedStore:
     def __init__(self, store: Any) -> None:
         self.store = store
         self.gate_open = False
+        # True: the held reads count as already running, so cancel() cannot stop them (they end,
+        # filling their buffers, once the gate opens), as a real prefetch past its first batch.
+        self.running = False
 
     def open(self) -> None:
         self.gate_open = True
@@ -373,5 +376,5 @@ class _GatedHandle:
         return self.result
 
     def cancel(self) -> bool:
-        self.cancelled = self.result is None
+        self.cancelled = self.result is None and not self.gs.running
         return self.cancelled
