@@ -12,10 +12,11 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
-__all__ = ["ForkSafeExecutor", "run_shared"]
+__all__ = ["ForkSafeExecutor", "hold_across_fork", "run_shared"]
 
 T = TypeVar("T")
 
@@ -64,6 +65,54 @@ class ForkSafeExecutor:
             self._pid = pid
             self._lock = threading.Lock()
             self._pool = None
+
+
+# Objects whose lock os.fork() must not copy mid-use: object -> (lock attribute, child callback).
+_held_owners: weakref.WeakKeyDictionary[Any, tuple[str, Callable[[], None] | None]] = weakref.WeakKeyDictionary()
+_held_registry = threading.Lock()
+_held_now: list[Any] = []
+
+
+def hold_across_fork(owner: Any, lock_attr: str = "_lock", in_child: Callable[[Any], None] | None = None) -> None:
+    """Make ``os.fork()`` wait until no thread is inside ``owner``'s critical sections.
+
+    A child inherits a lock in whatever state it had at the fork: one held by another thread is held
+    forever there (that thread does not exist in the child), and the state it guarded may be half
+    updated. So every registered lock (a leaf lock: its holder never waits for another one) is taken
+    just before the fork and released in both processes after it; ``in_child(owner)`` then runs in the
+    child, still under the lock, to drop what belonged to the parent's threads. Registration holds
+    ``owner`` weakly."""
+    with _held_registry:
+        _held_owners[owner] = (lock_attr, in_child)
+
+
+def _before_fork() -> None:
+    _held_registry.acquire()
+    # Newest first: a store's lock before its tiers' (a thread holding the store's lock may call a
+    # tier; a tier never waits for its store).
+    for owner, (attr, _cb) in reversed(list(_held_owners.items())):
+        lock = getattr(owner, attr)
+        lock.acquire()
+        _held_now.append((owner, lock))
+
+
+def _after_fork(child: bool) -> None:
+    try:
+        for owner, lock in reversed(_held_now):
+            entry = _held_owners.get(owner)
+            try:
+                if child and entry is not None and entry[1] is not None:
+                    entry[1](owner)
+            finally:
+                lock.release()
+    finally:
+        _held_now.clear()
+        _held_registry.release()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=lambda: _after_fork(False),
+                        after_in_child=lambda: _after_fork(True))
 
 
 def run_shared(pool: ForkSafeExecutor | None, threads: int, n: int, fn: Callable[[int], T]) -> list[T]:

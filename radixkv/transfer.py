@@ -36,6 +36,7 @@ import torch
 from radixkv import eviction, reads
 from radixkv.intents import WriteDeleteIntents
 from radixkv.errors import CapacityError, InputError, PinError
+from radixkv.forksafe import hold_across_fork
 from radixkv.metrics import StoreMetrics
 from radixkv.tiers.base import ChunkBytes, capacity_limit, chunk_nbytes
 from radixkv.tiers.framing import HEADER_BYTES
@@ -71,6 +72,7 @@ class TierStack(WriteDeleteIntents):
         self.metrics = metrics
         self.lease_s = lease_s
         self.cond = threading.Condition(threading.Lock())
+        hold_across_fork(self, "cond")  # registered after the tiers: a fork takes it before theirs
         n = len(self.tiers)
         self.reserved = [0] * n
         self.claimed = [0] * n

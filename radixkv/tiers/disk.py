@@ -47,7 +47,7 @@ import torch
 import xxhash
 
 from radixkv.errors import CapacityError, ConfigError, InputError
-from radixkv.forksafe import ForkSafeExecutor, run_shared
+from radixkv.forksafe import ForkSafeExecutor, hold_across_fork, run_shared
 from radixkv.tiers.base import (
     ChunkBytes,
     TierStats,
@@ -162,6 +162,17 @@ class DiskTier:
         self._aux = ForkSafeExecutor(config.io_threads, thread_name_prefix=f"radixkv-{self.name}-aux")
         self._closed = False
         self._scan()
+        # A fork never copies the lock (and the index) mid-update; the child drops what was the
+        # parent's alone (_after_fork_in_child).
+        hold_across_fork(self, in_child=DiskTier._after_fork_in_child)
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child (lock held): the parent's spare files stay the parent's (both taking
+        one would write one file from two processes), and the puts in flight at the fork ran on
+        threads the child does not have, so their reservations would never be returned."""
+        self._spares.forget_all()
+        self._reserved = 0
+        self._ns_writing.clear()
 
     # ----------------------------------------------------------------------------- public API
 

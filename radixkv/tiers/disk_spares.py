@@ -2,7 +2,7 @@
 
 Writing over page-cache pages that exist costs one copy; a new file also makes the kernel allocate
 (and a removed one free) every page, so recycling halves the cost of a put into the page cache
-(docs/sglang.md). Spares live in ``root/.spare`` as ``<seq>.spare``, are reused newest first, and are
+(docs/sglang.md). Spares live in ``root/.spare`` as ``<pid>-<seq>.spare``, are reused newest first, and are
 dropped oldest first when the tier needs room. Their bytes count in the tier's capacity: the tier
 owns that accounting and calls these methods under its lock; this class only tracks the files.
 """
@@ -68,7 +68,8 @@ class SpareFiles:
         if not stat.S_ISREG(st.st_mode) or st.st_size != size:
             return None
         self._seq += 1
-        spare = os.path.join(self.dir, f"{self._seq}.spare")
+        # The pid keeps a forked child's spares apart from its parent's (same directory, same seq).
+        spare = os.path.join(self.dir, f"{os.getpid()}-{self._seq}.spare")
         try:
             os.rename(path, spare)
         except OSError:
@@ -95,6 +96,12 @@ class SpareFiles:
         self.bytes -= size
         unlink_quietly(path)
         return True
+
+    def forget_all(self) -> None:
+        """Stop tracking every spare without removing its file (a forked child: they are the
+        parent's)."""
+        self._files.clear()
+        self.bytes = 0
 
     def drop_all(self) -> None:
         while self.drop_oldest():

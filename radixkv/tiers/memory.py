@@ -29,6 +29,7 @@ from typing import Sequence
 import torch
 
 from radixkv.errors import CapacityError, ConfigError, InputError
+from radixkv.forksafe import hold_across_fork
 from radixkv.hostcopy import HostCopier
 from radixkv.tiers.base import (
     ChunkBytes,
@@ -184,6 +185,7 @@ class MemoryTier:
         self._stats = TierStats()
         self._stats.extra.update(full_refusals=0, deferred_frees=0)
         self._lock = threading.Lock()
+        hold_across_fork(self)  # a fork never copies the lock (and the slab state) mid-update
         self._closed = False
         self._copier = HostCopier(config.copy_threads)
         # Slot i's bytes start at this address + its offset: copies of a chunk's parts go by address

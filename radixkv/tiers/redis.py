@@ -57,6 +57,7 @@ from typing import Any, Sequence
 import torch
 
 from radixkv.errors import CapacityError, InputError
+from radixkv.forksafe import hold_across_fork
 from radixkv.tiers.base import (
     UNBOUNDED_BYTES,
     ChunkBytes,
@@ -110,6 +111,9 @@ class RedisTier:
         self._ttl_ms = None if config.ttl_s is None else max(1, round(config.ttl_s * 1000))
         self._ledger = ByteLedger(self.capacity_bytes, config.ttl_s)
         self._lock = threading.Lock()
+        # Leaf locks a fork must not copy mid-use (redis-py itself resets its pools in a child).
+        hold_across_fork(self._ledger)
+        hold_across_fork(self)
         self._stats = TierStats()
         self._pending_clears: set[str | None] = set()  # clears a fault interrupted (retried)
         self._clearing: set[str | None] = set()  # clears running now

@@ -1,0 +1,71 @@
+"""A store forked while another thread is inside its lock (engines fork workers while serving).
+
+Found by the fourth race hunt: the child inherited the store's lock held by a thread it does not
+have, and hung on its first call. Interleaving forced with events (drop into tests/store/)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+
+import numpy as np
+import pytest
+import torch
+
+from store_helpers import CHUNK_BYTES, chain, new_namespace, payload_for
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+
+def test_fork_while_a_thread_holds_the_store_lock(make_store):
+    store = make_store("mem-disk")
+    ns = new_namespace()
+    _, keys = chain(4, 3)
+    data = [payload_for(k) for k in keys]
+    assert store.put(ns, keys, data) == [True] * 3
+    assert store.flush(10)
+    inside, release = threading.Event(), threading.Event()
+
+    def reader() -> None:  # a caller reading the tree under store.lock, as documented
+        with store.lock:
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    assert inside.wait(10)
+    timer = threading.Timer(0.5, release.set)  # it leaves on its own a little later
+    timer.start()
+    expect = [d.numpy().copy() for d in data]
+    pid = os.fork()
+    if pid == 0:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(15, exit=True)
+        code = 1
+        try:
+            outs = [torch.from_numpy(np.zeros(CHUNK_BYTES, dtype=np.uint8)) for _ in keys]
+            n = store.get(ns, keys, outs)
+            code = 0 if n == 3 and all(np.array_equal(o.numpy(), e) for o, e in zip(outs, expect)) else 3
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    try:
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                assert os.waitstatus_to_exitcode(status) == 0, "the child failed or hung (traceback above)"
+                break
+            time.sleep(0.02)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+    finally:
+        release.set()
+        t.join(10)
+    store.check_integrity()

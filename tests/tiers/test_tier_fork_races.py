@@ -1,0 +1,152 @@
+"""Tiers forked while in use (engines fork their workers while other threads still serve requests).
+
+Found by the fourth race hunt:
+
+* A thread inside a tier's critical section at the moment of ``os.fork()`` left the child a copy of
+  the tier's lock that nobody would ever release: the child hung on its first call to the tier.
+* A forked child named its recycled disk files like its parent (``.spare/<seq>.spare`` from the same
+  counter): the child's recycling renamed its file over the parent's spare, whose recorded size then
+  lied; the parent's next put overwrote it in place without truncating, and the chunk it committed
+  read back as corrupt (a miss, and quarantined) -- the child corrupted the parent's tier.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+
+import numpy as np
+import pytest
+import torch
+
+from radixkv.tiers.disk import DiskTier
+from radixkv.tiers.memory import MemoryTier
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+KiB = 1 << 10
+
+
+def _in_child(fn, deadline_s: float = 20.0) -> None:
+    """Run ``fn`` in a forked child; fail if it raises, returns False or does not finish in time."""
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        import faulthandler
+
+        faulthandler.dump_traceback_later(deadline_s - 5, exit=True)
+        code = 1
+        try:
+            code = 0 if fn() else 3
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0, "the child failed (its traceback is above)"
+            return
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail(f"the forked child hung for {deadline_s}s")
+
+
+def _bytes(value: int, n: int = 4 * KiB) -> torch.Tensor:
+    # numpy-made: the child never runs a torch kernel (torch's OpenMP pool does not survive a fork)
+    return torch.from_numpy(np.full(n, value, dtype=np.uint8))
+
+
+def _same(outs, data) -> bool:
+    return all(np.array_equal(o.numpy(), d.numpy()) for o, d in zip(outs, data))
+
+
+@pytest.mark.parametrize("kind", ["memory", "disk"])
+def test_fork_while_another_thread_holds_the_tier_lock(kind, tmp_path):
+    """Interleaving: thread T is inside put_many's critical section (memory: _alloc; disk:
+    _reserve_locked, both under tier._lock); the main thread forks. The child's copy of the lock is
+    held by a thread that does not exist there: its first call to the tier must still finish."""
+    if kind == "disk":
+        tier = DiskTier(root=str(tmp_path / "d"), capacity_bytes=16 << 20, io_threads=1)
+        hook = "_reserve_locked"
+    else:
+        tier = MemoryTier(capacity_bytes=16 << 20, unit_bytes=64 * KiB, slab_target_bytes=256 * KiB,
+                          copy_threads=1, prefault=False, huge_pages=False)
+        hook = "_alloc"
+    keys = [f"k{i}" for i in range(4)]
+    data = [_bytes(i) for i in range(4)]
+    assert tier.put_many("ns", keys, data) == [True] * 4
+    inside, release = threading.Event(), threading.Event()
+    real = getattr(tier, hook)
+
+    def blocking(*args, **kwargs):
+        if threading.current_thread().name == "racer":
+            inside.set()
+            release.wait(10)
+        return real(*args, **kwargs)
+
+    setattr(tier, hook, blocking)
+    racer = threading.Thread(target=lambda: tier.put_many("ns", ["late"], [_bytes(9)]), name="racer")
+    racer.start()
+    try:
+        assert inside.wait(10)
+        # T leaves its critical section on its own a little later (a fork may wait for that).
+        timer = threading.Timer(0.5, release.set)
+        timer.start()
+
+        def child() -> bool:
+            got = [_bytes(0) for _ in keys]
+            return (tier.get_many("ns", keys, got) == [True] * 4 and _same(got, data)
+                    and tier.put_many("ns", ["c0"], [_bytes(77)]) == [True]
+                    and tier.delete_many("ns", ["c0"]) == 1)  # the disk directory is the parent's too
+
+        _in_child(child)
+    finally:
+        release.set()
+        racer.join(10)
+        setattr(tier, hook, real)
+    got = [_bytes(0) for _ in keys]
+    assert tier.get_many("ns", keys, got) == [True] * 4 and _same(got, data)
+    tier.check_integrity()
+    tier.clear()
+    tier.close()
+
+
+def test_forked_child_recycling_never_corrupts_the_parents_spares(tmp_path):
+    """Interleaving: fork; the parent deletes chunk A (its file becomes .spare/1.spare, recorded at
+    A's size); the child puts and deletes its own chunk B of another size (its file was renamed to
+    .spare/1.spare too, over the parent's). The parent's next put overwrote that file in place at
+    A's recorded size and committed a file of B's size: a corrupt chunk (a miss, quarantined)."""
+    root = str(tmp_path / "d")
+    tier = DiskTier(root=root, capacity_bytes=16 << 20, io_threads=1)
+    try:
+        assert tier.put_many("small", ["a"], [_bytes(1, 4 * KiB)]) == [True]
+        parent_recycled_r, parent_recycled_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: wait for the parent's recycling, then recycle a file of its own
+            code = 1
+            try:
+                os.close(parent_recycled_w)
+                os.read(parent_recycled_r, 1)
+                ok = tier.put_many("big", ["b"], [_bytes(2, 64 * KiB)]) == [True]
+                code = 0 if ok and tier.delete_many("big", ["b"]) == 1 else 3
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(parent_recycled_r)
+        assert tier.delete_many("small", ["a"]) == 1  # recycled into a spare file
+        os.write(parent_recycled_w, b"x")
+        os.close(parent_recycled_w)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert tier.put_many("small", ["c"], [_bytes(3, 4 * KiB)]) == [True]
+        out = _bytes(0, 4 * KiB)
+        assert tier.get_many("small", ["c"], [out]) == [True]
+        assert _same([out], [_bytes(3, 4 * KiB)])
+        tier.check_integrity()
+    finally:
+        tier.close()
