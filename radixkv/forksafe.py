@@ -62,9 +62,10 @@ class ForkSafeExecutor:
     def _fork_check(self) -> None:
         pid = os.getpid()
         if pid != self._pid:  # a forked child: forget the parent's pool (and its possibly held lock)
-            self._pid = pid
-            self._lock = threading.Lock()
+            # The pool first: another child thread that sees the new pid must not find the parent's.
             self._pool = None
+            self._lock = threading.Lock()
+            self._pid = pid
 
 
 # Objects whose lock os.fork() must not copy mid-use: object -> (lock attribute, child callback).
