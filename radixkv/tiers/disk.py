@@ -483,15 +483,20 @@ class DiskTier:
                 self._stats.bytes_in += nbytes
                 self._stats.extra["recycled_puts"] += spare is not None
             return True
-        except OSError:  # disk full, I/O error, directory removed: a failed put, not an exception
+        except BaseException as e:
+            # Give the reservation and the temp file back whatever failed (an OSError is a failed
+            # put; anything else, e.g. an I/O helper pool shut down by a racing close(), is raised).
             with self._lock:
                 if not committed:
                     self._reserved -= frame
-                self._stats.put_failures += 1
-                self._stats.errors += 1
+                if isinstance(e, OSError):
+                    self._stats.put_failures += 1
+                    self._stats.errors += 1
             if tmp is not None and not committed:
                 unlink_quietly(tmp)
-            return False
+            if isinstance(e, OSError):  # disk full, I/O error, directory removed: not an exception
+                return False
+            raise
 
     def _overlap(self, nbytes: int) -> bool:
         threshold = self.config.overlap_min_bytes

@@ -726,6 +726,22 @@ class TestParts:
         t.check_integrity()
         t.close()
 
+    def test_an_overlapped_put_whose_helper_pool_is_gone_gives_back_its_room(self, root):
+        """A close() racing an overlapped put shuts the helper pool down under it: the put raises,
+        and (before) kept its reservation and left its temp file behind."""
+        t = DiskTier(root=root, capacity_bytes=1 << 20, overlap_min_bytes=1)
+
+        def gone(*_a, **_k):
+            raise RuntimeError("cannot schedule new futures after shutdown")
+
+        t._aux.submit = gone
+        with pytest.raises(RuntimeError, match="after shutdown"):
+            t.put_many(NS, ["a"], [pl(5, 4096)])
+        assert t.usage_bytes() == 0
+        assert not [f for _d, _s, fs in os.walk(root) for f in fs if f.endswith(".tmp")]  # no temp left
+        t.check_integrity()
+        t.close()
+
     @pytest.mark.parametrize("where", ["first", "last"])
     def test_flipped_byte_read_into_parts_is_a_miss(self, tier, where):
         p = pl(5, 8 * KiB)
