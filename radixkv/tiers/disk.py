@@ -261,24 +261,10 @@ class DiskTier:
         for k in keys:
             with self._lock:
                 present = (namespace, k) in self._index
-            if self.config.shared:
-                # Other processes add and remove files here: the file decides, not our index (a
-                # stale entry would keep reconcile() from seeing a chunk the owner deleted).
-                if not os.path.exists(self._layout.path(namespace, k)):
-                    if present:
-                        self._forget_missing(namespace, k)
-                    break
-            elif not present:
+            if not present and not (self.config.shared and os.path.exists(self._layout.path(namespace, k))):
                 break
             n += 1
         return n
-
-    def _forget_missing(self, namespace: str, key: str) -> None:
-        """Drop the index entry of a file another process removed (shared mode). Checked again under
-        the lock: a put of ours that committed the key meanwhile keeps its entry."""
-        with self._lock:
-            if (namespace, key) in self._index and not os.path.exists(self._layout.path(namespace, key)):
-                self._usage -= self._index.pop((namespace, key))
 
     def delete_many(self, namespace: str, keys: Sequence[str]) -> int:
         check_ident(namespace, keys)

@@ -263,23 +263,6 @@ class TestShared:
             a.check_integrity()
             b.check_integrity()
 
-    def test_reconcile_sees_files_another_store_deleted(self, tmp_path):
-        # Before: a shared disk tier answered contains from its index, so reconcile() kept chunks
-        # whose files the other store had deleted (reads found them missing later, lazily).
-        ns = new_namespace()
-        keys = chain(22, 4)[1]
-        with HierarchicalStore(disk_config(tmp_path, shared=True)) as a, HierarchicalStore(
-            disk_config(tmp_path, shared=True, probe_tiers=True)
-        ) as b:
-            fill(a, ns, keys)
-            assert b.lookup(ns, keys, chunk_bytes=CHUNK_BYTES) == 4
-            assert read(b, ns, keys) == 4  # b's disk tier indexes the files it read
-            assert a.delete(ns, keys[2:3]) == 1  # and keys[3] with it
-            b.flush(30)
-            assert b.reconcile() == 2
-            assert b.stats()["tiers"][b.tiers[1].name]["tree_chunks"] == 2  # (memory keeps its copies)
-            b.check_integrity()
-
     def test_concurrent_writer_and_adopting_reader(self, tmp_path):
         """Store A writes (and deletes) chains in a shared directory while store B reads them:
         B returns a leading run of exact bytes every time, and both stores stay consistent."""
