@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
 
-import numpy as np
 import pytest
 import torch
 
+from fork_helpers import in_child, numpy_bytes, same_bytes
 from radixkv.background import WorkerPool
 from radixkv.forksafe import ForkSafeExecutor
 from radixkv.tiers.disk import DiskTier
@@ -25,47 +24,15 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 MiB = 1 << 20
 
 
-def _in_child(fn, deadline_s: float = 30.0) -> None:
-    """Run ``fn`` in a forked child; fail if it raises, returns False or does not finish in time."""
-    pid = os.fork()
-    if pid == 0:  # child: never return into pytest
-        import faulthandler
-
-        faulthandler.dump_traceback_later(deadline_s - 5, exit=True)  # where it hangs, if it does
-        code = 1
-        try:
-            code = 0 if fn() else 3
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            assert os.waitstatus_to_exitcode(status) == 0, "the child failed (its traceback is above)"
-            return
-        time.sleep(0.02)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail(f"the forked child hung for {deadline_s}s")
-
-
-def _same(outs, data) -> bool:
-    return all(np.array_equal(o.numpy(), d.numpy()) for o, d in zip(outs, data))
-
-
 def _bytes(value: int) -> torch.Tensor:
-    # numpy-made: torch's own fill/compare kernels use its OpenMP pool, which does not survive a fork
-    # either (that hang is torch's, not the tier's), so the child never runs a torch kernel
-    return torch.from_numpy(np.full(MiB, value, dtype=np.uint8))
+    return numpy_bytes(value, MiB)
 
 
 def test_executor_used_before_fork_runs_in_the_child():
     ex = ForkSafeExecutor(2, thread_name_prefix="t")
     try:
         assert ex.submit(lambda: 41 + 1).result(timeout=10) == 42
-        _in_child(lambda: ex.submit(lambda: os.getpid()).result(timeout=10) == os.getpid())
+        in_child(lambda: ex.submit(lambda: os.getpid()).result(timeout=10) == os.getpid())
         assert ex.submit(lambda: 7).result(timeout=10) == 7  # the parent's pool is untouched
     finally:
         ex.shutdown()
@@ -87,11 +54,11 @@ def test_tier_used_before_fork_serves_the_child(kind, tmp_path):
         def child() -> bool:
             got = [_bytes(0) for _ in keys]
             more = [_bytes(100 + i) for i in range(8)]
-            return (tier.get_many("ns", keys, got) == [True] * 8 and _same(got, data)
+            return (tier.get_many("ns", keys, got) == [True] * 8 and same_bytes(got, data)
                     and tier.put_many("ns", [f"c{i}" for i in range(8)], more) == [True] * 8)
 
-        _in_child(child)
-        assert tier.get_many("ns", keys, outs) == [True] * 8 and _same(outs, data)
+        in_child(child)
+        assert tier.get_many("ns", keys, outs) == [True] * 8 and same_bytes(outs, data)
     finally:
         tier.close()
 
@@ -106,7 +73,7 @@ def test_worker_pool_used_before_fork_runs_the_childs_jobs():
             ok = [j.wait(10) for j in jobs] == [0, 1, 4, 9, 16] and pool.drain(10)
             return ok and pool.close(flush=True, timeout_s=10)
 
-        _in_child(child)
+        in_child(child)
         assert pool.submit(lambda job: 2, 0).wait(10) == 2
     finally:
         pool.close(flush=False, timeout_s=10)

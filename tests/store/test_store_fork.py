@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-import traceback
 
 import numpy as np
 import pytest
 import torch
 
+from fork_helpers import in_child
 from store_helpers import CHUNK_BYTES, chain, new_namespace, payload_for
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -39,32 +38,14 @@ def test_fork_while_a_thread_holds_the_store_lock(make_store):
     timer = threading.Timer(0.5, release.set)  # it leaves on its own a little later
     timer.start()
     expect = [d.numpy().copy() for d in data]
-    pid = os.fork()
-    if pid == 0:
-        import faulthandler
 
-        faulthandler.dump_traceback_later(15, exit=True)
-        code = 1
-        try:
-            outs = [torch.from_numpy(np.zeros(CHUNK_BYTES, dtype=np.uint8)) for _ in keys]
-            n = store.get(ns, keys, outs)
-            code = 0 if n == 3 and all(np.array_equal(o.numpy(), e) for o, e in zip(outs, expect)) else 3
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
+    def child() -> bool:
+        outs = [torch.from_numpy(np.zeros(CHUNK_BYTES, dtype=np.uint8)) for _ in keys]
+        n = store.get(ns, keys, outs)
+        return n == 3 and all(np.array_equal(o.numpy(), e) for o, e in zip(outs, expect))
+
     try:
-        end = time.monotonic() + 20
-        while time.monotonic() < end:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                assert os.waitstatus_to_exitcode(status) == 0, "the child failed or hung (traceback above)"
-                break
-            time.sleep(0.02)
-        else:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child hung")
+        in_child(child, deadline_s=20.0)
     finally:
         release.set()
         t.join(10)

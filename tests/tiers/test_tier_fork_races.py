@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import traceback
 
-import numpy as np
 import pytest
 import torch
 
+from fork_helpers import in_child, numpy_bytes, same_bytes
 from radixkv.tiers.disk import DiskTier
 from radixkv.tiers.memory import MemoryTier
 
@@ -29,39 +28,8 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 KiB = 1 << 10
 
 
-def _in_child(fn, deadline_s: float = 20.0) -> None:
-    """Run ``fn`` in a forked child; fail if it raises, returns False or does not finish in time."""
-    pid = os.fork()
-    if pid == 0:  # child: never return into pytest
-        import faulthandler
-
-        faulthandler.dump_traceback_later(deadline_s - 5, exit=True)
-        code = 1
-        try:
-            code = 0 if fn() else 3
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            assert os.waitstatus_to_exitcode(status) == 0, "the child failed (its traceback is above)"
-            return
-        time.sleep(0.02)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail(f"the forked child hung for {deadline_s}s")
-
-
 def _bytes(value: int, n: int = 4 * KiB) -> torch.Tensor:
-    # numpy-made: the child never runs a torch kernel (torch's OpenMP pool does not survive a fork)
-    return torch.from_numpy(np.full(n, value, dtype=np.uint8))
-
-
-def _same(outs, data) -> bool:
-    return all(np.array_equal(o.numpy(), d.numpy()) for o, d in zip(outs, data))
+    return numpy_bytes(value, n)
 
 
 @pytest.mark.parametrize("kind", ["memory", "disk"])
@@ -99,17 +67,17 @@ def test_fork_while_another_thread_holds_the_tier_lock(kind, tmp_path):
 
         def child() -> bool:
             got = [_bytes(0) for _ in keys]
-            return (tier.get_many("ns", keys, got) == [True] * 4 and _same(got, data)
+            return (tier.get_many("ns", keys, got) == [True] * 4 and same_bytes(got, data)
                     and tier.put_many("ns", ["c0"], [_bytes(77)]) == [True]
                     and tier.delete_many("ns", ["c0"]) == 1)  # the disk directory is the parent's too
 
-        _in_child(child)
+        in_child(child, deadline_s=20.0)
     finally:
         release.set()
         racer.join(10)
         setattr(tier, hook, real)
     got = [_bytes(0) for _ in keys]
-    assert tier.get_many("ns", keys, got) == [True] * 4 and _same(got, data)
+    assert tier.get_many("ns", keys, got) == [True] * 4 and same_bytes(got, data)
     tier.check_integrity()
     tier.clear()
     tier.close()
@@ -146,7 +114,7 @@ def test_forked_child_recycling_never_corrupts_the_parents_spares(tmp_path):
         assert tier.put_many("small", ["c"], [_bytes(3, 4 * KiB)]) == [True]
         out = _bytes(0, 4 * KiB)
         assert tier.get_many("small", ["c"], [out]) == [True]
-        assert _same([out], [_bytes(3, 4 * KiB)])
+        assert same_bytes([out], [_bytes(3, 4 * KiB)])
         tier.check_integrity()
     finally:
         tier.close()
