@@ -560,7 +560,7 @@ class DiskTier:
                 return False
             verdict = self._read_verified(fd, ns, key, out)
             if verdict == "corrupt":
-                self._quarantine(fd, path, ident)
+                self._quarantine(fd, path, ident, out)
             elif verdict == "ok" and not indexed:
                 self._adopt(ident, os.fstat(fd).st_size)
             return verdict == "ok"
@@ -594,16 +594,23 @@ class DiskTier:
                 self._stats.extra["size_mismatches"] += 1
         return verdict
 
-    def _quarantine(self, fd: int, path: str, ident: tuple[str, str]) -> None:
-        """Drop a file that failed verification, if it is still the one at ``path``. A file replaced
-        meanwhile (the one we opened was recycled for another chunk, and the key was written again)
-        is a new, valid file: the read was a miss, the index keeps it."""
+    def _quarantine(self, fd: int, path: str, ident: tuple[str, str], out: list[memoryview]) -> None:
+        """Drop a file that failed verification, if the file at ``path`` still fails it. A file
+        replaced meanwhile (the one we opened was recycled for another chunk, and the key was
+        written again) is a new, valid file: the read was a miss, the index keeps it. ``out`` (the
+        caller's buffer, unspecified after a miss) is scratch space for the second read."""
         with self._lock:
             try:
                 st_path, st_fd = os.stat(path), os.fstat(fd)
             except OSError:
                 return  # deleted meanwhile: whoever deleted it updated the index
             if (st_path.st_dev, st_path.st_ino) != (st_fd.st_dev, st_fd.st_ino):
+                return
+            # The same inode need not hold the bytes we read: recycling can bring our file back to
+            # this path with this key's valid frame (moved to a spare, rewritten for another key,
+            # moved aside again, rewritten for this key). Files are moved aside only under this
+            # lock, and rewritten only after that, so what a read sees now is what we would delete.
+            if read_frame(fd, ident[0], ident[1], out) != "corrupt":
                 return
             self._stats.checksum_failures += 1
             frame = self._index.pop(ident, None)

@@ -180,12 +180,15 @@ class MemoryTier:
         # while it copied frees its slots instead of publishing them under the cleared namespace.
         self._ns_gen: dict[str, int] = {}
         self._all_gen = 0
-        self._writing = 0
+        # Slots reserved by puts copying now -> their namespace (a forked child frees them).
+        self._writing: dict[_Slot, str] = {}
         self._dead: set[_Slot] = set()
         self._stats = TierStats()
         self._stats.extra.update(full_refusals=0, deferred_frees=0)
         self._lock = threading.Lock()
-        hold_across_fork(self)  # a fork never copies the lock (and the slab state) mid-update
+        # A fork never copies the lock (and the slab state) mid-update; the child frees the slots
+        # of the parent's puts in flight (_after_fork_in_child).
+        hold_across_fork(self, in_child=MemoryTier._after_fork_in_child)
         self._closed = False
         self._copier = HostCopier(config.copy_threads)
         # Slot i's bytes start at this address + its offset: copies of a chunk's parts go by address
@@ -224,7 +227,7 @@ class MemoryTier:
                     self._stats.extra["full_refusals"] += 1
                     self._stats.put_failures += 1
                     continue
-                self._writing += 1
+                self._writing[slot] = namespace
                 todo.append((i, slot))
             self._ns_live[namespace] = self._ns_live.get(namespace, 0) + len(todo)
             if first_put and not todo:
@@ -241,7 +244,7 @@ class MemoryTier:
         except BaseException:
             with self._lock:
                 for _, slot in todo:
-                    self._writing -= 1
+                    del self._writing[slot]
                     self._free(slot)
                 self._drop_live_locked(namespace, len(todo))
             raise
@@ -249,7 +252,7 @@ class MemoryTier:
             cleared = gen != (self._all_gen, self._ns_gen.get(namespace, 0))
             dropped = 0
             for i, slot in todo:
-                self._writing -= 1
+                del self._writing[slot]
                 ident = (namespace, keys[i])
                 if cleared or ident in self._index:  # a clear overtook us, or a concurrent put won
                     self._free(slot)
@@ -400,22 +403,31 @@ class MemoryTier:
                 per_ns[ns] = per_ns.get(ns, 0) + 1
             if any(per_ns.get(ns, 0) > n for ns, n in self._ns_live.items()) or any(
                 n > self._ns_live.get(ns, 0) for ns, n in per_ns.items()
-            ) or sum(self._ns_live.values()) != len(self._index) + self._writing:
+            ) or sum(self._ns_live.values()) != len(self._index) + len(self._writing):
                 raise RuntimeError(f"live chunks per namespace {self._ns_live} disagree with "
-                                   f"{per_ns} indexed + {self._writing} being written")
+                                   f"{per_ns} indexed + {len(self._writing)} being written")
             if set(self._ns_slot_bytes) - set(self._ns_live):
                 raise RuntimeError(f"slot sizes kept for namespaces without chunks: "
                                    f"{sorted(set(self._ns_slot_bytes) - set(self._ns_live))}")
-            if total_used != len(self._index) + len(self._dead) + self._writing:
+            if total_used != len(self._index) + len(self._dead) + len(self._writing):
                 raise RuntimeError(
                     f"{total_used} used slots != {len(self._index)} indexed + {len(self._dead)} leased-dead "
-                    f"+ {self._writing} being written"
+                    f"+ {len(self._writing)} being written"
                 )
             used_bytes = sum(s.used * s.slot_bytes for s in self._slabs.values())
             if used_bytes > self.capacity_bytes:
                 raise RuntimeError(f"usage {used_bytes} exceeds capacity {self.capacity_bytes}")
 
     # ----------------------------------------------------------------------------- internals
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child (lock held): the puts in flight at the fork ran on threads the child
+        does not have, so they would never publish or free their slots there; free them now, and
+        release the slot size of a namespace that held nothing else."""
+        for slot, namespace in self._writing.items():
+            self._free(slot)
+            self._drop_live_locked(namespace, 1)
+        self._writing.clear()
 
     def _huge_buffer(self, nbytes: int) -> torch.Tensor:
         """The buffer as an anonymous private mapping advised MADV_HUGEPAGE (plain torch memory if

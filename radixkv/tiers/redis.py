@@ -40,7 +40,10 @@ primary of a cluster; ``fault_mark`` (unchanged across a call = no fault) lets c
 
 Capacity is accounted *locally*: the tier remembers the frame bytes it wrote per (namespace, key) and
 has not deleted, and forgets them when their TTL passes or a read finds the key gone. A put that would
-take this tier's bytes over ``capacity_bytes`` is refused. This bounds what *this* tier object writes;
+take this tier's bytes over ``capacity_bytes`` is refused. A put and a delete (or clear) of one key
+that overlap leave only the server knowing which ran last: whichever call finishes second asks it
+(EXISTS), so the ledger is exact once both returned (:mod:`radixkv.tiers.redis_accounting`). This
+bounds what *this* tier object writes;
 the server's own ``maxmemory`` bounds the server (a put it refuses with OOM is a failed put). Redis's
 per-key overhead (~100 bytes) is not counted, nor is a chunk whose put timed out mid-pipeline (it may
 have been stored; it is not reported stored, and its TTL or the next overwrite/delete settles it).
@@ -111,8 +114,8 @@ class RedisTier:
         self._ttl_ms = None if config.ttl_s is None else max(1, round(config.ttl_s * 1000))
         self._ledger = ByteLedger(self.capacity_bytes, config.ttl_s)
         self._lock = threading.Lock()
-        # Leaf locks a fork must not copy mid-use (redis-py itself resets its pools in a child).
-        hold_across_fork(self._ledger)
+        # A leaf lock a fork must not copy mid-use (redis-py itself resets its pools in a child; the
+        # ledger registers its own lock).
         hold_across_fork(self)
         self._stats = TierStats()
         self._pending_clears: set[str | None] = set()  # clears a fault interrupted (retried)
@@ -186,7 +189,9 @@ class RedisTier:
         try:
             ok = self._send_frames(namespace, keys, views, granted)
         finally:  # release the reservations even if something unexpected escapes
-            self._ledger.settle(namespace, keys, frame_sizes, granted, ok)
+            recheck = self._ledger.settle(namespace, keys, frame_sizes, granted, ok)
+        if recheck:  # a delete's UNLINK of these keys overlapped the SETs: which ran last?
+            self._forget_if_gone(namespace, recheck)
         stored = sum(ok)
         self._count(puts=stored, put_failures=len(keys) - stored, capacity_refusals=refused,
                     bytes_in=sum(v.nbytes for v, s in zip(views, ok) if s))
@@ -318,7 +323,9 @@ class RedisTier:
         if replies is None:
             return 0
         done = [k for k, r in zip(keys, replies) if r is not None and not isinstance(r, Exception)]
-        self._ledger.forget(namespace, done, seen_at=started)
+        recheck = self._ledger.forget_unlinked(namespace, done, seen_at=started)
+        if recheck:  # a put of these keys settled during the UNLINKs: which ran last?
+            self._forget_if_gone(namespace, recheck)
         present = sum(1 for r in replies if r == 1)
         self._count(deletes=present)
         return present
@@ -395,9 +402,21 @@ class RedisTier:
             return True
 
         if self._link.guard(action):
-            self._ledger.forget_all(namespace, seen_at=started)
+            kept = self._ledger.forget_all(namespace, seen_at=started)
+            for ns in {ns for ns, _key in kept}:  # puts settled during the clear: which ran last?
+                self._forget_if_gone(ns, [key for n, key in kept if n == ns])
             return True
         return False
+
+    def _forget_if_gone(self, namespace: str, keys: Sequence[str]) -> None:
+        """Forget the keys the server does not hold now. For a put and a delete (or clear) of one
+        key that overlapped: only the server knows whether the SET or the UNLINK ran last. A fault
+        keeps the entries (an overcount until a later get, delete, clear or TTL settles them)."""
+        started = time.monotonic()  # a put settled after this may have SET after the EXISTS: kept
+        replies = self._per_node(namespace, keys, "exists")
+        gone = [k for k, r in zip(keys, replies or ()) if r == 0]
+        if gone:
+            self._ledger.forget(namespace, gone, seen_at=started)
 
     def close(self) -> None:
         """Idempotent; later calls raise RuntimeError."""

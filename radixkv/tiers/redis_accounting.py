@@ -11,6 +11,13 @@ With a TTL each entry expires locally at ``settle time + ttl``; the server expir
 that (its clock started when it executed the SET, before replying), so the ledger never undercounts.
 Likewise :meth:`forget` takes the time its evidence was gathered (a GET that found the key absent, an
 UNLINK): an entry settled after that may be a newer write the evidence never saw, so it is kept.
+
+A put and a delete (or clear) of one key that overlap leave only the server knowing whether the SET
+or the UNLINK ran last. :meth:`forget_unlinked` and :meth:`forget_all` return the entries they kept
+for that reason, and :meth:`settle` the keys an UNLINK hit while their put was in flight: the caller
+that finishes second asks the server (EXISTS) and forgets the absent ones with :meth:`forget`, so
+the ledger is exact once both calls returned (unless that question faults: then it overcounts, as
+before, until a later get, delete, clear or TTL settles the key).
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Sequence
+
+from radixkv.forksafe import hold_across_fork
 
 __all__ = ["ByteLedger"]
 
@@ -36,16 +45,23 @@ class ByteLedger:
         self._expiry: deque[tuple[float, str, str]] = deque()  # deadlines in settle order
         self._used_bytes = 0
         self._reserved_bytes = 0
+        # Puts in flight per key, and those of the keys an UNLINK of ours hit meanwhile (the put
+        # cannot know whether its SET ran before that UNLINK: it asks the server when it settles).
+        self._putting: Counter[tuple[str, str]] = Counter()
+        self._unlinked_while_putting: set[tuple[str, str]] = set()
+        # A fork never copies the ledger mid-update; the child drops the parent's puts in flight.
+        hold_across_fork(self, in_child=ByteLedger._after_fork_in_child)
 
     def reserve(self, namespace: str, keys: Sequence[str], sizes_bytes: Sequence[int]) -> list[bool]:
         """Reserve room for each chunk in order; False where it does not fit (nothing reserved)."""
         granted = []
         with self._lock:
             self._purge(time.monotonic())
-            for size in sizes_bytes:
+            for key, size in zip(keys, sizes_bytes):
                 fits = self._used_bytes + self._reserved_bytes + size <= self.capacity_bytes
                 if fits:
                     self._reserved_bytes += size
+                    self._putting[(namespace, key)] += 1
                 granted.append(fits)
         return granted
 
@@ -56,21 +72,32 @@ class ByteLedger:
         sizes_bytes: Sequence[int],
         granted: Sequence[bool],
         stored: Sequence[bool],
-    ) -> None:
-        """Release the reservations of one :meth:`reserve` and record the chunks that were stored."""
+    ) -> list[str]:
+        """Release the reservations of one :meth:`reserve` and record the chunks that were stored.
+        Returns the stored keys an UNLINK of this process hit while they were in flight: the server
+        may have run it after the SET, so the caller asks it and forgets the absent ones."""
+        recheck = []
         with self._lock:
             now = time.monotonic()
             deadline = math.inf if self._ttl_s is None else now + self._ttl_s
             for key, size, g, ok in zip(keys, sizes_bytes, granted, stored):
                 if not g:
                     continue
+                ident = (namespace, key)
                 self._reserved_bytes -= size
                 if ok:
-                    old = self._held.get((namespace, key), (0, 0.0, 0.0))[0]
-                    self._held[(namespace, key)] = (size, deadline, now)
+                    old = self._held.get(ident, (0, 0.0, 0.0))[0]
+                    self._held[ident] = (size, deadline, now)
                     self._used_bytes += size - old
                     if self._ttl_s is not None:
                         self._expiry.append((deadline, namespace, key))
+                    if ident in self._unlinked_while_putting:
+                        recheck.append(key)
+                self._putting[ident] -= 1
+                if not self._putting[ident]:  # the mark serves every put that was in flight then
+                    del self._putting[ident]
+                    self._unlinked_while_putting.discard(ident)
+        return recheck
 
     def forget(self, namespace: str, keys: Sequence[str], seen_at: float) -> None:
         """Drop chunks found gone from the server (deleted, evicted, expired) by a request that
@@ -82,11 +109,46 @@ class ByteLedger:
                     del self._held[(namespace, key)]
                     self._used_bytes -= entry[0]
 
-    def forget_all(self, namespace: str | None, seen_at: float) -> None:
+    def forget_unlinked(self, namespace: str, keys: Sequence[str], seen_at: float) -> list[str]:
+        """:meth:`forget` for keys this process UNLINKed in a request that started at ``seen_at``.
+        A put of such a key that overlapped the request may have run its SET before or after the
+        UNLINK: returns the keys whose entry settled after ``seen_at`` (kept; the caller asks the
+        server and forgets the absent ones), and marks those with a put in flight (:meth:`settle`)."""
+        kept = []
         with self._lock:
-            for ident in [i for i, e in self._held.items()
-                          if (namespace is None or i[0] == namespace) and e[2] <= seen_at]:
-                self._used_bytes -= self._held.pop(ident)[0]
+            for key in keys:
+                ident = (namespace, key)
+                entry = self._held.get(ident)
+                if entry is not None and entry[2] <= seen_at:
+                    del self._held[ident]
+                    self._used_bytes -= entry[0]
+                elif entry is not None:
+                    kept.append(key)
+                if ident in self._putting:
+                    self._unlinked_while_putting.add(ident)
+        return kept
+
+    def forget_all(self, namespace: str | None, seen_at: float) -> list[tuple[str, str]]:
+        """Drop every chunk (of ``namespace``) settled by ``seen_at``, the start of a clear that
+        UNLINKed them all. Like :meth:`forget_unlinked`: returns the (namespace, key) kept because
+        they settled later, and marks the keys with a put in flight."""
+        with self._lock:
+            kept = []
+            for ident in [i for i in self._held if namespace is None or i[0] == namespace]:
+                if self._held[ident][2] <= seen_at:
+                    self._used_bytes -= self._held.pop(ident)[0]
+                else:
+                    kept.append(ident)
+            self._unlinked_while_putting.update(
+                i for i in self._putting if namespace is None or i[0] == namespace)
+            return kept
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child (lock held): the puts in flight at the fork ran on threads the child
+        does not have, so their reservations would never be released there (lost capacity)."""
+        self._reserved_bytes = 0
+        self._putting.clear()
+        self._unlinked_while_putting.clear()
 
     def used_bytes(self) -> int:
         with self._lock:
@@ -110,3 +172,5 @@ class ByteLedger:
                 f"used {self._used_bytes} + reserved {self._reserved_bytes} > capacity {self.capacity_bytes}"
             )
             assert all(entry[0] > 0 for entry in self._held.values()), "a held entry has no bytes"
+            assert all(n > 0 for n in self._putting.values()), f"puts in flight: {self._putting}"
+            assert self._unlinked_while_putting <= set(self._putting), "an UNLINK mark outlived its puts"

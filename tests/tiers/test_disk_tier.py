@@ -242,6 +242,41 @@ class TestRecyclingRace:
         t.check_integrity()
         t.close()
 
+    @pytest.mark.parametrize("read_path", ["python"], indirect=True)  # injected into the Python read
+    def test_a_read_racing_a_double_recycle_back_to_its_key_keeps_the_new_file(self, root, monkeypatch,
+                                                                               read_path):
+        # Found by a fifth race hunt (by reasoning): a get opened K's file; K was deleted (file ->
+        # spare), J written into it; the get read J's header ("corrupt"); then J was deleted (same
+        # file -> spare again) and K written into it, so K's path held the very inode the get had
+        # open, with K's valid bytes. The quarantine's inode check passed and deleted K's good file.
+        t = DiskTier(root=root, capacity_bytes=1 << 20, io_threads=1, recycle=True)
+        assert t.put_many(NS, ["K"], [pl(1)]) == [True]
+        inode = os.stat(t._layout.path(NS, "K")).st_ino
+        real = disk_mod.read_frame
+        fired: list[str] = []
+
+        def racing(fd, ns, key, out):
+            if fired:
+                return real(fd, ns, key, out)
+            fired.append("read")
+            assert t.delete_many(NS, ["K"]) == 1  # K's file becomes a spare...
+            assert t.put_many(NS, ["J"], [pl(2)]) == [True]  # ...J is written into it...
+            verdict = real(fd, ns, key, out)  # ...and the get reads J's frame under K's name
+            assert t.delete_many(NS, ["J"]) == 1  # the same file becomes a spare again...
+            assert t.put_many(NS, ["K"], [pl(3)]) == [True]  # ...and K is written into it
+            assert os.fstat(fd).st_ino == os.stat(t._layout.path(NS, "K")).st_ino == inode
+            return verdict
+
+        monkeypatch.setattr(disk_mod, "read_frame", racing)
+        assert t.get_many(NS, ["K"], [buf()]) == [False]  # the racing read is a miss
+        assert fired == ["read"]
+        monkeypatch.setattr(disk_mod, "read_frame", real)
+        out = buf()
+        assert t.get_many(NS, ["K"], [out]) == [True] and torch.equal(out, pl(3))
+        assert t.stats().checksum_failures == 0
+        t.check_integrity()
+        t.close()
+
     @pytest.mark.parametrize("read_path", ["native"], indirect=True)  # the fast path's own fallback
     def test_a_fast_read_racing_recycling_falls_back_and_never_serves_the_other_chunk(self, root, monkeypatch,
                                                                                     read_path):

@@ -537,6 +537,85 @@ def test_ledger_ttl_expiry():
     ledger.check_integrity()
 
 
+ORDERS = {  # a put and a delete of one key; which step runs inside the other call, and the outcome
+    "set-unlink-forget-settle": ("put", "after", False),
+    "unlink-set-forget-settle": ("put", "before", True),
+    "set-settle-unlink-forget": ("delete", "before", False),
+    "unlink-set-settle-forget": ("delete", "after", True),
+}
+
+
+@pytest.mark.parametrize("order", list(ORDERS))
+def test_ledger_is_exact_after_a_put_and_a_delete_of_one_key_overlap(make, redis_url, order):
+    """Found by a fifth race hunt. Interleaving: a put's SET, then a delete's UNLINK of the same key,
+    then the put settles (before or after the delete forgets): the ledger kept the deleted key's
+    bytes until a later get or delete of it. Whether the SET or the UNLINK ran last only the server
+    knows, so once both calls returned the ledger must match it, in every order (no undercount when
+    the SET ran last)."""
+    frame = HEADER_BYTES + 32 + 1 + 4096
+    tier = make(redis_url, capacity_bytes=4 * frame)
+    ns = fresh_ns()
+    inner, when, kept = ORDERS[order]
+    real_send, real_per_node = tier._send_frames, tier._per_node
+    ran: list[str] = []
+
+    def other_call() -> None:
+        ran.append(inner)
+        if inner == "put":  # the delete runs inside the put, before or after its SET
+            assert tier.delete_many(ns, ["k"]) == (1 if when == "after" else 0)
+        else:
+            assert tier.put_many(ns, ["k"], [payload("k")]) == [True]
+
+    def send(*args):
+        if inner == "put" and not ran and when == "before":
+            other_call()
+        ok = real_send(*args)
+        if inner == "put" and not ran and when == "after":
+            other_call()
+        return ok
+
+    def per_node(namespace, keys, command):
+        armed = inner == "delete" and command == "unlink" and not ran
+        if armed and when == "before":
+            other_call()
+        replies = real_per_node(namespace, keys, command)
+        if armed and when == "after":
+            other_call()
+        return replies
+
+    tier._send_frames, tier._per_node = send, per_node
+    if inner == "put":
+        assert tier.put_many(ns, ["k"], [payload("k")]) == [True]
+    else:
+        tier.delete_many(ns, ["k"])
+    assert ran == [inner]
+    tier._send_frames, tier._per_node = real_send, real_per_node
+    assert tier.contains_many(ns, ["k"]) == int(kept)  # the server's verdict
+    assert tier.usage_bytes() == (frame if kept else 0)  # and the ledger's, exact
+    tier.check_integrity()
+
+
+def test_ledger_is_exact_after_a_clear_overlaps_a_put(make, redis_url):
+    """The same interleaving with a clear: a put's SET, the clear's SCAN + UNLINK, the put settles."""
+    frame = HEADER_BYTES + 32 + 1 + 4096
+    tier = make(redis_url, capacity_bytes=4 * frame)
+    ns = fresh_ns()
+    real_send = tier._send_frames
+
+    def send(*args):
+        ok = real_send(*args)
+        tier._send_frames = real_send
+        tier.clear(ns)
+        return ok
+
+    tier._send_frames = send
+    assert tier.put_many(ns, ["k"], [payload("k")]) == [True]
+    assert tier._send_frames == real_send  # the clear ran inside the put
+    assert tier.contains_many(ns, ["k"]) == 0
+    assert tier.usage_bytes() == 0
+    tier.check_integrity()
+
+
 # ------------------------------------------------------------------------------ from a fault review
 
 def test_a_clear_the_server_missed_is_retried_so_the_ledger_frees(make, redis_server):

@@ -22,6 +22,7 @@ import torch
 from fork_helpers import in_child, numpy_bytes, same_bytes
 from radixkv.tiers.disk import DiskTier
 from radixkv.tiers.memory import MemoryTier
+from radixkv.tiers.redis_accounting import ByteLedger
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
@@ -118,3 +119,77 @@ def test_forked_child_recycling_never_corrupts_the_parents_spares(tmp_path):
         tier.check_integrity()
     finally:
         tier.close()
+
+
+def test_forked_child_drops_the_memory_slots_of_the_parents_puts_in_flight():
+    """Found by a fifth race hunt. Interleaving: thread T's put reserved a slot (and fixed the slot
+    size of its new namespace) and is copying into it, outside the lock; the main thread forks. T
+    does not exist in the child, so its put never publishes or frees the slot there: the child's
+    tier kept the slot used (lost capacity) and the namespace's slot size fixed forever."""
+    tier = MemoryTier(capacity_bytes=16 << 20, unit_bytes=64 * KiB, slab_target_bytes=256 * KiB,
+                      copy_threads=1, prefault=False, huge_pages=False)
+    keys = [f"k{i}" for i in range(4)]
+    data = [_bytes(i) for i in range(4)]
+    assert tier.put_many("ns", keys, data) == [True] * 4
+    published_bytes = tier.usage_bytes()
+    copying, release = threading.Event(), threading.Event()
+    real = tier._copier.copy_spans
+
+    def blocking(*args, **kwargs):
+        if threading.current_thread().name == "racer":
+            copying.set()
+            release.wait(10)
+        return real(*args, **kwargs)
+
+    tier._copier.copy_spans = blocking
+    racer = threading.Thread(target=lambda: tier.put_many("late", ["x"], [_bytes(9, 8 * KiB)]),
+                             name="racer")
+    racer.start()
+    try:
+        assert copying.wait(10)
+        assert tier.usage_bytes() == published_bytes + 8 * KiB  # T's slot is reserved
+
+        def child() -> bool:
+            tier.check_integrity()
+            assert tier.usage_bytes() == published_bytes, "the parent's put in flight kept its slot"
+            # Nothing of "late" is held: a chunk of another size is a put, not an InputError.
+            assert tier.put_many("late", ["y"], [_bytes(5, 2 * KiB)]) == [True]
+            tier.check_integrity()
+            got = [_bytes(0) for _ in keys]
+            return tier.get_many("ns", keys, got) == [True] * 4 and same_bytes(got, data)
+
+        in_child(child, deadline_s=20.0)
+    finally:
+        release.set()
+        racer.join(10)
+        tier._copier.copy_spans = real
+    got = [_bytes(0, 8 * KiB)]
+    assert tier.get_many("late", ["x"], got) == [True] and same_bytes(got, [_bytes(9, 8 * KiB)])
+    assert tier.usage_bytes() == published_bytes + 8 * KiB
+    tier.check_integrity()
+    tier.close()
+
+
+def test_forked_child_drops_the_redis_ledgers_reservations_of_the_parents_puts_in_flight():
+    """The Redis tier's byte ledger had the memory tier's problem above: a put reserves its bytes
+    (and now counts itself in flight per key) before its SETs and settles after them; forked in
+    between, the child kept that reservation forever (its SETs run on a thread the child lacks)."""
+    ledger = ByteLedger(capacity_bytes=100, ttl_s=None)
+    assert ledger.reserve("ns", ["a"], [30]) == [True]
+    ledger.settle("ns", ["a"], [30], [True], [True])  # settled: the child keeps it
+    assert ledger.reserve("ns", ["b", "c"], [40, 30]) == [True, True]  # in flight at the fork
+
+    def child() -> bool:
+        ledger.check_integrity()
+        assert ledger.used_bytes() == 30
+        # The room of the parent's puts in flight is free again in the child.
+        assert ledger.reserve("ns", ["d"], [70]) == [True]
+        ledger.settle("ns", ["d"], [70], [True], [True])
+        ledger.check_integrity()
+        return ledger.used_bytes() == 100
+
+    in_child(child, deadline_s=20.0)
+    # The parent's puts settle as usual.
+    ledger.settle("ns", ["b", "c"], [40, 30], [True, True], [True, True])
+    ledger.check_integrity()
+    assert ledger.used_bytes() == 100
