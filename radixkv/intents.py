@@ -64,6 +64,11 @@ class WriteDeleteIntents:
         self._watches: list[AdoptionWatch] = []
         # (tier, namespace) whose bytes another process owns (store.borrow): evictions forget them.
         self._borrowed: set[tuple[int, str]] = set()
+        # Tiers other processes write that can stop counting a chunk without deleting it (a shared
+        # disk tier): the store only forgets chunks it lost there (lost_entries_locked).
+        self._forgets_lost = [
+            bool(getattr(t, "shared", False)) and callable(getattr(t, "forget_many", None)) for t in self.tiers
+        ]
         self.kept_on_evict = 0  # evicted entries left on their tier for their owner (cumulative)
 
     def tier_delete(self, t: int, ns: str, keys: Sequence[str]) -> bool:
@@ -233,16 +238,44 @@ class WriteDeleteIntents:
         for (t, ns), keys in theirs.items():
             if evicted:
                 self.kept_on_evict += len(keys)
+                self._forget_locked(t, ns, keys)
             else:
-                # A failed read's chunk (and its orphans) may be bad on the medium: an adoption
-                # probing it now must not take it (as if it were deleted), though it stays there.
-                self.spoil_locked([(t, ns, k) for k in keys])
-            # A tier that counts other processes' chunks it read (a shared disk) stops counting
-            # them; its own lock only (no I/O), so calling it under ours is safe.
-            forget = getattr(self.tiers[t], "forget_many", None)
-            if forget is not None:
-                forget(ns, keys)
+                self._forget_lost_locked(t, ns, keys)
         return mine
+
+    def lost_entries_locked(self, entries: Sequence[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+        """:meth:`owned_entries_locked` for the chunks the store lost (a failed read, ``reconcile``)
+        and their orphans, to pass to :meth:`mark_deleting_locked`: in a tier other processes write
+        that can forget a chunk (a shared disk tier) they are only forgotten, never deleted. What the
+        store knows of them ("absent", "bad", "unreachable") predates the delete, and another
+        process may commit the key again meanwhile: a delete by name then removes that new file,
+        which the other process's tree places there. The tier's read already removed what it found
+        bad (the disk tier's quarantine checks it is still the file it read); an orphan's file stays
+        for whoever reaches it (uncounted here, as the shared directory's other files are). A tier
+        that cannot forget (Redis: its byte ledger forgets a live key only by deleting it) deletes."""
+        out: list[tuple[int, str, str]] = []
+        forget: dict[tuple[int, str], list[str]] = defaultdict(list)
+        for e in self.owned_entries_locked(entries):
+            if self._forgets_lost[e[0]]:
+                forget[(e[0], e[1])].append(e[2])
+            else:
+                out.append(e)
+        for (t, ns), keys in forget.items():
+            self._forget_lost_locked(t, ns, keys)
+        return out
+
+    def _forget_lost_locked(self, t: int, ns: str, keys: Sequence[str]) -> None:
+        # A failed read's chunk (and its orphans) may be bad on the medium: an adoption probing it
+        # now must not take it (as if it were deleted), though it stays there.
+        self.spoil_locked([(t, ns, k) for k in keys])
+        self._forget_locked(t, ns, keys)
+
+    def _forget_locked(self, t: int, ns: str, keys: Sequence[str]) -> None:
+        # A tier that counts other processes' chunks it read (a shared disk) stops counting them;
+        # its own lock only (no I/O), so calling it under ours is safe.
+        forget = getattr(self.tiers[t], "forget_many", None)
+        if forget is not None:
+            forget(ns, keys)
 
     def watch_locked(self, namespace: str) -> AdoptionWatch:
         """Start recording deletes of ``namespace`` (end with :meth:`unwatch_locked`)."""

@@ -95,8 +95,9 @@ def forget_failed(
             entries += stack.clear_locked(ids, t)
         for i, _t in failed:  # what the tree still knows (another thread may have added a tier)
             masks[i] &= stack.mask_locked(refs[i])
-        # A borrowed namespace's bytes are the owner's: forget them, never delete them.
-        entries = stack.mark_deleting_locked(stack.owned_entries_locked(entries))
+        # A borrowed namespace's bytes are the owner's, and a shared tier's key may hold another
+        # process's new file by now: forget those, never delete them (lost_entries_locked).
+        entries = stack.mark_deleting_locked(stack.lost_entries_locked(entries))
     stack.delete_entries(entries)
 
 

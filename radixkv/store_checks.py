@@ -245,10 +245,10 @@ def reconcile_store(store: HierarchicalStore) -> int:
         for t, nsd, key in lost:
             n = s.tree.lookup(nsd, key)
             if n is not None:
-                # Its orphans (their prefix is lost) leave the tree; in a borrowed namespace their
-                # bytes are the owner's, so they are only forgotten.
-                entries += s.owned_entries_locked(s.clear_locked([n], t))
-        entries = s.mark_deleting_locked(entries)
+                entries += s.clear_locked([n], t)  # its orphans (their prefix is lost) leave the tree
+        # In a borrowed namespace the bytes are the owner's, and in a shared tier another process
+        # may have written a lost key again since contains answered: those are only forgotten.
+        entries = s.mark_deleting_locked(s.lost_entries_locked(entries))
     s.delete_entries(entries)
     return len(lost)
 

@@ -28,7 +28,8 @@ collected with :meth:`DiskTier.drain_evicted` so a store can drop them from its 
 Shared directories (``shared=True``): several processes may use one directory (the seed system's
 "remote disk"). Writes of the same key race safely (each commits a whole file by rename; the last
 rename wins, a reader sees one whole verified file). Gets and ``contains_many`` also look for files
-other processes wrote; capacity is enforced per process over the files *it* indexes, so give each
+other processes wrote, and ``contains_many`` answers from the file, not the index (another process may
+have deleted one we index); capacity is enforced per process over the files *it* indexes, so give each
 process a share of the directory's budget. In shared mode invalid files found by the startup scan are
 skipped, not deleted (they may belong to another format version).
 """
@@ -261,10 +262,24 @@ class DiskTier:
         for k in keys:
             with self._lock:
                 present = (namespace, k) in self._index
-            if not present and not (self.config.shared and os.path.exists(self._layout.path(namespace, k))):
+            if self.config.shared:
+                # Other processes add and remove files here: the file decides, not our index (a
+                # stale entry would keep reconcile() from seeing a chunk the owner deleted).
+                if not os.path.exists(self._layout.path(namespace, k)):
+                    if present:
+                        self._forget_missing(namespace, k)
+                    break
+            elif not present:
                 break
             n += 1
         return n
+
+    def _forget_missing(self, namespace: str, key: str) -> None:
+        """Drop the index entry of a file another process removed (shared mode). Checked again under
+        the lock: a put of ours that committed the key meanwhile keeps its entry."""
+        with self._lock:
+            if (namespace, key) in self._index and not os.path.exists(self._layout.path(namespace, key)):
+                self._usage -= self._index.pop((namespace, key))
 
     def delete_many(self, namespace: str, keys: Sequence[str]) -> int:
         check_ident(namespace, keys)
@@ -408,17 +423,22 @@ class DiskTier:
         ident = (ns, key)
         nbytes = parts_nbytes(payload)
         frame = HEADER_BYTES + len(ns) + len(key) + nbytes
+        path = self._layout.path(ns, key)
         with self._lock:
             if self._index.get(ident) == frame:
-                self._index.move_to_end(ident)
-                return True  # keys name content: present means the same bytes
+                # Keys name content: present means the same bytes. Shared: only if the file is still
+                # there (another process may have deleted it; reporting the put done would make a
+                # store place the chunk on a disk that lacks it), else it is written again.
+                if not self.config.shared or os.path.exists(path):
+                    self._index.move_to_end(ident)
+                    return True
+                self._usage -= self._index.pop(ident)
             # Absent, or indexed at another payload size (a file of an earlier process's size that
             # the scan kept): such a file can only be a miss, so it is overwritten, not kept.
             ok, spare = self._reserve_locked(frame)
             if not ok:
                 self._stats.put_failures += 1
                 return False
-        path = self._layout.path(ns, key)
         tmp = None
         committed = False
         try:

@@ -4,6 +4,7 @@ bytes; corrupted ones are misses; ``probe_tiers=False`` keeps the tree-only beha
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -263,6 +264,23 @@ class TestShared:
             a.check_integrity()
             b.check_integrity()
 
+    def test_reconcile_sees_files_another_store_deleted(self, tmp_path):
+        # Before: a shared disk tier answered contains from its index, so reconcile() kept chunks
+        # whose files the other store had deleted (reads found them missing later, lazily).
+        ns = new_namespace()
+        keys = chain(22, 4)[1]
+        with HierarchicalStore(disk_config(tmp_path, shared=True)) as a, HierarchicalStore(
+            disk_config(tmp_path, shared=True, probe_tiers=True)
+        ) as b:
+            fill(a, ns, keys)
+            assert b.lookup(ns, keys, chunk_bytes=CHUNK_BYTES) == 4
+            assert read(b, ns, keys) == 4  # b's disk tier indexes the files it read
+            assert a.delete(ns, keys[2:3]) == 1  # and keys[3] with it
+            b.flush(30)
+            assert b.reconcile() == 2
+            assert b.stats()["tiers"][b.tiers[1].name]["tree_chunks"] == 2  # (memory keeps its copies)
+            b.check_integrity()
+
     def test_concurrent_writer_and_adopting_reader(self, tmp_path):
         """Store A writes (and deletes) chains in a shared directory while store B reads them:
         B returns a leading run of exact bytes every time, and both stores stay consistent."""
@@ -305,6 +323,96 @@ class TestShared:
             t.join()
             a.close()
             b.close()
+
+    @staticmethod
+    def _writer_rewrites_after(monkeypatch, tier, method, a, ns, keys, when) -> list[bool]:
+        """Run the writer store's re-put of ``keys`` right after ``tier.method`` returns an answer
+        ``when`` accepts: another process committing new files between what the reader saw and the
+        cleanup it does next. Returns a list that holds True once it ran."""
+        real, ran = getattr(tier, method), []
+
+        def hooked(*args):
+            answer = real(*args)
+            if not ran and when(args, answer):
+                ran.append(True)
+                fill(a, ns, keys)  # write-through: the files are committed when this returns
+            return answer
+
+        monkeypatch.setattr(tier, method, hooked)
+        return ran
+
+    def test_failed_read_leaves_files_another_store_wrote_since(self, tmp_path, monkeypatch):
+        """B's read misses chunks A deleted; A puts them again before B's cleanup of that read runs.
+        Before: the cleanup deleted the keys by name from the shared directory, i.e. A's new files
+        (the failed chunk, and its orphan below it), while A's tree placed them on disk: A's deep
+        check in test_concurrent_writer_and_adopting_reader failed in ~1 of 10 switch-interval
+        stress runs once contains answered from the files. Now B only forgets them: in a shared
+        directory a later delete by name can only hit a file written since."""
+        ns = new_namespace()
+        keys = chain(24, 4)[1]
+        with HierarchicalStore(disk_config(tmp_path, shared=True)) as a, HierarchicalStore(
+            disk_config(tmp_path, shared=True)
+        ) as b:
+            fill(a, ns, keys)
+            assert b.lookup(ns, keys, chunk_bytes=CHUNK_BYTES) == 4  # B's tree: all 4 on disk only
+            assert a.delete(ns, keys[2:3]) == 1  # and keys[3] with it: both files are gone
+            ran = self._writer_rewrites_after(
+                monkeypatch, b.tiers[1], "get_many", a, ns, keys, lambda args, hits: not all(hits)
+            )
+            # keys[2] fails; keys[3] (not read) is its orphan in B's tree.
+            assert read(b, ns, keys[:3]) == 2
+            assert ran
+            b.flush(30)
+            disk = a.tiers[1]
+            assert [os.path.exists(disk._layout.path(ns.digest, k)) for k in keys] == [True] * 4
+            a.check_integrity()
+            b.check_integrity()
+            assert read(b, ns, keys) == 4  # B adopts A's new files again
+
+    def test_reconcile_leaves_files_another_store_wrote_since(self, tmp_path, monkeypatch):
+        """As above for reconcile(): A puts the chunks again after B's contains found them gone.
+        Before: reconcile deleted A's new files by name."""
+        ns = new_namespace()
+        keys = chain(25, 4)[1]
+        with HierarchicalStore(disk_config(tmp_path, shared=True)) as a, HierarchicalStore(
+            disk_config(tmp_path, shared=True)
+        ) as b:
+            fill(a, ns, keys)
+            assert b.lookup(ns, keys, chunk_bytes=CHUNK_BYTES) == 4
+            assert a.delete(ns, keys[2:3]) == 1
+            disk = b.tiers[1]
+            gone: set[str] = set()
+
+            def both_found_gone(args, n) -> bool:  # (in whatever order reconcile asks)
+                if n == 0:
+                    gone.update(args[1])
+                return gone == set(keys[2:])
+
+            ran = self._writer_rewrites_after(monkeypatch, disk, "contains_many", a, ns, keys, both_found_gone)
+            assert b.reconcile() == 2
+            assert ran
+            assert [os.path.exists(a.tiers[1]._layout.path(ns.digest, k)) for k in keys] == [True] * 4
+            a.check_integrity()
+            b.check_integrity()
+            assert read(b, ns, keys) == 4
+
+    def test_put_writes_again_a_file_another_store_deleted(self, tmp_path):
+        """B's start-up scan indexes A's files; A then deletes them. Before: B's put of the same
+        chunks (its write-through to disk) found them in its index and reported them written
+        ("keys name content: present means the same bytes") without a file, so B's tree placed
+        them on disk with nothing there. A shared index entry is checked against the file now."""
+        ns = new_namespace()
+        keys = chain(26, 4)[1]
+        with HierarchicalStore(disk_config(tmp_path, shared=True)) as a:
+            fill(a, ns, keys)
+            with HierarchicalStore(disk_config(tmp_path, shared=True)) as b:
+                assert b.tiers[1].stats().extra["scan_indexed"] == 4
+                assert a.delete(ns, keys[:1]) == 1  # and the rest of the chain with it
+                fill(b, ns, keys)
+                disk = b.tiers[1]
+                assert [os.path.exists(disk._layout.path(ns.digest, k)) for k in keys] == [True] * 4
+                a.check_integrity()
+                b.check_integrity()
 
 
 class TestAdoptionAndBackgroundCopies:

@@ -604,6 +604,36 @@ class TestShared:
             t.check_integrity()
             t.close()
 
+    def test_contains_answers_from_the_file(self, root):
+        """shared=True: a file another process deleted is absent even where our index holds it, and
+        the stale entry stops counting against our capacity."""
+        ours = DiskTier(root=root, capacity_bytes=1 << 20, shared=True)
+        other = DiskTier(root=root, capacity_bytes=1 << 20, shared=True)
+        assert ours.put_many(NS, ["a", "b"], [pl(1), pl(2)]) == [True, True]
+        assert other.delete_many(NS, ["a"]) == 1
+        assert ours.contains_many(NS, ["a", "b"]) == 0
+        assert ours.contains_many(NS, ["b"]) == 1
+        assert ours.usage_bytes() == frame_bytes("b") and ours.stats().extra["chunks"] == 1
+        for t in (ours, other):
+            t.check_integrity()
+            t.close()
+
+    def test_put_of_a_key_another_process_deleted_writes_it_again(self, root):
+        """shared=True: our index entry may outlive its file. Before: a put of that key found the
+        entry and reported success without writing ("present means the same bytes"), so a store
+        placed the chunk on a disk that lacked it. Now the put writes the file again."""
+        ours = DiskTier(root=root, capacity_bytes=1 << 20, shared=True)
+        other = DiskTier(root=root, capacity_bytes=1 << 20, shared=True)
+        assert ours.put_many(NS, ["a"], [pl(1)]) == [True]
+        assert other.delete_many(NS, ["a"]) == 1
+        assert ours.put_many(NS, ["a"], [pl(1)]) == [True]
+        out = [buf()]
+        assert other.get_many(NS, ["a"], out) == [True] and torch.equal(out[0], pl(1))
+        assert ours.usage_bytes() == frame_bytes("a")
+        for t in (ours, other):
+            t.check_integrity()
+            t.close()
+
     def test_two_processes_writing_one_key(self, root):
         """Two processes rewrite one key with different bytes while this one reads: every hit is one of
         the two payloads, whole and verified."""
