@@ -237,7 +237,7 @@ class TierConfig:
                 raise ConfigError(f"{where} gives both 'capacity' and 'capacity_bytes'; keep one")
             d["capacity_bytes"] = d.pop("capacity")
         allowed = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - allowed)
+        unknown = sorted(set(d) - allowed, key=repr)  # YAML keys may be ints or bools (`on:`): repr sorts any
         if unknown:
             raise ConfigError(
                 f"{where} has unknown key(s) {unknown}; valid keys are {sorted(allowed | {'capacity'})}"
@@ -333,7 +333,7 @@ class StoreConfig:
                 f"{redact_url(repr(d)):.60}"
             )
         allowed = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - allowed)
+        unknown = sorted(set(d) - allowed, key=repr)
         if unknown:
             raise ConfigError(
                 f"store config has unknown key(s) {unknown}; valid keys are {sorted(allowed)}"
@@ -354,6 +354,11 @@ class StoreConfig:
         except OSError as e:
             raise ConfigError(
                 f"cannot read store config file {os.fspath(path)!r}: {e.strerror}; check the path"
+            ) from None
+        except UnicodeDecodeError as e:  # a ValueError, not an OSError or a YAMLError
+            raise ConfigError(
+                f"store config file {os.fspath(path)!r} is not UTF-8 text ({e.reason} at byte {e.start}); "
+                "save it as UTF-8"
             ) from None
         except yaml.YAMLError as e:
             raise ConfigError(

@@ -59,6 +59,9 @@ def namespace_seed(extra_key: str | None = None, cache_salt: str | None = None) 
     """The 32-byte chain seed for a LoRA/extra key and a per-request cache salt (None if neither).
 
     An empty cache salt means no salt, as in SGLang (``RadixKey`` stores ``cache_salt or None``)."""
+    for name, value in (("extra_key", extra_key), ("cache_salt", cache_salt)):
+        if value is not None and not isinstance(value, str):  # else an AttributeError deep in the hash
+            raise InputError(f"{name}={value!r:.80} must be a str or None (a LoRA id / cache salt as text)")
     cache_salt = cache_salt or None
     if extra_key is None and cache_salt is None:
         return None
@@ -178,6 +181,10 @@ class Namespace:
     extra: str = ""
 
     def __post_init__(self) -> None:
+        for name in ("model", "dtype", "layout", "shard", "extra"):
+            value = getattr(self, name)
+            if not isinstance(value, str):  # else a TypeError from the checks below or from digest
+                raise ConfigError(f"Namespace.{name}={value!r:.80} must be a str")
         if not self.model:
             raise ConfigError("Namespace.model must be a non-empty model name or path")
         if self.dtype not in _KNOWN_DTYPES:
@@ -185,7 +192,7 @@ class Namespace:
                 f"Namespace.dtype={self.dtype!r} is not one of {sorted(_KNOWN_DTYPES)}; pass the KV "
                 "cache dtype as torch names it without the 'torch.' prefix"
             )
-        if not isinstance(self.chunk_tokens, int) or self.chunk_tokens <= 0:
+        if not isinstance(self.chunk_tokens, int) or isinstance(self.chunk_tokens, bool) or self.chunk_tokens <= 0:
             raise ConfigError(f"Namespace.chunk_tokens={self.chunk_tokens!r} must be a positive integer")
         for name in ("model", "layout", "shard", "extra"):
             if "\x00" in getattr(self, name):

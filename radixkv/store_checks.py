@@ -50,8 +50,6 @@ def check_chain(
     if isinstance(keys, (str, bytes)):
         raise InputError(f"keys={keys!r:.80} must be a sequence of str chunk keys, not one str")
     check_list(keys, "keys")
-    if len(set(keys)) != len(keys):
-        raise InputError("keys repeat a chunk key; pass one chain (each key once, root to leaf)")
     for k in keys if parent_key is None else [*keys, parent_key]:
         if not isinstance(k, str) or not KEY_RE.fullmatch(k):
             raise InputError(
@@ -61,6 +59,9 @@ def check_chain(
         if len(k) > store._stack.max_key_chars:
             with store._stack.cond:
                 store._stack.max_key_chars = max(store._stack.max_key_chars, len(k))
+    # After the type check: set() of a list key (an unhashable) raised a bare TypeError.
+    if len(set(keys)) != len(keys):
+        raise InputError("keys repeat a chunk key; pass one chain (each key once, root to leaf)")
     return ns.digest
 
 

@@ -148,6 +148,10 @@ def _check_args(args: argparse.Namespace) -> None:
             raise RadixKVError("--limit reads the first N requests of a --trace; for a --workload use --requests")
         if args.limit < 1:
             raise RadixKVError(f"--limit {args.limit} must be at least 1 request")
+    if args.block_tokens is not None and args.block_tokens < 1:
+        # (a radixkv trace without a header read 0 as "unset" and replayed 256-token blocks)
+        raise RadixKVError(f"--block-tokens {args.block_tokens}: block_tokens={args.block_tokens} must be a "
+                           "positive integer (tokens per block); omit it for the trace's or workload's default")
     if args.jobs is not None and args.jobs < 1:
         raise RadixKVError(f"--jobs {args.jobs} must be at least 1 process")
     _check_output(args.json, "--json")
@@ -172,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     policies = [parse_policy_spec(s).label for s in args.policy.split(",") if s.strip()]
+    if not policies:
+        raise RadixKVError(f"--policy {args.policy!r} names no policy; give one or more, e.g. --policy lru,oddsref")
+    if not any(c.strip() for c in args.capacity.split(",")):
+        raise RadixKVError(f"--capacity {args.capacity!r} names no capacity; give one or more, e.g. --capacity 1%,5%")
     _check_args(args)
     if args.trace is not None:
         trace = read_trace(args.trace, block_tokens=args.block_tokens, limit=args.limit)
@@ -213,8 +221,11 @@ def _main(args: argparse.Namespace) -> int:
         lower.append(LowerTier(t.name, t.capacity_text, t.model, t.policy))
     # A capacity above the unique blocks is legal (the infinite cache), but usually a unit slip.
     checked = list(zip(capacity_texts, capacities))
-    checked += [(f"{lt.name}={lt.capacity_text}", parse_capacity(lt.capacity_text, unique, block_bytes))
-                for lt in lower]
+    for lt in lower:
+        try:
+            checked.append((f"{lt.name}={lt.capacity_text}", parse_capacity(lt.capacity_text, unique, block_bytes)))
+        except RadixKVError as e:  # say which tier: the message quotes only the capacity
+            raise RadixKVError(f"--tiers: tier {lt.name!r}: {e}") from None
     for text, cap in checked:
         if cap.blocks > unique:
             print(f"note: capacity {text!r} is {cap.blocks:,} blocks, over 100% of the trace's {unique:,} unique "

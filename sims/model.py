@@ -160,7 +160,10 @@ def parse_size_bytes(text: str) -> int:
     m = _SIZE_RE.match(text)
     if not m or m.group(2).lower() not in _UNITS:
         raise ConfigError(f"size {text!r} is not a byte size like 64GiB, 1.5TB or 4096")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(value):  # hundreds of digits: a float overflows to inf, which int() refuses
+        raise ConfigError(f"size {text!r} is too large to be a byte size; give one like 64GiB or 1.5TB")
+    return int(value)
 
 
 @dataclass(slots=True, frozen=True)

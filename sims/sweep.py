@@ -76,13 +76,17 @@ def parse_capacity(text: str, unique_blocks: int, block_bytes: int | None) -> Ca
             raise ConfigError(f"capacity {text!r} is not a percentage like 5%") from None
         if not 0 < frac < math.inf:
             raise ConfigError(f"capacity {text!r} must be a finite percentage > 0%")
+        blocks_f = frac * unique_blocks + 0.5
+        if not math.isfinite(blocks_f):  # 1e308% of any trace overflows a float
+            raise ConfigError(f"capacity {text!r} is not a real share of the trace; give a percentage such as "
+                              "5% (over 100% never evicts)")
         # round half up, like the table (1% of 182,790 = 1,827.9 -> 1,828)
-        return Capacity(max(1, int(frac * unique_blocks + 0.5)), frac)
+        return Capacity(max(1, int(blocks_f)), frac)
     unit_blocks = t.endswith("block") or t.endswith("blocks")
     if unit_blocks:
         t = t[: -len("blocks")] if t.endswith("blocks") else t[: -len("block")]
         t = t.strip()  # "2 blocks" as well as "2blocks"
-    if t.isdigit():
+    if t.isascii() and t.isdigit():  # (str.isdigit also accepts '²', which int() refuses)
         blocks = int(t)
         if blocks < 1:
             raise ConfigError(f"capacity {text!r} must be at least 1 block")
@@ -95,9 +99,15 @@ def parse_capacity(text: str, unique_blocks: int, block_bytes: int | None) -> Ca
         # A bare number is a block count (a byte size needs a unit), so 2.5 is not 2.5 bytes.
         raise ConfigError(f"capacity {text!r} is not a whole number of blocks; give whole blocks (e.g. 1828), "
                           "a percentage of unique blocks (e.g. 2.5%) or a byte size with a unit (e.g. 64GiB)")
+    try:
+        size = parse_size_bytes(t)
+    except ConfigError:
+        # Not "a byte size like ... 4096": a bare number here is a block count, and a percentage works too.
+        raise ConfigError(f"capacity {text!r} is not a capacity; give a percentage of unique blocks (e.g. 5%), "
+                          "whole blocks (e.g. 1828) or a byte size with a unit (e.g. 64GiB)") from None
     if block_bytes is None:
         raise ConfigError(f"capacity {text!r} is in bytes: pass --model so a block has a byte size")
-    blocks = parse_size_bytes(t) // block_bytes
+    blocks = size // block_bytes
     if blocks < 1:
         raise ConfigError(f"capacity {text!r} holds less than one {block_bytes:,}-byte block")
     return Capacity(blocks)

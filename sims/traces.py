@@ -246,10 +246,13 @@ def read_radixkv(path: str, *, block_tokens: int | None = None, limit: int | Non
                                  "this reader knows (1)")
             if bt is None:
                 bt = _int_field(path, lineno, rec, "block_tokens", 256)
+                if bt == 0:
+                    raise InputError(f"{path}:{lineno}: header field 'block_tokens'=0 must be a positive integer "
+                                     "(tokens per block)")
             trace = Trace(name=os.path.basename(path), block_tokens=bt)
             continue
         if trace is None:
-            trace = Trace(name=os.path.basename(path), block_tokens=bt or 256)
+            trace = Trace(name=os.path.basename(path), block_tokens=256 if bt is None else bt)
         if limit is not None and len(trace.requests) >= limit:
             break
         b = trace.block_tokens
@@ -311,7 +314,7 @@ def read_radixkv(path: str, *, block_tokens: int | None = None, limit: int | Non
             )
         )
     if trace is None:
-        trace = Trace(name=os.path.basename(path), block_tokens=bt or 256)
+        trace = Trace(name=os.path.basename(path), block_tokens=256 if bt is None else bt)
     return trace
 
 

@@ -111,6 +111,14 @@ def test_bad_input(tokens, page, match):
         sglang_page_keys(tokens, page)
 
 
+@pytest.mark.parametrize("kwargs", [dict(cache_salt=5), dict(extra_key=b"lora"), dict(cache_salt=["t"])])
+def test_non_str_salt_or_extra_key_is_an_input_error(kwargs):
+    # Was an AttributeError ('int' object has no attribute 'encode') from inside the hash.
+    name = next(iter(kwargs))
+    with pytest.raises(InputError, match=f"{name}="):
+        chunk_keys([1, 2, 3, 4], 2, **kwargs)
+
+
 def test_keys_identical_across_processes():
     code = (
         "import json,sys; from radixkv.keys import sglang_page_keys as k, Namespace as N;"
@@ -142,7 +150,10 @@ def test_namespace_identity():
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [(dict(model=""), "model"), (dict(dtype="float64x"), "dtype"), (dict(chunk_tokens=0), "chunk_tokens")],
+    [(dict(model=""), "model"), (dict(dtype="float64x"), "dtype"), (dict(chunk_tokens=0), "chunk_tokens"),
+     # non-str fields were bare TypeErrors; True passed as chunk_tokens=1
+     (dict(model=5), "model=5"), (dict(shard=None), "shard=None"), (dict(dtype=["bfloat16"]), "dtype="),
+     (dict(layout=b"page_first"), "layout="), (dict(chunk_tokens=True), "chunk_tokens=True")],
 )
 def test_namespace_rejects_bad_values(kwargs, match):
     base = dict(model="m", dtype="bfloat16", layout="page_first", chunk_tokens=64)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import math
+
 
 def build_line() -> str:
     """Which build of the tree and policies this run times (results differ by ~1.2-1.6x)."""
@@ -10,3 +13,30 @@ def build_line() -> str:
     if compiled.active():
         return "tree and policies: compiled (mypyc)"
     return f"tree and policies: Python ({compiled.reason()})"
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=`` for counts (reps, batch, threads): an int >= 1, else a one-line usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number >= 1")
+    return value
+
+
+def positive_list(text: str, kind: type = int) -> list:
+    """A comma-separated list of numbers > 0 (``"1,8,32"``), as ``type=`` of a list option."""
+    out = []
+    for part in text.split(","):
+        try:
+            value = kind(part.strip())
+        except ValueError:
+            value = 0
+        if not 0 < value < math.inf:
+            where = f" in {text!r}" if "," in text else ""
+            raise argparse.ArgumentTypeError(f"{part.strip()!r}{where} must be a number > 0 "
+                                             "(comma-separated, e.g. 1,8,32)")
+        out.append(value)
+    return out

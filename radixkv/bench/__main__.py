@@ -28,7 +28,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown benchmark {name!r}; choose one of: {', '.join(names)}", file=sys.stderr)
         return 2
     module = importlib.import_module(f"radixkv.bench.{name}")
-    return int(module.main(rest) or 0)
+    from radixkv.errors import ConfigError, InputError
+
+    try:
+        return int(module.main(rest) or 0)
+    except (ConfigError, InputError) as e:  # a bad argument (radixkv bench NAME says the same): no traceback
+        print(f"python -m radixkv.bench {name}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import time
 from collections import OrderedDict
 
 from radixkv.bench import build_line
+from radixkv.policies import make_policy
 from radixkv.sims import opt as _opt  # noqa: F401  (registers "opt")
 from radixkv.sims.replay import TierCapacity, replay
 from radixkv.sims.sweep import parse_capacity, run_sweep
@@ -73,22 +74,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="lru,s3fifo,sieve,lfu,cost,agedref,oddsref,opt")
     ap.add_argument("--sweep", action="store_true", help="also time the 5 x 4 sweep on 2 processes")
     args = ap.parse_args(argv)
+    policies = [p.strip() for p in args.policy.split(",")]
+    for pol in policies:  # a bad name fails now, not after the baselines ran
+        make_policy(pol)
     if os.path.isfile(args.trace):
         trace = read_trace(args.trace)
     else:
         print(f"(trace {args.trace} not found: using the synthetic mix workload)")
         trace = generate("mix", WorkloadConfig(requests=6000))
+    caps = [(c.strip(), parse_capacity(c, trace.unique_blocks, None)) for c in args.capacity.split(",")]
     refs = trace.block_references
     print(f"{trace.name}: {len(trace):,} requests, {refs:,} block accesses, {trace.unique_blocks:,} unique blocks")
     print(build_line())
     print(f"{'policy':>8} {'capacity':>9} {'hit rate':>9} {'cpu s':>7} {'wall s':>7} {'M acc/s':>8} {'vs dict-LRU':>11}")
-    for cap_text in args.capacity.split(","):
-        cap = parse_capacity(cap_text, trace.unique_blocks, None)
+    for cap_text, cap in caps:
         hits, base_cpu, base_wall = _timed(lambda: dict_lru(trace, cap.blocks))
         base_rate = refs / base_cpu
         print(f"{'dict-lru':>8} {cap_text:>9} {hits / refs * 100:8.2f}% {base_cpu:7.2f} {base_wall:7.2f} "
               f"{base_rate / 1e6:8.3f} {1.0:10.2f}x")
-        for pol in args.policy.split(","):
+        for pol in policies:
             r, cpu, wall = _timed(lambda: replay(trace, pol, [TierCapacity("mem", cap.blocks)]))
             rate = refs / cpu
             print(f"{pol:>8} {cap_text:>9} {r.block_hit_rate * 100:8.2f}% {cpu:7.2f} {wall:7.2f} "

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 
+from radixkv.bench import positive_int
 from radixkv.bench.tiers import _time_pair
 from radixkv.config import StoreConfig, TierConfig
 from radixkv.keys import Namespace
@@ -100,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--batch", type=int, default=8, help="chunks per call")
-    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--sizes-mib", type=positive_int, nargs="+", default=[1, 8])
+    ap.add_argument("--batch", type=positive_int, default=8, help="chunks per call")
+    ap.add_argument("--reps", type=positive_int, default=9)
     ap.add_argument(
         "--disk-dir", default=None, help="directory for the disk tier (default: a temp dir)"
     )

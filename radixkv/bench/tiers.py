@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import math
 import os
 import shutil
 import statistics
@@ -38,6 +39,7 @@ from typing import Any, Callable
 
 import torch
 
+from radixkv.bench import positive_int, positive_list
 from radixkv.tiers.disk import DiskTier
 from radixkv.tiers.memory import MemoryTier
 
@@ -249,21 +251,25 @@ def format_table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m radixkv.bench tiers", description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes-mib", default="1,8,32", help="comma-separated payload sizes in MiB")
+    ap.add_argument("--sizes-mib", type=lambda t: positive_list(t, float), default="1,8,32",
+                    help="comma-separated payload sizes in MiB")
     ap.add_argument("--batch-mib", type=int, default=64, help="bytes per batched call, MiB (also 1 chunk/call)")
-    ap.add_argument("--reps", type=int, default=10, help="timed calls per (tier, size, batch, op, side)")
+    ap.add_argument("--reps", type=positive_int, default=10, help="timed calls per (tier, size, batch, op, side)")
     ap.add_argument("--tiers", default="memory,disk,redis", help="comma-separated subset of memory,disk,redis")
     ap.add_argument("--disk-dir", default=None, help="directory for disk files (default: a temp dir in /tmp)")
-    ap.add_argument("--io-threads", type=int, default=4, help="disk tier I/O threads")
+    ap.add_argument("--io-threads", type=positive_int, default=4, help="disk tier I/O threads")
     ap.add_argument("--disk-overlap-mib", type=float, default=0.0,
                     help="disk tier overlap_min_bytes in MiB (hash while writing/reading); 0 = off (default)")
     ap.add_argument("--redis-url", default=None, help="Redis URL (default: start a temporary redis-server)")
-    ap.add_argument("--torch-threads", type=int, default=1,
+    ap.add_argument("--torch-threads", type=positive_int, default=1,
                     help="torch intra-op threads for both sides' copies (default 1: on a shared, loaded "
                          "machine a multi-threaded copy of one chunk mostly measures thread wake-ups)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.torch_threads)
-    sizes = [int(float(s) * _MiB) for s in args.sizes_mib.split(",")]
+    sizes = [max(1, int(s * _MiB)) for s in args.sizes_mib]
+    sizes_text = ",".join(f"{s:g}" for s in args.sizes_mib)
+    if args.disk_overlap_mib < 0 or not math.isfinite(args.disk_overlap_mib):
+        ap.error(f"--disk-overlap-mib {args.disk_overlap_mib:g} must be >= 0 MiB (0 = off)")
     tiers = [t.strip() for t in args.tiers.split(",") if t.strip()]
     unknown = set(tiers) - set(TARGETS)
     if unknown:
@@ -289,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += redis_rows
         notes.append(note)
     rows.sort(key=lambda r: (list(TARGETS).index(r["tier"]), r["size_bytes"], r["batch"], r["op"] != "put"))
-    print(f"radixkv tiers benchmark: sizes {args.sizes_mib} MiB, batch {args.batch_mib} MiB, reps {args.reps}, "
+    print(f"radixkv tiers benchmark: sizes {sizes_text} MiB, batch {args.batch_mib} MiB, reps {args.reps}, "
           f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}, load avg {os.getloadavg()[0]:.1f}, "
           f"disk dir {args.disk_dir or '/tmp (temp)'} (page cache, fsync off, overlap "
           f"{f'from {args.disk_overlap_mib:g} MiB' if args.disk_overlap_mib else 'off'})")

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from radixkv.bench import build_line
+from radixkv.bench import build_line, positive_int, positive_list
 from radixkv.keys import sglang_page_keys
 from radixkv.tree import RadixTree
 
@@ -206,11 +206,11 @@ def print_ratios(rows: Sequence[Row]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m radixkv.bench tree", description=__doc__.split("\n\n")[0])
     ap.add_argument("--vs", choices=["sglang"], help="also time SGLang's trees in the same process")
-    ap.add_argument("--seqs", type=int, default=10_000, help="shared-prefix sequences (default 10000)")
-    ap.add_argument("--convs", type=int, default=500, help="multiturn conversations (default 500)")
-    ap.add_argument("--pages", default="16,64", help="page sizes, comma separated (default 16,64)")
+    ap.add_argument("--seqs", type=positive_int, default=10_000, help="shared-prefix sequences (default 10000)")
+    ap.add_argument("--convs", type=positive_int, default=500, help="multiturn conversations (default 500)")
+    ap.add_argument("--pages", type=positive_list, default=[16, 64], help="page sizes, comma separated (default 16,64)")
     args = ap.parse_args(argv)
-    pages = [int(p) for p in args.pages.split(",")]
+    pages = args.pages
     workloads = [shared_prefix(args.seqs), multiturn(args.convs)]
     rows: list[Row] = []
     for w in workloads:

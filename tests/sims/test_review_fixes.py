@@ -291,3 +291,52 @@ def test_warnings_do_not_fail(capsys):
     assert "'150%'" in err and "over 100%" in err and "'5%'" not in err
     assert "--overlap" in err and "--model none" in err
 
+
+
+# Bad-input hunt: capacities, block sizes and empty lists of the sim command.
+
+
+@pytest.mark.parametrize("text", ["1e308%", "²", "9" * 400 + "GiB"])
+def test_capacity_that_overflows_or_is_not_ascii_is_a_config_error(text):
+    # Each raised a bare OverflowError / ValueError (a traceback from `radixkv sim`).
+    with pytest.raises(ConfigError, match="capacity"):
+        parse_capacity(text, 1000, MODEL_PRESETS["llama3-8b"].block_bytes(256))
+
+
+@pytest.mark.parametrize("block_bytes", [None, MODEL_PRESETS["llama3-8b"].block_bytes(256)])
+def test_capacity_that_is_no_size_lists_every_form(block_bytes):
+    # Was "is in bytes: pass --model" (without a model) or "not a byte size like ... 4096" (with one:
+    # but a bare 4096 is a block count there).
+    with pytest.raises(ConfigError) as e:
+        parse_capacity("abc", 1000, block_bytes)
+    msg = str(e.value)
+    assert "'abc'" in msg and "5%" in msg and "64GiB" in msg and "--model" not in msg and "4096" not in msg
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--capacity", "1.7e308%"], "'1.7e308%'"),
+        (["--tiers", "mem,disk=1.7e308%"], "tier 'disk'"),
+        (["--tiers", "mem,disk=abc"], "tier 'disk'"),
+        (["--capacity", ","], "--capacity ','"),
+        (["--policy", ""], "--policy ''"),
+    ],
+)
+def test_sim_capacity_and_policy_lists_name_the_option(argv, named, capsys):
+    rc = cli.main(["--workload", "chat", "--requests", "30", "--policy", "lru", "--model", "none", *FAST, *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and named in err, err
+
+
+def test_block_tokens_zero_on_a_radixkv_trace_is_an_error(tmp_path, capsys):
+    # A header-less radixkv trace read --block-tokens 0 as "unset" and replayed 256-token blocks.
+    p = _write(tmp_path / "t.jsonl", [{"block_keys": ["a", "b"], "input_tokens": 512}])
+    assert cli.main(["--trace", p, "--block-tokens", "0", "--policy", "lru", "--capacity", "1", "--model", "none",
+                     *FAST]) == 2
+    assert "--block-tokens 0" in capsys.readouterr().err
+    with pytest.raises(InputError, match="block_tokens=0"):
+        read_trace(p, block_tokens=0)
+    h = _write(tmp_path / "h.jsonl", [{"radixkv_trace": 1, "block_tokens": 0}, {"block_keys": ["a"]}])
+    with pytest.raises(InputError, match=r"h\.jsonl:1: header field 'block_tokens'=0"):
+        read_trace(h)

@@ -260,6 +260,23 @@ class TestBadFilesAndEnv:
         with pytest.raises(ConfigError, match="is empty"):
             StoreConfig.from_yaml(empty)
 
+    def test_non_utf8_file(self, tmp_path):
+        # Was a bare UnicodeDecodeError (neither an OSError nor a YAMLError).
+        latin = tmp_path / "latin1.yaml"
+        latin.write_bytes("tiers: [{url: 'mem://', capacity: 1GiB}]\nmetrics_addr: caf\xe9\n".encode("latin-1"))
+        with pytest.raises(ConfigError, match="latin1.yaml.*not UTF-8"):
+            StoreConfig.from_yaml(latin)
+
+    def test_unknown_keys_of_mixed_types(self, tmp_path):
+        # YAML reads `on:` as the bool True and `1:` as an int: sorting them with 'foo' for the message
+        # was a TypeError.
+        path = tmp_path / "keys.yaml"
+        path.write_text("tiers: [{url: 'mem://', capacity: 1GiB}]\non: 1\nfoo: 2\n")
+        with pytest.raises(ConfigError, match=r"unknown key\(s\) \['foo', True\]"):
+            StoreConfig.from_yaml(path)
+        with pytest.raises(ConfigError, match=r"tiers\[0\] has unknown key\(s\) \['x', 1\]"):
+            StoreConfig.from_dict({"tiers": [{"url": "mem://", "capacity": "1GiB", 1: 2, "x": 3}]})
+
     @pytest.mark.parametrize(
         "env,message",
         [

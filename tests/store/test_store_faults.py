@@ -247,6 +247,10 @@ class TestBadInput:
             (lambda: store.put(ns, keys, p, parent_key=123), "123"),
             (lambda: store.clear(5), "namespace=5"),
             (lambda: store.clear(str(ns)), "digest"),
+            # unhashable keys: set(keys) ran before the type check (a bare TypeError)
+            (lambda: store.put(ns, [["a"]], p), r"chunk key \['a'\]"),
+            (lambda: store.get(ns, [{"k": 1}], buffers(1)), "chunk key"),
+            (lambda: store.delete(ns, [["a"]]), "chunk key"),
         ]:
             with pytest.raises(InputError, match=match):
                 call()

@@ -1,0 +1,49 @@
+"""``python -m radixkv.bench NAME`` with bad arguments: a one-line usage error, never a traceback.
+
+Each case was a ValueError / ZeroDivisionError / StatisticsError / RuntimeError / ConfigError
+traceback (or, for bench sim, an error only after the baselines ran). Nothing here runs a benchmark."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixkv.bench.__main__ import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["tree", "--pages", "abc"], "'abc'"),
+        (["tree", "--pages", "16,0"], "'0' in '16,0'"),
+        (["tree", "--seqs", "-1"], "--seqs: '-1'"),
+        (["tree", "--convs", "0"], "--convs: '0'"),
+        (["tiers", "--sizes-mib", "abc"], "--sizes-mib: 'abc'"),
+        (["tiers", "--sizes-mib", "0"], "--sizes-mib: '0'"),
+        (["tiers", "--reps", "0"], "--reps: '0'"),
+        (["tiers", "--torch-threads", "0"], "--torch-threads: '0'"),
+        (["tiers", "--io-threads", "0"], "--io-threads: '0'"),
+        (["tiers", "--disk-overlap-mib", "-1"], "--disk-overlap-mib -1"),
+        (["store", "--sizes-mib", "0"], "--sizes-mib: '0'"),
+        (["store", "--batch", "0"], "--batch: '0'"),
+        (["store", "--reps", "0"], "--reps: '0'"),
+    ],
+)
+def test_bad_counts_and_sizes_are_usage_errors(argv, named, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err and named in err, err
+
+
+def test_bench_sim_bad_policy_fails_before_any_run(capsys):
+    assert main(["sim", "--trace", "/nonexistent.jsonl", "--policy", "lru,nosuch"]) == 2
+    captured = capsys.readouterr()
+    assert "'nosuch'" in captured.err and "dict-lru" not in captured.out
+
+
+def test_bench_sim_bad_capacity_is_one_line(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"hash_ids": [1, 2], "input_length": 1000}\n')
+    assert main(["sim", "--trace", str(trace), "--capacity", "abc"]) == 2
+    captured = capsys.readouterr()
+    assert "python -m radixkv.bench sim: error: capacity 'abc'" in captured.err and "dict-lru" not in captured.out
