@@ -48,8 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", metavar="PATH", help="Mooncake or radixkv JSONL trace")
     src.add_argument("--workload", choices=sorted(WORKLOADS), help=f"synthetic workload (default {DEFAULT_WORKLOAD})")
-    p.add_argument("--requests", type=int, default=4000, help="requests of a synthetic workload (default 4000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of a synthetic workload (default 0)")
+    # None = not given: a trace refuses them (they would be silently ignored), a workload defaults them.
+    p.add_argument("--requests", type=int, default=None, help="requests of a synthetic workload (default 4000)")
+    p.add_argument("--seed", type=int, default=None, help="seed of a synthetic workload (default 0)")
     p.add_argument("--block-tokens", type=int, default=None,
                    help="tokens per block (Mooncake: 512; radixkv traces: their header; synthetic: 256)")
     p.add_argument("--limit", type=int, default=None, help="read only the first N requests of a trace")
@@ -143,6 +144,11 @@ def _check_output(path: str | None, what: str) -> None:
 def _check_args(args: argparse.Namespace) -> None:
     if args.trace is not None and not args.trace.strip():
         raise RadixKVError("--trace needs a file path, got an empty string")
+    if args.trace is not None:
+        given = [name for name, v in (("--requests", args.requests), ("--seed", args.seed)) if v is not None]
+        if given:
+            raise RadixKVError(f"{' and '.join(given)} shape a synthetic --workload, not a --trace; to replay "
+                               "part of a trace use --limit N")
     if args.limit is not None:
         if args.trace is None:
             raise RadixKVError("--limit reads the first N requests of a --trace; for a --workload use --requests")
@@ -186,7 +192,8 @@ def _main(args: argparse.Namespace) -> int:
         source = args.trace
     else:
         name = args.workload or DEFAULT_WORKLOAD
-        trace = generate(name, WorkloadConfig(requests=args.requests, seed=args.seed,
+        trace = generate(name, WorkloadConfig(requests=4000 if args.requests is None else args.requests,
+                                              seed=0 if args.seed is None else args.seed,
                                               block_tokens=256 if args.block_tokens is None else args.block_tokens))
         source = f"workload {trace.name}"
     if not trace.requests:

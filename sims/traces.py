@@ -151,8 +151,10 @@ def _open_trace(path: str) -> IO[bytes]:
 def _iter_json_lines(path: str, limit: int | None) -> Iterable[tuple[int, dict]]:
     if os.path.isdir(path):
         raise InputError(f"trace {path!r} is a directory; pass --trace PATH to a JSONL trace file")
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise InputError(f"trace file {path!r} does not exist; pass --trace PATH to a JSONL trace")
+    if not os.path.isfile(path):  # /dev/null, a FIFO: not "does not exist"
+        raise InputError(f"trace {path!r} is not a regular file; pass --trace PATH to a JSONL trace file")
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise InputError(f"limit={limit!r} must be a positive number of requests")
     with _open_trace(path) as f:

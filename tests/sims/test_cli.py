@@ -109,3 +109,21 @@ def test_limit_on_a_trace(tmp_path, capsys):
     assert cli.main(["--trace", str(p), "--limit", "3", "--model", "none", "--policy", "lru", "--capacity", "2",
                      "--no-progress", "--jobs", "1"]) == 0
     assert "3 requests" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra", [["--requests", "50"], ["--seed", "3"], ["--requests", "50", "--seed", "3"]])
+def test_workload_options_with_a_trace_are_errors_not_ignored(tmp_path, extra, capsys):
+    # They were silently ignored: the run replayed the whole trace as if they were not given.
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(f'{{"timestamp": {i}, "input_length": 1024, "output_length": 1, "hash_ids": [0, {i + 1}]}}\n'
+                         for i in range(5)))
+    rc = cli.main(["--trace", str(p), "--model", "none", "--policy", "lru", "--capacity", "2", "--no-progress", *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and extra[0] in err and "--limit" in err, err
+
+
+def test_a_trace_that_is_not_a_regular_file_says_so(capsys):
+    # /dev/null was reported as a file that "does not exist".
+    rc = cli.main(["--trace", "/dev/null", "--model", "none", "--policy", "lru", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "not a regular file" in err and "Traceback" not in err, err
