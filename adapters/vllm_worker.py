@@ -162,6 +162,9 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         self._failed_loads: set[str] = set()
         self._saves: list[_PendingSave] = []
+        # A copy of this step raised: its saves are dropped and not rebuilt from the metadata by a
+        # later hook of the step (vLLM calls wait_for_save in a `finally` after a failed forward).
+        self._step_failed = False
         # Per group: (the pending saves it covers, their prepared gather); reset with the saves.
         self._gather_preps: dict[int, tuple[tuple[Any, ...], Any]] = {}
         self.stats = {
@@ -254,6 +257,7 @@ class WorkerSide:
     def bind(self, meta: RadixKVMetadata) -> None:
         self._meta = meta
         self._sync_loads_started = False
+        self._step_failed = False
         self._reap_draining()
         for req_id in meta.releases:
             self._drop_staged(req_id)
@@ -364,23 +368,31 @@ class WorkerSide:
     def _run_loads(self, ops: list[LoadOp], layerwise: bool) -> None:
         from radixkv.kernels import prepare_scatter
 
-        plan = self._plan_copies(ops)
-        for grp, (page_ids, bufs) in zip(self.groups, plan):
-            if grp is None or not page_ids:
-                continue
-            self._sync_load_keepalive.append(bufs)
-            # Checked once for the batch; each layer's job is then one launch (no per-layer
-            # validation of every chunk buffer, one upload of the page ids).
-            prep = prepare_scatter(grp.layout, page_ids, bufs)
-            jobs = [lambda prep=prep, i=i: prep.run(layers=i) for i in range(grp.layout.num_layers)]
-            grp.pipeline.start_loads(jobs)
-            if not layerwise:
-                # Whole-step load: the compute stream waits for every layer now, so the result is right
-                # even when vLLM skips the per-layer hooks (full CUDA graphs).
-                for i in range(len(jobs)):
-                    grp.pipeline.wait_layer(i)
-        for op in ops:
-            self._drop_staged(op.req_id)
+        try:
+            plan = self._plan_copies(ops)
+            for grp, (page_ids, bufs) in zip(self.groups, plan):
+                if grp is None or not page_ids:
+                    continue
+                self._sync_load_keepalive.append(bufs)
+                # Checked once for the batch; each layer's job is then one launch (no per-layer
+                # validation of every chunk buffer, one upload of the page ids).
+                prep = prepare_scatter(grp.layout, page_ids, bufs)
+                jobs = [lambda prep=prep, i=i: prep.run(layers=i)
+                        for i in range(grp.layout.num_layers)]
+                grp.pipeline.start_loads(jobs)
+                if not layerwise:
+                    # Whole-step load: the compute stream waits for every layer now, so the result
+                    # is right even when vLLM skips the per-layer hooks (full CUDA graphs).
+                    for i in range(len(jobs)):
+                        grp.pipeline.wait_layer(i)
+        except Exception:
+            # A copy raised: end the batch now (a later step's wait_layer/wait_all would otherwise
+            # run its remaining layers into blocks vLLM has given to other requests by then).
+            self._abort_saves()
+            raise
+        finally:  # the staged buffers are the batch's (kept alive above) or no one's: uncount them
+            for op in ops:
+                self._drop_staged(op.req_id)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self._meta is not None and not self._sync_loads_started:
@@ -390,7 +402,11 @@ class WorkerSide:
         for grp in self.present:
             i = grp.layer_index.get(layer_name)
             if i is not None:
-                grp.pipeline.wait_layer(i)
+                try:
+                    grp.pipeline.wait_layer(i)
+                except Exception:  # a look-ahead load raised: the forward stops before this layer
+                    self._abort_saves()
+                    raise
 
     def _poll_async_loads(self) -> None:
         still: list[LoadOp] = []
@@ -405,7 +421,7 @@ class WorkerSide:
 
     # ---- saves ---------------------------------------------------------------------------------
     def _ensure_saves(self) -> None:
-        if self._saves or self._meta is None or not self._meta.saves:
+        if self._saves or self._step_failed or self._meta is None or not self._meta.saves:
             return
         for op in self._meta.saves:
             n = self._storable_chunks(op)
@@ -456,7 +472,10 @@ class WorkerSide:
     def _abort_saves(self) -> None:
         """A copy of this step failed: drop the step's saves. Their buffers may be partly gathered,
         and a later step must neither store them nor finish gathering them from blocks that hold
-        other requests' KV by then; the next step's saves start afresh."""
+        other requests' KV by then; the next step's saves start afresh. Nor may this step rebuild
+        them: vLLM still calls wait_for_save after the failed forward, whose later layers never
+        computed this step's KV. Every pipeline is drained, so no load of this step runs later."""
+        self._step_failed = True
         for grp in self.present:  # each wait_all blocks until its side stream is done
             try:
                 grp.pipeline.wait_all()

@@ -110,13 +110,19 @@ class WriteDeleteIntents:
             groups[ns].append(k)
         tier = self.tiers[t]
         ping = getattr(tier, "ping", None)  # a tier that can tell whether its medium is reachable
+        # ping ignores a tier's fail-fast window (Redis: down_backoff_s after a fault) while
+        # delete_many inside it answers 0 without trying: a delete counts as run only if the tier
+        # saw no fault and refused no call meanwhile (another thread's fault just retries later).
+        fault_mark = getattr(tier, "fault_mark", None)
         try:
             for ns, keys in groups.items():
                 try:
                     ran = ping is None or bool(ping())
                     if ran:
+                        mark = fault_mark() if fault_mark is not None else 0
                         tier.delete_many(ns, keys)  # absent keys are fine: the delete ran
                         ran = ping is None or bool(ping())
+                        ran = ran and (fault_mark is None or fault_mark() == mark)
                 except Exception:
                     ran = False
                 if not ran:

@@ -15,6 +15,8 @@ from radixkv.errors import CapacityError, ConfigError, InputError
 from radixkv.store import HierarchicalStore
 from store_helpers import (
     CHUNK_BYTES,
+    FRAME_SLACK,
+    REDIS_OPTIONS,
     assert_exact,
     assert_within_capacity,
     buffers,
@@ -159,6 +161,52 @@ class TestRedisDown:
             store.flush()
         assert store.reconcile() >= 0
         store.check_integrity()
+
+    def test_a_delete_retry_inside_the_fail_fast_window_is_not_taken_as_done(
+        self, redis_server_factory
+    ):
+        """write_back mem -> redis. Chunks dropped from Redis while it was down wait for a delete
+        retry (the tier's byte ledger counts them until a delete reaches the server). A retry that
+        runs after the server came back but while the tier's fail-fast window (opened by the
+        outage) is still open sees ``ping`` answer (it ignores the window) while ``delete_many``
+        fails fast without trying: it must keep the deletes, or the ledger counts the dead chunks
+        forever and Redis refuses every later write (the store never recovers)."""
+        server = redis_server_factory()
+        cfg = StoreConfig(
+            tiers=[
+                TierConfig(url="mem://", capacity_bytes=4 * CHUNK_BYTES),
+                TierConfig(url=server.url, capacity_bytes=4 * (CHUNK_BYTES + FRAME_SLACK),
+                           options={**REDIS_OPTIONS, "down_backoff_s": 3.0}),
+            ],
+            write_policy="write_back",
+            promote_on_hit=False,
+        )
+        store = HierarchicalStore(cfg)
+        try:
+            redis = store.tiers[1]
+            ns = new_namespace()
+            c = [chain(150 + i, 4)[1] for i in range(4)]
+            put_chain(store, ns, c[0])
+            put_chain(store, ns, c[1])  # c[0] is demoted: Redis's ledger is full
+            assert redis.contains_many(ns.digest, c[0]) == 4
+            server.stop()
+            assert store.get(ns, c[0], buffers(4)) == 0  # the read faults: its deletes wait
+            t_fault = time.monotonic()
+            server.start()
+            # Still inside the window: demoting c[1] fails fast and runs the delete retry.
+            put_chain(store, ns, c[2])
+            assert time.monotonic() - t_fault < 3.0, "too slow to land inside the window"
+            time.sleep(max(0.0, t_fault + 3.2 - time.monotonic()))  # the window closes
+            put_chain(store, ns, c[3])  # demotes c[2]: room only once c[0]'s deletes ran
+            assert redis.contains_many(ns.digest, c[2]) == 4, (
+                f"Redis refused the demotion: its ledger counts {redis.usage_bytes()} bytes"
+            )
+            bufs = buffers(4)
+            assert store.get(ns, c[2], bufs) == 4
+            assert_exact(c[2], bufs, 4)
+            store.check_integrity()
+        finally:
+            store.close()
 
     def test_cluster_as_lower_tier(self, make_store, redis_cluster_url):
         store = make_store(

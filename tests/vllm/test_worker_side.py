@@ -503,3 +503,117 @@ def test_a_lookup_one_worker_did_not_answer_is_a_miss():
     # Different lookups of one request: a miss, under the newer seq, whatever the order.
     c = RadixKVWorkerMeta({"r": LookupReport(8, 3, True)})
     assert a.aggregate(c).lookups["r"] == c.aggregate(a).lookups["r"] == LookupReport(8, 0, True)
+
+
+def _step_as_the_mixin_does(eng: Engine) -> None:
+    """One step in the order of vLLM 0.33's kv_connector_model_runner_mixin: sync loads start before
+    the forward (outside its ``try``); wait_for_save and the transfer results run in a ``finally``,
+    also when the forward raised. Raises what the step raised (vLLM's execute_model fails)."""
+    import pickle
+
+    out = eng.sched.schedule()
+    w = eng.worker
+    w.bind_connector_metadata(pickle.loads(pickle.dumps(out.kv_connector_metadata)))
+    if out.has_sync_kv_loads:
+        w.start_load_kv(None)
+    try:
+        eng._forward(out)
+    finally:
+        if not out.has_sync_kv_loads:
+            w.start_load_kv(None)
+        w.wait_for_save()
+        w.get_transfer_results(out.finished_req_ids)
+        w.get_block_ids_with_load_errors()
+        w.build_connector_worker_meta()
+        w.clear_connector_metadata()
+
+
+def _scatter_fails_at(monkeypatch, layer: int, calls: list) -> None:
+    from radixkv.kernels import paged_copy
+
+    real_run = paged_copy.PreparedCopy.run
+
+    def run(self, layers=None):
+        calls.append((self.to_chunk, layers))
+        if not self.to_chunk and layers == layer:
+            raise RuntimeError("injected load failure")
+        return real_run(self, layers)
+
+    monkeypatch.setattr(paged_copy.PreparedCopy, "run", run)
+
+
+def test_a_layer_load_that_fails_mid_forward_stores_nothing_of_the_step(model_dir, monkeypatch):
+    """Layer-wise load, 3 layers: the look-ahead load of layer 2 (issued in wait_for_layer_load of
+    layer 1) raises, so the forward stops before layer 1 computes. vLLM still calls wait_for_save
+    (in a ``finally``): the step's saves (another request's new chunks) must not be rebuilt from
+    the metadata and gathered from layers this step never computed, then stored as valid chunks."""
+    from vllm.v1.request import RequestStatus
+
+    extra = {
+        "chunk_tokens": CHUNK,
+        "store": {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24}]},
+        "layerwise": True,
+        "sync_load_wait_s": 5.0,
+    }
+    eng = Engine(make_vllm_config(model_dir, extra), make_kv_cache_config(layers=3))
+    w = eng.worker._worker
+    toks = tokens(100, 1)
+    eng.add("a", toks)
+    eng.run_until_idle()
+    assert w.stats["saved_chunks"] == 3
+    assert eng.sched.reset_prefix_cache()
+    eng.add("b", toks[:96] + tokens(10, 2))  # a hit of 3 chunks: a synchronous layer-wise load
+    eng.add("e", tokens(70, 5))  # no hit: computes two whole chunks, saved in the same step
+    log = eng.step()  # the lookup round trip
+    assert not log.scheduled, log
+    calls: list = []
+    _scatter_fails_at(monkeypatch, 2, calls)
+    with pytest.raises(RuntimeError, match="injected load failure"):
+        _step_as_the_mixin_does(eng)
+    assert (False, 2) in calls
+    assert w.stats["saved_chunks"] == 3, "chunks gathered from a forward that never ran were stored"
+    monkeypatch.undo()
+    for g in w.present:
+        assert not g.pipeline.loads_pending
+    eng.sched.finish_requests(["b", "e"], RequestStatus.FINISHED_ABORTED)
+    w.check_integrity()
+
+
+@pytest.mark.parametrize("layerwise", [True, False])
+def test_a_load_that_fails_before_the_forward_leaves_nothing_to_later_steps(
+    model_dir, monkeypatch, layerwise
+):
+    """The load of layer 0 raises in start_load_kv (before the forward, so vLLM calls no
+    wait_for_save for the step). The batch's other layers must not be issued by a later step's
+    wait_for_layer_load or wait_for_save (into blocks vLLM has given to other requests by then), and
+    the batch's staging buffers must stop counting against max_staging_bytes."""
+    from vllm.v1.request import RequestStatus
+
+    extra = {
+        "chunk_tokens": CHUNK,
+        "store": {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24}]},
+        "layerwise": layerwise,
+        "sync_load_wait_s": 5.0,
+    }
+    eng = Engine(make_vllm_config(model_dir, extra), make_kv_cache_config())
+    w = eng.worker._worker
+    toks = tokens(100, 1)
+    eng.add("a", toks)
+    eng.run_until_idle()
+    assert eng.sched.reset_prefix_cache()
+    eng.add("b", toks[:96] + tokens(10, 2))
+    eng.step()  # the lookup round trip
+    calls: list = []
+    _scatter_fails_at(monkeypatch, 0, calls)
+    with pytest.raises(RuntimeError, match="injected load failure"):
+        _step_as_the_mixin_does(eng)
+    eng.worker.clear_connector_metadata()
+    eng.sched.finish_requests("b", RequestStatus.FINISHED_ABORTED)
+    monkeypatch.undo()
+    _scatter_fails_at(monkeypatch, -1, calls)  # record only
+    calls.clear()
+    eng.add("d", tokens(70, 9))  # no hit: no load of its own
+    eng.run_until_idle()
+    assert not [c for c in calls if not c[0]], f"a failed step's loads ran later: {calls}"
+    assert not w._staged and w._staged_bytes == 0, (list(w._staged), w._staged_bytes)
+    w.check_integrity()

@@ -98,10 +98,10 @@ def make_vllm_config(
 
 
 def make_kv_cache_config(
-    sliding_window: int | None = None, num_blocks: int = NUM_BLOCKS
+    sliding_window: int | None = None, num_blocks: int = NUM_BLOCKS, layers: int = 2
 ) -> KVCacheConfig:
     full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_SIZE, dtype=DTYPE)
-    groups = [KVCacheGroupSpec(["layers.0", "layers.1"], full)]
+    groups = [KVCacheGroupSpec([f"layers.{i}" for i in range(layers)], full)]
     if sliding_window is not None:
         sw = SlidingWindowSpec(
             block_size=BLOCK,
