@@ -172,14 +172,17 @@ class SchedulerSide:
         if num_external_tokens == 0:
             if st.async_inflight:
                 return  # the second call of an async load, after the worker finished it
-            if st.hit_chunks is not None:
+            if st.hit_chunks is not None or st.lookup_seq is not None:
+                # A hit not taken, or a lookup still unanswered (with async scheduling vLLM can
+                # schedule the request on its own prefix cache before the answer arrives): drop
+                # the staged chunks now, not when the request finishes. The late answer no longer
+                # matches lookup_seq and is ignored.
                 self._pending_releases.append(request.request_id)
-                # The store's leading run: chunks past it (held by the local prefix cache) get saved.
-                st.stored_chunks, st.stored_known = max(st.stored_chunks, st.hit_chunks), True
-                st.hit_chunks, st.lookup_seq = (
-                    None,
-                    None,
-                )  # consumed; a preempted request looks up again
+                if st.hit_chunks is not None:
+                    # The store's leading run: chunks past it (held by the local prefix cache)
+                    # get saved.
+                    st.stored_chunks, st.stored_known = max(st.stored_chunks, st.hit_chunks), True
+                st.hit_chunks, st.lookup_seq = None, None  # a preempted request looks up again
             return
         start = st.matched_from_tokens
         end = start + num_external_tokens
