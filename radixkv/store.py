@@ -599,6 +599,8 @@ class HierarchicalStore:
         """Finish background work (``flush``, default ``config.flush_on_close``) or cancel what has
         not started, join every store thread, close the tiers. Idempotent. A flushing close of a
         ``write_back`` store first copies what only memory tiers hold to a persistent tier below."""
+        if flush is not None and not isinstance(flush, bool):  # "no" would be truthy: a flush
+            raise InputError(f"flush={flush!r} must be True, False or None (the config's flush_on_close)")
         if self._closed:
             return
         self._closed = True  # first: callers racing close() get "the store is closed", not a tier's error

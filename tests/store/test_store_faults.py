@@ -299,6 +299,7 @@ class TestBadInput:
             (lambda: store.put(ns, [["a"]], p), r"chunk key \['a'\]"),
             (lambda: store.get(ns, [{"k": 1}], buffers(1)), "chunk key"),
             (lambda: store.delete(ns, [["a"]]), "chunk key"),
+            (lambda: store.close(flush="no"), "flush='no'"),  # was truthy: a flush
         ]:
             with pytest.raises(InputError, match=match):
                 call()
