@@ -125,6 +125,11 @@ class DiskTierConfig:
                               "positive number of bytes or None (off)")
 
 
+def _held_bytes(frame: int, spare: tuple[str, int] | None) -> int:
+    """Bytes a put reserves: its frame, or the file it overwrites if larger (truncated only at the end)."""
+    return max(frame, spare[1]) if spare is not None else frame
+
+
 class DiskTier:
     """Framed-file tier over a directory (see the module docstring). Thread-safe."""
 
@@ -480,7 +485,7 @@ class DiskTier:
                     self._layout.ensure_dir(os.path.dirname(path))
                     os.replace(tmp, path)
                 committed = True
-                self._reserved -= frame
+                self._reserved -= _held_bytes(frame, spare)
                 old = self._index.get(ident)
                 if old != frame:  # new, or the rename replaced a file of another size
                     self._index[ident] = frame
@@ -494,7 +499,7 @@ class DiskTier:
             # put; anything else, e.g. an I/O helper pool shut down by a racing close(), is raised).
             with self._lock:
                 if not committed:
-                    self._reserved -= frame
+                    self._reserved -= _held_bytes(frame, spare)
                 if isinstance(e, OSError):
                     self._stats.put_failures += 1
                     self._stats.errors += 1
@@ -680,8 +685,11 @@ class DiskTier:
             for path, _size in holder:
                 unlink_quietly(path)
             return False, None
-        self._reserved += frame
-        return True, spare or (holder[0] if holder else None)
+        spare = spare or (holder[0] if holder else None)
+        # Hold the room made for the larger file until the put ends (_held_bytes): it keeps that size
+        # on disk until the put truncates it, and other puts must not take those bytes meanwhile.
+        self._reserved += _held_bytes(frame, spare)
+        return True, spare
 
     def _make_room(self, frame: int, take_victim: list[tuple[str, int]] | None = None) -> bool:
         """Drop spare files, then evict LRU entries, until ``frame`` more bytes fit (lock held); False

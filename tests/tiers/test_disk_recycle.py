@@ -102,6 +102,44 @@ class TestRecycling:
         t.check_integrity()
         t.close()
 
+    @pytest.mark.parametrize("source", ["spare", "victim"])
+    def test_a_larger_file_being_overwritten_keeps_its_bytes_reserved(self, root, monkeypatch, source):
+        """Found by the SIGKILL hunt (bytes on disk above the capacity left by a killed writer): a put
+        that overwrites a larger recycled file (a spare, or the LRU victim it moved aside) made room
+        for the larger size but reserved only its own frame, so until its truncation other puts took
+        that room: 4 + 3 x 1 MiB on disk under a ~4 MiB capacity (and so left, if killed there)."""
+        import threading
+
+        # "victim": too small for both files, so the small put evicts "big" and overwrites its file
+        cap = frame("big", 4 * KiB * KiB) + (64 * KiB if source == "spare" else KiB)
+        t = DiskTier(root=root, capacity_bytes=cap, io_threads=1)
+        assert t.put_many(NS2, ["big"], [pl(1, 4 * KiB * KiB)]) == [True]
+        if source == "spare":
+            assert t.delete_many(NS2, ["big"]) == 1 and len(spare_files(root)) == 1
+        in_truncate, go_on = threading.Event(), threading.Event()
+        truncate = os.ftruncate
+
+        def slow_truncate(fd: int, n: int) -> None:  # the small frame is written; the file is still 4 MiB
+            in_truncate.set()
+            assert go_on.wait(30)
+            truncate(fd, n)
+
+        monkeypatch.setattr(os, "ftruncate", slow_truncate)
+        small = threading.Thread(target=t.put_many, args=(NS, ["small"], [pl(2, 4 * KiB)]))
+        small.start()
+        try:
+            assert in_truncate.wait(30)
+            ok = [t.put_many("ab" * 16, [f"m{i}"], [pl(10 + i, KiB * KiB)])[0] for i in range(3)]
+            assert bytes_on_disk(root) <= cap, (ok, t.stats().extra)
+            t.check_integrity()
+        finally:
+            go_on.set()
+            small.join(30)
+        assert get(t, ["small"], 4 * KiB)[0] == [True]
+        assert bytes_on_disk(root) <= cap and t._reserved == 0
+        t.check_integrity()
+        t.close()
+
     def test_close_removes_spares_and_a_restart_ignores_leftovers(self, root):
         t = DiskTier(root=root, capacity_bytes=1 << 20)
         t.put_many(NS, ["a", "b"], [pl(1), pl(2)])
