@@ -406,14 +406,19 @@ class TierStack(WriteDeleteIntents):
             with self.cond:
                 # Ask for the free room plus `extra`: reserve must evict `extra` bytes to grant it.
                 need = min(cap, max(0, cap - self.used_locked(t)) + extra)
-            if self.reserve(t, [need], wait_for_transfers) != 1:
-                break  # everything left is pinned, or interior to this tier
-            with self.cond:
-                self.release_locked(t, need)
+            granted = self.reserve(t, [need], wait_for_transfers) == 1
+            if granted:
+                with self.cond:
+                    self.release_locked(t, need)
+            # Retry even when the reservation failed: reserve evicts what it can before giving up,
+            # and those few victims may be all a slab of another size held (a sidecar pool's pages
+            # sharing a small tier with the KV pool): the put fits now although the bytes did not.
             again = self.tier_put(t, ns, [keys[i] for i in failed], [payloads[i] for i in failed])
             for i, o in zip(failed, again):
                 ok[i] = o
             failed = [i for i in failed if not ok[i]]
+            if not granted:
+                break  # everything left is pinned, or interior to this tier
             if need >= cap:
                 break  # the whole tier was offered
             extra *= 2

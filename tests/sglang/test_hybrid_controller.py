@@ -159,3 +159,39 @@ def test_mla_model_mamba_state_is_written_by_every_tp_rank(tmp_path):
                 h.close()
     finally:
         set_parallel_context()
+
+
+@pytest.mark.parametrize("write_policy", ["write_through", "write_back"])
+def test_kv_is_stored_when_a_sidecar_slab_holds_a_small_memory_tier(tmp_path, write_policy):
+    """Found by a differential fuzz (hybrid controller, small memory tier): every backup wrote the
+    sidecar window first, its slab took the memory tier's only unit, and the KV put that followed
+    was refused although the bytes fit: making room evicted the sidecar pages (emptying their slab)
+    but the reservation failed (fewer evictable bytes than the put's size), so the put was never
+    retried. No KV page was ever stored; every prefetch missed."""
+    h = HybridHarness(
+        PoolSpec(layout="page_first", page_size=PS, host_tokens=256),
+        {PoolName.SWA: PoolSpec(layout="layer_first", page_size=PS, layers=1, heads=1, host_tokens=128)},
+        extra_config=extra_config([mem_tier("64KiB"), disk_tier(tmp_path / "l3")], write_policy=write_policy),
+    )
+    try:
+        for seed in (84, 85):
+            toks = tokens(6 * PS, seed=seed)
+            keys = h.page_keys(toks)
+            kv_src, swa_src = h.alloc(PoolName.KV, 6 * PS), h.alloc(PoolName.SWA, WINDOW * PS)
+            h.fill_random(PoolName.KV, kv_src, seed=seed)
+            h.fill_random(PoolName.SWA, swa_src, seed=seed + 1)
+            assert h.backup(toks, kv_src, [_swa(swa_src, keys[-WINDOW:])]).completed_tokens == 6 * PS
+            swa_dst = h.alloc(PoolName.SWA, WINDOW * PS)
+            pop, _acks = h.prefetch(toks, [_swa(swa_dst, keys[-WINDOW:])])
+            assert pop.storage_hit_count == 6 * PS
+            assert h.page_bytes_at(PoolName.KV, pop.host_indices) == h.page_bytes_at(PoolName.KV, kv_src)
+            assert h.page_bytes_at(PoolName.SWA, swa_dst) == h.page_bytes_at(PoolName.SWA, swa_src)
+            for name, idx in ((PoolName.KV, kv_src), (PoolName.KV, pop.host_indices),
+                              (PoolName.SWA, swa_src), (PoolName.SWA, swa_dst)):
+                h.host_pool(name).free(idx)
+        b = unwrap(h.backend)
+        assert b.counters["failed_calls"] == 0
+        b.store.flush(timeout_s=30)
+        b.check_integrity()
+    finally:
+        h.close()
