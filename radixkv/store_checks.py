@@ -165,7 +165,10 @@ def check_store(store: HierarchicalStore, deep: bool = True) -> None:
     """Raise AssertionError/RuntimeError with numbers if an invariant is broken: the tree's own,
     each tier's own, no tier over capacity, and (``deep``, when no transfer is in flight) every
     chunk the tree places in a tier is there, and a tier counting chunks holds exactly those.
-    Deep checks cost one ``contains`` per chunk: meant for tests and small stores."""
+    Deep checks cost one ``contains`` per chunk: meant for tests and small stores. In a tier other
+    processes share (a shared disk directory, a Redis server) the deep check assumes none of them
+    removed (evicted, deleted) a chunk this store placed there since its last :meth:`reconcile`:
+    call ``reconcile()`` first where one may have (reads find such losses anyway, as misses)."""
     s = store._stack
     with s.cond:
         s.tree.check_integrity()
