@@ -636,8 +636,15 @@ def _page_ids(layout: PagedLayout, page_ids, *, unique: bool) -> tuple[torch.Ten
                 f"{page_ids.device}"
             )
         check_integer_dtype(page_ids.dtype, "page_ids")
-        if page_ids.dtype == torch.uint64 and page_ids.numel() and int(page_ids.max()) >= 1 << 63:
-            raise InputError("page_ids hold a uint64 id >= 2**63 (it would wrap to a negative id)")
+        # Viewed as int64, exactly the ids >= 2**63 are negative (torch has no uint64 max or
+        # comparison on CPU: the check itself raised NotImplementedError for every uint64 tensor).
+        if page_ids.dtype == torch.uint64:
+            wrapped = page_ids.view(torch.int64)
+            if bool((wrapped < 0).any()):
+                first = int(wrapped[wrapped < 0][0]) + (1 << 64)
+                raise InputError(
+                    f"page id {first} out of range: uint64 ids >= 2**63 would wrap to negative ids"
+                )
         ids = page_ids if page_ids.dtype == torch.int64 else page_ids.to(torch.int64)
     else:
         try:

@@ -101,6 +101,14 @@ class PagedLayout:
             )
         if min(ref.stride()) < 0:
             raise InputError(f"negative strides are not supported; got {ref.stride()}")
+        if _overlaps_itself(tuple(ref.shape), tuple(ref.stride())):
+            # Two pages (tokens, ...) sharing memory: a scatter to one page would write into
+            # another (outside its destination), and the bytes would depend on the copy order.
+            raise InputError(
+                f"views of shape {tuple(ref.shape)} with strides {ref.stride()} overlap "
+                "themselves (a stride smaller than the extent of the dims inside it, e.g. a page "
+                "stride shorter than a page, or an expanded dim); each page needs its own memory"
+            )
         self.views = views
         self.num_layers = len(views)
         self.num_components = len(first)
@@ -260,6 +268,18 @@ class PagedLayout:
                 f"elements but views_aligned={self.views_aligned} (the kernels' alignment "
                 "promise); rebuild the PagedLayout"
             )
+
+
+def _overlaps_itself(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether a strided view may map two indices to one element: checked as nesting (each stride,
+    in increasing order, must pass the furthest element the smaller-stride dims reach). Engine
+    layouts nest; an interleaving that happens not to collide is refused too."""
+    reach = 0  # furthest element offset reachable with the dims checked so far
+    for stride, size in sorted((st, sz) for sz, st in zip(shape, strides) if sz > 1):
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
 
 
 def _check_like(view: object, ref: torch.Tensor, what: str) -> None:

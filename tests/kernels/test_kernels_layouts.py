@@ -63,6 +63,24 @@ def test_from_views_rejects_inconsistent_views() -> None:
             PagedLayout.from_views(views)
 
 
+def test_views_that_overlap_themselves_are_refused() -> None:
+    # A page stride shorter than a page, or an expanded dim, maps two pages (tokens) to one
+    # address: scatter_chunks(layout, [[0]], ...) wrote page 1's first token too (torch and
+    # interpreter alike), outside its destination page, and the one-page-once check could not help.
+    buf = torch.zeros(64, dtype=torch.float16)
+    shingled = buf.as_strided((4, 2, 1, 8), (8, 8, 8, 1))  # page p = elements [8p, 8p + 16)
+    expanded = torch.zeros(4, 1, 2, 8, dtype=torch.float16).expand(4, 3, 2, 8)
+    for view in (shingled, expanded):
+        with pytest.raises(InputError, match="overlap themselves"):
+            PagedLayout.from_views([[view]])
+    # Nested strides with gaps (K and V halves of a K||V row, a stride-2 dim) and size-1 dims
+    # of any stride stay valid.
+    kv = torch.zeros(4, 2, 2, 16, dtype=torch.float16)
+    PagedLayout.from_views([[kv[..., :8], kv[..., 8:]]])
+    PagedLayout.from_views([[kv[..., ::2]]])
+    PagedLayout.from_views([[buf.as_strided((4, 2, 1, 8), (16, 8, 0, 1))]])
+
+
 def test_vllm_builder_errors() -> None:
     with pytest.raises(InputError, match="empty"):
         PagedLayout.from_vllm({})

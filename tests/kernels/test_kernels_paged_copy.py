@@ -281,6 +281,24 @@ def test_page_ids_as_lists_and_int32() -> None:
     assert same_bits(a, b) and same_bits(a, c)
 
 
+def test_page_ids_as_uint64() -> None:
+    # torch has no uint64 max/compare on CPU: the wrap guard raised NotImplementedError for every
+    # uint64 id tensor. Valid ids copy like int64 ones; ids >= 2**63 (-1 as uint64 included) are
+    # an InputError naming the id, never a skip.
+    case = make_case("sglang_device", torch.float16)
+    ids = random_page_ids(NUM_CHUNKS, PAGES_PER_CHUNK, seed=2, holes=False)
+    a = alloc_chunks(case.layout, NUM_CHUNKS, PAGES_PER_CHUNK).zero_()
+    b = a.clone()
+    gather_chunks(case.layout, ids, a, force_triton=True)
+    gather_chunks(case.layout, ids.to(torch.uint64), b, force_triton=True)
+    assert same_bits(a, b)
+    bad = ids.clone()
+    bad[1, 2] = -1  # as uint64: 2**64 - 1
+    for fn in (gather_chunks, scatter_chunks, gather_chunks_reference):
+        with pytest.raises(InputError, match=f"page id {2**64 - 1} out of range"):
+            fn(case.layout, bad.view(torch.uint64), a)
+
+
 class TestValidation:
     """Bad input raises InputError naming the value; nothing is copied."""
 
