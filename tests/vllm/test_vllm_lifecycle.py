@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vllm.sampling_params import SamplingParams
-from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.request import Request, RequestStatus
-from vllm_harness import BLOCK, EOS, Engine, make_kv_cache_config, make_vllm_config
+from vllm_harness import BLOCK, Engine, make_kv_cache_config, make_vllm_config
 
 from test_connector_scheduler import file_store, mem_store, prompt
 
@@ -19,18 +16,17 @@ pytestmark = pytest.mark.vllm
 def add_local(eng: Engine, req_id: str, toks: list[int], max_tokens: int = 2) -> Request:
     """A request that reads no cache (vLLM's nor radixkv's): it computes ``toks`` and so fills
     vLLM's prefix cache with them, without a lookup of its own."""
-    sp = SamplingParams(max_tokens=max_tokens, skip_reading_prefix_cache=True)
-    sp.update_from_generation_config({}, EOS)
-    req = Request(
-        request_id=req_id,
-        prompt_token_ids=toks,
-        sampling_params=sp,
-        pooling_params=None,
-        mm_features=None,
-        block_hasher=get_request_block_hasher(BLOCK, sha256),
-    )
-    eng.sched.add_request(req)
-    return req
+    return eng.add(req_id, toks, max_tokens=max_tokens, read_cache=False)
+
+
+def save_then_forget_locally(eng: Engine, toks: list[int], saved_chunks: int) -> None:
+    """Run ``toks`` once (radixkv saves ``saved_chunks`` of it), then drop vLLM's own copy (its
+    prefix cache and the KV bytes), so later requests can hit only in radixkv."""
+    eng.add("r1", toks)
+    eng.run_until_idle()
+    assert eng.worker._worker.stats["saved_chunks"] == saved_chunks
+    assert eng.sched.reset_prefix_cache()
+    eng.clear_kv()
 
 
 def assert_blocks(eng: Engine, req_id: str, toks: list[int], n_blocks: int) -> None:
@@ -58,11 +54,7 @@ def test_hit_over_a_local_hit_inside_a_chunk_of_four_blocks(model_dir):
     eng = Engine(make_vllm_config(model_dir, extra), make_kv_cache_config())
     conn = eng.connector._scheduler
     toks = prompt(150)
-    eng.add("r1", toks)
-    eng.run_until_idle()
-    assert eng.worker._worker.stats["saved_chunks"] == 2
-    assert eng.sched.reset_prefix_cache()
-    eng.clear_kv()
+    save_then_forget_locally(eng, toks, 2)
     add_local(eng, "loc", toks[:50])
     eng.run_until_idle()
     toks2 = toks[:128] + prompt(30, seed=4)
@@ -87,11 +79,7 @@ def test_local_hit_grows_past_the_lookups_first_chunk(model_dir):
     eng = Engine(make_vllm_config(model_dir, extra), make_kv_cache_config())
     conn = eng.connector._scheduler
     toks = prompt(110)
-    eng.add("r1", toks)
-    eng.run_until_idle()
-    assert eng.worker._worker.stats["saved_chunks"] == 3
-    assert eng.sched.reset_prefix_cache()
-    eng.clear_kv()
+    save_then_forget_locally(eng, toks, 3)
     toks2 = toks[:96] + prompt(20, seed=6)
     r2 = eng.add("r2", toks2, max_tokens=3)
     add_local(eng, "loc", toks[:70])
@@ -118,11 +106,7 @@ def test_chunked_prefill_past_a_partial_hit_saves_the_rest_not_the_last_partial_
     eng = Engine(cfg, make_kv_cache_config())
     conn, w = eng.connector._scheduler, eng.worker._worker
     toks = prompt(70)
-    eng.add("r1", toks)
-    eng.run_until_idle()
-    assert w.stats["saved_chunks"] == 2
-    assert eng.sched.reset_prefix_cache()
-    eng.clear_kv()
+    save_then_forget_locally(eng, toks, 2)
     toks2 = toks[:64] + prompt(136, seed=8)  # 200 tokens: 6 whole chunks before the last token
     r2 = eng.add("r2", toks2, max_tokens=3)
     eng.run_until_idle()
@@ -163,11 +147,7 @@ def test_failed_async_load_over_a_mid_chunk_local_hit_keeps_only_the_local_hit(
     eng, GatedStore = _gated_file_engine(tmp_path, model_dir, 64)
     conn = eng.connector._scheduler
     toks = prompt(150)
-    eng.add("r1", toks)
-    eng.run_until_idle()
-    assert eng.worker._worker.stats["saved_chunks"] == 2
-    assert eng.sched.reset_prefix_cache()
-    eng.clear_kv()
+    save_then_forget_locally(eng, toks, 2)
     gated = GatedStore(eng.worker._worker.store)
     eng.worker._worker.store = gated
     add_local(eng, "loc", toks[:50])
@@ -278,11 +258,7 @@ def test_a_lookup_answered_after_the_local_cache_covered_the_request_releases_st
     eng = Engine(cfg, make_kv_cache_config())
     conn, w = eng.connector._scheduler, eng.worker._worker
     toks = prompt(70)
-    eng.add("r1", toks)
-    eng.run_until_idle()
-    assert w.stats["saved_chunks"] == 2
-    assert eng.sched.reset_prefix_cache()
-    eng.clear_kv()
+    save_then_forget_locally(eng, toks, 2)
     x = eng.add("x", toks[:64] + prompt(6, seed=3), max_tokens=8)
     add_local(eng, "loc", toks[:64] + prompt(6, seed=4))
     out_n = eng.sched.schedule()  # x: lookup sent; loc: 64 of its 70 tokens

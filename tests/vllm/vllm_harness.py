@@ -201,8 +201,9 @@ class Engine:
     def connector(self) -> Any:
         return self.sched.connector
 
-    def add(self, req_id: str, tokens: list[int], max_tokens: int = 2) -> Request:
-        sp = SamplingParams(max_tokens=max_tokens)
+    def add(self, req_id: str, tokens: list[int], max_tokens: int = 2, read_cache: bool = True) -> Request:
+        """Queue a request; ``read_cache=False``: it reads no cache, vLLM's nor radixkv's."""
+        sp = SamplingParams(max_tokens=max_tokens, skip_reading_prefix_cache=not read_cache)
         sp.update_from_generation_config({}, EOS)
         req = Request(
             request_id=req_id,
