@@ -132,9 +132,11 @@ class HierarchicalStore:
                 for t in opened:
                     t.close()
             raise
-        self.metrics = StoreMetrics(
-            names, tiers=lambda: self._stack.tiers, prometheus=config.metrics
-        )
+        # No callback below refers back to the store: a closed, dropped store (an engine detaching
+        # its backend) is freed at once with its memory tier's buffer, not at the next cycle
+        # collection.
+        tiers_now = tuple(opened)
+        self.metrics = metrics = StoreMetrics(names, tiers=lambda: tiers_now, prometheus=config.metrics)
         self._stack = TierStack(opened, tree, self.metrics, config.lease_s)
         self._ns_bytes: dict[str, int] = {}
         # Chunks a tier already held when the store opened it (a disk tier's restart scan): not in
@@ -145,13 +147,13 @@ class HierarchicalStore:
             "write",
             config.io_threads,
             config.queue_depth,
-            on_depth=lambda d: self.metrics.queue_depth("write", d),
+            on_depth=lambda d: metrics.queue_depth("write", d),
         )
         self._reader = WorkerPool(
             "prefetch",
             config.prefetch_threads,
             config.queue_depth,
-            on_depth=lambda d: self.metrics.queue_depth("prefetch", d),
+            on_depth=lambda d: metrics.queue_depth("prefetch", d),
         )
         self._promoter = jobs.Promoter(self._stack, self._writer, config.promote_after_hits)
         for q in ("write", "prefetch"):

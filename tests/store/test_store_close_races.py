@@ -99,3 +99,37 @@ def test_a_prefetch_cancelled_by_close_releases_its_pins(make_store):
     assert h2.wait(5) == 0 and h2.done()
     h1.wait(5)
     assert store.stats()["tree"]["pinned_chunks"] == 0
+
+
+def test_a_closed_store_is_freed_without_the_cycle_collector(tmp_path, request):
+    """An engine detaching its backend closes and drops the store: its memory tier's buffer (GBs in
+    production) must go at once. Before: callbacks the store gave its metrics and worker pools
+    referred back to it (reference cycles), so store and buffer lived until the next cycle
+    collection (a fuzz of SGLang attach/detach grew by ~1.5 GB over 30 runs)."""
+    import gc
+    import weakref
+
+    from radixkv.config import StoreConfig
+    from radixkv.store import HierarchicalStore
+    from store_helpers import tier_config
+
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for policy in ("lru", "oddsref"):
+            tiers = [tier_config(k, tmp_path / policy, request) for k in ("mem", "disk")]
+            tiers[0].policy = policy
+            store = HierarchicalStore(StoreConfig(tiers=tiers))
+            ns = new_namespace()
+            _, keys = chain(9, 3)
+            assert store.put(ns, keys, [payload_for(k) for k in keys]) == [True] * 3
+            assert store.get(ns, keys, buffers(3)) == 3
+            assert store.flush(30)
+            refs = [weakref.ref(store), weakref.ref(store.tiers[0])]
+            store.close()
+            del store
+            assert [r() for r in refs] == [None, None], f"{policy}: the closed store is still alive"
+    finally:
+        if was_enabled:
+            gc.enable()
