@@ -518,11 +518,13 @@ class HierarchicalStore:
         with s.cond:  # nothing is inserted inside this section, so removed ids are not reused here
             ids = [n for k in keys if (n := s.tree.lookup(nsd, k)) is not None]
             found = len(ids)
-            untracked = [k for k in keys if s.tree.lookup(nsd, k) is None]
-            # Only tiers adoption probes can hold them: a memory tier is process-local, and what it
-            # holds untracked is a put in flight (which its own cleanup deletes if it fails).
+            # Untracked copies too, of untracked keys and of tracked ones in the tiers the tree does
+            # not place them in (a disk file or Redis value from before a restart, beside the copy a
+            # later put made in memory): a later probe would otherwise adopt them back. Only tiers
+            # adoption probes can hold them: a memory tier is process-local, and what it holds
+            # untracked is a put in flight (which its own cleanup deletes if it fails).
             entries += [(t, nsd, k) for t, tier in enumerate(s.tiers) if not isinstance(tier, MemoryTier)
-                        for k in untracked]
+                        for k in keys]
             for t in range(len(s.tiers)):
                 held = [n for n in ids if _alive(s.tree, n) and s.tree.node_tier_mask(n) & (1 << t)]
                 entries += [(t, nsd, s.tree.node_key(n)) for n in held]

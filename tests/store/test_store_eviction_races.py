@@ -136,3 +136,33 @@ def test_delete_removes_chunks_the_store_has_not_adopted(tmp_path):
         assert third.lookup(ns, keys) == 0
     finally:
         third.close()
+
+
+def test_delete_removes_untracked_copies_of_a_tracked_chunk(tmp_path):
+    # After a restart a write_back store puts a chunk again: the tree places it in memory only, while
+    # the disk still holds the copy the first store persisted at close. delete() must remove that
+    # copy too, or the next get adopts it back (before the fix: the deleted chunk was served).
+    cfg = StoreConfig(tiers=[
+        TierConfig(url="mem://", capacity_bytes=8 * CHUNK_BYTES),
+        TierConfig(url=f"file://{tmp_path}/disk", capacity_bytes=32 * (CHUNK_BYTES + 200)),
+    ], write_policy="write_back")
+    ns = new_namespace()
+    keys = chain(1, 2)[1]
+    first = HierarchicalStore(cfg)
+    assert _put(first, ns, keys) == [True] * 2
+    first.close()  # flushing close: both chunks persisted to the disk
+    second = HierarchicalStore(cfg)
+    try:
+        assert _put(second, ns, keys[:1]) == [True]  # memory only in the tree; disk holds it untracked
+        assert second.delete(ns, keys[:1]) == 1
+        bufs = buffers(2)
+        assert second.get(ns, keys, bufs) == 0
+        assert second.lookup(ns, keys) == 0
+        second.check_integrity()
+    finally:
+        second.close()
+    third = HierarchicalStore(cfg)  # and it is gone from the disk, not just hidden
+    try:
+        assert third.lookup(ns, keys[:1], chunk_bytes=CHUNK_BYTES) == 0
+    finally:
+        third.close()
