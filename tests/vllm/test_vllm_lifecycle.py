@@ -204,43 +204,7 @@ def test_abort_while_an_async_load_fails(tmp_path, model_dir):
 
 def _execute(eng: Engine, out):
     """The worker half of Engine.step for one scheduler output: (its ModelRunnerOutput)."""
-    import pickle
-
-    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
-
-    w = eng.worker
-    w.bind_connector_metadata(pickle.loads(pickle.dumps(out.kv_connector_metadata)))
-    if out.has_sync_kv_loads:
-        w.start_load_kv(None)
-    eng._forward(out)
-    if not out.has_sync_kv_loads:
-        w.start_load_kv(None)
-    w.wait_for_save()
-    results = w.get_transfer_results(out.finished_req_ids)
-    invalid = w.get_block_ids_with_load_errors()
-    wmeta = w.build_connector_worker_meta()
-    w.clear_connector_metadata()
-    req_ids = list(out.num_scheduled_tokens)
-    sampled = []
-    for rid in req_ids:
-        req = eng.sched.requests[rid]
-        done = req.num_computed_tokens >= req.num_tokens
-        sampled.append([eng._attend(rid, req.num_computed_tokens)] if done else [])
-    return ModelRunnerOutput(
-        req_ids=req_ids,
-        req_id_to_index={r: i for i, r in enumerate(req_ids)},
-        sampled_token_ids=sampled,
-        logprobs=None,
-        prompt_logprobs_dict={},
-        pooler_output=None,
-        kv_connector_output=KVConnectorOutput(
-            finished_sending=None,
-            finished_recving=results.finished_recving or None,
-            kv_connector_worker_meta=pickle.loads(pickle.dumps(wmeta)),
-            invalid_block_ids=invalid,
-            failed_recving=results.failed_recving,
-        ),
-    )
+    return eng.execute(out)[0]
 
 
 def test_a_lookup_answered_after_the_local_cache_covered_the_request_releases_staging(

@@ -224,6 +224,15 @@ class Engine:
 
     def step(self) -> StepLog:
         out = self.sched.schedule()
+        mro, entry = self.execute(out)
+        self.sched.update_from_output(out, mro)
+        self.log.append(entry)
+        return entry
+
+    def execute(self, out: Any) -> tuple[ModelRunnerOutput, StepLog]:
+        """The worker half of a step for one scheduler output: its ModelRunnerOutput (not yet given
+        back to the scheduler, so a test can schedule the next step first, as async scheduling
+        does) and its log entry."""
         meta = pickle.loads(pickle.dumps(out.kv_connector_metadata))
         w = self.worker
         w.bind_connector_metadata(meta)
@@ -259,7 +268,6 @@ class Engine:
             pooler_output=None,
             kv_connector_output=kvo,
         )
-        self.sched.update_from_output(out, mro)
         entry = StepLog(
             dict(out.num_scheduled_tokens),
             out.has_sync_kv_loads,
@@ -268,8 +276,7 @@ class Engine:
             set(results.failed_recving),
             wmeta,
         )
-        self.log.append(entry)
-        return entry
+        return mro, entry
 
     def _forward(self, out: Any) -> None:
         """Write this step's KV for every scheduled token, layer by layer, with the connector hooks."""
