@@ -11,8 +11,9 @@ Semantics (fixed, so results are comparable and checkable):
   byte size, so policies can see that it is partial;
 * then each tier is brought back within capacity, top tier first, one victim at a time in exact
   policy order (``tree.evict_candidates(tier, 1)``); a victim of a tier with a tier below it is
-  demoted there (``set_resident`` on the lower tier, then ``clear_resident``), a victim of the last
-  tier is dropped;
+  demoted there (``set_resident`` on the lower tier, then ``clear_resident``; counted in
+  ``demotions`` only if the lower tier did not hold it already), a victim of the last tier is
+  dropped;
 * capacity is counted in blocks (a byte capacity is converted at the full-block size);
 * every tier runs the replay's policy unless its :class:`TierCapacity` names one (a lower tier only
   sees demotions, so a frequency policy there counts each demotion as a first reference).
@@ -85,7 +86,7 @@ class ReplayResult:
     hit_blocks: np.ndarray  # per request: leading hit blocks (any tier)
     tier_hit_blocks: np.ndarray  # [request, tier]: hit blocks served from each tier (fastest holder)
     evictions: int
-    demotions: int
+    demotions: int  # victims copied one tier down (not those the lower tier already held)
     elapsed_s: float
     tree_stats: dict[str, int] = field(default_factory=dict)
 
@@ -159,6 +160,8 @@ def replay(
     bounded0, cap0 = bounded[0], caps[0]
     match, insert, tier_chunks, lookup = tree.match, tree.insert, tree.tier_chunks, tree.lookup
     evict_candidates, clear_resident, set_resident = tree.evict_candidates, tree.clear_resident, tree.set_resident
+    node_tier_mask = tree.node_tier_mask
+    lower_bits = [1 << (t + 1) for t in range(n_tiers)]  # residency bit of the tier below each tier
     tree_evict = tree.evict
     set_next_use = (
         opt_policy.set_next_use if opt_policy is not None else None  # type: ignore[union-attr,attr-defined]
@@ -231,8 +234,12 @@ def replay(
                         if not victims:
                             break  # only pinned or interior chunks left (cannot happen in a replay)
                         if lower is not None:
+                            # A victim the lower tier already holds (a hit promoted from it keeps
+                            # its copy there) is released, not copied: no demotion, as the store
+                            # counts it ("release", not "demote").
+                            if not node_tier_mask(victims[0]) & lower_bits[t]:
+                                demotions += 1
                             set_resident(victims, lower)
-                            demotions += 1
                         clear_resident(victims, names[t])
                         evictions += 1
                         over -= 1

@@ -7,10 +7,11 @@ One record per (policy, capacity)::
     capacity_blocks, requests, block_references, block_hits, block_hit_rate, token_hit_rate,
     infinite_block_hit_rate, gap_closed (fraction of the LRU-to-OPT gap; null without both),
     tier_hit_blocks ({tier: hit blocks served from it}, summing to block_hits), tier_policies
-    ({tier: policy label}), demotions (victims moved down a tier), elapsed_s, accesses_per_s, and
-    with a model: ttft_mean_ms, ttft_p50_ms, ttft_p90_ms, ttft_p99_ms, loaded_bytes ({tier: bytes
-    loaded from it}), recomputed_tokens (tokens the TTFT model prefills: misses plus hits it
-    recomputes because loading them would be slower).
+    ({tier: policy label}), demotions (victims copied down a tier, not those the tier below
+    already held), elapsed_s, accesses_per_s, and with a model: ttft_mean_ms, ttft_p50_ms,
+    ttft_p90_ms, ttft_p99_ms, loaded_bytes ({tier: bytes loaded from it}), recomputed_tokens
+    (tokens the TTFT model prefills: misses plus hits it recomputes because loading them would be
+    slower).
 
 Hit rates are fractions in [0, 1]. CSV has no objects: each per-tier dict becomes one column per tier
 (``hit_blocks_<tier>``, ``policy_<tier>``, ``loaded_bytes_<tier>``); ``policy_options`` is left out

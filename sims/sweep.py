@@ -12,6 +12,7 @@ import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Sequence
 
 import numpy as np
@@ -80,8 +81,11 @@ def parse_capacity(text: str, unique_blocks: int, block_bytes: int | None) -> Ca
         if not math.isfinite(blocks_f):  # 1e308% of any trace overflows a float
             raise ConfigError(f"capacity {text!r} is not a real share of the trace; give a percentage such as "
                               "5% (over 100% never evicts)")
-        # round half up, like the table (1% of 182,790 = 1,827.9 -> 1,828)
-        return Capacity(max(1, int(blocks_f)), frac)
+        # Round half up, like the table (1% of 182,790 = 1,827.9 -> 1,828), on the exact
+        # share: through a float an exact half can land just below it (70% of 89,165 = 62,415.5
+        # computes as 62,415.4999...) and round down. Fraction reads every finite float literal.
+        exact = Fraction(t[:-1]) * unique_blocks / 100
+        return Capacity(max(1, math.floor(exact + Fraction(1, 2))), frac)
     unit_blocks = t.endswith("block") or t.endswith("blocks")
     if unit_blocks:
         t = t[: -len("blocks")] if t.endswith("blocks") else t[: -len("block")]
