@@ -58,10 +58,13 @@ DEFAULT_TIERS = [{"url": "mem://", "capacity": "4GiB"}]
 _STORE_FIELDS = {f.name for f in fields(StoreConfig)}
 _OURS = _STORE_FIELDS | {"config_file", "store", "model", "interface_v1"}
 # Keys SGLang 0.5.23 itself reads from the extra config (factory, controllers, hybrid controller).
+# ``file_storage_path``: its unified radix cache adds ``--file-storage-path`` to every backend's extra
+# config (for its ``file`` backend), so it is no stray key of the user's.
 _SGLANG_KEYS = frozenset({
     "backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size",
     "hicache_storage_pass_prefix_keys", "prefetch_threshold", "prefetch_timeout_base",
     "prefetch_timeout_per_ki_token", "enable_metadata_cache", "metadata_ttl", "extra_backend_tag",
+    "file_storage_path",
 })
 
 

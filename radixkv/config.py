@@ -30,8 +30,10 @@ from radixkv.sizes import parse_bytes
 
 __all__ = ["TierConfig", "StoreConfig", "parse_bytes", "redact_url", "WRITE_POLICIES", "TIER_SCHEMES"]
 
-# ``scheme://user:password@host``: the password (up to the first '@') is masked in anything shown.
-_USERINFO_PASSWORD = re.compile(r"(://[^/\s'\"@:]*):[^\s'\"@]*@")
+# ``scheme://user:password@host``: the password is masked in anything shown. It runs to the *last*
+# '@' before the host part ends ('/' or '?'), as the Redis tier (and urllib) parse it: a raw '@' in a
+# password is legal there, and stopping at the first one showed the rest of the password.
+_USERINFO_PASSWORD = re.compile(r"(://[^/\s'\"@:]*):[^\s'\"/?]*@")
 
 
 def redact_url(text: Any) -> str:

@@ -38,8 +38,7 @@ def store_config_from_env(
             TierConfig(t.url, t.capacity_bytes, t.name, t.policy, dict(t.options), t.policy_options)
             for t in base.tiers
         ]
-    data.update(env_overrides(cls, env))
-    _check_misspelt(cls, env)
+    data.update(env_overrides(cls, env))  # (it reports misspelt variables)
     tiers = _tiers_from_env(env)
     if tiers is not None:
         data["tiers"] = tiers
@@ -55,7 +54,10 @@ def store_config_from_env(
 
 def env_overrides(cls: type[StoreConfig], env: Mapping[str, str]) -> dict[str, str]:
     """The store fields other than ``tiers`` that ``RADIXKV_<FIELD>`` variables set (raw strings; the
-    StoreConfig parses them), for a caller layering them over a config of its own."""
+    StoreConfig parses them), for a caller layering them over a config of its own. A variable that
+    nearly spells one of them is a ConfigError here too, as in :func:`store_config_from_env`: the
+    engine adapters read the environment only through this when their own config names the tiers."""
+    _check_misspelt(cls, env)
     out: dict[str, str] = {}
     for f in fields(cls):
         key = _ENV_PREFIX + f.name.upper()

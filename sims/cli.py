@@ -4,7 +4,7 @@ With no arguments it runs the embedded default workload (``mix``) at the default
 policies and prints the table. Examples::
 
     radixkv sim
-    radixkv sim --trace ../shared/traces/mooncake_conversation.jsonl --capacity 1%,5%,10% \\
+    radixkv sim --trace tests/data/mooncake_conversation.jsonl.xz --capacity 1%,5%,10% \\
         --policy lru,s3fifo,cost,agedref,oddsref,opt --model llama3-70b --json out.json --plot mrc.png
     radixkv sim --workload rag --tiers mem,disk=25%@7 --capacity 64GiB --model llama3-8b
     radixkv sim --workload rag --tiers mem,disk=25%@7:lru --policy agedref --model llama3-8b

@@ -54,6 +54,17 @@ def test_redact_url_masks_only_passwords():
     assert redact_url("x 'rediss+cluster://u:pw@h1:1,h2:2' y") == "x 'rediss+cluster://u:***@h1:1,h2:2' y"
 
 
+def test_redact_url_masks_a_password_holding_a_raw_at_sign():
+    # The Redis tier takes the password up to the last '@' of the host part (as urllib does), so
+    # "p@ss" is a working password; masking only up to its first '@' showed "ss".
+    url = "redis://user:p@ss@h:6379/0"
+    assert pytest.importorskip("radixkv.tiers.redis_client").parse_redis_url(url).password == "p@ss"
+    assert redact_url(url) == "redis://user:***@h:6379/0"
+    shown = redact_url(f"x '{url}', 'redis://:a@b@h2:1/0' y")
+    assert shown == "x 'redis://user:***@h:6379/0', 'redis://:***@h2:1/0' y"
+    assert "ss@" not in repr(TierConfig(url))
+
+
 # ---------------------------------------------------------------- tier URLs
 def test_a_blank_query_value_is_a_bad_value_not_a_repeat():
     with pytest.raises(ConfigError, match=r"pin='' must be a boolean"):
@@ -95,6 +106,36 @@ BASE = {"RADIXKV_TIERS": "mem://", "RADIXKV_TIER_CAPACITIES": "1MiB"}
 def test_a_misspelt_store_variable_is_an_error_naming_the_right_one(var, meant):
     with pytest.raises(ConfigError, match=f"{var} is not understood; did you mean {meant}"):
         StoreConfig.from_env({**BASE, var: "0"})
+
+
+def test_a_misspelt_store_variable_is_an_error_where_an_adapter_layers_the_environment(monkeypatch):
+    # The engine adapters apply the non-tier RADIXKV_* variables over their own store config (the
+    # SGLang extra config naming tiers, vLLM's "store" or "store_config_file") through
+    # env_overrides: a misspelt one was silently ignored there, an error only without tiers.
+    from radixkv.adapters.sglang_config import RadixKVOptions
+    from radixkv.config_env import env_overrides
+
+    with pytest.raises(ConfigError, match="RADIXKV_WRITE_POLCY is not understood; did you mean "
+                                          "RADIXKV_WRITE_POLICY"):
+        env_overrides(StoreConfig, {"RADIXKV_WRITE_POLCY": "write_back"})
+    assert env_overrides(StoreConfig, {"RADIXKV_NATIVE": "0", "RADIXKV_TIER0_URL": "mem://",
+                                       "RADIXKV_POLICY": "lfu"}) == {"policy": "lfu"}
+    monkeypatch.setenv("RADIXKV_METRIC_PORT", "9400")
+    opts = RadixKVOptions.from_extra_config({"tiers": [{"url": "mem://", "capacity": "1MiB"}]})
+    with pytest.raises(ConfigError, match="did you mean RADIXKV_METRICS_PORT"):
+        opts.store_config()
+
+
+def test_sglang_keys_of_sglang_itself_are_not_reported_as_stray(caplog):
+    # SGLang 0.5.23's unified radix cache puts --file-storage-path into every storage backend's extra
+    # config (setdefault "file_storage_path"); radixkv logged it as a key "SGLang does not read".
+    from radixkv.adapters.sglang_config import RadixKVOptions
+
+    with caplog.at_level(logging.WARNING, logger="radixkv.adapters.sglang_config"):
+        RadixKVOptions.from_extra_config({"backend_name": "radixkv", "file_storage_path": "/data/kv"})
+        assert caplog.text == ""
+        RadixKVOptions.from_extra_config({"file_storage_pth": "/data/kv"})
+    assert "['file_storage_pth'] are neither radixkv options nor keys SGLang 0.5.23 reads" in caplog.text
 
 
 def test_other_components_variables_stay_ignored():

@@ -84,11 +84,12 @@ class DiskTierConfig:
     io_threads: parallel reads/writes of one batch (default: one per CPU, at most 4 -- each I/O thread
     also hashes what it moves, so threads beyond the cores only contend: on 2 cores, 4 threads made
     page-cache reads of a 128 MiB batch ~25% slower than 2); fsync: fsync each file before its commit rename;
-    shared: other processes use the same directory; stale_temp_s: age after which a leftover temp
-    file (a crashed writer's) is removed by the startup scan. recycle: keep the files of removed
-    chunks (evicted, deleted, cleared) aside in ``root/.spare`` within the capacity, and let later puts
-    overwrite them in place instead of creating new files: no page-cache pages are freed and
-    allocated again per put, which halves the cost of a put into the page cache (docs/sglang.md);
+    shared: other processes use the same directory; stale_temp_s (shared mode only): age after which
+    a leftover temp file (a crashed writer's) is removed by the startup scan; a directory the tier
+    owns alone has no live writer at its start, so the scan removes all of them there.
+    recycle: keep the files of removed chunks (evicted, deleted, cleared) aside in ``root/.spare``
+    within the capacity, and let later puts overwrite them in place instead of creating new files: no
+    page-cache pages are freed and allocated again per put, which halves the cost of a put into the page cache (docs/sglang.md);
     the spare files count in the capacity, are reused newest first, and are removed by ``close()``
     and by the next start. Off in shared mode (the directory is not ours alone). overlap_min_bytes: from this payload
     size on, a put hashes the payload while a helper thread writes it and a get hashes block i while a

@@ -6,7 +6,7 @@ Schemes::
            &huge_pages=0|1&copy_threads=N]                                 MemoryTier (pinned if CUDA)
     memory://...                                                           alias of mem://
     file:///abs/dir[?capacity=SIZE&io_threads=N&fsync=0|1&shared=0|1&stale_temp_s=S
-                    &overlap_min_bytes=SIZE|off]                                 DiskTier
+                    &overlap_min_bytes=SIZE|off&recycle=0|1]                     DiskTier
     redis://host[:port][/db]   rediss://...                                RedisTier, one server
     redis+cluster://host:port[,host:port...]   rediss+cluster://...        RedisTier, Redis Cluster
 

@@ -324,3 +324,24 @@ def test_docs_cover_every_option():
         "RADIXKV_TIER<i>_URL",
     ):
         assert var in text
+
+
+def test_docs_list_every_policy_option_with_its_default():
+    """docs/configuration.md's policy table names every option each eviction policy takes (what
+    policy_options and `radixkv sim --policy NAME:KEY=VALUE` accept) with its default."""
+    import inspect
+
+    from radixkv.policies import POLICIES
+
+    text = DOCS.read_text()
+    table = text[text.index("## Policy options"):text.index("## `TierConfig` options")]
+    # The runtime's own policies: the simulator registers OPT (which needs the future), tests their own.
+    runtime = {n: c for n, c in POLICIES.items()
+               if c.__module__.startswith("radixkv.") and not c.__module__.startswith("radixkv.sims")}
+    assert {"lru", "lfu", "s3fifo", "sieve", "cost", "agedref", "oddsref"} <= set(runtime)
+    for name, cls in runtime.items():
+        assert f"`{name}`" in table, f"policy {name!r} is missing from the policy options table"
+        for p in inspect.signature(cls).parameters.values():
+            assert f"`{p.name}` ({p.default:g}" in table, (
+                f"option {p.name}={p.default!r} of policy {name!r} is not in {DOCS.name}'s policy table"
+            )
