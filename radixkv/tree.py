@@ -57,6 +57,11 @@ class RadixTree:
             raise ConfigError(f"tiers={tiers!r} must be 1..{_MAX_TIERS} distinct tier names")
         self.tiers: tuple[str, ...] = tiers
         self._tier_pos = {name: i for i, name in enumerate(tiers)}
+        if not isinstance(policy, str):
+            stray = [t for t in policy if t not in self._tier_pos]
+            if stray:  # a misspelt tier name would silently leave that tier on lru
+                raise ConfigError(f"policy names tiers {stray!r} this tree does not have; its tiers are "
+                                  f"{list(tiers)}")
         self._now = 0
         # Node fields (struct of arrays). A free slot has _key None.
         self._key: list[str | None] = []

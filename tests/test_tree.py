@@ -172,6 +172,8 @@ class TestMatchInsert:
             RadixTree(("mem", "mem"))
         with pytest.raises(ConfigError, match="unknown eviction policy 'nope'.*lru"):
             RadixTree(("mem",), policy="nope")
+        with pytest.raises(ConfigError, match=r"policy names tiers \['dsk'\].*\['mem', 'disk'\]"):
+            RadixTree(("mem", "disk"), policy={"mem": "lru", "dsk": "cost"})
 
 
 class TestResidency:
