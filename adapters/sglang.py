@@ -49,6 +49,7 @@ from radixkv.adapters.sglang_config import (
     check_mla_sharing,
     namespace_for,
     per_rank_config,
+    sglang_model_digest,
     tp_replicated,
 )
 from radixkv.adapters.sglang_pages import PagePlan, plan_for
@@ -72,13 +73,15 @@ class _PoolBinding:
 
     __slots__ = ("name", "pool", "plan", "flat", "ns", "ns_flat", "replicated")
 
-    def __init__(self, name: str, pool: Any, config: HiCacheStorageConfig, opts: RadixKVOptions) -> None:
+    def __init__(self, name: str, pool: Any, config: HiCacheStorageConfig, opts: RadixKVOptions,
+                 model_digest: str = "") -> None:
         self.name = name
         self.pool = pool
         self.plan: PagePlan = plan_for(pool, flat=name != str(PoolName.KV))
         self.flat: PagePlan = self.plan if self.plan.mode == "flat" else plan_for(pool, flat=True)
-        self.ns: Namespace = namespace_for(config, opts, pool, name, self.plan.tag)
-        self.ns_flat: Namespace = namespace_for(config, opts, pool, name, self.flat.tag, layout="flat")
+        self.ns: Namespace = namespace_for(config, opts, pool, name, self.plan.tag, model_digest=model_digest)
+        self.ns_flat: Namespace = namespace_for(config, opts, pool, name, self.flat.tag, layout="flat",
+                                                model_digest=model_digest)
         self.replicated = tp_replicated(config, name)  # same pages on every TP rank: one rank writes
 
 
@@ -108,6 +111,9 @@ class RadixKVStore(HiCacheStorage):
         check_mla_sharing(config, storage_config)
         config = metrics_port_for_rank(config, _host_rank(storage_config))
         self.store = HierarchicalStore(config)
+        # The served model name alone does not fix the KV (revision, quantization, overrides): every
+        # namespace carries the digest of the server arguments that do.
+        self.model_digest = sglang_model_digest(self.options)
         self.registered_pools: dict[str, Any] = {}
         self._bindings: dict[str, _PoolBinding] = {}
         self._lock = threading.Lock()
@@ -132,7 +138,8 @@ class RadixKVStore(HiCacheStorage):
 
     def _bind(self, name: str, pool: Any) -> None:
         with self._lock:
-            b = self._bindings[name] = _PoolBinding(name, pool, self.storage_config, self.options)
+            b = self._bindings[name] = _PoolBinding(name, pool, self.storage_config, self.options,
+                                                    self.model_digest)
         if not self.is_writer and b.replicated:
             # The writer rank stores and evicts these pages; this rank only reads them, so making
             # room in its own books must forget them, never delete them from the shared tier.

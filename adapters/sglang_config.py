@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
+import json
 import os
 import logging
 from dataclasses import dataclass, field, fields
@@ -49,7 +51,7 @@ from radixkv.config_env import env_overrides
 from radixkv.errors import ConfigError
 from radixkv.keys import KEY_RE, Namespace
 
-__all__ = ["RadixKVOptions", "namespace_for", "tp_replicated", "DEFAULT_TIERS", "interface_v1_of",
+__all__ = ["RadixKVOptions", "namespace_for", "sglang_model_digest", "tp_replicated", "DEFAULT_TIERS", "interface_v1_of",
            "rank_dir", "per_rank_config", "tier_is_shared", "check_mla_sharing"]
 
 logger = logging.getLogger(__name__)
@@ -161,12 +163,48 @@ def tp_replicated(config: Any, pool_name: str) -> bool:
     return bool(getattr(config, "is_mla_model", False)) and pool_name != "mamba"
 
 
+# The server arguments that, beside the served model name, decide the values of the KV a server
+# computes: which weights (path, revision, load format and loader options, weight version label),
+# how they are quantized, the architecture overrides (RoPE base/scaling...), the compute and KV dtypes.
+_SGLANG_KV_IDENTITY_ARGS = (
+    "model_path", "revision", "load_format", "model_loader_extra_config", "weight_version",
+    "quantization", "quantization_param_path", "modelopt_quant", "json_model_override_args",
+    "model_impl", "dtype", "kv_cache_dtype",
+)
+_SGLANG_DIGEST_TAG = "radixkv-sglang-model-v1"
+
+
+def sglang_model_digest(opts: RadixKVOptions, server_args: Any = None) -> str:
+    """A 16-hex digest of SGLang's server arguments that decide the KV beside the model name
+    (:data:`_SGLANG_KV_IDENTITY_ARGS`); ``""`` where no server arguments are published (tools and
+    tests that drive the controller without a server).
+
+    SGLang names a backend's pages by its served model name only (``HiCacheStorageConfig.model_name``),
+    which stays the same across another ``--revision``, ``--quantization`` or
+    ``--json-model-override-args``. ``model_path`` counts unless the ``model`` option names the model
+    (the operator's statement that these weights are the same wherever they lie). ``server_args``
+    None: SGLang's published ones (``runtime_context.get_server_args``)."""
+    if server_args is None:
+        try:
+            from sglang.srt import runtime_context
+
+            server_args = runtime_context.get_server_args()
+        except Exception:  # not published in this process: no server, so nothing to tell apart
+            return ""
+    identity = {name: getattr(server_args, name, None) for name in _SGLANG_KV_IDENTITY_ARGS}
+    if opts.model:
+        identity.pop("model_path")
+    text = json.dumps([_SGLANG_DIGEST_TAG, identity], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
 def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, plan_tag: str,
-                  layout: str | None = None) -> Namespace:
+                  layout: str | None = None, model_digest: str = "") -> Namespace:
     """The storage identity of one host pool's pages (SGLang passes no dtype/layout: sglang#33268).
 
     Shard: MLA KV is replicated across TP, so its pages are shared by all TP ranks (only the PP/CP
-    slice and the DCP rank matter); otherwise every TP/PP/CP/DP coordinate is part of it."""
+    slice and the DCP rank matter); otherwise every TP/PP/CP/DP coordinate is part of it.
+    ``model_digest`` (:func:`sglang_model_digest`) ends ``extra`` as ``/m<hex>``."""
     model = opts.model or getattr(config, "model_name", None) or "unnamed-model"
     pp = f"pp{config.pp_rank}of{config.pp_size}"
     cp = f"cp{config.attn_cp_rank}of{config.attn_cp_size}"
@@ -181,7 +219,7 @@ def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, 
         layout=layout or str(getattr(pool, "layout", "flat")),
         chunk_tokens=page_size,
         shard=shard,
-        extra=f"sglang-0.5.23/{pool_name}/{plan_tag}",
+        extra=f"sglang-0.5.23/{pool_name}/{plan_tag}" + (f"/m{model_digest}" if model_digest else ""),
     )
 
 

@@ -37,6 +37,7 @@ from radixkv.adapters.vllm_options import (
     resolve_hash_block_size,
 )
 from radixkv.adapters.vllm_scheduler import SchedulerSide
+from radixkv.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -67,6 +68,23 @@ def _parallel_ranks(vllm_config: VllmConfig) -> tuple[int, int, int, int, int]:
     return tp_rank, tp_size, pp_rank, pp_size, int(getattr(pc, "data_parallel_rank", 0) or 0)
 
 
+def _refuse_context_parallel_kv(vllm_config: VllmConfig) -> None:
+    """Raise :class:`ConfigError` under decode context parallelism (DCP > 1).
+
+    With DCP vLLM shards every attention block across the DCP ranks: one scheduler block id stands
+    for ``block_size x DCP`` tokens, each rank holding its interleaved share. radixkv maps a chunk to
+    ``chunk_tokens / block_size`` blocks of ``block_size`` tokens and names the shard by TP/PP rank
+    only, so a chunk's key would be stored with the bytes of later tokens (not yet computed, or of
+    another prefix) and a load would serve them as its own."""
+    dcp = int(getattr(vllm_config.parallel_config, "decode_context_parallel_size", 1) or 1)
+    if dcp > 1:
+        raise ConfigError(
+            f"radixkv's vLLM connector does not support decode_context_parallel_size={dcp}: each "
+            "block then holds a DCP shard of block_size x DCP tokens, which its chunks cannot name; "
+            "run with decode_context_parallel_size=1 or without the RadixKVConnector"
+        )
+
+
 class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
     """A best-effort hierarchical KV cache: a miss is never an error (``requires_kv_delivery`` False)."""
 
@@ -80,6 +98,7 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._kv_transfer_config.kv_connector_extra_config
         )
         cache = vllm_config.cache_config
+        _refuse_context_parallel_kv(vllm_config)
         self.groups = geometries_from_kv_cache_config(kv_cache_config)
         self.hash_block_size = resolve_hash_block_size(
             kv_cache_config, cache, [g.block_size for g in self.groups]

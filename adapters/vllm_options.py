@@ -278,6 +278,35 @@ def _canonical(value: Any) -> Any:
     return text if " at 0x" not in text else f"{type(value).__module__}.{type(value).__qualname__}"
 
 
+def _longrope_factors(hf: Any, max_model_len: Any) -> list[str] | None:
+    """Which LongRoPE factors vLLM rotates K with, per LongRoPE block of the HF config (None: none).
+
+    vLLM 0.33's ``Phi3LongRoPEScaledRotaryEmbedding`` picks the long factors for *every* position
+    when ``max_model_len > original_max_position_embeddings`` and the short ones otherwise, so one
+    model with two context lengths caches different K for the same prefix. ``"long"`` / ``"short"``
+    as vLLM decides it; the context length itself where the original length is not in the config."""
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, Mapping):
+            if "longrope" in (node.get("rope_type"), node.get("type")):
+                original = node.get("original_max_position_embeddings")
+                if original is None and isinstance(hf, Mapping):
+                    original = hf.get("original_max_position_embeddings")
+                if isinstance(original, int) and isinstance(max_model_len, int):
+                    found.append("long" if max_model_len > original else "short")
+                else:
+                    found.append(f"max_model_len={max_model_len}")
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, (list, tuple)):
+            for v in node:
+                walk(v)
+
+    walk(hf)
+    return sorted(set(found)) or None
+
+
 def model_identity_digest(model_config: Any, cache_config: Any = None) -> str:
     """A 16-hex digest of what, beside the model name, decides the values of the KV this deployment
     computes (duck-typed over vLLM's ``ModelConfig`` / ``CacheConfig``: no vLLM import).
@@ -290,7 +319,10 @@ def model_identity_digest(model_config: Any, cache_config: Any = None) -> str:
     cache's encoding (``cache_dtype``: fp8 variants are all ``uint8`` in the KV spec;
     ``kv_cache_dtype_skip_layers``).
     Not covered on purpose: the model path (the namespace's ``model`` part, or ``model_name``), the
-    tokenizer (tokens are in the keys), ``max_model_len``, parallelism (the namespace's shard).
+    tokenizer (tokens are in the keys), ``max_model_len``, parallelism (the namespace's shard). The one
+    exception is what ``max_model_len`` decides about K: with LongRoPE (Phi-3 and kin) vLLM rotates
+    every position with the long factors when ``max_model_len`` exceeds the original context
+    (:func:`_longrope_factors`), so that choice is covered.
 
     SHA-256 of canonical JSON: the same in every process, rank and machine given equal configs."""
     hf_config = getattr(model_config, "hf_config", None)
@@ -317,6 +349,9 @@ def model_identity_digest(model_config: Any, cache_config: Any = None) -> str:
             getattr(cache_config, "kv_cache_dtype_skip_layers", None) or None
         ),
     }
+    longrope = _longrope_factors(hf, getattr(model_config, "max_model_len", None))
+    if longrope is not None:  # a key only for LongRoPE models: every other digest stays as it was
+        identity["longrope_factors"] = longrope
     text = json.dumps(
         [_MODEL_DIGEST_TAG, _canonical(identity)], sort_keys=True, separators=(",", ":")
     )

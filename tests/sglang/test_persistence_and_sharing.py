@@ -185,3 +185,47 @@ def test_child_pages_backed_up_before_their_parent_still_hit(interface_v1):
         unwrap(h.backend).check_integrity()
     finally:
         h.close()
+
+
+def test_server_args_that_change_the_kv_are_part_of_the_namespace(tmp_path, monkeypatch):
+    """Found by the cache-identity hunt: SGLang names a backend's pages by its served model name
+    only, so a server restarted on the same disk tier (or a second one on shared Redis) with another
+    ``--revision``, ``--quantization`` or ``--json-model-override-args`` under that name read the
+    first one's pages: KV of other weights. A digest of the server arguments that decide the KV now
+    ends every namespace; the same arguments still hit after a restart."""
+    from types import SimpleNamespace
+
+    from sglang.srt import runtime_context
+
+    spec = PoolSpec(layout="page_first", page_size=4, host_tokens=256)
+    cfg = extra_config([mem_tier(), disk_tier(tmp_path / "l3")])
+    toks = tokens(32, seed=31)
+    base = {"model_path": "org/model", "revision": "v1", "dtype": "bfloat16", "kv_cache_dtype": "auto",
+            "quantization": None, "json_model_override_args": "{}"}
+
+    def serve(**changes):
+        args = SimpleNamespace(**{**base, **changes})
+        monkeypatch.setattr(runtime_context, "get_server_args", lambda: args)
+        return ControllerHarness(spec, extra_config=cfg, model_name="served-name")
+
+    a = serve()
+    try:
+        src = a.alloc(32)
+        a.fill_random(src, seed=3)
+        want = a.page_bytes_at(src)
+        assert a.backup(toks, src) == 32
+    finally:
+        a.close()
+    for change in ({"revision": "v2"}, {"quantization": "fp8"},
+                   {"json_model_override_args": '{"rope_theta": 500000}'}, {"model_path": "/ckpt/other"}):
+        other = serve(**change)
+        try:
+            assert other.prefetch(toks).hit_tokens == 0, change
+        finally:
+            other.close()
+    same = serve()  # a restart with the same arguments finds its pages
+    try:
+        res = same.prefetch(toks)
+        assert res.hit_tokens == 32 and same.page_bytes_at(res.host_indices) == want
+    finally:
+        same.close()

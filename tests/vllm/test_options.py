@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 
@@ -82,6 +83,45 @@ def test_bad_option_fails_at_construction(model_dir):
     cfg = make_vllm_config(model_dir, {"chunk_tokens": 24})
     with pytest.raises(ConfigError, match="multiple of 16"):
         KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, make_kv_cache_config())
+
+
+def test_decode_context_parallel_is_refused(model_dir):
+    """Found by the cache-identity hunt: under DCP vLLM's scheduler block stands for block_size x DCP
+    tokens (each rank holds its interleaved share), but the connector mapped a chunk to
+    chunk_tokens / block_size blocks and named the shard by TP/PP rank only. With DCP=2 and a
+    100-token prompt the save planned chunk 0 (key of tokens 0-31) as blocks [1, 2] and chunk 1 as
+    [3, 4], i.e. the bytes of tokens 0-63 and 64-127: a key stored with KV its prefix does not name
+    (in a chunked prefill, of tokens not yet computed). The connector now refuses DCP at construction
+    (a ConfigError naming the setting), in both roles."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    cfg = make_vllm_config(model_dir, {"chunk_tokens": 32})
+    cfg.parallel_config.tensor_parallel_size = 2
+    cfg.parallel_config.decode_context_parallel_size = 2
+    kcc = make_kv_cache_config()  # block_size 16 per rank
+    # vLLM's own geometry (no connector): 100 tokens take 4 blocks, 32 tokens each, not 7 of 16.
+    plain = copy.deepcopy(cfg)
+    plain.kv_transfer_config = None
+    init_none_hash(sha256)
+    sched = Scheduler(vllm_config=plain, kv_cache_config=kcc, log_stats=False, block_size=32,
+                      structured_output_manager=StructuredOutputManager(plain))
+    sp = SamplingParams(max_tokens=1)
+    sp.update_from_generation_config({}, 2)
+    sched.add_request(Request(request_id="a", prompt_token_ids=list(range(10, 110)), sampling_params=sp,
+                              pooling_params=None, mm_features=None,
+                              block_hasher=get_request_block_hasher(32, sha256)))
+    sched.schedule()
+    assert len(sched.kv_cache_manager.get_block_ids("a")[0]) == 4
+    for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+        with pytest.raises(ConfigError, match="decode_context_parallel_size=2"):
+            KVConnectorFactory.create_connector(cfg, role, kcc)
 
 
 def test_import_is_cheap():

@@ -489,6 +489,60 @@ def test_model_identity_digest_is_the_same_in_another_process(model_dir):
     assert seen == {here}
 
 
+PHI3_LONGROPE_CONFIG = {
+    "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 32,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2, "intermediate_size": 64,
+    "vocab_size": 1000, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float16",
+    "max_position_embeddings": 131072, "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
+    "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 4, "long_factor": [4.0] * 4},
+}
+
+
+def test_longrope_context_length_is_part_of_the_namespace(tmp_path):
+    """Found by the cache-identity hunt: vLLM rotates K with LongRoPE's long factors at *every*
+    position when ``max_model_len`` exceeds ``original_max_position_embeddings`` (Phi-3-128k and kin),
+    and ``max_model_len`` was left out of the model digest, so a deployment at 4k and one at 16k of
+    the same model shared chunks whose K differ from the first token on. The factor choice is now in
+    the digest; context lengths that choose the same factors still share."""
+    import json
+
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding.phi3_long_rope_scaled_rope import (
+        Phi3LongRoPEScaledRotaryEmbedding,
+    )
+
+    from radixkv.adapters.vllm_options import model_identity_digest
+
+    model = tmp_path / "phi3-longrope"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(PHI3_LONGROPE_CONFIG))
+
+    def key_and_digest(max_model_len: int) -> tuple[torch.Tensor, str]:
+        mc = ModelConfig(model=str(model), dtype="float16", seed=42, skip_tokenizer_init=True,
+                         max_model_len=max_model_len)
+        rp = mc.hf_config.rope_parameters
+        with set_current_vllm_config(VllmConfig(model_config=mc, device_config=DeviceConfig("cpu"))):
+            rope = Phi3LongRoPEScaledRotaryEmbedding(  # what get_rope builds for this config
+                8, 8, rp.get("max_position_embeddings", 131072), rp["original_max_position_embeddings"],
+                rp["rope_theta"], True, torch.float32, rp["short_factor"], rp["long_factor"])
+        positions = torch.arange(16)  # the first page of any prompt
+        _, key = rope(positions, torch.ones(16, 8), torch.ones(16, 8))
+        return key, model_identity_digest(mc, CacheConfig(block_size=16))
+
+    k4, d4 = key_and_digest(4096)
+    k16, d16 = key_and_digest(16384)
+    assert not torch.equal(k4, k16)  # the engine's own K differs from position 0 on ...
+    assert d4 != d16  # ... so the chunks must not share a namespace
+    assert key_and_digest(8192)[1] == d16  # both use the long factors: they share
+    # A model without LongRoPE keeps one digest for every context length.
+    from vllm_harness import make_model_dir
+
+    opt = make_model_dir(tmp_path / "opt")
+    assert len({model_identity_digest(ModelConfig(model=str(opt), dtype="float16", seed=42,
+                                                  skip_tokenizer_init=True, max_model_len=n))
+                for n in (512, 2048)}) == 1
+
+
 def test_a_lookup_one_worker_did_not_answer_is_a_miss():
     """Found by review: a lookup only one worker reported passed through aggregation as that worker's
     hit, in either merge order, though the other worker cannot serve its shard of it."""
