@@ -65,7 +65,7 @@ class WriteDeleteIntents:
         # (tier, namespace) whose bytes another process owns (store.borrow): evictions forget them.
         self._borrowed: set[tuple[int, str]] = set()
         # Tiers other processes write that can stop counting a chunk without deleting it (a shared
-        # disk tier): the store only forgets chunks it lost there (lost_entries_locked).
+        # disk tier, Redis): the store only forgets chunks it lost there (lost_entries_locked).
         self._forgets_lost = [
             bool(getattr(t, "shared", False)) and callable(getattr(t, "forget_many", None)) for t in self.tiers
         ]
@@ -252,13 +252,14 @@ class WriteDeleteIntents:
     def lost_entries_locked(self, entries: Sequence[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
         """:meth:`owned_entries_locked` for the chunks the store lost (a failed read, ``reconcile``)
         and their orphans, to pass to :meth:`mark_deleting_locked`: in a tier other processes write
-        that can forget a chunk (a shared disk tier) they are only forgotten, never deleted. What the
-        store knows of them ("absent", "bad", "unreachable") predates the delete, and another
-        process may commit the key again meanwhile: a delete by name then removes that new file,
-        which the other process's tree places there. The tier's read already removed what it found
-        bad (the disk tier's quarantine checks it is still the file it read); an orphan's file stays
-        for whoever reaches it (uncounted here, as the shared directory's other files are). A tier
-        that cannot forget (Redis: its byte ledger forgets a live key only by deleting it) deletes."""
+        that can forget a chunk (a shared disk tier, Redis) they are only forgotten, never deleted.
+        What the store knows of them ("absent", "bad", "unreachable") predates the delete, and
+        another process may write the key again meanwhile: a delete by name then removes that new
+        file or value, which the other process's tree places there. The tier's read already removed
+        what it found bad, if it is still what it read (the disk tier's quarantine checks the file,
+        the Redis tier compares and deletes on the server); an orphan's bytes stay for whoever
+        reaches them (uncounted here, as the shared directory's other files are). Other tiers
+        delete."""
         out: list[tuple[int, str, str]] = []
         forget: dict[tuple[int, str], list[str]] = defaultdict(list)
         for e in self.owned_entries_locked(entries):

@@ -2,7 +2,8 @@
 
 A read goes to the fastest tier holding each chunk, one ``get_many`` per tier. A chunk a tier fails to
 deliver (miss, checksum failure, server down) loses that residency in the tree; chunks below it that
-no tier can reach any more are dropped as orphans and their bytes deleted. The chunk is retried from
+no tier can reach any more are dropped as orphans and their bytes deleted (only forgotten in a tier
+other processes write: a shared disk directory, Redis). The chunk is retried from
 the next tier holding it; a chunk no tier delivers ends the run. Never wrong bytes. Once the store
 is closing (``TierStack.closing``), a failed read is its tiers closing under it, not a lost chunk:
 the read just misses and nothing is forgotten or deleted (the persistent tiers keep the chunks).
@@ -96,7 +97,7 @@ def forget_failed(
         for i, _t in failed:  # what the tree still knows (another thread may have added a tier)
             masks[i] &= stack.mask_locked(refs[i])
         # A borrowed namespace's bytes are the owner's, and a shared tier's key may hold another
-        # process's new file by now: forget those, never delete them (lost_entries_locked).
+        # process's new file or value by now: forget those, never delete them (lost_entries_locked).
         entries = stack.mark_deleting_locked(stack.lost_entries_locked(entries))
     stack.delete_entries(entries)
 

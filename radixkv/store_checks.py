@@ -244,7 +244,7 @@ def reconcile_store(store: HierarchicalStore) -> int:
     faulted = {t for t, tier in enumerate(s.tiers) if _faulted_since(tier, marks[t])}
     lost = [x for x in lost if x[0] not in faulted]
     with s.cond:
-        # Deleting the lost keys too lets a tier's own bookkeeping (Redis's byte ledger) forget them.
+        # Deleting the lost keys too lets a private disk tier's index forget them.
         entries: list[tuple[int, str, str]] = list(lost)
         for t, nsd, key in lost:
             n = s.tree.lookup(nsd, key)

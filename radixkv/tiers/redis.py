@@ -17,6 +17,16 @@ client's slot map, and a MOVED/ASK reply is a miss that refreshes the map). The 
 read checks magic, version, header checksum, namespace, key, length and the payload's xxh3; any
 mismatch is a miss counted in ``checksum_failures``. Nothing read from Redis is ever unpickled.
 
+Invalid values: the read that found one deletes it, but only if the key still holds that very value:
+one small Lua script per key (``EVALSHA``, then ``EVAL`` where the server lacks it) compares the
+value's length, its first bytes and, when only the payload failed its checksum, its SHA-1 (computed
+by the server) with what the read received, and UNLINKs it on a match, atomically. Another process may
+have written the key again between the GET and the delete; its valid value stays
+(``extra["bad_values_kept"]``; ``extra["bad_values_deleted"]`` counts the others). A valid frame of
+this chunk of another size is a miss, never deleted (another reader's value). A store only *forgets*
+the chunks it lost here (:meth:`RedisTier.forget_many`; a failed read, ``reconcile`` and their
+orphans): deleting them by name could remove a value another process wrote since.
+
 Batches: each call sends pipelines (no MULTI) of at most ``batch_bytes`` of payload, so a batch costs one
 round trip per pipeline (per node in a cluster). Puts write ``SET key frame [PX ttl]`` (overwriting: a
 put repairs a corrupted value) and send the payload straight from the tensor's memory (no copy in
@@ -46,11 +56,15 @@ that overlap leave only the server knowing which ran last: whichever call finish
 bounds what *this* tier object writes;
 the server's own ``maxmemory`` bounds the server (a put it refuses with OOM is a failed put). Redis's
 per-key overhead (~100 bytes) is not counted, nor is a chunk whose put timed out mid-pipeline (it may
-have been stored; it is not reported stored, and its TTL or the next overwrite/delete settles it).
+have been stored; it is not reported stored, and its TTL or the next overwrite/delete settles it),
+nor a chunk :meth:`RedisTier.forget_many` forgot (it stays on the server for whoever reaches it: a
+store that reaches its chain again adopts it; else its TTL, an overwrite, a clear or ``maxmemory``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import re
 import threading
 import time
@@ -58,6 +72,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 import torch
+from redis.exceptions import NoScriptError
 
 from radixkv.errors import CapacityError, InputError
 from radixkv.forksafe import hold_across_fork
@@ -72,12 +87,24 @@ from radixkv.tiers.base import (
 from radixkv.tiers.framing import HEADER_BYTES, encode_header
 from radixkv.tiers.redis_accounting import ByteLedger
 from radixkv.tiers.redis_client import NAME_RE, FramedValue, RedisTierConfig, RedisUrl, build_config
-from radixkv.tiers.redis_direct import Reply, get_frames_into
+from radixkv.tiers.redis_direct import BadValue, Reply, get_frames_into
 from radixkv.tiers.redis_link import DOWN_ERRORS, RedisLink, is_topology_error
 
 __all__ = ["RedisTier", "RedisTierConfig", "UNBOUNDED_BYTES"]
 
 _KEY_RE = re.compile(r"[\x21-\x7e]{1,256}")
+
+# Delete KEYS[1] only if it still holds the invalid value a read found (a BadValue: ARGV = its
+# length, first bytes, and SHA-1 or ""). One key: it runs on that key's node in a cluster. Returns
+# 1 (deleted), 0 (another value now: written again since the read, kept) or -1 (gone).
+_DROP_BAD_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if redis.call('STRLEN', KEYS[1]) ~= tonumber(ARGV[1]) then return 0 end
+if #ARGV[2] > 0 and redis.call('GETRANGE', KEYS[1], 0, #ARGV[2] - 1) ~= ARGV[2] then return 0 end
+if #ARGV[3] > 0 and redis.sha1hex(redis.call('GET', KEYS[1])) ~= ARGV[3] then return 0 end
+return redis.call('UNLINK', KEYS[1])
+"""
+_DROP_BAD_SHA1 = hashlib.sha1(_DROP_BAD_LUA.encode()).hexdigest()
 
 
 def _check_namespace(namespace: str) -> None:
@@ -246,6 +273,7 @@ class RedisTier:
             self._count(gets=len(keys), misses=len(keys))
             return ok
         gone: list[str] = []
+        invalid: list[tuple[str, BadValue]] = []
         bad = moved = 0
         for batch in self._batches([d.nbytes for d in dsts]):
             rkeys = [self._rkey(namespace, keys[i]) for i in batch]
@@ -258,17 +286,21 @@ class RedisTier:
             for i, reply in zip(batch, replies or ()):
                 if reply is None:  # its node faulted (counted once in errors)
                     continue
-                kind, error = reply
+                kind, detail = reply
                 ok[i] = kind is Reply.HIT
                 if kind is Reply.ABSENT:
                     gone.append(keys[i])
                 elif kind is Reply.BAD:
                     bad += 1
+                    if detail is not None:
+                        invalid.append((keys[i], detail))
                 elif kind is Reply.ERROR:
-                    moved += is_topology_error(error)
+                    moved += is_topology_error(detail)
                     self._count(errors=1)
         if moved:
             self._link.refresh_topology()
+        if invalid:
+            self._drop_invalid(namespace, invalid)
         for o, t, hit in zip(outs, staged, ok):
             if hit and len(o) > 1:
                 _scatter(t, o)
@@ -278,6 +310,41 @@ class RedisTier:
         self._count(gets=len(keys), hits=hits, misses=len(keys) - hits, checksum_failures=bad,
                     bytes_out=sum(d.nbytes for d, s in zip(dsts, ok) if s))
         return ok
+
+    def _drop_invalid(self, namespace: str, invalid: list[tuple[str, BadValue]]) -> None:
+        """Delete the invalid values a read found, each only if its key still holds that value
+        (``_DROP_BAD_LUA``, atomic on the server): a delete by name could remove a valid value
+        another process wrote since the GET. The ledger forgets the keys deleted (asking the
+        server, as ``delete_many`` does, about puts of ours that overlapped) or found gone. A fault
+        deletes nothing: the value stays, a miss for every reader, until a put overwrites it."""
+        keys = [k for k, _ in invalid]
+        rkeys = [self._rkey(namespace, k) for k in keys]
+        started = time.monotonic()
+
+        def drop(node: Any, idx: list[int]) -> list[Any]:
+            replies = _compare_and_delete(node, [(rkeys[i], invalid[i][1]) for i in idx], True)
+            unknown = [j for j, r in enumerate(replies) if isinstance(r, NoScriptError)]
+            if unknown:  # a server that never saw the script, or flushed it: EVAL loads it
+                retry = [idx[j] for j in unknown]
+                again = _compare_and_delete(node, [(rkeys[i], invalid[i][1]) for i in retry], False)
+                for j, reply in zip(unknown, again):
+                    replies[j] = reply
+            return replies
+
+        replies = self._link.fan_out(rkeys, drop) or [None] * len(keys)
+        deleted = [k for k, r in zip(keys, replies) if r == 1]
+        gone = [k for k, r in zip(keys, replies) if r == -1]
+        failed = [r for r in replies if isinstance(r, Exception)]
+        if deleted:
+            recheck = self._ledger.forget_unlinked(namespace, deleted, seen_at=started)
+            if recheck:  # a put of ours settled during the delete: which ran last?
+                self._forget_if_gone(namespace, recheck)
+        if gone:
+            self._ledger.forget(namespace, gone, seen_at=started)
+        if any(is_topology_error(r) for r in failed):
+            self._link.refresh_topology()
+        kept = sum(1 for r in replies if r == 0)
+        self._count(bad_values_deleted=len(deleted), bad_values_kept=kept, errors=len(failed))
 
     def contains_many(self, namespace: str, keys: Sequence[str]) -> int:
         """Length of the leading run of keys that exist (existence only; reads verify the bytes)."""
@@ -330,8 +397,21 @@ class RedisTier:
         self._count(deletes=present)
         return present
 
+    def forget_many(self, namespace: str, keys: Sequence[str]) -> int:
+        """Stop counting the keys against this tier's capacity, leaving their values on the server
+        (no I/O). A store forgets so the chunks it lost (a failed read, ``reconcile``, their
+        orphans) and its evicted chunks of a borrowed namespace: what it knows of them predates a
+        delete by name, which could remove a value another process wrote since. Returns how many
+        were counted; a put of one in flight counts it again when it settles."""
+        _check_namespace(namespace)
+        _check_keys(keys)
+        n = self._ledger.forget(namespace, keys, seen_at=math.inf)
+        self._count(forgotten=n)
+        return n
+
     def usage_bytes(self) -> int:
-        """Frame bytes this tier wrote and has not seen deleted or expired (see the module docstring)."""
+        """Frame bytes this tier wrote and has not seen deleted or expired, nor forgotten (see the
+        module docstring)."""
         return self._ledger.used_bytes()
 
     def stats(self) -> TierStats:
@@ -447,6 +527,17 @@ class RedisTier:
     def __repr__(self) -> str:
         return (f"RedisTier({self._link.url.redacted()!r}, capacity_bytes={self.capacity_bytes}, "
                 f"ttl_s={self.config.ttl_s})")
+
+
+def _compare_and_delete(node: Any, items: list[tuple[str, BadValue]], by_sha1: bool) -> list[Any]:
+    """``_DROP_BAD_LUA`` for each (key, value), in one pipeline (EVALSHA, or EVAL to send it)."""
+    pipe = node.pipeline(transaction=False)
+    for rkey, v in items:
+        if by_sha1:
+            pipe.evalsha(_DROP_BAD_SHA1, 1, rkey, v.nbytes, v.head, v.sha1)
+        else:
+            pipe.eval(_DROP_BAD_LUA, 1, rkey, v.nbytes, v.head, v.sha1)
+    return pipe.execute(raise_on_error=False)
 
 
 def _unlink(client: Any, rkeys: list[bytes]) -> None:

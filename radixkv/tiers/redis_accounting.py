@@ -99,15 +99,19 @@ class ByteLedger:
                     self._unlinked_while_putting.discard(ident)
         return recheck
 
-    def forget(self, namespace: str, keys: Sequence[str], seen_at: float) -> None:
+    def forget(self, namespace: str, keys: Sequence[str], seen_at: float) -> int:
         """Drop chunks found gone from the server (deleted, evicted, expired) by a request that
-        started at ``seen_at`` (``time.monotonic()``); entries settled later are kept."""
+        started at ``seen_at`` (``time.monotonic()``); entries settled later are kept (``math.inf``:
+        none, for chunks the caller stops counting while they stay). Returns how many it dropped."""
+        n = 0
         with self._lock:
             for key in keys:
                 entry = self._held.get((namespace, key))
                 if entry is not None and entry[2] <= seen_at:
                     del self._held[(namespace, key)]
                     self._used_bytes -= entry[0]
+                    n += 1
+        return n
 
     def forget_unlinked(self, namespace: str, keys: Sequence[str], seen_at: float) -> list[str]:
         """:meth:`forget` for keys this process UNLINKed in a request that started at ``seen_at``.

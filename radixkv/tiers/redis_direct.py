@@ -8,6 +8,10 @@ and parses the RESP2 replies itself: the small frame header is read first and ch
 was asked for, and only then is the payload ``recv_into`` the destination buffer, which is the single
 copy, made by the kernel. The payload checksum is verified on the destination afterwards.
 
+A value that is not a frame of the chunk asked for comes back with a :class:`BadValue`: enough to
+tell later, on the server, whether the key still holds that very value (the tier deletes it only
+then: another process may have written the key again since this read).
+
 Any socket error or timeout disconnects the borrowed connection and is re-raised as redis-py's
 ``ConnectionError``/``TimeoutError``, so the connection pool never sees a half-read reply.
 """
@@ -15,7 +19,9 @@ Any socket error or timeout disconnects the borrowed connection and is re-raised
 from __future__ import annotations
 
 import enum
+import hashlib
 import socket
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -24,7 +30,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from radixkv.tiers.framing import HEADER_BYTES, decode_header, payload_checksum
 
-__all__ = ["Reply", "get_frames_into"]
+__all__ = ["Reply", "BadValue", "get_frames_into"]
 
 _CHUNK_BYTES = 1 << 16
 
@@ -34,6 +40,18 @@ class Reply(enum.Enum):
     ABSENT = "absent"  # no such key
     BAD = "bad"  # a value that is not the frame asked for (corrupt, foreign, wrong size)
     ERROR = "error"  # the server answered with an error (MOVED, NOPERM, WRONGTYPE, ...)
+
+
+@dataclass(frozen=True)
+class BadValue:
+    """The identity of a value a GET found invalid in itself: any value with the same length,
+    the same first bytes (up to the frame's header and identity) and, where ``sha1`` is set, the
+    same SHA-1 is invalid too. ``sha1`` is needed only when the header was valid and the payload
+    failed its checksum: the same chunk written again has that same header."""
+
+    nbytes: int
+    head: bytes
+    sha1: str = ""  # hex, as Redis's redis.sha1hex() writes it
 
 
 class _Wire:
@@ -93,39 +111,47 @@ class _Wire:
             n -= k
 
 
-def _read_one(wire: _Wire, namespace: str, key: str, dst: np.ndarray) -> tuple[Reply, str]:
+def _read_one(wire: _Wire, namespace: str, key: str, dst: np.ndarray) -> tuple[Reply, Any]:
+    """One GET reply: (HIT, None), (ABSENT, None), (ERROR, the server's text), or (BAD, a
+    :class:`BadValue`, or None for a valid frame of this chunk of another size: another reader's
+    value, never this reader's to delete)."""
     line = wire.readline()
     kind = line[:1]
     if kind == b"-":
         return Reply.ERROR, line[1:].decode(errors="replace")
     if line in (b"$-1", b"_"):
-        return Reply.ABSENT, ""
+        return Reply.ABSENT, None
     if kind != b"$":
         raise RedisConnectionError(f"RESP protocol error: unexpected GET reply {line[:40]!r}")
     total = int(line[1:])
     prefix = HEADER_BYTES + len(namespace) + len(key)
-    if total != prefix + dst.nbytes:  # cannot be our frame for this buffer: skip it unread
-        wire.skip(total + 2)
-        return Reply.BAD, ""
-    header = decode_header(wire.read(prefix))
-    if header is None or header.namespace != namespace or header.key != key or header.payload_bytes != dst.nbytes:
-        wire.skip(dst.nbytes + 2)
-        return Reply.BAD, ""
+    head = wire.read(min(total, prefix))
+    header = decode_header(head)
+    ours = header is not None and header.namespace == namespace and header.key == key
+    if header is None or not ours or header.frame_bytes != total:
+        wire.skip(total - len(head) + 2)  # corrupt, truncated, extended or foreign
+        return Reply.BAD, BadValue(total, head)
+    if header.payload_bytes != dst.nbytes:  # cannot be read into this buffer: skip the rest
+        wire.skip(total - len(head) + 2)
+        return Reply.BAD, None
     body = memoryview(dst)
     wire.read_into(body)
     wire.skip(2)
     if payload_checksum(body) != header.checksum:
-        return Reply.BAD, ""
-    return Reply.HIT, ""
+        digest = hashlib.sha1(head)
+        digest.update(body)
+        return Reply.BAD, BadValue(total, head, digest.hexdigest())
+    return Reply.HIT, None
 
 
 def get_frames_into(
     pool: Any, rkeys: Sequence[str], namespace: str, keys: Sequence[str], dsts: Sequence[np.ndarray]
-) -> list[tuple[Reply, str]]:
+) -> list[tuple[Reply, Any]]:
     """``GET`` every ``rkeys[i]`` over one connection of ``pool``; verified payloads land in ``dsts[i]``.
 
-    Returns ``(Reply, server error text)`` per key. Raises redis-py's ConnectionError/TimeoutError on
-    a transport fault (the connection is dropped, not returned half-read).
+    Returns ``(Reply, detail)`` per key (see ``_read_one``). Raises redis-py's
+    ConnectionError/TimeoutError on a transport fault (the connection is dropped, not returned
+    half-read).
     """
     conn = pool.get_connection()
     try:

@@ -396,6 +396,85 @@ class TestShared:
             b.check_integrity()
             assert read(b, ns, keys) == 4
 
+    @staticmethod
+    def _redis_pair(url: str) -> tuple[HierarchicalStore, HierarchicalStore, str]:
+        """Two stores over one Redis (server or cluster), memory above, their own key prefix."""
+        prefix = f"share{uuid.uuid4().hex[:8]}"
+
+        def cfg() -> StoreConfig:
+            return StoreConfig(tiers=[
+                TierConfig(url="mem://", capacity_bytes=16 * CHUNK_BYTES),
+                TierConfig(url=url, capacity_bytes=64 * (CHUNK_BYTES + FRAME_SLACK),
+                           options=dict(REDIS_OPTIONS, key_prefix=prefix)),
+            ])
+
+        return HierarchicalStore(cfg()), HierarchicalStore(cfg()), prefix
+
+    @pytest.mark.parametrize("server", ["redis_url", "redis_cluster_url"])
+    @pytest.mark.parametrize("damage", ["flipped", "truncated", "missing"])
+    def test_failed_read_leaves_values_another_store_wrote_since_in_redis(
+        self, request, monkeypatch, server, damage
+    ):
+        """The Redis form of test_failed_read_leaves_files_another_store_wrote_since: B's read of a
+        chunk fails (a flipped payload byte, a truncated value, no value), and A puts the chunks
+        again before B's cleanup of that read runs. Before: the cleanup deleted the failed key and
+        its orphan by name, i.e. A's new, valid values, which A's tree placed in Redis (a miss for
+        every store sharing the server). Now B's read deletes only the bad value it read, by an
+        atomic compare-and-delete on the server, and its cleanup only forgets the keys."""
+        ns = new_namespace()
+        keys = chain(27, 4)[1]
+        a, b, prefix = self._redis_pair(request.getfixturevalue(server))
+        with a, b:
+            fill(a, ns, keys)
+            assert b.lookup(ns, keys, chunk_bytes=CHUNK_BYTES) == 4  # B's tree: all 4 in Redis only
+            r = a.tiers[1].redis_client
+            names = [f"{prefix}:{ns.digest}:{k}" for k in keys]
+            good = r.get(names[2])
+            assert a.delete(ns, keys[2:3]) == 1  # and keys[3] with it: A puts both again below
+            if damage == "flipped":
+                r.set(names[2], good[:-100] + bytes([good[-100] ^ 1]) + good[-99:])
+            elif damage == "truncated":
+                r.set(names[2], good[:-1])
+            ran = self._writer_rewrites_after(
+                monkeypatch, b.tiers[1], "get_many", a, ns, keys, lambda args, hits: not all(hits)
+            )
+            # keys[2] fails; keys[3] (not read) is its orphan in B's tree.
+            assert read(b, ns, keys[:3]) == 2
+            assert ran
+            b.flush(30)
+            assert [r.exists(n) for n in names] == [1] * 4, "B's cleanup deleted A's new values"
+            assert r.get(names[2]) == good
+            a.check_integrity()
+            b.check_integrity()
+            assert read(b, ns, keys) == 4  # B adopts A's values again
+
+    def test_reconcile_leaves_values_another_store_wrote_since_in_redis(self, redis_url, monkeypatch):
+        """As above for reconcile(): A puts the chunks again after B's contains found them gone.
+        Before: reconcile deleted A's new values by name."""
+        ns = new_namespace()
+        keys = chain(28, 4)[1]
+        a, b, prefix = self._redis_pair(redis_url)
+        with a, b:
+            fill(a, ns, keys)
+            assert b.lookup(ns, keys, chunk_bytes=CHUNK_BYTES) == 4
+            assert a.delete(ns, keys[2:3]) == 1
+            gone: set[str] = set()
+
+            def both_found_gone(args, n) -> bool:  # (in whatever order reconcile asks)
+                if n == 0:
+                    gone.update(args[1])
+                return gone == set(keys[2:])
+
+            ran = self._writer_rewrites_after(
+                monkeypatch, b.tiers[1], "contains_many", a, ns, keys, both_found_gone)
+            assert b.reconcile() == 2
+            assert ran
+            r = a.tiers[1].redis_client
+            assert [r.exists(f"{prefix}:{ns.digest}:{k}") for k in keys] == [1] * 4
+            a.check_integrity()
+            b.check_integrity()
+            assert read(b, ns, keys) == 4
+
     def test_put_writes_again_a_file_another_store_deleted(self, tmp_path):
         """B's start-up scan indexes A's files; A then deletes them. Before: B's put of the same
         chunks (its write-through to disk) found them in its index and reported them written

@@ -206,6 +206,86 @@ def test_wrong_buffer_size_is_a_counted_miss(make, redis_url):
     assert tier.stats().checksum_failures == 1
 
 
+def test_a_read_deletes_the_invalid_values_it_found(make, redis_url):
+    """Before, the store deleted a failed read's key by name (and another process's value written
+    since went with it). The read itself deletes each invalid value now, by a compare-and-delete
+    on the server, also when the server lacks the script (NOSCRIPT: EVAL); a valid frame of this
+    chunk of another size is another reader's, and stays."""
+    frame = HEADER_BYTES + 32 + 4 + 4096
+    tier = make(redis_url)
+    ns, r = fresh_ns(), raw_client(redis_url)
+    keys = ["flip", "head", "shrt", "junk", "good"]
+    assert tier.put_many(ns, keys, [payload(k) for k in keys]) == [True] * 5
+    assert tier.put_many(ns, ["size"], [payload("size", 8192)]) == [True]
+    rk = {k: f"radixkv:{ns}:{k}" for k in keys + ["size"]}
+    value = r.get(rk["flip"])
+    r.set(rk["flip"], value[:-100] + bytes([value[-100] ^ 1]) + value[-99:])
+    value = r.get(rk["head"])
+    r.set(rk["head"], value[:20] + bytes([value[20] ^ 0x80]) + value[21:])
+    r.set(rk["shrt"], r.get(rk["shrt"])[:-1])
+    r.set(rk["junk"], b"not a frame")
+    r.script_flush()
+    assert tier.get_many(ns, keys[:2] + ["size"], empty(3)) == [False, False, False]
+    assert tier.get_many(ns, keys[2:], empty(3)) == [False, False, True]  # (EVALSHA, loaded now)
+    assert [r.exists(rk[k]) for k in keys + ["size"]] == [0, 0, 0, 0, 1, 1]
+    st = tier.stats()
+    assert st.checksum_failures == 5 and st.extra["bad_values_deleted"] == 4
+    assert tier.usage_bytes() == frame + frame + 4096  # "good" and "size": the ledger forgot the rest
+
+
+@pytest.mark.parametrize("server", ["redis_url", "redis_cluster_url"])
+@pytest.mark.parametrize("damage", ["payload", "header", "truncated"])
+def test_a_value_written_again_after_a_failed_read_is_kept(make, request, monkeypatch, server, damage):
+    """Another tier object (another process) writes the chunk again between the read's GET of an
+    invalid value and its delete of it: the new value, valid, must stay (a delete by name removed
+    it). Each damage is told apart by another part of the comparison: the payload only by the
+    value's SHA-1 (the header is the valid one's), the header by the first bytes, a truncated
+    value by its length."""
+    import radixkv.tiers.redis as redis_module
+
+    url = request.getfixturevalue(server)
+    tier, other = make(url), make(url)
+    ns, key = fresh_ns(), "k"
+    assert tier.put_many(ns, [key], [payload(key)]) == [True]
+    client, name = tier.redis_client, f"radixkv:{ns}:{key}"
+    good = client.get(name)
+    damaged = {"payload": good[:-100] + bytes([good[-100] ^ 1]) + good[-99:],
+               "header": good[:20] + bytes([good[20] ^ 0x80]) + good[21:],
+               "truncated": good[:-1]}[damage]
+    client.set(name, damaged)
+    real, ran = redis_module.get_frames_into, []
+
+    def get_then_other_writes(*args):
+        replies = real(*args)
+        if replies and replies[0][0] is redis_module.Reply.BAD and not ran:
+            ran.append(True)
+            assert other.put_many(ns, [key], [payload(key)]) == [True]
+        return replies
+
+    monkeypatch.setattr(redis_module, "get_frames_into", get_then_other_writes)
+    assert tier.get_many(ns, [key], empty(1)) == [False]
+    assert ran
+    assert client.get(name) == good, "the read deleted a valid value written after its GET"
+    st = tier.stats()
+    assert st.extra["bad_values_kept"] == 1 and st.extra.get("bad_values_deleted", 0) == 0
+    monkeypatch.undo()
+    out = empty(1)
+    assert tier.get_many(ns, [key], out) == [True] and torch.equal(out[0], payload(key))
+
+
+def test_forget_many_stops_counting_and_leaves_the_values(make, redis_url):
+    """What a store does with the chunks it lost in a tier other processes write."""
+    tier = make(redis_url, capacity_bytes=1 << 20)
+    ns = fresh_ns()
+    assert tier.put_many(ns, ["a", "b"], [payload("a"), payload("b")]) == [True, True]
+    used = tier.usage_bytes()
+    assert tier.forget_many(ns, ["a", "absent"]) == 1
+    assert tier.usage_bytes() == used // 2 and tier.stats().extra["forgotten"] == 1
+    out = empty(1)
+    assert tier.get_many(ns, ["a"], out) == [True] and torch.equal(out[0], payload("a"))
+    assert tier.delete_many(ns, ["a", "b"]) == 2 and tier.usage_bytes() == 0
+
+
 # ------------------------------------------------------------------------------------------ faults
 
 def test_killed_server_degrades_to_fast_misses_then_recovers(make, redis_server):
