@@ -85,15 +85,32 @@ class _PoolBinding:
         self.replicated = tp_replicated(config, name)  # same pages on every TP rank: one rank writes
 
 
+def _dp_attention() -> bool:
+    """Whether SGLang runs attention data-parallel (then the storage config's TP rank is the
+    attention group's). True when it cannot tell: ports then stay distinct, if not contiguous."""
+    try:
+        from sglang.srt.layers.dp_attention import is_dp_attention_enabled
+
+        return bool(is_dp_attention_enabled())
+    except Exception:
+        return True
+
+
 def _host_rank(config: Any) -> int:
     """This scheduler's rank among the server's: TP rank + TP size x (PP rank + PP size x DP rank).
-    With DP attention SGLang passes the attention group's TP rank and size plus the DP rank."""
+    With DP attention SGLang passes the attention group's TP rank and size plus the DP rank, and
+    the attention-CP ranks of one DP rank share that TP rank (SGLang's rank layout is DP, CP, TP):
+    then TP rank + TP size x (CP rank + CP size x (PP rank + PP size x DP rank)). Without DP
+    attention the TP rank is the whole group's, which tells the CP ranks apart already."""
     def get(name: str, default: int) -> int:
         return int(getattr(config, name, default) or default)
 
     tp, tp_size, pp, pp_size, dp = (get("tp_rank", 0), get("tp_size", 1), get("pp_rank", 0),
                                     get("pp_size", 1), get("dp_rank", 0))
-    return tp + tp_size * (pp + pp_size * dp)
+    cp, cp_size = get("attn_cp_rank", 0), get("attn_cp_size", 1)
+    if cp_size == 1 or not _dp_attention():
+        cp, cp_size = 0, 1
+    return tp + tp_size * (cp + cp_size * (pp + pp_size * dp))
 
 
 class RadixKVStore(HiCacheStorage):
@@ -203,7 +220,26 @@ class RadixKVStore(HiCacheStorage):
         self.store.record_misses(ns, len(keys) - done)
         return done
 
-    def _put(self, ns: Namespace, keys: List[str], payloads: List[Any], parent: Optional[str]) -> List[bool]:
+    def _put(self, ns: Namespace, keys: List[str], payloads: List[Any], parent: Optional[str],
+             moved: Optional[List[int]] = None) -> List[bool]:
+        """Store a run of pages; per page, whether it is stored. ``moved[0]`` grows by the pages
+        written: stored now and not held in the top tier before (SGLang's backup metrics exclude
+        pages the backend already held)."""
+        held = self._held_on_top(ns, keys) if moved is not None else []
+        ok = self._put_run(ns, keys, payloads, parent)
+        if moved is not None:
+            moved[0] += sum(1 for o, h in zip(ok, held) if o and not h)
+        return ok
+
+    def _held_on_top(self, ns: Namespace, keys: List[str]) -> List[bool]:
+        """Per key: whether the store's top tier holds the page (a put rewrites no such page)."""
+        s = self.store
+        with s.lock:
+            tree = s.tree
+            return [(n := tree.lookup(ns.digest, k)) is not None and bool(tree.node_tier_mask(n) & 1)
+                    for k in keys]
+
+    def _put_run(self, ns: Namespace, keys: List[str], payloads: List[Any], parent: Optional[str]) -> List[bool]:
         try:
             ok = self.store.put(ns, keys, payloads, parent_key=parent)
         except InputError:
@@ -244,7 +280,8 @@ class RadixKVStore(HiCacheStorage):
 
     # ------------------------------------------------------------------ page I/O (one pool)
     def _write_pages(self, b: _PoolBinding, plan: PagePlan, ns: Namespace, keys: List[str],
-                     host_indices: torch.Tensor, extra_info: Any) -> List[bool]:
+                     host_indices: torch.Tensor, extra_info: Any,
+                     moved: Optional[List[int]] = None) -> List[bool]:
         n = len(keys)
         if not self.is_writer and b.replicated:
             # Pages replicated across TP (MLA KV and its shared sidecars): the writer rank stores
@@ -254,7 +291,7 @@ class RadixKVStore(HiCacheStorage):
             return [True] * n
         starts = plan.page_starts(host_indices, n)
         payloads = plan.views(starts) if plan.mode == "parts" else plan.gather(starts)
-        return self._put(ns, list(keys), payloads, self._parent(extra_info))
+        return self._put(ns, list(keys), payloads, self._parent(extra_info), moved)
 
     def _read_pages(self, b: _PoolBinding, plan: PagePlan, ns: Namespace, keys: List[str],
                     host_indices: torch.Tensor, extra_info: Any) -> List[bool]:
@@ -306,8 +343,13 @@ class RadixKVStore(HiCacheStorage):
         b = self._bindings.get("kv")
         if b is None:
             return [False] * self._n(keys)
-        ok = self._guard("batch_set_v1", self._n(keys), self._write_pages, b, b.plan, b.ns, keys, host_indices, extra_info)
-        self._record("backup", sum(ok), sum(ok) * b.flat.chunk_bytes, t0)
+        # Pages written: a non-writer's skipped pages and pages already held are not (counted only
+        # for the samples, kept only with storage metrics on: the count costs a lookup per page).
+        moved = [0] if self._metrics_on else None
+        ok = self._guard("batch_set_v1", self._n(keys), self._write_pages, b, b.plan, b.ns, keys, host_indices,
+                         extra_info, moved)
+        pages = moved[0] if moved else 0
+        self._record("backup", pages, pages * b.flat.chunk_bytes, t0)
         return ok
 
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
@@ -342,12 +384,14 @@ class RadixKVStore(HiCacheStorage):
                 self.counters["skipped_non_writer_pages"] += len(keys)
                 return [True] * len(keys)
             payloads = [self._u8(v) for v in values]
-            return self._put(b.ns_flat, list(keys), payloads, None)
+            return self._put(b.ns_flat, list(keys), payloads, None, moved)
 
         t0 = time.perf_counter()
+        moved = [0] if self._metrics_on else None  # pages written (see batch_set_v1)
         ok = self._guard("batch_set", self._n(keys), run)
         b = self._bindings.get("kv")
-        self._record("backup", sum(ok), sum(ok) * (b.flat.chunk_bytes if b else 0), t0)
+        pages = moved[0] if moved else 0
+        self._record("backup", pages, pages * (b.flat.chunk_bytes if b else 0), t0)
         return all(ok) if ok or isinstance(keys, (list, tuple)) else False  # nothing to store: True
 
     def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,

@@ -140,6 +140,7 @@ class WorkerPool:
         self._swept = False  # close() cancelled what was queued after its threads stopped
         self._inflight = 0
         self._idle = threading.Condition()
+        self._depth_lock = threading.Lock()  # see _report_depth
         self._threads = [
             threading.Thread(target=self._loop, name=f"radixkv-{self.name}-{i}", daemon=True)
             for i in range(self._n_threads)
@@ -277,5 +278,10 @@ class WorkerPool:
                 self._idle.notify_all()
 
     def _report_depth(self) -> None:
+        # The size is read and reported under one lock, so the last report always carries the size
+        # after the latest put or take: a submitter that read 1 before a worker took its job could
+        # otherwise report after the worker's 0, and the queue-depth gauge stayed at 1, the queue
+        # empty, until the next job.
         if self._on_depth is not None:
-            self._on_depth(self._queue.qsize())
+            with self._depth_lock:
+                self._on_depth(self._queue.qsize())

@@ -48,3 +48,37 @@ def test_close_rejects_submitters_waiting_for_room():
         assert isinstance(o, RuntimeError) or o.wait(5) in (True, False)
     with pytest.raises(RuntimeError, match="closed"):
         pool.submit(lambda j: True, False)
+
+
+def test_depth_reports_end_at_the_queue_size():
+    # A submitter read the size (1) before a worker took its job, and reported it after the worker
+    # reported 0: the store's radixkv_queue_depth_jobs gauge then stayed at 1 over an empty queue
+    # until the next job (seen under load as a stale prefetch depth after every read finished).
+    reports: list[tuple[str, int]] = []
+    go, started, worker_reported = threading.Event(), threading.Event(), threading.Event()
+    trap = False
+
+    def on_depth(d: int) -> None:
+        here = threading.current_thread().name
+        if trap and here == "submitter" and d == 1:
+            go.set()  # the worker finishes the first job and takes the second one now...
+            worker_reported.wait(0.5)  # ...and reports 0 before this report lands (unless serialized)
+        elif here.startswith("radixkv-"):
+            worker_reported.set()
+        reports.append((here, d))
+
+    pool = WorkerPool("t", n_threads=1, max_queue=4, on_depth=on_depth)
+    try:
+        first = pool.submit(lambda j: (started.set(), go.wait(5)), False)
+        assert started.wait(5)  # the only worker holds the first job; the queue is empty
+        trap = True
+        worker_reported.clear()
+        t = threading.Thread(target=lambda: pool.submit(lambda j: True, False), name="submitter")
+        t.start()
+        t.join(10)
+        assert first.wait(5) and pool.drain(5)
+        assert pool.depth == 0
+        assert reports[-1][1] == 0, f"the last depth report was {reports[-1]} over an empty queue"
+    finally:
+        go.set()
+        pool.close(flush=True, timeout_s=5)

@@ -162,3 +162,30 @@ def test_metrics_off_keeps_no_samples_and_empty_or_clear_report_like_hicachefile
         assert be.clear() is True
     finally:
         h.close()
+
+
+@pytest.mark.parametrize("interface_v1", [1, 0], ids=["v1", "copy"])
+def test_backup_samples_count_only_pages_written(interface_v1):
+    # SGLang's backup histograms count the pages a call transferred, "excluding pages the backend
+    # already held" (its metrics collector): a backup of pages radixkv already held (a prefix
+    # recomputed after the host evicted it) was a sample of every page, its GB/s the page bytes over
+    # the microseconds a lookup took.
+    h = ControllerHarness(PoolSpec(layout="page_first", page_size=4, host_tokens=256),
+                          extra_config=extra_config([mem_tier()], interface_v1))
+    try:
+        be = unwrap(h.backend)
+        toks = tokens(6 * 4, seed=81)
+        src = h.alloc(24)
+        h.fill_random(src, seed=3)
+        assert h.backup(toks[:16], src[:16]) == 16
+        st = be.get_stats()
+        assert sum(st.backup_pgs) == 4 and len(st.backup_bandwidth) == len(st.backup_pgs)
+        assert h.backup(toks, src) == 24  # 4 pages held already, 2 new
+        st = be.get_stats()
+        assert sum(st.backup_pgs) == 2, st.backup_pgs
+        assert h.backup(toks, src) == 24  # all held: nothing transferred, no sample
+        st = be.get_stats()
+        assert (st.backup_pgs, st.backup_bandwidth) == ([], [])
+        assert be.store.stats()["store"]["mem.put_chunks"] == 6
+    finally:
+        h.close()

@@ -152,3 +152,35 @@ def test_metrics_ports_differ_across_dp_ranks():
     a, b = C(), C()
     a.dp_rank, b.dp_rank = 0, 1
     assert _host_rank(a) != _host_rank(b) and _host_rank(b) == 1 + 2 * (0 + 1 * 1)
+
+
+def test_metrics_ports_differ_across_attention_cp_ranks(monkeypatch):
+    """With DP attention SGLang passes the attention group's TP rank, which the attention-CP ranks
+    of one DP rank share (its rank layout is DP, CP, TP): they all got one metrics port, and every
+    scheduler but one ran without its HTTP endpoint (a warning in its log)."""
+    import sglang.srt.layers.dp_attention as dp_attention
+    from types import SimpleNamespace
+
+    from radixkv.adapters.sglang import _host_rank
+
+    def ranks(dp_attn: bool, tp_size: int, cp_size: int, dp_size: int, pp_size: int = 2) -> list[int]:
+        monkeypatch.setattr(dp_attention, "is_dp_attention_enabled", lambda: dp_attn)
+        out = []
+        for dp in range(dp_size):
+            for cp in range(cp_size):
+                for attn_tp in range(tp_size // cp_size // dp_size):
+                    for pp in range(pp_size):
+                        g = (dp * cp_size + cp) * (tp_size // cp_size // dp_size) + attn_tp  # SGLang's TP rank
+                        c = SimpleNamespace(pp_rank=pp, pp_size=pp_size, attn_cp_rank=cp, attn_cp_size=cp_size)
+                        if dp_attn:  # what HiCacheController passes then: the attention group's TP rank
+                            c.tp_rank, c.tp_size, c.dp_rank = attn_tp, tp_size // cp_size // dp_size, dp
+                        else:
+                            c.tp_rank, c.tp_size, c.dp_rank = g, tp_size, 0
+                        out.append(_host_rank(c))
+        return sorted(out)
+
+    # 8 GPUs, attention DP 2 x CP 2 x attention TP 2, two PP stages: 16 schedulers, 16 ports
+    assert ranks(True, tp_size=8, cp_size=2, dp_size=2) == list(range(16))
+    assert ranks(True, tp_size=8, cp_size=4, dp_size=2) == list(range(16))  # attention TP 1
+    # without DP attention the TP rank tells the CP ranks apart: the ports stay base .. base + 15
+    assert ranks(False, tp_size=8, cp_size=4, dp_size=1) == list(range(16))
