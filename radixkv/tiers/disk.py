@@ -760,18 +760,25 @@ class DiskTier:
         # a killed writer's, whatever its age. A shared one may have live writers: only old temps go.
         stale_s = self.config.stale_temp_s if self.config.shared else -math.inf
         self._stats.extra["temp_removed"] += self._layout.remove_stale_temps(stale_s)
+        if not self.config.shared:  # the directory is ours alone: no link of another's setup to keep
+            self._stats.extra["scan_skipped"] += self._layout.remove_namespace_links()
         found: list[tuple[float, tuple[str, str], int]] = []
         for ns, key, path in self._layout.walk(None):
             entry = self._layout.read_entry(ns, key, path)
-            # Every chunk of a namespace has one payload size (the first file found sets it).
-            if entry is not None and ns not in self._ns_payload_bytes:
-                self._scanned_sizes.add(ns)
-            if entry is None or self._ns_payload_bytes.setdefault(ns, entry[2]) != entry[2]:
+            if entry is None:
                 self._stats.extra["scan_skipped"] += 1
                 if not self.config.shared:
                     unlink_quietly(path)
-            else:
-                found.append((entry[0], (ns, key), entry[1]))
+                continue
+            # Valid files of every payload size are indexed: a namespace holds two sizes after a
+            # process of a new size rewrote some keys, and which one the next process uses only its
+            # first put tells (_scanned_sizes; files of the other size then read as misses, are
+            # overwritten by a put of their key, and age out). Keeping the first size found deleted
+            # the other files in directory order, often the newest process's.
+            if ns not in self._ns_payload_bytes:
+                self._ns_payload_bytes[ns] = entry[2]
+                self._scanned_sizes.add(ns)
+            found.append((entry[0], (ns, key), entry[1]))
         found.sort()  # oldest first = least recently used first
         for _mtime, ident, frame in found:
             self._index[ident] = frame

@@ -131,18 +131,39 @@ class DiskLayout:
     # ----------------------------------------------------------------------------- scan
 
     def walk(self, namespace: str | None) -> Iterator[tuple[str, str, str]]:
-        """Yield (namespace, key, path) of committed chunk files."""
+        """Yield (namespace, key, path) of committed chunk files. A namespace directory that is a
+        symbolic link is not walked: ``os.walk`` follows a top that is a link, and the scan and
+        ``clear`` delete what the walk yields, so they would delete files outside the root."""
         try:
             ns_names = [namespace] if namespace is not None else sorted(os.listdir(self.root))
         except OSError:
             return
         for ns in ns_names:
-            if not KEY_RE.fullmatch(ns):
+            if not KEY_RE.fullmatch(ns) or os.path.islink(os.path.join(self.root, ns)):
                 continue
             for dirpath, _dirs, files in os.walk(os.path.join(self.root, ns)):
                 for f in files:
                     if f.endswith(_SUFFIX) and not f.startswith("."):
                         yield ns, f[: -len(_SUFFIX)], os.path.join(dirpath, f)
+
+    def remove_namespace_links(self) -> int:
+        """Remove symbolic links where namespace directories belong (a private root's start, before
+        the scan): puts would write through them, out of the root, and :meth:`walk` never follows
+        them. Returns how many."""
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return 0
+        removed = 0
+        for ns in names:
+            path = os.path.join(self.root, ns)
+            if KEY_RE.fullmatch(ns) and os.path.islink(path):
+                try:
+                    os.unlink(path)
+                    removed += 1
+                except OSError:
+                    pass
+        return removed
 
     def remove_stale_temps(self, older_than_s: float) -> int:
         """Remove temp files (crashed writers') older than ``older_than_s``; returns how many."""

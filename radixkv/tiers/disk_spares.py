@@ -38,7 +38,16 @@ class SpareFiles:
 
     def reset(self) -> None:
         """Start with an empty spare directory (a previous process's spares are not ours to trust).
-        Recycling turns itself off if the directory cannot be listed or made."""
+        Recycling turns itself off if the directory cannot be listed or made. A symbolic link in its
+        place is removed, never followed: emptying its target would delete files outside the root."""
+        try:
+            if stat.S_ISLNK(os.lstat(self.dir).st_mode):
+                os.unlink(self.dir)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            self.enabled = False
+            return
         try:
             names = os.listdir(self.dir)
         except FileNotFoundError:

@@ -17,6 +17,7 @@ from radixkv.errors import CapacityError, ConfigError, InputError
 from radixkv.tiers import disk as disk_mod
 from radixkv.tiers import disk_io
 from radixkv.tiers.disk import DiskTier
+from radixkv.tiers.disk_layout import DiskLayout
 from radixkv.tiers.framing import HEADER_BYTES, decode_header, payload_checksum
 from radixkv.tiers.registry import make_tier
 
@@ -419,6 +420,91 @@ class TestRestart:
         assert t2.get_many(NS, ["a"], [out]) == [True] and torch.equal(out, pl(3))
         assert t2.usage_bytes() == frame_bytes("a") + frame_bytes("b", 4 * KiB)  # the new frame, once
         assert t2.get_many(NS, ["b"], [buf()]) == [False]  # not rewritten yet: a miss, never bytes
+        t2.check_integrity()
+        t2.close()
+
+    @pytest.mark.parametrize("old_first", [True, False], ids=["old-size-walked-first", "new-size-walked-first"])
+    def test_the_scan_keeps_valid_files_of_every_size_in_any_directory_order(self, root, monkeypatch, old_first):
+        # Found by a hostile-data hunt: the scan kept only the payload size of the first file it
+        # walked and deleted every other valid file of the namespace, so after a process of a new
+        # size had rewritten some keys, the directory order decided whether a restart deleted that
+        # process's files or the older ones.
+        t = DiskTier(root=root, capacity_bytes=1 << 20)
+        t.put_many(NS, ["old0", "old1"], [pl(1, 4 * KiB), pl(2, 4 * KiB)])
+        t.close()
+        t2 = DiskTier(root=root, capacity_bytes=1 << 20)
+        assert t2.put_many(NS, ["new0", "new1"], [pl(3), pl(4)]) == [True, True]  # this process's size
+        t2.close()
+        walk = DiskLayout.walk
+        first = "old" if old_first else "new"
+        monkeypatch.setattr(DiskLayout, "walk",
+                            lambda self, ns: iter(sorted(walk(self, ns), key=lambda e: not e[1].startswith(first))))
+        t3 = DiskTier(root=root, capacity_bytes=1 << 20)
+        st = t3.stats().extra
+        assert (st["scan_indexed"], st["scan_skipped"]) == (4, 0)
+        out = [buf(), buf()]
+        assert t3.get_many(NS, ["new0", "new1"], out) == [True, True]
+        assert torch.equal(out[0], pl(3)) and torch.equal(out[1], pl(4))
+        small = [buf(4 * KiB), buf(4 * KiB)]
+        assert t3.get_many(NS, ["old0", "old1"], small) == [True, True]  # no put yet: either size reads
+        assert torch.equal(small[0], pl(1, 4 * KiB)) and torch.equal(small[1], pl(2, 4 * KiB))
+        assert t3.put_many(NS, ["new2"], [pl(5)]) == [True]  # fixes 8 KiB: the old files now miss
+        assert t3.get_many(NS, ["old0"], [buf()]) == [False]
+        t3.check_integrity()
+        t3.close()
+
+    @staticmethod
+    def _outside(tmp_path) -> list:
+        """Files beside a tier's root that are not the tier's (two of them named like chunks)."""
+        (tmp_path / "outside" / "sub").mkdir(parents=True)
+        files = [tmp_path / "outside" / "precious.txt", tmp_path / "outside" / "notes.kv",
+                 tmp_path / "outside" / "sub" / "data.kv"]
+        for p in files:
+            p.write_bytes(b"not a chunk")
+        return files
+
+    def test_a_link_in_place_of_the_spare_directory_is_removed_never_emptied(self, tmp_path):
+        # Found by a hostile-data hunt: the start-up emptied root/.spare through a symbolic link,
+        # deleting every file of its target, and recycling then moved chunk files there.
+        outside = self._outside(tmp_path)
+        root = tmp_path / "disk"
+        t = DiskTier(root=str(root), capacity_bytes=1 << 20)
+        t.put_many(NS, ["a"], [pl(1)])
+        t.close()
+        os.rmdir(root / ".spare")  # close() removed its files
+        os.symlink(tmp_path / "outside", root / ".spare")
+        t2 = DiskTier(root=str(root), capacity_bytes=1 << 20)
+        assert all(p.read_bytes() == b"not a chunk" for p in outside)
+        assert (root / ".spare").is_dir() and not (root / ".spare").is_symlink()
+        assert t2.put_many(NS, ["b"], [pl(2)]) == [True]
+        assert t2.delete_many(NS, ["a", "b"]) == 2  # recycled into the real spare directory
+        assert t2.stats().extra["spare_files"] == 2
+        assert sorted(os.listdir(tmp_path / "outside")) == ["notes.kv", "precious.txt", "sub"]
+        t2.check_integrity()
+        t2.close()
+
+    @pytest.mark.parametrize("shared", [False, True], ids=["private", "shared"])
+    def test_a_namespace_directory_that_is_a_link_is_never_walked(self, tmp_path, shared):
+        # Found by a hostile-data hunt: os.walk follows a top directory that is a symbolic link, so
+        # with root/<namespace> linked elsewhere the scan deleted the target's *.kv files (they fail
+        # its checks) and clear() every one of them, recursively: files outside the root.
+        outside = self._outside(tmp_path)
+        root = tmp_path / "disk"
+        t = DiskTier(root=str(root), capacity_bytes=1 << 20, shared=shared)
+        t.put_many(NS, ["a"], [pl(1)])
+        t.close()
+        linked = "f" * 32
+        os.symlink(tmp_path / "outside", root / linked)
+        t2 = DiskTier(root=str(root), capacity_bytes=1 << 20, shared=shared)
+        assert all(p.read_bytes() == b"not a chunk" for p in outside)
+        # private: the directory is the tier's alone, so the link goes (a put would write through it)
+        assert os.path.lexists(root / linked) == shared
+        t2.clear(linked)
+        t2.clear()
+        assert all(p.read_bytes() == b"not a chunk" for p in outside)
+        if not shared:  # a real directory now: the namespace's files stay under the root
+            assert t2.put_many(linked, ["c"], [pl(3)]) == [True]
+            assert os.path.isfile(t2._layout.path(linked, "c")) and not (root / linked).is_symlink()
         t2.check_integrity()
         t2.close()
 
