@@ -23,6 +23,10 @@ prefix tree at page granularity. Contract (docs/sglang.md):
 * a non-shared disk tier is one directory per rank under the configured root (capacity per rank);
 * ``interface_v1`` is read as SGLang reads it (``bool(value)``), so ``batch_exists`` answers from
   the namespace of the path SGLang's controller actually uses;
+* the namespaces follow the weight version SGLang serves (``get_serving().weight_version``): after
+  an in-place weight update that names a new ``weight_version`` every call uses namespaces of that
+  version, so pages of the old weights are misses (an update naming no version changes nothing
+  radixkv can see: docs/sglang.md, "Weight updates");
 * a batch call never raises: failures are per-page ``False`` with a logged reason.
 """
 
@@ -49,6 +53,7 @@ from radixkv.adapters.sglang_config import (
     check_mla_sharing,
     namespace_for,
     per_rank_config,
+    runtime_weight_version,
     sglang_model_digest,
     tp_replicated,
 )
@@ -130,7 +135,10 @@ class RadixKVStore(HiCacheStorage):
         self.store = HierarchicalStore(config)
         # The served model name alone does not fix the KV (revision, quantization, overrides): every
         # namespace carries the digest of the server arguments that do.
-        self.model_digest = sglang_model_digest(self.options)
+        self.weight_version = runtime_weight_version()
+        self.model_digest = sglang_model_digest(self.options, weight_version=self.weight_version)
+        # Namespaces of earlier weight versions, which clear() drops as well.
+        self._retired: list[Namespace] = []
         self.registered_pools: dict[str, Any] = {}
         self._bindings: dict[str, _PoolBinding] = {}
         self._lock = threading.Lock()
@@ -163,8 +171,37 @@ class RadixKVStore(HiCacheStorage):
             self.store.borrow(b.ns)
             self.store.borrow(b.ns_flat)
 
+    def _follow_weights(self) -> None:
+        """Move every pool to the namespaces of the weight version SGLang serves now, if it changed
+        since the last call (an in-place weight update named a new version). Pages of the earlier
+        version stay in the tiers until evicted or cleared, and are never found again."""
+        version = runtime_weight_version()
+        if version == self.weight_version:
+            return
+        with self._lock:
+            if version == self.weight_version:
+                return
+            digest = sglang_model_digest(self.options, weight_version=version)
+            rebound = {}
+            for name, old in self._bindings.items():
+                self._retired += [old.ns, old.ns_flat]
+                rebound[name] = _PoolBinding(name, old.pool, self.storage_config, self.options, digest)
+            self._bindings = rebound
+            self.model_digest, self.weight_version = digest, version
+        for b in rebound.values():
+            if not self.is_writer and b.replicated:
+                self.store.borrow(b.ns)
+                self.store.borrow(b.ns_flat)
+        logger.info("radixkv: weight version %r: namespaces %s", version,
+                    {n: str(b.ns) for n, b in rebound.items()})
+
+    def _current(self, name: str = "kv") -> Optional[_PoolBinding]:
+        """The binding of pool ``name`` for the weights served now; None if never registered."""
+        self._follow_weights()
+        return self._bindings.get(name)
+
     def _binding(self, name: str = "kv") -> _PoolBinding:
-        b = self._bindings.get(name)
+        b = self._current(name)
         if b is None:
             raise RuntimeError(f"host pool {name!r} was never registered with the radixkv backend")
         return b
@@ -340,7 +377,7 @@ class RadixKVStore(HiCacheStorage):
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
         t0 = time.perf_counter()
-        b = self._bindings.get("kv")
+        b = self._current("kv")
         if b is None:
             return [False] * self._n(keys)
         # Pages written: a non-writer's skipped pages and pages already held are not (counted only
@@ -355,7 +392,7 @@ class RadixKVStore(HiCacheStorage):
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
         t0 = time.perf_counter()
-        b = self._bindings.get("kv")
+        b = self._current("kv")
         if b is None:
             return [False] * self._n(keys)
         ok = self._guard("batch_get_v1", self._n(keys), self._read_pages, b, b.plan, b.ns, keys, host_indices, extra_info)
@@ -389,7 +426,7 @@ class RadixKVStore(HiCacheStorage):
         t0 = time.perf_counter()
         moved = [0] if self._metrics_on else None  # pages written (see batch_set_v1)
         ok = self._guard("batch_set", self._n(keys), run)
-        b = self._bindings.get("kv")
+        b = self._current("kv")
         pages = moved[0] if moved else 0
         self._record("backup", pages, pages * (b.flat.chunk_bytes if b else 0), t0)
         return all(ok) if ok or isinstance(keys, (list, tuple)) else False  # nothing to store: True
@@ -397,7 +434,7 @@ class RadixKVStore(HiCacheStorage):
     def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> List[torch.Tensor | None]:
         t0 = time.perf_counter()
-        b = self._bindings.get("kv")
+        b = self._current("kv")
         got, targets = 0, None
         try:
             b = self._binding("kv")
@@ -507,12 +544,17 @@ class RadixKVStore(HiCacheStorage):
 
     # ------------------------------------------------------------------ lifecycle / metrics
     def clear(self) -> bool:
-        """Drop every page of this backend's namespaces from every tier (other servers' untouched);
-        True on success (as HiCacheFile reports)."""
+        """Drop every page of this backend's namespaces from every tier (other servers' untouched),
+        those of the weight versions it served before too; True on success (as HiCacheFile
+        reports)."""
         try:
-            for b in list(self._bindings.values()):
-                self.store.clear(b.ns)
-                self.store.clear(b.ns_flat)
+            self._follow_weights()
+            with self._lock:
+                spaces = list(self._retired) + [ns for b in self._bindings.values() for ns in (b.ns, b.ns_flat)]
+            for ns in dict.fromkeys(spaces):
+                self.store.clear(ns)
+            with self._lock:
+                self._retired = [ns for ns in self._retired if ns not in spaces]
             return True
         except Exception as e:
             logger.warning("radixkv: clear failed: %s: %s", type(e).__name__, e)

@@ -174,7 +174,24 @@ _SGLANG_KV_IDENTITY_ARGS = (
 _SGLANG_DIGEST_TAG = "radixkv-sglang-model-v1"
 
 
-def sglang_model_digest(opts: RadixKVOptions, server_args: Any = None) -> str:
+def runtime_weight_version() -> str | None:
+    """The weight version SGLang serves now (``get_serving().weight_version``), or None where no
+    server config is published (tools and tests without a server).
+
+    SGLang starts it at ``--weight-version`` and moves it when an in-place weight update
+    (``update_weights_from_disk`` / ``_tensor`` / ``_distributed`` / ``_ipc``) or
+    ``/update_weight_version`` names a new ``weight_version``; the startup server arguments keep the
+    old value (``runtime_context.override`` changes the resolved config only)."""
+    try:
+        from sglang.srt.runtime_context import get_serving
+
+        return str(get_serving().weight_version)
+    except Exception:  # no config published in this process
+        return None
+
+
+def sglang_model_digest(opts: RadixKVOptions, server_args: Any = None,
+                        weight_version: str | None = None) -> str:
     """A 16-hex digest of SGLang's server arguments that decide the KV beside the model name
     (:data:`_SGLANG_KV_IDENTITY_ARGS`); ``""`` where no server arguments are published (tools and
     tests that drive the controller without a server).
@@ -183,7 +200,10 @@ def sglang_model_digest(opts: RadixKVOptions, server_args: Any = None) -> str:
     which stays the same across another ``--revision``, ``--quantization`` or
     ``--json-model-override-args``. ``model_path`` counts unless the ``model`` option names the model
     (the operator's statement that these weights are the same wherever they lie). ``server_args``
-    None: SGLang's published ones (``runtime_context.get_server_args``)."""
+    None: SGLang's published ones (``runtime_context.get_server_args``). ``weight_version``: the
+    version served now (:func:`runtime_weight_version`), in place of the startup ``weight_version``:
+    after an in-place weight update that names a new version, the KV of the old weights is in
+    other namespaces."""
     if server_args is None:
         try:
             from sglang.srt import runtime_context
@@ -192,6 +212,8 @@ def sglang_model_digest(opts: RadixKVOptions, server_args: Any = None) -> str:
         except Exception:  # not published in this process: no server, so nothing to tell apart
             return ""
     identity = {name: getattr(server_args, name, None) for name in _SGLANG_KV_IDENTITY_ARGS}
+    if weight_version is not None:
+        identity["weight_version"] = weight_version
     if opts.model:
         identity.pop("model_path")
     text = json.dumps([_SGLANG_DIGEST_TAG, identity], sort_keys=True, separators=(",", ":"), default=str)
