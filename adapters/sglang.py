@@ -51,6 +51,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 from radixkv.adapters.sglang_config import (
     RadixKVOptions,
     check_mla_sharing,
+    dp_rank_of,
     namespace_for,
     per_rank_config,
     runtime_weight_version,
@@ -102,16 +103,17 @@ def _dp_attention() -> bool:
 
 
 def _host_rank(config: Any) -> int:
-    """This scheduler's rank among the server's: TP rank + TP size x (PP rank + PP size x DP rank).
-    With DP attention SGLang passes the attention group's TP rank and size plus the DP rank, and
+    """This scheduler's rank among the server's: TP rank + TP size x (PP rank + PP size x DP rank),
+    the DP rank being :func:`~radixkv.adapters.sglang_config.dp_rank_of` (the replica's index under
+    plain ``--dp-size``, where every replica has the same TP/PP ranks). With DP attention SGLang passes the attention group's TP rank and size plus the DP rank, and
     the attention-CP ranks of one DP rank share that TP rank (SGLang's rank layout is DP, CP, TP):
     then TP rank + TP size x (CP rank + CP size x (PP rank + PP size x DP rank)). Without DP
     attention the TP rank is the whole group's, which tells the CP ranks apart already."""
     def get(name: str, default: int) -> int:
         return int(getattr(config, name, default) or default)
 
-    tp, tp_size, pp, pp_size, dp = (get("tp_rank", 0), get("tp_size", 1), get("pp_rank", 0),
-                                    get("pp_size", 1), get("dp_rank", 0))
+    tp, tp_size, pp, pp_size = get("tp_rank", 0), get("tp_size", 1), get("pp_rank", 0), get("pp_size", 1)
+    dp = dp_rank_of(config)  # plain DP: the replica's index, which the storage config lacks
     cp, cp_size = get("attn_cp_rank", 0), get("attn_cp_size", 1)
     if cp_size == 1 or not _dp_attention():
         cp, cp_size = 0, 1
@@ -479,15 +481,25 @@ class RadixKVStore(HiCacheStorage):
                 logger.warning("radixkv: batch_*_v2 got a malformed transfer %r: %s: %s", tr, type(e).__name__, e)
                 continue
             what = f"batch_{'set' if write else 'get'}_v2[{name}]"
+            # Pages written (see batch_set_v1), counted only with storage metrics on.
+            moved = [0] if write and self._metrics_on else None
 
-            def run(tr: PoolTransfer = tr, name: str = name, keys: List[str] = keys) -> List[bool]:
+            def run(tr: PoolTransfer = tr, name: str = name, keys: List[str] = keys,
+                    moved: Optional[List[int]] = moved) -> List[bool]:
                 b = self._binding(name)
                 plan, ns = (b.plan, b.ns) if name == str(PoolName.KV) else (b.flat, b.ns_flat)
                 info = extra_info if name == str(PoolName.KV) else None  # sidecars: no parent chain
-                fn = self._write_pages if write else self._read_pages
-                return fn(b, plan, ns, keys, tr.host_indices, info)
+                if write:
+                    return self._write_pages(b, plan, ns, keys, tr.host_indices, info, moved)
+                return self._read_pages(b, plan, ns, keys, tr.host_indices, info)
 
-            out[name] = self._guard(what, len(keys), run) if keys else []
+            t0 = time.perf_counter()
+            ok = out[name] = self._guard(what, len(keys), run) if keys else []
+            # One sample per pool transfer, in that pool's page bytes (as SGLang's HiCacheHF3FS
+            # records its v2 calls): the v2 path (hybrid models) fed SGLang's histograms nothing.
+            b = self._bindings.get(name)
+            pages = (moved[0] if moved else 0) if write else sum(ok)
+            self._record("backup" if write else "prefetch", pages, pages * (b.flat.chunk_bytes if b else 0), t0)
         return out
 
     def batch_set_v2(self, transfers: List[PoolTransfer],

@@ -22,8 +22,9 @@ SGLang's own (``backend_name``, ``module_path``, ``class_name``, ...):
 
 Per-rank state (:func:`per_rank_config`, :func:`check_mla_sharing`): every scheduler rank of a server
 (TP x PP x CP x DP) builds its own store from the same extra config. A disk tier that is not
-``shared`` is then one directory per rank, ``<root>/tp<r>of<n>.pp<r>of<n>.cp<r>of<n>.dp<r>``, and its
-capacity is per rank; ``shared`` disk tiers and Redis are used as given. An MLA model with non-writer
+``shared`` is then one directory per rank, ``<root>/tp<r>of<n>.pp<r>of<n>.cp<r>of<n>.dp<r>`` (the DP
+part: the attention-DP rank, or the replica's index under plain ``--dp-size``), and its capacity is
+per rank; ``shared`` disk tiers and Redis are used as given. An MLA model with non-writer
 TP ranks needs a tier those ranks share (Redis, or a ``shared`` disk tier) and ``probe_tiers`` on.
 
 Without ``tiers``/``config_file``, the store comes from the ``RADIXKV_*`` environment
@@ -52,7 +53,7 @@ from radixkv.errors import ConfigError
 from radixkv.keys import KEY_RE, Namespace
 
 __all__ = ["RadixKVOptions", "namespace_for", "sglang_model_digest", "tp_replicated", "DEFAULT_TIERS", "interface_v1_of",
-           "rank_dir", "per_rank_config", "tier_is_shared", "check_mla_sharing"]
+           "dp_rank_of", "rank_dir", "per_rank_config", "tier_is_shared", "check_mla_sharing"]
 
 logger = logging.getLogger(__name__)
 
@@ -247,18 +248,43 @@ def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, 
 
 # ---------------------------------------------------------------------------- per-rank state
 
+def dp_rank_of(config: Any) -> int:
+    """This scheduler's data-parallel rank: with DP attention the attention-DP rank SGLang's storage
+    config carries; with plain data parallelism (``--dp-size N`` without DP attention: N replicas
+    from SGLang's DataParallelController) the replica's index, which the storage config does not
+    carry (``HiCacheController._generate_storage_config`` passes ``dp_rank=0`` to every replica)
+    and SGLang publishes as ``runtime_context.get_parallel().dp_rank`` (None without a DP
+    controller); 0 when neither applies. It names a scheduler among the host's (disk directory,
+    metrics port), not its KV: replicas hold the same KV and keep one namespace (:func:`namespace_for`)."""
+    dp = int(getattr(config, "dp_rank", 0) or 0)
+    if dp:
+        return dp
+    try:
+        from sglang.srt.layers.dp_attention import is_dp_attention_enabled
+        from sglang.srt.runtime_context import get_parallel
+
+        if is_dp_attention_enabled():  # the config's rank is the attention-DP rank: 0 it is
+            return 0
+        replica = get_parallel().dp_rank
+    except Exception:  # no published context (a tool, a test): no DP controller either
+        return 0
+    return int(replica or 0)
+
+
 def rank_dir(config: Any) -> str:
     """The name of this scheduler rank's own directory under a non-shared disk tier's root: its
-    shard coordinates, as MHA namespaces spell them (``tp0of2.pp0of1.cp0of1.dp0``). Stable across
-    restarts (a rank finds its own files again) and distinct for every scheduler of a server. The
-    dots keep it apart from namespace directories (``radixkv.keys.KEY_RE`` has none), so nothing
-    that walks a root's namespaces ever takes it for one."""
+    coordinates, as MHA namespaces spell them (``tp0of2.pp0of1.cp0of1.dp0``), the DP part being
+    :func:`dp_rank_of` (the replica's index under plain data parallelism, so replicas on one host
+    get a directory each; ``dp0`` without DP, as before). Stable across restarts (a rank finds its
+    own files again) and distinct for every scheduler of a server. The dots keep it apart from
+    namespace directories (``radixkv.keys.KEY_RE`` has none), so nothing that walks a root's
+    namespaces ever takes it for one."""
     def get(name: str, default: int) -> int:
         v = getattr(config, name, default)
         return int(default if v is None else v)
 
     return (f"tp{get('tp_rank', 0)}of{get('tp_size', 1)}.pp{get('pp_rank', 0)}of{get('pp_size', 1)}"
-            f".cp{get('attn_cp_rank', 0)}of{get('attn_cp_size', 1)}.dp{get('dp_rank', 0)}")
+            f".cp{get('attn_cp_rank', 0)}of{get('attn_cp_size', 1)}.dp{dp_rank_of(config)}")
 
 
 def tier_is_shared(tc: TierConfig) -> bool:
@@ -281,7 +307,7 @@ def per_rank_config(store: StoreConfig, config: Any) -> StoreConfig:
     ``<root>/<rank_dir(config)>``.
 
     SGLang hands every scheduler rank the same extra config, so without this all ranks of a TP/PP/
-    DP server would open one directory each believing it owns it: a starting rank's scan indexes
+    CP/DP server (and all replicas of a ``--dp-size`` server) would open one directory each believing it owns it: a starting rank's scan indexes
     and evicts the other ranks' files and deletes their temp and spare files, spare names collide,
     and the directory holds up to ranks x capacity. With one directory per rank each rank owns its
     files, restarts find them again, and a tier's ``capacity`` is per rank. Shared disk tiers are

@@ -56,16 +56,30 @@ __all__ = ["RadixKVConnector"]
 logger = logging.getLogger(__name__)
 
 
-def _parallel_ranks(vllm_config: VllmConfig) -> tuple[int, int, int, int, int]:
-    """(TP rank, TP size, PP rank, PP size, DP rank) of this worker."""
+def _parallel_ranks(vllm_config: VllmConfig) -> tuple[int, int, int, int, int, int, int]:
+    """(TP rank, TP size, PP rank, PP size, PCP rank, PCP size, DP index) of this worker.
+
+    The DP index is ``data_parallel_index``, not ``data_parallel_rank``: vLLM runs the DP ranks of a
+    dense (non-MoE) model as independent engines and resets their ``data_parallel_rank`` to 0
+    (``ParallelConfig.reconfigure_for_independent_dp_rank``), keeping the index distinct. The PCP
+    rank tells apart the prefill-context-parallel workers of one TP/PP rank, which are separate
+    processes with the same TP/PP ranks."""
     pc = vllm_config.parallel_config
     tp_size, pp_size = int(pc.tensor_parallel_size), int(pc.pipeline_parallel_size)
-    tp_rank = pp_rank = 0
+    pcp_size = int(getattr(pc, "prefill_context_parallel_size", 1) or 1)
+    tp_rank = pp_rank = pcp_rank = 0
     if tp_size > 1 or pp_size > 1:
         from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
 
         tp_rank, pp_rank = get_tensor_model_parallel_rank(), get_pp_group().rank_in_group
-    return tp_rank, tp_size, pp_rank, pp_size, int(getattr(pc, "data_parallel_rank", 0) or 0)
+    if pcp_size > 1:
+        from vllm.distributed.parallel_state import get_pcp_group
+
+        pcp_rank = get_pcp_group().rank_in_group
+    dp = getattr(pc, "data_parallel_index", None)
+    if dp is None:
+        dp = getattr(pc, "data_parallel_rank", 0)
+    return tp_rank, tp_size, pp_rank, pp_size, pcp_rank, pcp_size, int(dp or 0)
 
 
 def _refuse_context_parallel_kv(vllm_config: VllmConfig) -> None:
@@ -129,7 +143,7 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
         else:
             from radixkv.adapters.vllm_worker import WorkerSide
 
-            tp_rank, tp_size, pp_rank, pp_size, dp_rank = _parallel_ranks(vllm_config)
+            tp_rank, tp_size, pp_rank, pp_size, pcp_rank, pcp_size, dp_rank = _parallel_ranks(vllm_config)
             model = self.options.model_name or str(vllm_config.model_config.model)
             # The name alone does not fix the KV (revision, quantization, RoPE overrides...): the digest
             # of the rest goes into every namespace, with an explicit model_name too.
@@ -146,6 +160,8 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
                 pp_rank,
                 pp_size,
                 dp_rank=dp_rank,
+                pcp_rank=pcp_rank,
+                pcp_size=pcp_size,
                 model_digest=model_digest,
                 num_kv_cache_groups=len(kv_cache_config.kv_cache_groups),
             )

@@ -1,6 +1,6 @@
 """Worker side of the vLLM connector: owns the store and moves bytes between it and vLLM's KV blocks.
 
-One instance per vLLM worker process (one per TP/PP rank). Per step, with the bound
+One instance per vLLM worker process (one per TP/PP/PCP rank). Per step, with the bound
 :class:`RadixKVMetadata`:
 
 * lookups: one ``store.lookup`` per KV-cache group over the request's chunk keys (with the store's
@@ -50,7 +50,7 @@ def open_store(options: VllmConnectorOptions, rank: int = 0) -> Any:
     """The worker's :class:`radixkv.store.HierarchicalStore` for ``options`` (see VllmConnectorOptions):
     the ``store`` mapping, else ``store_config_file``, each over the non-tier ``RADIXKV_*``
     variables (the mapping's keys win; the variables override the file), else the ``RADIXKV_*``
-    environment. ``rank`` (the worker's rank: TP, PP and DP) moves
+    environment. ``rank`` (the worker's rank on its host: TP, PCP, PP and DP) moves
     ``metrics_port`` up so each worker serves its own."""
     import dataclasses
     import os
@@ -129,11 +129,15 @@ class WorkerSide:
         dp_rank: int = 0,
         model_digest: str = "",
         num_kv_cache_groups: int | None = None,
+        pcp_rank: int = 0,
+        pcp_size: int = 1,
     ) -> None:
         """``model_digest``: :func:`~radixkv.adapters.vllm_options.model_identity_digest` of the
         deployment, part of every group's namespace (``""`` only for tools without a vLLM config).
         ``groups`` are the KV-cache groups radixkv stores; ``num_kv_cache_groups`` is vLLM's total
-        (None: ``len(groups)``), which decides how a failed load is reported."""
+        (None: ``len(groups)``), which decides how a failed load is reported. ``pcp_rank`` /
+        ``pcp_size``: the worker's prefill-context-parallel rank (it moves the metrics port only:
+        PCP alone replicates the KV on every PCP rank, so the namespace stays the TP/PP rank's)."""
         self.options = options
         self.geometries = groups
         self.chunk_tokens = chunk_tokens
@@ -142,10 +146,11 @@ class WorkerSide:
         self.num_kv_cache_groups = len(groups) if num_kv_cache_groups is None else num_kv_cache_groups
         self.kv_cache_layout = kv_cache_layout
         self.ranks = (tp_rank, tp_size, pp_rank, pp_size)
-        # This worker among all of the host's: its metrics port offset. Data-parallel ranks are
-        # separate engines with the same TP/PP ranks, so the DP rank counts too (their namespaces do
-        # not differ: DP replicas hold the same KV and share it).
-        self.metrics_rank = tp_rank + tp_size * (pp_rank + pp_size * dp_rank)
+        # This worker among all of the host's: its metrics port offset, in vLLM's rank order (DP,
+        # PP, PCP, TP). Data-parallel ranks are separate engines with the same TP/PP ranks, and PCP
+        # ranks separate workers with the same TP/PP ranks, so both count too (their namespaces do
+        # not differ: DP replicas and PCP ranks hold the same KV and share it).
+        self.metrics_rank = tp_rank + tp_size * (pcp_rank + pcp_size * (pp_rank + pp_size * dp_rank))
         self.store = store
         self.groups: list[_Group | None] = []  # per KV-cache group; None: another stage's
         self._meta: RadixKVMetadata | None = None

@@ -202,3 +202,47 @@ def test_interface_v1_string_is_read_as_sglang_reads_it(tmp_path, value):
         assert h.page_bytes_at(res.host_indices) == want
     finally:
         h.close()
+
+
+def test_plain_dp_replicas_own_a_directory_and_a_metrics_port_each(tmp_path):
+    # Before: with --dp-size 2 (no DP attention) HiCacheController passes dp_rank=0 to both replicas,
+    # so both opened <root>/tp0of1.pp0of1.cp0of1.dp0 and asked for one metrics port; a restarting
+    # replica's scan indexed the other's files and evicted them to fit its capacity.
+    import socket
+
+    from sglang.srt.runtime_context import get_parallel
+
+    with socket.socket() as s:  # a base port nothing listens on (the ports are only compared)
+        s.bind(("127.0.0.1", 0))
+        base = s.getsockname()[1]
+    spec = PoolSpec(kind="mha", layout="page_first", page_size=4, host_tokens=256)
+    root = tmp_path / "l3"
+    # Room for 10 pages (frame overhead included): one replica's 8 fit, both replicas' 16 do not.
+    cfg = extra_config([disk_tier(root, capacity=10 * (spec.page_bytes + 200))], metrics_port=base)
+    toks = {r: tokens(32, seed=70 + r) for r in (0, 1)}  # each replica served its own prompts
+    want, roots, ports = {}, {}, {}
+    for r in (0, 1):
+        with get_parallel().override(dp_rank=r):  # as SGLang's scheduler publishes SpawnRanks.dp_rank
+            h = ControllerHarness(spec, extra_config=cfg)
+            try:
+                assert h.backend.storage_config.dp_rank == 0  # SGLang's own config cannot tell them apart
+                src = h.alloc(32)
+                h.fill_random(src, seed=80 + r)
+                want[r] = h.page_bytes_at(src)
+                assert h.backup(toks[r], src) == 32
+            finally:
+                h.close()
+    for r in (1, 0):  # replica 1 restarts first: before the fix its scan evicted replica 0's files
+        with get_parallel().override(dp_rank=r):
+            h = ControllerHarness(spec, extra_config=cfg)
+            try:
+                res = h.prefetch(toks[r])
+                assert res.hit_tokens == 32 and res.loaded_tokens == 32, f"replica {r}"
+                assert h.page_bytes_at(res.host_indices) == want[r]
+                roots[r] = _disk_root(h.backend)
+                ports[r] = unwrap(h.backend).store.config.metrics_port
+            finally:
+                h.close()
+    # no DP controller keeps dp0, so a server without --dp-size keeps its directory
+    assert roots == {r: str(root / f"tp0of1.pp0of1.cp0of1.dp{r}") for r in (0, 1)}
+    assert ports == {0: base, 1: base + 1}

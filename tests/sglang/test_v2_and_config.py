@@ -191,3 +191,34 @@ def test_batch_calls_never_raise_on_bad_input():
         assert b.counters["failed_calls"] >= 3
     finally:
         h.close()
+
+
+def test_v2_calls_record_storage_metric_samples():
+    # SGLang drains per-call samples through get_stats for its backup/prefetch histograms on both
+    # paths (its HiCacheHF3FS records one per pool transfer of a v2 call). Before, batch_*_v2 (the
+    # path of hybrid models) recorded none: a hybrid server's L3 histograms stayed empty.
+    spec = PoolSpec(layout="page_first", page_size=4, host_tokens=256)
+    h = ControllerHarness(spec, extra_config=extra_config([mem_tier()]))
+    side = build_pools(PoolSpec(layout="layer_first", page_size=4, layers=1, heads=1, host_tokens=256)).host_pool
+    backend = unwrap(h.backend)
+    backend.register_mem_host_pool_v2(side, PoolName.SWA)
+    try:
+        keys = h.page_keys(tokens(24, seed=62))  # 6 pages
+        kv_src, sw_src = h.alloc(24), side.alloc(8)
+        h.fill_random(kv_src, seed=2)
+        backend.get_stats()  # drain anything earlier
+        transfers = [PoolTransfer(name=PoolName.KV, host_indices=kv_src, keys=keys),
+                     PoolTransfer(name=PoolName.SWA, host_indices=sw_src, keys=keys[4:])]
+        assert backend.batch_set_v2(transfers) == {"kv": [True] * 6, "swa": [True, True]}
+        st = backend.get_stats()
+        assert sorted(st.backup_pgs) == [2, 6] and len(st.backup_bandwidth) == 2
+        assert backend.batch_set_v2(transfers) == {"kv": [True] * 6, "swa": [True, True]}
+        st = backend.get_stats()
+        assert st.backup_pgs == []  # every page held already: nothing transferred, no sample
+        got = backend.batch_get_v2([PoolTransfer(name=PoolName.KV, host_indices=h.alloc(24), keys=keys),
+                                    PoolTransfer(name=PoolName.SWA, host_indices=side.alloc(8), keys=keys[4:])])
+        assert got == {"kv": [True] * 6, "swa": [True, True]}
+        st = backend.get_stats()
+        assert sorted(st.prefetch_pgs) == [2, 6] and len(st.prefetch_bandwidth) == 2
+    finally:
+        h.close()

@@ -366,10 +366,13 @@ def test_a_pipeline_stage_without_some_groups_stores_and_loads_its_own(model_dir
     conn.shutdown()
 
 
-def test_data_parallel_ranks_serve_metrics_on_their_own_port_and_share_the_namespace(model_dir):
+@pytest.mark.parametrize("moe", [True, False], ids=["moe", "dense"])
+def test_data_parallel_ranks_serve_metrics_on_their_own_port_and_share_the_namespace(model_dir, moe):
     """Each DP rank is an engine of its own with the same TP/PP ranks: its metrics port moves by the
     DP rank too (two DP ranks on one host used to collide), while the namespace stays the same (DP
-    replicas hold the same KV and share it)."""
+    replicas hold the same KV and share it). The engine core stamps ``data_parallel_index``; for a
+    dense model it then resets ``data_parallel_rank`` to 0 (the ranks run as independent engines):
+    before, the connector read that rank and every dense DP engine asked for one port."""
     import socket
     import urllib.request
 
@@ -385,8 +388,13 @@ def test_data_parallel_ranks_serve_metrics_on_their_own_port_and_share_the_names
                           "metrics_addr": "127.0.0.1"},
             }
             cfg = make_vllm_config(model_dir, extra)
-            cfg.parallel_config.data_parallel_size = 3
-            cfg.parallel_config.data_parallel_rank = dp_rank
+            pc = cfg.parallel_config
+            pc.data_parallel_size = 3
+            pc.data_parallel_rank = dp_rank
+            pc.data_parallel_index = dp_rank  # as vLLM's EngineCoreProc stamps it
+            if not moe:
+                pc.reconfigure_for_independent_dp_rank()  # vLLM's own reset for non-MoE DP ranks
+                assert pc.data_parallel_rank == 0
             eng = Engine(cfg, make_kv_cache_config())
             engines.append(eng)
             w = eng.worker._worker
@@ -398,6 +406,45 @@ def test_data_parallel_ranks_serve_metrics_on_their_own_port_and_share_the_names
     finally:
         for eng in engines:
             eng.close()
+
+
+def test_prefill_context_parallel_ranks_serve_metrics_on_their_own_port_and_share_the_namespace(
+        model_dir, monkeypatch):
+    """The PCP ranks of one TP/PP rank are separate worker processes with the same TP/PP ranks.
+    Before, they all asked for one metrics port (all but one ran without their endpoint). PCP alone
+    replicates the KV (vLLM's PCP cache gather keeps a complete replica on every PCP rank), so their
+    namespace stays the same."""
+    import socket
+    from types import SimpleNamespace
+
+    import vllm.distributed.parallel_state as parallel_state
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm_harness import make_kv_caches
+
+    with socket.socket() as s:  # a base port nothing listens on (the ports are only compared)
+        s.bind(("127.0.0.1", 0))
+        base = s.getsockname()[1]
+    extra = {"chunk_tokens": CHUNK, "store": {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24}],
+                                              "metrics_port": base, "metrics_addr": "127.0.0.1"}}
+    ports, namespaces = {}, {}
+    for pcp_rank in (0, 1):
+        cfg = make_vllm_config(model_dir, extra)
+        cfg.parallel_config.prefill_context_parallel_size = 2
+        # the PCP group vLLM builds in each worker (initialize_model_parallel)
+        monkeypatch.setattr(parallel_state, "get_pcp_group",
+                            lambda r=pcp_rank: SimpleNamespace(rank_in_group=r, world_size=2))
+        kcc = make_kv_cache_config()
+        conn = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, kcc)
+        try:
+            conn.register_kv_caches(make_kv_caches(kcc))
+            w = conn._worker
+            ports[pcp_rank] = w.store.config.metrics_port
+            namespaces[pcp_rank] = w.groups[0].namespace
+        finally:
+            conn.shutdown()
+    assert ports == {0: base, 1: base + 1}
+    assert namespaces[0] == namespaces[1]
 
 
 def _namespace_of(cfg) -> Any:
