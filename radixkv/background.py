@@ -4,7 +4,9 @@ The store runs write-through copies, promotions and prefetches here. Every submi
 :class:`Job` handle (``wait``, ``cancel``, ``done``). The queue is bounded: a submitter either blocks
 for room (backpressure) or gets ``None`` back and decides what to do (skip a promotion, run inline).
 :meth:`WorkerPool.close` either flushes (runs everything queued) or cancels what has not started,
-then joins every thread, so a closed pool leaves no thread behind.
+then joins every thread, so a closed pool leaves no thread behind. A pool dropped without
+:meth:`WorkerPool.close` is collected like any object (its threads hold it only while they run a
+job); its threads then run what was queued and exit within ``_ORPHAN_POLL_S`` seconds.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from typing import Any, Callable, Generic, TypeVar
 
 __all__ = ["Job", "WorkerPool"]
@@ -24,6 +27,10 @@ T = TypeVar("T")
 
 _PENDING, _RUNNING, _DONE, _CANCELLED = "pending", "running", "done", "cancelled"
 _SUBMIT_POLL_S = 0.05  # how often a submit waiting for room checks whether the pool closed
+# How often an idle thread checks whether its pool was dropped without close(). A poll, not a
+# weakref callback: a callback runs inside the garbage collector, in whatever thread triggered it,
+# possibly while that thread holds the queue's lock (queue.Queue is not reentrant).
+_ORPHAN_POLL_S = 1.0
 
 
 class Job(Generic[T]):
@@ -141,8 +148,11 @@ class WorkerPool:
         self._inflight = 0
         self._idle = threading.Condition()
         self._depth_lock = threading.Lock()  # see _report_depth
+        # The threads hold the pool weakly (a bound method would keep it, and through on_depth
+        # the store's metrics and tiers, alive for as long as they wait).
         self._threads = [
-            threading.Thread(target=self._loop, name=f"radixkv-{self.name}-{i}", daemon=True)
+            threading.Thread(target=_serve, args=(weakref.ref(self), self._queue),
+                             name=f"radixkv-{self.name}-{i}", daemon=True)
             for i in range(self._n_threads)
         ]
         if not self._closed:
@@ -260,17 +270,6 @@ class WorkerPool:
                 job.cancel()
                 self._finish_one()
 
-    def _loop(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            self._report_depth()
-            try:
-                job._run()
-            finally:
-                self._finish_one()
-
     def _finish_one(self) -> None:
         with self._idle:
             self._inflight -= 1
@@ -285,3 +284,27 @@ class WorkerPool:
         if self._on_depth is not None:
             with self._depth_lock:
                 self._on_depth(self._queue.qsize())
+
+
+def _serve(pool_ref: weakref.ref[WorkerPool], jobs: queue.Queue[Job[Any] | None]) -> None:
+    """One pool thread: run jobs until a stop marker, or until the pool is gone (dropped without
+    close()) and its queue is empty. It holds the pool only while it runs a job."""
+    while True:
+        try:
+            job = jobs.get(timeout=_ORPHAN_POLL_S)
+        except queue.Empty:
+            if pool_ref() is None:
+                return
+            continue
+        if job is None:
+            return
+        pool = pool_ref()
+        if pool is None:  # dropped with jobs queued: run them, as close(flush=True) would
+            job._run()
+            continue
+        pool._report_depth()
+        try:
+            job._run()
+        finally:
+            pool._finish_one()
+            del pool, job  # hold neither while waiting for the next job

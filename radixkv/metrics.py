@@ -316,6 +316,12 @@ class StoreMetrics:
         if handle is None:
             return
         server, thread = handle  # type: ignore[misc]
+        if thread is threading.current_thread():
+            # A dropped store's finalizer, run by the garbage collector in the server's own thread:
+            # shutdown() would wait forever for the loop this thread is running.
+            threading.Thread(target=StoreMetrics.stop_serving, args=(handle,),
+                             name="radixkv-metrics-stop", daemon=True).start()
+            return
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from typing import Any, Sequence
 
 import torch
@@ -159,6 +160,15 @@ class HierarchicalStore:
         for q in ("write", "prefetch"):
             self.metrics.queue_depth(q, 0)
         self._metrics_server = self.metrics.serve(config.metrics_port, config.metrics_addr)
+        # A store dropped without close() gives its port back when it is collected: the server's
+        # thread holds the registry (and through its tier collector the tiers), not the store.
+        # Not at exit: the daemon thread ends with the process.
+        self._stop_serving: weakref.finalize | None = None
+        if self._metrics_server is not None:
+            self._stop_serving = weakref.finalize(
+                self, StoreMetrics.stop_serving, self._metrics_server
+            )
+            self._stop_serving.atexit = False
 
     # ------------------------------------------------------------------ properties
     @property
@@ -620,7 +630,8 @@ class HierarchicalStore:
                 self._persist_write_back(flush, time.monotonic() + timeout)
             except Exception:  # closing must still close the tiers
                 logger.exception("radixkv: persisting a write_back store at close failed")
-        self.metrics.stop_serving(self._metrics_server)
+        if self._stop_serving is not None:
+            self._stop_serving()  # runs once
         # Slowest first: work close() stopped waiting for that then fails on a closed memory tier
         # (a refused put makes room by evicting) finds the persistent tiers below already closed,
         # and a closed tier deletes nothing.

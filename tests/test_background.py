@@ -82,3 +82,30 @@ def test_depth_reports_end_at_the_queue_size():
     finally:
         go.set()
         pool.close(flush=True, timeout_s=5)
+
+
+def test_threads_of_a_pool_dropped_without_close_exit():
+    # Found by a soak hunt: each thread's loop was a bound method of its pool, so a pool nobody
+    # closed was never collected and its idle threads blocked forever (a store dropped without
+    # close() kept its 4 threads, and through the pool's depth callback its whole tier stack).
+    import gc
+    import weakref
+
+    def left() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("radixkv-dropped-")]
+
+    assert not left()
+    ran: list[int] = []
+    refs = []
+    for _ in range(20):
+        pool = WorkerPool("dropped", n_threads=2, max_queue=4)
+        assert pool.submit(lambda j: ran.append(1), None).wait(5) is None
+        refs.append(weakref.ref(pool))
+        del pool
+    deadline = time.monotonic() + 10
+    while (left() or any(r() is not None for r in refs)) and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    assert all(r() is None for r in refs), "an idle pool nobody closed is still alive"
+    assert not left(), f"{len(left())} threads of 20 dropped pools still run"
+    assert len(ran) == 20

@@ -7,6 +7,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from store_helpers import buffers, chain, new_namespace, payload_for
 
 
@@ -133,3 +135,57 @@ def test_a_closed_store_is_freed_without_the_cycle_collector(tmp_path, request):
     finally:
         if was_enabled:
             gc.enable()
+
+
+@pytest.mark.parametrize(
+    "kinds", [("mem", "disk"), ("mem", "disk", "redis")], ids=["mem-disk", "mem-disk-redis"]
+)
+def test_a_store_dropped_without_close_leaves_no_threads_or_sockets(tmp_path, request, kinds):
+    """A store nobody closed (an exception between building and closing it, an engine that never
+    calls shutdown) is collected with its tiers once dropped, and its threads and Redis sockets
+    end. Before: its worker pools' threads were never stopped and, through the pools' depth
+    callbacks, kept the metrics and the whole tier stack alive: every such store left 4 store
+    threads, the tiers' I/O threads, the memory tier's buffer and its Redis connections behind
+    (measured: +5 threads and +1 Redis connection per cycle)."""
+    import gc
+    import os
+    import weakref
+
+    from radixkv.config import StoreConfig
+    from radixkv.store import HierarchicalStore
+    from store_helpers import tier_config
+
+    def radixkv_threads() -> int:
+        return sum(t.name.startswith("radixkv") for t in threading.enumerate())
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    cycles = 12
+    gc.collect()
+    threads_before, fds_before = radixkv_threads(), fds()
+    refs = []
+    for i in range(cycles):
+        tiers = [tier_config(k, tmp_path, request) for k in kinds]
+        store = HierarchicalStore(StoreConfig(tiers=tiers))
+        ns = new_namespace()
+        _, keys = chain(i, 3)
+        assert store.put(ns, keys, [payload_for(k) for k in keys]) == [True] * 3
+        assert store.get(ns, keys, buffers(3)) == 3
+        assert store.flush(30)
+        refs.append(weakref.ref(store.tiers[0]))
+        del store  # never closed
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        gc.collect()
+        if radixkv_threads() <= threads_before and fds() <= fds_before + 2:
+            break
+        time.sleep(0.1)
+    gc.collect()
+    assert [r() for r in refs].count(None) == cycles, "tiers of dropped stores are still alive"
+    assert radixkv_threads() <= threads_before, (
+        f"{radixkv_threads() - threads_before} threads of {cycles} dropped stores still run"
+    )
+    assert fds() <= fds_before + 2, (
+        f"{fds() - fds_before} file descriptors more after {cycles} dropped stores"
+    )

@@ -142,3 +142,40 @@ def test_a_metrics_port_in_use_is_a_warning_not_an_error(make_store, caplog):
         ns = new_namespace()
         _, keys = chain(6, 1)
         assert store.put(ns, keys, [payload_for(keys[0])]) == [True]
+
+
+def test_a_store_dropped_without_close_stops_serving_its_metrics(tmp_path, request):
+    """A store nobody closed must give its metrics port back once it is collected. Before: the HTTP
+    server's thread held the registry (and through its tier collector, every tier) forever, so each
+    dropped store kept a listening socket, a thread and its tier stack, and a new store on the same
+    port could not serve (a warning, no metrics)."""
+    import gc
+    import socket
+    import threading
+    import time
+    import urllib.request
+
+    from radixkv.config import StoreConfig
+    from radixkv.store import HierarchicalStore
+    from store_helpers import tier_config
+
+    with socket.socket() as sk:  # a free port
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    threads_before = threading.active_count()
+    for i in range(3):
+        store = HierarchicalStore(StoreConfig(tiers=[tier_config("mem", tmp_path, request)],
+                                              metrics_port=port, metrics_addr="127.0.0.1"))
+        ns = new_namespace()
+        _, keys = chain(i, 1)
+        store.lookup(ns, keys)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'radixkv_lookup_chunks_total{result="miss"} 1.0' in body, f"cycle {i}: not served"
+        del store, body  # never closed
+        gc.collect()
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+    deadline = time.monotonic() + 10
+    while threading.active_count() > threads_before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= threads_before
