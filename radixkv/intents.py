@@ -73,15 +73,23 @@ class WriteDeleteIntents:
 
     def tier_delete(self, t: int, ns: str, keys: Sequence[str]) -> bool:
         """Delete best effort. A batch of which the tier found fewer keys than asked may have failed
-        (a server down answers 0 without trying), so its keys are remembered and retried later
-        (:meth:`retry_deletes`). Returns True if the tier found every key."""
+        (a server down answers 0 without trying): if the tier raised, or saw a fault during the call
+        (its ``fault_mark`` moved), its keys are remembered and retried later (:meth:`retry_deletes`).
+        A shortfall without a fault is keys the tier does not hold (a disk that never had them, a
+        value that expired): nothing to retry. (A disk tier keeps a file it failed to remove
+        indexed and evicts it itself.) Returns True if the tier found every key."""
         if not keys:
             return True
+        tier = self.tiers[t]
+        fault_mark = getattr(tier, "fault_mark", None)
+        faulted = False
         try:
-            ok = self.tiers[t].delete_many(ns, keys) >= len(keys)
+            mark = fault_mark() if fault_mark is not None else 0
+            ok = tier.delete_many(ns, keys) >= len(keys)
+            faulted = not ok and fault_mark is not None and fault_mark() != mark
         except Exception:
-            ok = False
-        if not ok:
+            ok, faulted = False, True
+        if faulted:
             now = time.monotonic()
             with self.cond:
                 pending = self._retry_deletes[t]

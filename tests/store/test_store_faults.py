@@ -209,6 +209,24 @@ class TestRedisDown:
         finally:
             store.close()
 
+    @pytest.mark.parametrize("lower", ["disk", "redis"])
+    def test_deletes_of_keys_a_healthy_tier_lacks_are_not_retried(self, make_store, redis_url, lower):
+        """Found by a soak hunt: ``store.delete`` of chunks a healthy lower tier never held (memory
+        only: write_back before any demotion) counted the tier's shortfall as a possibly failed
+        delete, so every such key was remembered for a retry: the list filled up to its cap with
+        healthy tiers, and the deletes an outage really failed were then no longer remembered. Only
+        a delete during which the tier raised or saw a fault (its ``fault_mark`` moved) is kept."""
+        store = make_store(("mem", lower), urls={"redis": redis_url}, write_policy="write_back",
+                           chunks={"mem": 64})
+        ns = new_namespace()
+        for i in range(8):
+            keys = chain(200 + i, 4)[1]
+            put_chain(store, ns, keys)  # resident in memory only: nothing was demoted yet
+            store.delete(ns, keys)
+        pending = store._stack._retry_deletes[1]
+        assert not pending, f"{len(pending)} deletes of keys {lower} never held wait for a retry"
+        store.check_integrity()
+
     def test_cluster_as_lower_tier(self, make_store, redis_cluster_url):
         store = make_store(
             ("mem", "redis"),
