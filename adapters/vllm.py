@@ -9,6 +9,8 @@ every worker (worker role). Importing it loads vLLM's connector base classes onl
 radixkv.kernels and the store are touched first in ``register_kv_caches`` of a worker. The class is a
 thin switchboard: the scheduler half is :mod:`radixkv.adapters.vllm_scheduler`, the worker half
 :mod:`radixkv.adapters.vllm_worker`, the messages between them :mod:`radixkv.adapters.vllm_meta`.
+``reset_cache`` (vLLM's connector cache reset, which weight updates go through) makes every chunk
+stored before it a miss for this engine.
 See docs/vllm.md for the design, every option and the limits.
 """
 
@@ -201,6 +203,18 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         if self._scheduler is not None:
             self._scheduler.update_connector_output(connector_output)
+
+    def reset_cache(self) -> bool:
+        """vLLM resets the connector's cache (``reset_prefix_cache(reset_connector=True)``, which
+        ``pause_generation(clear_cache=True)``, ``sleep(level>=1)`` and ``release_kv_cache_memory``
+        call, as weight updates do): from the next step no chunk stored before is loaded by this
+        engine (a fresh cache generation in every namespace; :meth:`SchedulerSide.reset_cache`).
+        True when done; vLLM calls it on the scheduler-side connector only (a worker follows the
+        generation in the step metadata), and a worker-side one answers False."""
+        if self._scheduler is None:
+            logger.warning("radixkv: reset_cache called on a worker-side connector: nothing reset")
+            return False
+        return self._scheduler.reset_cache()
 
     def request_finished(
         self, request: Request, block_ids: list[int]

@@ -62,6 +62,10 @@ class RadixKVMetadata(KVConnectorMetadata):
     loads: list[LoadOp] = field(default_factory=list)
     saves: list[SaveOp] = field(default_factory=list)
     releases: list[str] = field(default_factory=list)  # req ids whose staged chunks can be dropped
+    # The cache generation this step's lookups, loads and saves use: "" until vLLM first resets the
+    # connector's cache (reset_cache), then a fresh random token per reset. Every worker ends each
+    # namespace with it from the first step that carries it (docs/vllm.md §5).
+    generation: str = ""
 
     def is_empty(self) -> bool:
         return not (self.lookups or self.loads or self.saves or self.releases)

@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import re
+import secrets
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -36,6 +37,7 @@ __all__ = [
     "cached_group_ids",
     "dtype_name",
     "model_identity_digest",
+    "new_cache_generation",
 ]
 
 logger = logging.getLogger(__name__)
@@ -48,6 +50,10 @@ _DEFAULT_CHUNK_TOKENS = 256
 _MODEL_DIGEST_TAG = "radixkv-vllm-model-v1"
 _MODEL_DIGEST_HEX = 16  # 64 bits: only distinct configurations of one model name must not collide
 _MODEL_DIGEST_RE = re.compile(r"[0-9a-f]{%d}" % _MODEL_DIGEST_HEX)
+# A cache generation (new_cache_generation): 64 random bits, so no two resets of any engine, before
+# or after a restart, draw the same one and read each other's chunks.
+_GENERATION_BYTES = 8
+_GENERATION_RE = re.compile(r"[0-9a-f]{%d}" % (2 * _GENERATION_BYTES))
 # HF config keys that name files or versions, or only steer tokenization and outputs: they never change
 # a K/V value, and leaving them out keeps two copies of one model (other paths, other transformers
 # version) in one namespace. Keys starting with "_" (``_name_or_path``, ``_commit_hash``, transformers'
@@ -369,6 +375,7 @@ def group_namespace(
     pp_size: int = 1,
     *,
     model_digest: str = "",
+    generation: str = "",
 ) -> Namespace:
     """The namespace of one KV-cache group's chunks on one TP/PP rank.
 
@@ -377,12 +384,20 @@ def group_namespace(
     of the identity as well, so a deployment never reads bytes produced under another layout.
     ``model_digest`` (:func:`model_identity_digest`) ends ``extra`` as ``-m<hex>``, so configurations of
     one model name whose KV differs (revision, quantization, RoPE overrides, ...) never share chunks;
-    ``""`` (tools without a vLLM config only) leaves it out.
+    ``""`` (tools without a vLLM config only) leaves it out. ``generation``
+    (:func:`new_cache_generation`, after vLLM reset the connector's cache) ends ``extra`` as
+    ``-gen<hex>``, so chunks stored before the reset (KV of the weights served then) are never read
+    after it; ``""`` (never reset) leaves the namespace as it was, so stored chunks stay valid.
     """
     if model_digest and not _MODEL_DIGEST_RE.fullmatch(model_digest):
         raise ConfigError(
             f"model_digest={model_digest!r} must be {_MODEL_DIGEST_HEX} lowercase hex characters "
             "(model_identity_digest's output)"
+        )
+    if generation and not _GENERATION_RE.fullmatch(generation):
+        raise ConfigError(
+            f"generation={generation!r} must be {2 * _GENERATION_BYTES} lowercase hex characters "
+            "(new_cache_generation's output) or empty"
         )
     layers = len(geometry.layer_names)
     layout = f"vllm-{kv_cache_layout}-bs{geometry.block_size}-L{layers}-D{geometry.head_size}" + (
@@ -395,8 +410,16 @@ def group_namespace(
         chunk_tokens=chunk_tokens,
         shard=f"tp{tp_rank}of{tp_size}.pp{pp_rank}of{pp_size}",
         extra=f"g{geometry.group_id}-{geometry.kind}"
-        + (f"-m{model_digest}" if model_digest else ""),
+        + (f"-m{model_digest}" if model_digest else "")
+        + (f"-gen{generation}" if generation else ""),
     )
+
+
+def new_cache_generation() -> str:
+    """A fresh cache generation for :func:`group_namespace`: random (``secrets``), never derived
+    from state a later reset or a restarted engine could reproduce, since the chunks of a
+    generation's namespaces may outlive the process in a disk or Redis tier."""
+    return secrets.token_hex(_GENERATION_BYTES)
 
 
 def dtype_name(dtype: object) -> str:

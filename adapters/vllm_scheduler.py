@@ -17,6 +17,11 @@ process owns the store. So a lookup is a round trip through vLLM's own per-step 
 
 A failed load is reported by the worker (block ids to vLLM, request id to us); the request is then never
 offered an external hit again (vLLM's "recompute" policy recomputes it; a stale hit would loop).
+
+``reset_cache`` (vLLM resets the connector's cache, as every weight-update flow does) moves to a
+fresh random *generation*, sent in every step's metadata from then on; the workers end every
+namespace with it from the first step that carries it, so no chunk stored before the reset is loaded
+again.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from radixkv.adapters.vllm_options import (
     GroupGeometry,
     VllmConnectorOptions,
     chunk_keys_from_block_hashes,
+    new_cache_generation,
 )
 
 if TYPE_CHECKING:
@@ -88,6 +94,9 @@ class SchedulerSide:
         self._pending_loads: list[LoadOp] = []
         self._pending_releases: list[str] = []
         self._kv_cache_manager: Any = None
+        # "" until the first reset_cache, then that reset's random token
+        # (RadixKVMetadata.generation).
+        self.generation = ""
         self.stats = {
             "lookups": 0,
             "hit_tokens": 0,
@@ -95,6 +104,7 @@ class SchedulerSide:
             "async_loads": 0,
             "saved_chunks": 0,
             "failed_loads": 0,
+            "resets": 0,
         }
 
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
@@ -221,6 +231,7 @@ class SchedulerSide:
             lookups=self._pending_lookups,
             loads=self._pending_loads,
             releases=self._pending_releases,
+            generation=self.generation,
         )
         self._pending_lookups, self._pending_loads, self._pending_releases = [], [], []
         block_state = getattr(scheduler_output, "kv_connector_block_state", None)
@@ -304,6 +315,38 @@ class SchedulerSide:
             st = self._requests.get(req_id)
             if st is not None:
                 st.async_inflight = False
+
+    def reset_cache(self) -> bool:
+        """vLLM's connector cache reset (``KVConnectorBase_V1.reset_cache``, called through
+        ``reset_prefix_cache(reset_connector=True)``: ``pause_generation(clear_cache=True)``,
+        ``sleep(level>=1)``, ``release_kv_cache_memory``): no chunk stored before it is loaded by
+        this engine again.
+
+        Draws a fresh generation, which the next step's metadata (and every later one) carries to
+        all workers; from that step on they look up, load and save under namespaces ending with it,
+        and fail the loads still waiting for chunks of the old one (vLLM recomputes their blocks).
+        What this side knew of the old generation is dropped: lookups queued, in flight or answered
+        (a late answer no longer matches ``lookup_seq`` and is ignored; the request asks again), and
+        which chunks are stored. A request holding KV computed before the reset (one running through
+        it, or waiting for an asynchronous load) stores nothing more until it restarts from its
+        local hit: its later chunks attend to that KV. A request preempted by the reset
+        (``reset_running_requests``) restarts so, and stores its chunks under the new generation.
+
+        Returns True: the reset is complete for vLLM's purposes (the workers switch before any
+        lookup, load or save of the next step, with no round trip), and nothing here can fail.
+        vLLM calls it between steps, never inside ``schedule``."""
+        self.generation = new_cache_generation()
+        self._pending_lookups = []
+        for st in self._requests.values():
+            st.lookup_seq, st.hit_chunks, st.hit_ready = None, None, False
+            st.stored_chunks, st.stored_known = 0, False
+        self.stats["resets"] += 1
+        logger.info(
+            "radixkv: connector cache reset by vLLM: cache generation %s from the next step; "
+            "chunks stored before it are no longer read",
+            self.generation,
+        )
+        return True
 
     def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
         """Saves are copied out within the step that computed them and loads write only blocks vLLM

@@ -19,6 +19,11 @@ One instance per vLLM worker process (one per TP/PP/PCP rank). Per step, with th
 A chunk that cannot be read (evicted between lookup and load, checksum mismatch, tier down) is a failed
 load: its block ids go to ``get_block_ids_with_load_errors`` (vLLM's ``kv_load_failure_policy``
 recomputes them) and the request id goes back to the scheduler side, which stops offering hits for it.
+
+Cache generations: after vLLM resets the connector's cache (weight updates do), the metadata carries
+a new ``generation``. From the first step that carries it, every group's namespace ends with it (so
+no chunk stored before is read again), staged reads of the old generation are dropped (an async load
+still waiting for one fails; vLLM recomputes it) and no save of the old generation is stored.
 """
 
 from __future__ import annotations
@@ -152,6 +157,9 @@ class WorkerSide:
         # not differ: DP replicas and PCP ranks hold the same KV and share it).
         self.metrics_rank = tp_rank + tp_size * (pcp_rank + pcp_size * (pp_rank + pp_size * dp_rank))
         self.store = store
+        # The cache generation of the namespaces in use: "" until the scheduler side's first
+        # reset_cache reaches this worker in a step's metadata (then that reset's token).
+        self.generation = ""
         self.groups: list[_Group | None] = []  # per KV-cache group; None: another stage's
         self._meta: RadixKVMetadata | None = None
         self._staged: dict[str, _Staged] = {}
@@ -178,6 +186,7 @@ class WorkerSide:
             "failed_chunks": 0,
             "saved_chunks": 0,
             "put_failures": 0,
+            "generation_switches": 0,
         }
 
     # ---- setup ---------------------------------------------------------------------------------
@@ -223,18 +232,7 @@ class WorkerSide:
                     f"group {g.group_id}: registered KV views hold {layout.page_tokens} tokens per block, "
                     f"the KV-cache config says {g.block_size}"
                 )
-            tp_rank, tp_size, pp_rank, pp_size = self.ranks
-            ns = group_namespace(
-                self.model,
-                g,
-                self.chunk_tokens,
-                self.kv_cache_layout,
-                tp_rank,
-                tp_size,
-                pp_rank,
-                pp_size,
-                model_digest=self.model_digest,
-            )
+            ns = self._namespace(g, self.generation)
             ppc = g.blocks_per_chunk(self.chunk_tokens)
             self.groups.append(
                 _Group(
@@ -244,6 +242,21 @@ class WorkerSide:
         if not self.present:
             raise ConfigError("this worker holds no layer of any KV-cache group; nothing to store")
         self._pin = self.present[0].layout.device.type == "cuda"
+
+    def _namespace(self, geometry: GroupGeometry, generation: str) -> Any:
+        tp_rank, tp_size, pp_rank, pp_size = self.ranks
+        return group_namespace(
+            self.model,
+            geometry,
+            self.chunk_tokens,
+            self.kv_cache_layout,
+            tp_rank,
+            tp_size,
+            pp_rank,
+            pp_size,
+            model_digest=self.model_digest,
+            generation=generation,
+        )
 
     @property
     def present(self) -> list[_Group]:
@@ -263,11 +276,51 @@ class WorkerSide:
         self._meta = meta
         self._sync_loads_started = False
         self._step_failed = False
+        if meta.generation != self.generation:
+            self._switch_generation(meta.generation)
         self._reap_draining()
         for req_id in meta.releases:
             self._drop_staged(req_id)
         for op in meta.lookups:
             self._lookup(op)
+
+    def _switch_generation(self, generation: str) -> None:
+        """The scheduler side reset the cache (vLLM's ``reset_cache``): from this step, before its
+        lookups, loads and saves, every namespace ends with ``generation``, so no chunk stored
+        before is read again. What belongs to the old generation goes: staged reads (cancelled; an
+        async load still waiting for one then fails in ``get_finished``, its blocks reported as
+        load errors, and vLLM recomputes them) and saves not yet stored (under the new namespaces
+        they would pass old-weight KV off as new). Every TP/PP worker gets the same metadata, so all
+        switch at the same step."""
+        # Built first: a malformed generation raises before anything is dropped.
+        namespaces = [
+            None if grp is None else self._namespace(grp.geometry, generation)
+            for grp in self.groups
+        ]
+        for grp in self.present:
+            # A previous step's copies ended in its wait_for_save; this only guards one that did
+            # not (a step whose forward raised before it) from landing in dropped buffers.
+            try:
+                grp.pipeline.wait_all()
+            except Exception:  # that step has failed already: its error was raised then
+                logger.warning("radixkv: a copy of an earlier step failed", exc_info=True)
+        self._sync_load_keepalive.clear()
+        self._saves = []
+        self._gather_preps = {}
+        for req_id in list(self._staged):
+            self._drop_staged(req_id)
+        for grp, ns in zip(self.groups, namespaces):
+            if grp is not None:
+                grp.namespace = ns
+        logger.info(
+            "radixkv: cache generation %r -> %r (vLLM reset the connector cache): chunks stored "
+            "before are no longer read; %d async loads of the old generation will be recomputed",
+            self.generation,
+            generation,
+            len(self._async_loads),
+        )
+        self.generation = generation
+        self.stats["generation_switches"] += 1
 
     def _drop_staged(self, req_id: str) -> None:
         st = self._staged.pop(req_id, None)
