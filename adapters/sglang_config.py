@@ -37,7 +37,6 @@ SGLang version's own key).
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import hashlib
 import json
@@ -45,12 +44,11 @@ import os
 import logging
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
-from radixkv.config import StoreConfig, TierConfig
+from radixkv.config import StoreConfig, private_disk_dirs, tier_is_shared
 from radixkv.config_env import env_overrides
 from radixkv.errors import ConfigError
-from radixkv.keys import KEY_RE, Namespace
+from radixkv.keys import Namespace
 
 __all__ = ["RadixKVOptions", "namespace_for", "sglang_model_digest", "tp_replicated", "DEFAULT_TIERS", "interface_v1_of",
            "dp_rank_of", "rank_dir", "per_rank_config", "tier_is_shared", "check_mla_sharing"]
@@ -287,21 +285,6 @@ def rank_dir(config: Any) -> str:
             f".cp{get('attn_cp_rank', 0)}of{get('attn_cp_size', 1)}.dp{dp_rank_of(config)}")
 
 
-def tier_is_shared(tc: TierConfig) -> bool:
-    """Whether other processes (the server's other ranks, other servers) see this tier's chunks:
-    Redis always, a disk tier when ``shared`` (in ``options`` or the URL's query, parsed as the tier
-    registry parses it), memory never."""
-    if tc.kind == "redis":
-        return True
-    if tc.kind != "disk":
-        return False
-    from radixkv.tiers.registry import _parse_bool  # the tier's own reading of the option
-
-    query = dict(parse_qsl(urlsplit(tc.url).query))
-    value = tc.options.get("shared", query.get("shared", False))
-    return _parse_bool(value, f"shared of tier {tc.url!r}")
-
-
 def per_rank_config(store: StoreConfig, config: Any) -> StoreConfig:
     """``store`` with every non-shared disk tier moved to this rank's own directory,
     ``<root>/<rank_dir(config)>``.
@@ -313,31 +296,7 @@ def per_rank_config(store: StoreConfig, config: Any) -> StoreConfig:
     files, restarts find them again, and a tier's ``capacity`` is per rank. Shared disk tiers are
     made for several processes and stay as given (their chunks are named by namespace, which
     carries the shard)."""
-    sub = rank_dir(config)
-    tiers = []
-    for tc in store.tiers:
-        if tc.kind == "disk" and not tier_is_shared(tc):
-            parts = urlsplit(tc.url)
-            root = parts.path.rstrip("/") or ""
-            _warn_old_layout(unquote(root) or "/", tc.url)
-            tc = dataclasses.replace(tc, url=urlunsplit(parts._replace(path=f"{root}/{sub}")))
-        tiers.append(tc)
-    return dataclasses.replace(store, tiers=tiers)
-
-
-def _warn_old_layout(root: str, url: str) -> None:
-    """Namespace directories right under a non-shared root are from the one-directory layout of
-    earlier releases: no rank reads or evicts them any more. Say so (once per attach) rather than
-    let them hold disk space silently."""
-    try:
-        old = [n for n in os.listdir(root) if KEY_RE.fullmatch(n) and os.path.isdir(os.path.join(root, n))]
-    except OSError:
-        return
-    if old:
-        logger.warning("radixkv: disk tier %s: %d namespace directories directly under %s are from the "
-                       "layout before per-rank directories (each SGLang rank now uses %s/<rank>); they "
-                       "are no longer used: remove them, or move them into a rank's directory to keep "
-                       "them", url, len(old), root, root)
+    return private_disk_dirs(store, rank_dir(config), "SGLang rank")
 
 
 def check_mla_sharing(store: StoreConfig, config: Any) -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "dtype_name",
     "model_identity_digest",
     "new_cache_generation",
+    "worker_dir",
 ]
 
 logger = logging.getLogger(__name__)
@@ -420,6 +421,29 @@ def new_cache_generation() -> str:
     from state a later reset or a restarted engine could reproduce, since the chunks of a
     generation's namespaces may outlive the process in a disk or Redis tier."""
     return secrets.token_hex(_GENERATION_BYTES)
+
+
+def worker_dir(
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    pp_rank: int = 0,
+    pp_size: int = 1,
+    pcp_rank: int = 0,
+    pcp_size: int = 1,
+    dp_index: int = 0,
+) -> str:
+    """The name of one worker's own directory under a disk tier that is not ``shared``
+    (``tp0of2.pp0of1.pcp0of1.dp0``): its coordinates among the host's workers, the DP part being the
+    engine's ``data_parallel_index`` (the metrics port's rank order, ``WorkerSide.metrics_rank``).
+
+    vLLM hands every worker of every engine the same ``kv_connector_extra_config``, and a private
+    disk tier takes its directory for its own (its start indexes and evicts every file there and
+    deletes every temp file): each worker needs one of its own. The name is stable across restarts,
+    so a restarted worker finds its chunks again; a single-worker engine has one too
+    (``tp0of1.pp0of1.pcp0of1.dp0``): it cannot tell that no DP engine shares its root, since vLLM
+    resets a dense DP engine's ``data_parallel_size`` to 1. The dots keep it apart from namespace
+    directories (``radixkv.keys.KEY_RE`` has none)."""
+    return f"tp{tp_rank}of{tp_size}.pp{pp_rank}of{pp_size}.pcp{pcp_rank}of{pcp_size}.dp{dp_index}"
 
 
 def dtype_name(dtype: object) -> str:

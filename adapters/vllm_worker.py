@@ -43,7 +43,12 @@ from radixkv.adapters.vllm_meta import (
     RadixKVWorkerMeta,
     SaveOp,
 )
-from radixkv.adapters.vllm_options import GroupGeometry, VllmConnectorOptions, group_namespace
+from radixkv.adapters.vllm_options import (
+    GroupGeometry,
+    VllmConnectorOptions,
+    group_namespace,
+    worker_dir,
+)
 from radixkv.errors import ConfigError
 
 __all__ = ["WorkerSide", "open_store"]
@@ -51,16 +56,18 @@ __all__ = ["WorkerSide", "open_store"]
 logger = logging.getLogger(__name__)
 
 
-def open_store(options: VllmConnectorOptions, rank: int = 0) -> Any:
+def open_store(options: VllmConnectorOptions, rank: int = 0, directory: str | None = None) -> Any:
     """The worker's :class:`radixkv.store.HierarchicalStore` for ``options`` (see VllmConnectorOptions):
     the ``store`` mapping, else ``store_config_file``, each over the non-tier ``RADIXKV_*``
     variables (the mapping's keys win; the variables override the file), else the ``RADIXKV_*``
     environment. ``rank`` (the worker's rank on its host: TP, PCP, PP and DP) moves
-    ``metrics_port`` up so each worker serves its own."""
+    ``metrics_port`` up so each worker serves its own. ``directory`` (:func:`worker_dir`; None: a
+    single worker's, ``worker_dir()``) is the worker's own directory under each disk tier that is
+    not ``shared``: ``<root>/<directory>``, the tier's capacity being the worker's."""
     import dataclasses
     import os
 
-    from radixkv.config import StoreConfig, metrics_port_for_rank
+    from radixkv.config import StoreConfig, metrics_port_for_rank, private_disk_dirs
     from radixkv.config_env import env_overrides
     from radixkv.store import HierarchicalStore
 
@@ -71,6 +78,8 @@ def open_store(options: VllmConnectorOptions, rank: int = 0) -> Any:
         cfg = dataclasses.replace(cfg, **env_overrides(StoreConfig, os.environ))
     else:  # the RADIXKV_* environment, with one 4 GiB memory tier unless it names tiers
         cfg = StoreConfig.from_env(default_tiers=[{"url": "mem://", "capacity_bytes": 4 << 30}])
+    # Every worker of every engine on the host reads the same config: a private disk directory each.
+    cfg = private_disk_dirs(cfg, worker_dir() if directory is None else directory, "vLLM worker")
     return HierarchicalStore(metrics_port_for_rank(cfg, rank))
 
 
@@ -156,6 +165,8 @@ class WorkerSide:
         # ranks separate workers with the same TP/PP ranks, so both count too (their namespaces do
         # not differ: DP replicas and PCP ranks hold the same KV and share it).
         self.metrics_rank = tp_rank + tp_size * (pcp_rank + pcp_size * (pp_rank + pp_size * dp_rank))
+        # Its own directory under each private disk tier, named by the same coordinates.
+        self.worker_dir = worker_dir(tp_rank, tp_size, pp_rank, pp_size, pcp_rank, pcp_size, dp_rank)
         self.store = store
         # The cache generation of the namespaces in use: "" until the scheduler side's first
         # reset_cache reaches this worker in a step's metadata (then that reset's token).
@@ -194,7 +205,7 @@ class WorkerSide:
         from radixkv.kernels import LayerPipeline, PagedLayout
 
         if self.store is None:
-            self.store = open_store(self.options, self.metrics_rank)
+            self.store = open_store(self.options, self.metrics_rank, self.worker_dir)
         self.groups = []
         for g in self.geometries:
             names = [n for n in g.layer_names if n in kv_caches]

@@ -18,17 +18,21 @@ from __future__ import annotations
 import dataclasses
 
 import json
+import logging
 import math
 import os
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from radixkv.errors import ConfigError
 from radixkv.sizes import parse_bytes
 
-__all__ = ["TierConfig", "StoreConfig", "parse_bytes", "redact_url", "WRITE_POLICIES", "TIER_SCHEMES"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["TierConfig", "StoreConfig", "parse_bytes", "redact_url", "WRITE_POLICIES", "TIER_SCHEMES",
+           "tier_is_shared", "private_disk_dirs"]
 
 # ``scheme://user:password@host``: the password is masked in anything shown. It runs to the *last*
 # '@' before the host part ends ('/' or '?'), as the Redis tier (and urllib) parse it: a raw '@' in a
@@ -418,3 +422,63 @@ def metrics_port_for_rank(config: StoreConfig, rank: int) -> StoreConfig:
     if not config.metrics_port or not rank:
         return config
     return dataclasses.replace(config, metrics_port=config.metrics_port + rank)
+
+
+def tier_is_shared(tc: TierConfig) -> bool:
+    """Whether other processes (an engine's other workers, other servers) see this tier's chunks:
+    Redis always, a disk tier when ``shared`` (in ``options`` or the URL's query, parsed as the tier
+    registry parses it), memory never."""
+    if tc.kind == "redis":
+        return True
+    if tc.kind != "disk":
+        return False
+    from radixkv.tiers.registry import _parse_bool  # the tier's own reading of the option
+
+    query = dict(parse_qsl(urlsplit(tc.url).query))
+    value = tc.options.get("shared", query.get("shared", False))
+    return _parse_bool(value, f"shared of tier {tc.url!r}")
+
+
+def private_disk_dirs(config: StoreConfig, subdir: str, owner: str) -> StoreConfig:
+    """``config`` with every disk tier that is not ``shared`` moved to ``<root>/<subdir>``: the
+    directory of one process among several that an engine starts from the same store config (its
+    scheduler ranks or workers), ``owner`` naming them in the log (``"SGLang rank"``).
+
+    A private disk tier assumes its process owns the directory: its start indexes every file there
+    into its own capacity and evicts to fit, deletes every temp file (another process's put in
+    flight) and its spare files. So each process needs a directory of its own, stable across
+    restarts, and a tier's ``capacity`` is then per process. ``subdir`` must hold a dot, so that no
+    walk of a root takes it for a namespace directory (``radixkv.keys.KEY_RE`` has none). Shared disk
+    tiers are made for several processes and Redis is shared by nature: both stay as given."""
+    if "." not in subdir or "/" in subdir or subdir.startswith("."):
+        raise ValueError(f"subdir={subdir!r} must be one path component holding a dot, not leading "
+                         "with one (a namespace directory has none; a leading one is hidden)")
+    tiers = []
+    for tc in config.tiers:
+        if tc.kind == "disk" and not tier_is_shared(tc):
+            parts = urlsplit(tc.url)
+            root = parts.path.rstrip("/") or ""
+            _warn_old_layout(unquote(root) or "/", tc.url, owner)
+            tc = dataclasses.replace(tc, url=urlunsplit(parts._replace(path=f"{root}/{subdir}")))
+        tiers.append(tc)
+    return dataclasses.replace(config, tiers=tiers)
+
+
+def _warn_old_layout(root: str, url: str, owner: str) -> None:
+    """Namespace directories right under a private root are from the one-directory layout of
+    earlier releases: no process reads or evicts them any more. Say so, naming them, rather than let
+    them hold disk space silently."""
+    from radixkv.keys import KEY_RE
+
+    try:
+        old = sorted(n for n in os.listdir(root)
+                     if KEY_RE.fullmatch(n) and os.path.isdir(os.path.join(root, n)))
+    except OSError:
+        return
+    if old:
+        shown = ", ".join(old[:3]) + (", ..." if len(old) > 3 else "")
+        logger.warning("radixkv: disk tier %s: %d namespace directories directly under %s (%s) are from "
+                       "the layout before per-process directories (each %s now uses %s/<its "
+                       "coordinates>); they are no longer used: remove them, or move them into a "
+                       "directory of the new layout to keep them", redact_url(url), len(old), root,
+                       shown, owner, root)
