@@ -69,6 +69,13 @@ class RadixTree:
         self._parent: list[int] = []
         self._depth: list[int] = []
         self._nchild: list[int] = []  # children alive in any tier
+        # Each node's live children as a doubly linked list (first child, next and previous sibling;
+        # -1: none), so a subtree is walked in O(its size) (a failed read, a delete or a clear of one
+        # chunk with descendants, by the store, under its lock), not by a scan of every node.
+        # Namespace-root nodes are in no list (no parent to walk from).
+        self._kid: list[int] = []
+        self._next: list[int] = []
+        self._prev: list[int] = []
         self._tchild: list[list[int]] = [[] for _ in tiers]  # children resident per tier
         self._mask: list[int] = []
         self._tokens: list[int] = []
@@ -182,7 +189,8 @@ class RadixTree:
         return list(self._index.get(namespace, {}).items())
 
     def descendants(self, node_ids: Iterable[int]) -> list[int]:
-        """Live descendants of the nodes (excluding them), parents before children. O(tree size)."""
+        """Live descendants of the nodes (excluding them), parents before children. O(their
+        subtrees' size), not O(tree size)."""
         roots = set(node_ids)
         for n in roots:
             self._alive(n)
@@ -389,11 +397,16 @@ class RadixTree:
             # a replay that evicts, nearly every chunk is created here.
             kc, nsc, pc, dc, ncc, mc = self._key, self._ns, self._parent, self._depth, self._nchild, self._mask
             tkc, szc, tct = self._tokens, self._size, self._tchild[t]
-            bit, p, d = 1 << t, parent, depth
+            kid, nxt, prv = self._kid, self._next, self._prev
+            bit, p, d, up = 1 << t, parent, depth, _NO_PARENT  # up: the previous new node
             for n, key in zip(ids[:n_reuse] if n_new else ids, keys):
                 kc[n] = key
                 nsc[n] = ns
                 pc[n] = p
+                kid[n] = nxt[n] = prv[n] = _NO_PARENT
+                if up != _NO_PARENT:
+                    kid[up] = n  # its only child
+                up = n
                 d += 1
                 dc[n] = d
                 ncc[n] = tct[n] = 1  # each node is the next one's parent...
@@ -425,9 +438,21 @@ class RadixTree:
             zeros = [0] * k
             for i, tc in enumerate(self._tchild):
                 tc.extend(children if i == t else zeros)
+            nones = [_NO_PARENT] * k
+            self._kid.extend(ids[r + 1 :])  # each new node's only child is the next one...
+            self._kid.append(_NO_PARENT)  # ...but the chain's last node has none yet
+            self._next.extend(nones)
+            self._prev.extend(nones)
+            if r:
+                self._kid[ids[r - 1]] = ids[r]  # the last reused slot's child is the first fresh one
         if parent != _NO_PARENT:
             self._nchild[parent] += 1
             self._tchild[t][parent] += 1
+            first, head = ids[0], self._kid[parent]  # the chain joins its parent's child list first
+            self._next[first] = head
+            if head != _NO_PARENT:
+                self._prev[head] = first
+            self._kid[parent] = first
         self._tier_bytes[t] += size_bytes * m
         self._tier_chunks[t] += m
         self.stats.inserted_chunks += m
@@ -514,10 +539,12 @@ class RadixTree:
                         self._drop_residency([n], t)
                     m >>= 1
                     t += 1
+        kid, nxt, prv = self._kid, self._next, self._prev
         for n in gone + orphans:
             p = self._parent[n]
             if p != _NO_PARENT:
                 self._nchild[p] -= 1
+                _unlink(kid, nxt, prv, n, p)
             del self._index[self._ns[n]][self._key[n]]  # type: ignore[index,arg-type]
             self._pins.forget(n)
             self._key[n] = None
@@ -528,25 +555,20 @@ class RadixTree:
         return DropResult(tuple(gone), tuple(orphans))
 
     def _descendants(self, roots: set[int]) -> list[int]:
-        """Live descendants of ``roots`` (excluding them), parents before children. O(tree size):
-        only used when a chunk with live children is lost, which is rare (faults, explicit clears)."""
-        parent, key = self._parent, self._key
-        member: dict[int, bool] = {r: True for r in roots}
+        """Live descendants of ``roots`` (excluding them), parents before children (by depth, then
+        id). O(the subtrees' size): a walk down the child lists, never a scan of every node."""
+        kid, nxt, depth = self._kid, self._next, self._depth
+        seen: set[int] = set(roots)
         out: list[tuple[int, int]] = []
-
-        def under(n: int) -> bool:
-            path = []
-            while n != _NO_PARENT and n not in member:
-                path.append(n)
-                n = parent[n]
-            res = n != _NO_PARENT and member[n]
-            for x in path:
-                member[x] = res
-            return res
-
-        for n in range(len(key)):
-            if key[n] is not None and n not in roots and under(n):
-                out.append((self._depth[n], n))
+        stack = list(roots)
+        while stack:
+            c = kid[stack.pop()]
+            while c != _NO_PARENT:
+                if c not in seen:  # a root below another root is walked once
+                    seen.add(c)
+                    out.append((depth[c], c))
+                    stack.append(c)
+                c = nxt[c]
         out.sort()
         return [n for _, n in out]
 
@@ -631,6 +653,7 @@ class RadixTree:
         bit, mask, nchild, tchild = 1 << t, self._mask, self._nchild, self._tchild[t]
         parent, size, key, ns, index = self._parent, self._size, self._key, self._ns, self._index
         pins, free = self._pins, self._free
+        kid, nxt, prv = self._kid, self._next, self._prev
         held = pins.by_node  # the dict itself: a plain truth test per eviction, no method call
         pol = self._policies[t]
         on_remove, on_leaf = pol.on_remove, pol.on_leaf
@@ -663,6 +686,14 @@ class RadixTree:
                     else:
                         if p >= 0:
                             nchild[p] -= 1
+                            # out of the parent's child list (_unlink, inlined: once per eviction)
+                            nx, pv = nxt[n], prv[n]
+                            if pv >= 0:
+                                nxt[pv] = nx
+                            else:
+                                kid[p] = nx
+                            if nx >= 0:
+                                prv[nx] = pv
                             c = tchild[p] = tchild[p] - 1
                             # before the key is cleared: a policy may remember it
                             on_evict(n, p if c == 0 and mask[p] & bit else -1)
@@ -692,6 +723,7 @@ class RadixTree:
                         c = tchild[p] = tchild[p] - 1
                         if m == 0:
                             nchild[p] -= 1
+                            _unlink(kid, nxt, prv, n, p)
                         if c == 0 and mask[p] & bit:
                             on_leaf(p)
                     if m == 0:
@@ -780,6 +812,17 @@ class RadixTree:
     def check_integrity(self) -> None:
         """Verify every invariant; raises AssertionError naming the broken one with numbers."""
         check_tree(self)
+
+
+def _unlink(kid: list[int], nxt: list[int], prv: list[int], n: int, p: int) -> None:
+    """Take node ``n`` out of its parent ``p``'s child list."""
+    nx, pv = nxt[n], prv[n]
+    if pv != _NO_PARENT:
+        nxt[pv] = nx
+    else:
+        kid[p] = nx
+    if nx != _NO_PARENT:
+        prv[nx] = pv
 
 
 def _check_keys(keys: Sequence[str]) -> None:

@@ -20,7 +20,7 @@ _NO_PARENT = -1
 def check_tree(tree: RadixTree) -> None:
     """Verify every invariant of ``tree``; raises AssertionError naming the broken one with numbers."""
     n_slots = len(tree._key)
-    for name in ("_ns", "_parent", "_depth", "_nchild", "_mask", "_tokens", "_size"):
+    for name in ("_ns", "_parent", "_depth", "_nchild", "_mask", "_tokens", "_size", "_kid", "_next", "_prev"):
         assert len(getattr(tree, name)) == n_slots, f"field {name} has the wrong length"
     assert all(len(tc) == n_slots for tc in tree._tchild), "per-tier child counts wrong length"
     free = set(tree._free)
@@ -63,6 +63,7 @@ def check_tree(tree: RadixTree) -> None:
             assert tree._nchild[n] == nchild[n], f"node {n} child count {tree._nchild[n]} != {nchild[n]}"
             for t in range(len(tree.tiers)):
                 assert tree._tchild[t][n] == tchild[t][n], f"node {n} tier {t} child count wrong"
+    _check_child_lists(tree, nchild)
     assert tier_bytes == tree._tier_bytes, f"tier bytes {tree._tier_bytes} != {tier_bytes}"
     assert tier_chunks == tree._tier_chunks, f"tier chunks {tree._tier_chunks} != {tier_chunks}"
     tree._pins.check_integrity()
@@ -73,3 +74,22 @@ def check_tree(tree: RadixTree) -> None:
             f"policy of tier {tree.tiers[t]!r} tracks {len(pol)} nodes, tier holds {tier_chunks[t]}"
         )
         pol.check_integrity()
+
+
+def _check_child_lists(tree: RadixTree, nchild: list[int]) -> None:
+    """Each live node's child list (first child, next/previous sibling) holds exactly its live
+    children, each once and linked both ways; namespace-root nodes are in no list."""
+    kid, nxt, prv = tree._kid, tree._next, tree._prev
+    for n in range(len(tree._key)):
+        if tree._key[n] is None:
+            continue
+        if tree._parent[n] == _NO_PARENT:
+            assert nxt[n] == prv[n] == _NO_PARENT, f"namespace-root node {n} is in a child list"
+        c, prev, count = kid[n], _NO_PARENT, 0
+        while c != _NO_PARENT:
+            assert count < nchild[n], f"node {n}'s child list is longer than its {nchild[n]} children"
+            assert tree._key[c] is not None, f"node {n}'s child list holds removed node {c}"
+            assert tree._parent[c] == n, f"node {n}'s child list holds node {c} of parent {tree._parent[c]}"
+            assert prv[c] == prev, f"node {c}: previous sibling {prv[c]} != {prev}"
+            prev, c, count = c, nxt[c], count + 1
+        assert count == nchild[n], f"node {n}'s child list holds {count} of its {nchild[n]} children"

@@ -497,3 +497,43 @@ def test_bad_arguments_the_checks_missed_are_refused():
         t.clear(tier="bogus")  # even with nothing to drop
     assert len(t) == 0
     t.check_integrity()
+
+
+@pytest.mark.parametrize("how", ["clear_resident", "clear_subtree", "descendants"])
+def test_a_subtree_is_walked_without_reading_the_rest_of_the_tree(tree, how):
+    """Dropping a chunk with descendants (a failed read, a delete, a clear of one subtree: under the
+    store's lock) walks that subtree only. It scanned every node of the tree: with 10^5 chunks each
+    such drop took ~60 ms. Every node outside the subtree gets a parent id no tree has, so reading
+    one raises; the subtree's own columns, its parent's and its siblings' links are left intact."""
+    for i in range(50):  # the rest of the tree: other chains, siblings, other namespaces
+        tree.insert(NS if i % 2 else "ns1", chain(f"other{i}", 20), "mem", 16, 100)
+    base = chain("a", 5)
+    tree.insert(NS, base, "mem", 16, 100)
+    b, c, d = (branch(base, at, name, k)[at:] for at, name, k in ((3, "b", 4), (4, "c", 3), (5, "d", 2)))
+    tree.insert(NS, b, "disk", 16, 100, parent_key=base[2])  # a sibling of base[3]
+    tree.insert(NS, c, "mem", 16, 100, parent_key=base[3])  # base[3]'s subtree: base[4], c/*, d/*
+    tree.insert(NS, d, "redis", 16, 100, parent_key=base[4])
+    root = tree.lookup(NS, base[3])
+    sub = {root, *tree.descendants([root])}
+    assert len(sub) == 1 + 1 + 3 + 2
+    saved = list(tree._parent)
+    for n in range(len(saved)):
+        if n not in sub and tree._key[n] is not None:
+            tree._parent[n] = 10**9  # a trap: any read of it walks off the columns
+    try:
+        _drop_subtree(tree, how, root, sub, base)
+    finally:
+        for n in range(len(saved)):
+            if tree._parent[n] == 10**9:
+                tree._parent[n] = saved[n]
+
+
+def _drop_subtree(tree: RadixTree, how: str, root: int, sub: set[int], base: list[str]) -> None:
+    if how == "clear_resident":  # only mem holds base[3]: its descendants are orphaned
+        r = tree.clear_resident([root], "mem")
+        assert len(r.removed_node_ids) == 1 and len(r.orphaned_node_ids) == len(sub) - 1
+    elif how == "clear_subtree":
+        r = tree.clear(namespace=NS, subtree_key=base[3])
+        assert len(r.removed_node_ids) == len(sub) and not r.orphaned_node_ids
+    else:
+        assert set(tree.descendants([root])) == sub - {root}

@@ -21,6 +21,7 @@ the caller guarantees nobody deletes the chunks (the hierarchical store's pin on
 
 from __future__ import annotations
 
+import heapq
 import mmap
 import threading
 from dataclasses import dataclass, field
@@ -170,6 +171,14 @@ class MemoryTier:
         self._unit_owner: list[int] = [-1] * (config.capacity_bytes // self._unit)  # slab id or -1
         self._slabs: dict[int, _Slab] = {}
         self._partial: dict[int, set[int]] = {}  # slot_bytes -> slab ids with a free slot
+        # The same ids as a min-heap per slot size (entries of reclaimed slabs left until they
+        # surface): a put takes the lowest slab with a free slot without a min() over every partial
+        # slab, which after evictions freed slots all over a large tier cost O(slabs) per chunk.
+        self._partial_heap: dict[int, list[int]] = {}
+        # Every unit below this one is owned by a slab: the search for free units starts here, not
+        # at unit 0 (a scan over every allocated unit per new slab made filling a large tier
+        # quadratic: O(units) per slab, and per refused chunk once the tier is full).
+        self._free_from = 0
         self._next_slab = 0
         self._index: dict[tuple[str, str], _Slot] = {}
         self._ns_slot_bytes: dict[str, int] = {}
@@ -218,12 +227,14 @@ class MemoryTier:
                 if first_put:
                     del self._ns_slot_bytes[namespace]
                 raise
+            refused: set[int] = set()  # sizes no slot was found for: nothing frees one meanwhile
             for i, key in enumerate(keys):
                 if (namespace, key) in self._index:
                     ok[i] = True  # keys name content: present means the same bytes
                     continue
-                slot = self._alloc(sizes[i])
+                slot = None if sizes[i] in refused else self._alloc(sizes[i])
                 if slot is None:
+                    refused.add(sizes[i])
                     self._stats.extra["full_refusals"] += 1
                     self._stats.put_failures += 1
                     continue
@@ -396,6 +407,12 @@ class MemoryTier:
                     raise RuntimeError(f"slab {sid}: partial-set membership {in_partial} but has_free "
                                        f"{slab.has_free()}")
                 total_used += slab.used
+            if any(sid < 0 for sid in self._unit_owner[: self._free_from]):
+                raise RuntimeError(f"a free unit below the first-free mark {self._free_from}")
+            for size, partial in self._partial.items():
+                if not partial <= set(self._partial_heap.get(size, ())):
+                    raise RuntimeError(f"slot size {size}: partial slabs {sorted(partial)} missing from "
+                                       f"the heap {sorted(self._partial_heap.get(size, ()))}")
             if set(owned) != set(self._slabs):
                 raise RuntimeError(f"units owned by unknown slabs {set(owned) - set(self._slabs)}")
             per_ns: dict[str, int] = {}
@@ -514,12 +531,16 @@ class MemoryTier:
 
     def _alloc(self, slot_bytes: int) -> _Slot | None:
         partial = self._partial.setdefault(slot_bytes, set())
+        heap = self._partial_heap.setdefault(slot_bytes, [])
         if not partial:
             sid = self._new_slab(slot_bytes)
             if sid is None:
                 return None
             partial.add(sid)
-        sid = min(partial)  # fill low slabs first: keeps high slabs free to return to the pool
+            heapq.heappush(heap, sid)
+        while heap[0] not in partial:  # a reclaimed slab's entry
+            heapq.heappop(heap)
+        sid = heap[0]  # fill low slabs first: keeps high slabs free to return to the pool
         slab = self._slabs[sid]
         if slab.free:
             idx = slab.free.pop()
@@ -529,6 +550,7 @@ class MemoryTier:
         slab.used += 1
         if not slab.has_free():
             partial.discard(sid)
+            heapq.heappop(heap)  # sid, the top
         offset = slab.offset_bytes + idx * slot_bytes
         view = slab.views.get(idx)
         if view is None:  # slicing a tensor costs microseconds: a recycled slot reuses its view
@@ -541,7 +563,10 @@ class MemoryTier:
         slab.used -= 1
         # An empty slab stays with its size class (put/delete cycles would otherwise rebuild it every
         # time); _new_slab reclaims empty slabs when another size class needs their units.
-        self._partial.setdefault(slab.slot_bytes, set()).add(slot.slab_id)
+        partial = self._partial.setdefault(slab.slot_bytes, set())
+        if slot.slab_id not in partial:
+            partial.add(slot.slab_id)
+            heapq.heappush(self._partial_heap.setdefault(slab.slot_bytes, []), slot.slab_id)
 
     def _reclaim_empty_slabs(self) -> None:
         for sid in [sid for sid, slab in self._slabs.items() if slab.used == 0]:
@@ -549,6 +574,9 @@ class MemoryTier:
             for u in range(slab.first_unit, slab.first_unit + slab.n_units):
                 self._unit_owner[u] = -1
             self._partial[slab.slot_bytes].discard(sid)
+            self._free_from = min(self._free_from, slab.first_unit)
+        for size, partial in self._partial.items():  # drop the reclaimed slabs' heap entries, in
+            self._partial_heap.setdefault(size, [])[:] = sorted(partial)  # place (_alloc holds one)
 
     def _new_slab(self, slot_bytes: int) -> int | None:
         min_units = -(-slot_bytes // self._unit)
@@ -571,10 +599,19 @@ class MemoryTier:
         return sid
 
     def _largest_run(self, cap: int) -> tuple[int, int]:
-        """(first unit, length) of the first free run of ``cap`` units, else of the longest one."""
+        """(first unit, length) of the first free run of ``cap`` units, else of the longest one.
+        Scans from the first unit that may be free (:attr:`_free_from`), and moves that there."""
         best_first, best_len, run = 0, 0, 0
-        for u, owner in enumerate(self._unit_owner):
-            run = run + 1 if owner < 0 else 0
+        owners = self._unit_owner
+        start = self._free_from
+        self._free_from = len(owners)  # no free unit at or after start, unless found below
+        for u in range(start, len(owners)):
+            if owners[u] >= 0:
+                run = 0
+                continue
+            if run == 0 and u < self._free_from:
+                self._free_from = u
+            run += 1
             if run > best_len:
                 best_first, best_len = u - run + 1, run
                 if run == cap:
