@@ -7,7 +7,8 @@
 
 Both are optional: without a C compiler, or if mypyc cannot build, the install still succeeds and
 radixkv runs the same operations in Python (tests/test_native.py and tests/test_compiled.py check
-which one it got). ``RADIXKV_COMPILE=0`` skips the mypyc build.
+which one it got). ``RADIXKV_COMPILE=0`` skips the mypyc build (and removes the compiled files an
+earlier build left in the output folder, so they are neither packed nor imported as this build's).
 
 A complete build records itself in ``radixkv/_compiled.json`` beside the built files, under its
 extension suffix (one per Python ABI): the SHA-256 of each compiled source and of each file produced.
@@ -101,6 +102,8 @@ class BuildExt(build_ext):
         suffix = sysconfig.get_config_var("EXT_SUFFIX")
         if group:
             self._record(stamp, suffix, None)  # until this build is known to be complete
+        else:
+            self._remove_compiled_tree(stamp, suffix)
         super().run()
         if not group:
             return
@@ -109,7 +112,24 @@ class BuildExt(build_ext):
             self._record(stamp, suffix, {"group": GROUP, "sources": dict(_SOURCE_DIGESTS),
                                          "files": {p.name: _sha256(p) for p in paths}})
         else:
+            self._remove_compiled_tree(stamp, suffix)
             print("radixkv: the compiled tree did not build; it runs as Python", file=sys.stderr)
+
+    def _remove_compiled_tree(self, stamp: Path, suffix: str) -> None:
+        """This build made no complete compiled tree (``RADIXKV_COMPILE=0``, no mypyc, mypyc or the C
+        compiler failed): remove this Python's compiled files and record from the output folder.
+        They are an earlier build's (pip builds in the source tree and keeps its ``build/``; ``-e``
+        builds in place) or part of this failed one, and would otherwise be packed into the wheel,
+        or stay imported, as if this build had made them."""
+        names = [GROUP + "__mypyc", *_MODULES]
+        stale = [p for p in (Path(self.get_ext_fullpath(name)) for name in names) if p.is_file()]
+        for path in stale:
+            path.unlink()
+        if stamp.is_file():
+            self._record(stamp, suffix, None)
+        if stale:
+            print(f"radixkv: removed {len(stale)} compiled files of the tree from {stale[0].parent}, "
+                  "not a complete build of this source: the tree and policies run as Python", file=sys.stderr)
 
     @staticmethod
     def _record(stamp: Path, suffix: str, build: dict | None) -> None:

@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="radixkv", description="radixkv: a hierarchical, chunk-aligned KV-cache layer for LLM serving."
     )
-    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument("--version", action="store_true", help="print the version and the optional "
+                        "builds in use (compiled tree, C helpers), and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in _SUBCOMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
@@ -36,9 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "--version":
         if argv[1:]:
             parser.error(f"--version takes no arguments (got {' '.join(argv[1:])})")
-        from radixkv import __version__
+        from radixkv import __version__, native
+        from radixkv.bench import build_line
 
-        print(__version__)
+        print(__version__)  # alone on the first line, for scripts
+        # Both builds are optional (setup.py: no compiler, no mypyc, RADIXKV_COMPILE=0): say which runs.
+        print(build_line())
+        used = [name for name, on in native.available().items() if on]
+        print(f"C helpers: {', '.join(used)}" if used else "C helpers: none (the Python paths run)")
         return 0
     name, rest = argv[0], argv[1:]
     if name not in _SUBCOMMANDS:

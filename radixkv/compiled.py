@@ -127,12 +127,14 @@ def install() -> None:
     try:
         loaded = json.loads(_STAMP.read_text())
     except FileNotFoundError:
-        why = "no compiled build (mypyc or a C compiler was missing at install)"
+        why = "no compiled build (RADIXKV_COMPILE=0, or no mypyc or C compiler, at install)"
     except (OSError, ValueError) as exc:
         why = f"unreadable {_STAMP.name}: {exc}"
     else:
         stamp = loaded if isinstance(loaded, dict) else {}
         why = decide(stamp, dict(os.environ))
+    if os.environ.get("RADIXKV_COMPILED", "1") == "0":  # the reason even where no build is recorded
+        why = "switched off by RADIXKV_COMPILED=0"
     recorded = [m for b in stamp.get("builds", {}).values() if isinstance(b, dict)
                 for m in b.get("sources", {})] if isinstance(stamp.get("builds"), dict) else []
     built = _built_modules()

@@ -47,3 +47,11 @@ def test_bench_sim_bad_capacity_is_one_line(tmp_path, capsys):
     assert main(["sim", "--trace", str(trace), "--capacity", "abc"]) == 2
     captured = capsys.readouterr()
     assert "python -m radixkv.bench sim: error: capacity 'abc'" in captured.err and "dict-lru" not in captured.out
+
+
+def test_bench_sim_missing_trace_is_an_error_not_another_workload(tmp_path, capsys):
+    # It printed a note and timed the synthetic mix workload instead: numbers read as the trace's.
+    missing = tmp_path / "typo.jsonl"
+    assert main(["sim", "--trace", str(missing), "--policy", "lru", "--capacity", "1%"]) == 2
+    captured = capsys.readouterr()
+    assert f"--trace '{missing}' is not a file" in captured.err and "dict-lru" not in captured.out

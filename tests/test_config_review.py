@@ -189,6 +189,19 @@ def test_cli_version_rejects_extra_arguments(capsys):
     assert "--version takes no arguments" in capsys.readouterr().err
 
 
+def test_cli_version_says_which_builds_run(capsys):
+    # Both are optional (no compiler, no mypyc, RADIXKV_COMPILE=0): an install must tell which it got.
+    from radixkv import __version__, compiled, native
+
+    assert cli.main(["--version"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == __version__
+    assert lines[1] == ("tree and policies: compiled (mypyc)" if compiled.active()
+                        else f"tree and policies: Python ({compiled.reason()})")
+    used = [name for name, on in native.available().items() if on]
+    assert lines[2] == (f"C helpers: {', '.join(used)}" if used else "C helpers: none (the Python paths run)")
+
+
 @pytest.mark.parametrize("value", [1e30, "9000000TiB", 1 << 63])
 def test_a_size_past_8_eib_is_an_error_not_a_budget(value):
     from radixkv.sizes import parse_bytes

@@ -20,6 +20,17 @@ from radixkv.errors import InputError
 
 __all__ = ["LayerPipeline"]
 
+
+def _add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)``, which Python 3.10 (requires-python >= 3.10) lacks: there the note goes
+    to ``__notes__`` directly (kept for callers and tests, not printed), never an AttributeError that
+    would replace the first error and skip the rest of ``wait_all``."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:
+        error.__notes__ = [*getattr(error, "__notes__", ()), note]
+
+
 Job = Callable[[], object]
 
 
@@ -147,7 +158,7 @@ class LayerPipeline:
                 if error is None:
                     error = exc
                 else:
-                    error.add_note(f"another load job also failed: {exc!r}")
+                    _add_note(error, f"another load job also failed: {exc!r}")
         if self.is_async:
             self._stream.synchronize()
         self._save_events = []

@@ -20,6 +20,7 @@ import time
 from collections import OrderedDict
 
 from radixkv.bench import build_line
+from radixkv.errors import InputError
 from radixkv.policies import make_policy
 from radixkv.sims import opt as _opt  # noqa: F401  (registers "opt")
 from radixkv.sims.replay import TierCapacity, replay
@@ -29,11 +30,12 @@ from radixkv.sims.workloads import WorkloadConfig, generate
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The Mooncake conversation trace: the copy shipped in the repo (compressed), else the workspace's.
+# Only a source checkout has them (an installed radixkv ships no tests/data): without --trace the
+# benchmark then times the synthetic mix workload instead, and says so.
 _TRACES = (
     os.path.join(_REPO, "tests", "data", "mooncake_conversation.jsonl.xz"),
     os.path.join(_REPO, "..", "shared", "traces", "mooncake_conversation.jsonl"),
 )
-_DEFAULT_TRACE = next((p for p in _TRACES if os.path.isfile(p)), _TRACES[0])
 
 
 def dict_lru(trace: Trace, capacity_blocks: int) -> int:
@@ -69,7 +71,8 @@ def _timed(fn):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m radixkv.bench sim", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trace", default=_DEFAULT_TRACE, help="trace (default: the Mooncake conversation trace)")
+    ap.add_argument("--trace", default=None, help="trace (default: the Mooncake conversation trace of a source "
+                    "checkout, tests/data/; else the synthetic mix workload)")
     ap.add_argument("--capacity", default="1%,10%")
     ap.add_argument("--policy", default="lru,s3fifo,sieve,lfu,cost,agedref,oddsref,opt")
     ap.add_argument("--sweep", action="store_true", help="also time the 5 x 4 sweep on 2 processes")
@@ -77,10 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     policies = [p.strip() for p in args.policy.split(",")]
     for pol in policies:  # a bad name fails now, not after the baselines ran
         make_policy(pol)
-    if os.path.isfile(args.trace):
-        trace = read_trace(args.trace)
+    if args.trace is not None and not os.path.isfile(args.trace):
+        # A given trace is never swapped for another workload: its numbers would be read as the trace's.
+        raise InputError(f"--trace {args.trace!r} is not a file; omit --trace for the default workload")
+    path = args.trace or next((p for p in _TRACES if os.path.isfile(p)), None)
+    if path is not None:
+        trace = read_trace(path)
     else:
-        print(f"(trace {args.trace} not found: using the synthetic mix workload)")
+        print("(no --trace, and no Mooncake trace here: it ships only in a source checkout, tests/data/; "
+              "using the synthetic mix workload)")
         trace = generate("mix", WorkloadConfig(requests=6000))
     caps = [(c.strip(), parse_capacity(c, trace.unique_blocks, None)) for c in args.capacity.split(",")]
     refs = trace.block_references

@@ -166,6 +166,33 @@ def test_wait_all_issues_every_layer_and_syncs_when_a_job_fails() -> None:
     assert log[-1] == "b0"
 
 
+class _Py310Error(RuntimeError):
+    """An exception as Python 3.10 makes them: no ``add_note`` (3.11+; radixkv requires >= 3.10)."""
+
+    @property
+    def add_note(self):
+        raise AttributeError("'_Py310Error' object has no attribute 'add_note'")
+
+
+def test_wait_all_with_two_failing_jobs_on_python_3_10() -> None:
+    # wait_all called error.add_note unconditionally: on 3.10 the second failure raised an
+    # AttributeError in place of the first error, before the later layers were issued.
+    def boom() -> None:
+        raise _Py310Error("transfer failed")
+
+    def boom2() -> None:
+        raise ValueError("second failure")
+
+    log: list[str] = []
+    pipe = LayerPipeline("cpu", lookahead_layers=0)
+    pipe.start_loads([_recorder(log, "load0"), boom, boom2, _recorder(log, "load3")])
+    with pytest.raises(_Py310Error, match="transfer failed") as info:
+        pipe.wait_all()
+    assert log == ["load0", "load3"] and not pipe.loads_pending and pipe.loads_issued_total == 4
+    assert any("second failure" in note for note in info.value.__notes__)
+    pipe.check_integrity()
+
+
 class _FakeStream:
     def __init__(self, log: list[str], name: str) -> None:
         self.log, self.name = log, name
