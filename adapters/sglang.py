@@ -282,8 +282,9 @@ class RadixKVStore(HiCacheStorage):
         try:
             ok = self.store.put(ns, keys, payloads, parent_key=parent)
         except InputError:
-            # Some later page is already in the tree as a split chain (SGLang backed it up before
-            # this one): store the run in pieces that each continue where their first key is.
+            # A split chain (a later page backed up first, at the namespace root) is grafted by the
+            # tree; what still lands here contradicts the tree (a page held under another prefix):
+            # store the run in pieces that each continue where their first key is.
             return self._put_pieces(ns, keys, payloads, parent)
         if parent is not None and keys and not ok[0]:
             # The parent page is not in this store (evicted, or its write failed): the chunks still

@@ -71,6 +71,12 @@ class EvictionPolicy(Protocol):
     # iterator did to that node before yielding it (lru, s3fifo and the heap policies take it out of
     # their order first).
 
+    # Optional: ``on_graft(node_ids)``: the nodes (resident in this tier, parents first) got deeper,
+    # their run having been grafted from the namespace root under a chain that reached its first key
+    # (a split chain joined: see ``RadixTree.insert``); their parents changed too, the first one's
+    # from none. A policy that derived state from depth re-derives it (the heap policies re-key
+    # their entries, whose tie-break is -depth; cost re-prices). Without it nothing is called.
+
     def candidates(self) -> Generator[int, None, None]:
         """Resident node ids, best victim first. May include ineligible nodes; must be lazy.
 

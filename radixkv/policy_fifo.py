@@ -80,6 +80,13 @@ class S3FIFOPolicy:
             else:
                 small[n] = None
 
+    def on_graft(self, node_ids: Sequence[int]) -> None:
+        # The nodes' run was grafted under a chain (RadixTree._graft): no state depends on depth,
+        # but the new parent may be newer than this tier's last insert, and on_remove folds a
+        # frequency into it: the column grows to the tree's.
+        if len(self._freq) < len(self._parent):
+            self._freq.extend([-1] * (len(self._parent) - len(self._freq)))
+
     def on_access(self, node_id: int, now: int) -> None:
         if now == self._inserted_at:
             return  # the touch of the insert that just created the chunk
@@ -255,6 +262,14 @@ class SIEVEPolicy:
             else:
                 self._tail = n
             self._head = n
+
+    def on_graft(self, node_ids: Sequence[int]) -> None:
+        # As S3FIFOPolicy.on_graft: on_remove reads the new parent's link, which may be newer than
+        # this tier's last insert.
+        newer, older = self._newer, self._older
+        if len(newer) < len(self._parent):
+            newer.extend([_OUT] * (len(self._parent) - len(newer)))
+            older.extend([_OUT] * (len(self._parent) - len(older)))
 
     def on_access(self, node_id: int, now: int) -> None:
         if now != self._inserted_at:  # not the touch of the insert that just created it

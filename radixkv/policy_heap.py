@@ -132,6 +132,22 @@ class _HeapPolicy:
         if len(self._heap) > 2 * self._resident + 1024:
             self._compact()
 
+    def on_graft(self, node_ids: Sequence[int]) -> None:
+        """The nodes' depths grew: their run was grafted under a chain (``RadixTree._graft``, optional
+        hook). Re-key their heap entries, whose tie-break is -depth; a priority is kept as pushed.
+        The columns grow to the tree's: the new parent may be newer than this tier's last insert
+        (on_remove folds into it)."""
+        if len(self._entry) < len(self._depth):
+            self._grow(len(self._depth))
+        entry, depth, heap = self._entry, self._depth, self._heap
+        for n in node_ids:
+            e = entry[n]
+            if e is None or e is _PARKED:
+                continue  # not in the tier, or parked: pushed with its depth when it becomes a leaf
+            ne: HeapEntry = (e[0], -depth[n], n)
+            entry[n] = ne
+            heappush(heap, ne)
+
     def _compact(self) -> None:
         # Drop the stale entries once they outnumber the live ones (rare: amortized O(1)). In place:
         # a candidates() run in progress (the tree evicts between its steps, and on_remove or
@@ -180,6 +196,9 @@ class _HeapPolicy:
         resident = sum(1 for e in entry if e is not None)
         assert resident == self._resident, f"{self.name}: {resident} resident slots, counted {self._resident}"
         assert len(entry) <= len(self._depth), f"{self.name}: {len(entry)} slots for {len(self._depth)} nodes"
+        depth = self._depth
+        stale = [n for n in ordered if entry[n][1] != -depth[n]]  # type: ignore[index]
+        assert not stale, f"{self.name}: {len(stale)} heap entries keyed with an old depth, e.g. {stale[:5]}"
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
@@ -335,8 +354,33 @@ class CostPolicy(LFUPolicy):
             t = tokens[n]
             unit[n] = t * (1.0 + (depth[n] - 1) * t / attn) / max(size[n], 1)
 
+    def on_graft(self, node_ids: Sequence[int]) -> None:
+        # A deeper chunk costs more to recompute: its unit cost follows its new depth, and a live
+        # entry's priority moves by the count times the change (the value a push now would have,
+        # with the age of its own push).
+        if len(self._entry) < len(self._depth):
+            self._grow(len(self._depth))  # as in _HeapPolicy.on_graft
+        tokens, depth, size, attn, unit = self._tokens, self._depth, self._size, self._attn, self._unit
+        entry, count, heap = self._entry, self._count, self._heap
+        for n in node_ids:
+            if entry[n] is None:
+                continue
+            t = tokens[n]
+            old = unit[n]
+            new = unit[n] = t * (1.0 + (depth[n] - 1) * t / attn) / max(size[n], 1)
+            e = entry[n]
+            if e is _PARKED:
+                continue
+            ne: HeapEntry = (e[0] + count[n] * (new - old), -depth[n], n)  # type: ignore[index]
+            entry[n] = ne
+            heappush(heap, ne)
+
     def check_integrity(self) -> None:
         super().check_integrity()
+        tokens, depth, size, attn, unit = self._tokens, self._depth, self._size, self._attn, self._unit
+        wrong = [n for n, e in enumerate(self._entry) if e is not None
+                 and unit[n] != tokens[n] * (1.0 + (depth[n] - 1) * tokens[n] / attn) / max(size[n], 1)]
+        assert not wrong, f"cost: {len(wrong)} unit costs not of the chunk's depth, e.g. {wrong[:5]}"
         assert len(self._unit) == len(self._count) == len(self._entry), (
             f"cost: {len(self._unit)} unit costs, {len(self._count)} counts, {len(self._entry)} slots"
         )

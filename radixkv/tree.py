@@ -302,7 +302,12 @@ class RadixTree:
         If ``parent_key`` is given but not in the tree, nothing is inserted (the chain's prefix is not
         recoverable) and the result is empty. Without ``parent_key``, a run whose first key is present
         continues from where that key is; a run whose first key is new starts at the namespace root. Raises InputError for keys that contradict the tree
-        (not one chain) or invalid sizes."""
+        (not one chain) or invalid sizes.
+
+        A key after the chain's end (or ``keys[0]`` under ``parent_key``) that is already the first
+        node of a run at the namespace root (a *split chain*: its chunks arrived first) is grafted
+        under the chain, with its subtree, and followed as far as it matches ``keys``; a key present
+        under another parent is still a contradiction. See :meth:`_insert_joining`."""
         t = self._tier_pos.get(tier)  # tier_index inlined: the replay inserts twice per request
         if t is None:
             t = self.tier_index(tier)  # raises: unknown tier
@@ -330,10 +335,20 @@ class RadixTree:
         # Without parent_key the caller does not say where the run starts (SGLang without prefix
         # keys hands over mid-chain runs): present keys keep the parent they have.
         if hit and parent_key is not None and self._parent[idx[keys[0]]] != parent:
-            raise InputError(
-                f"key {keys[0]!r} is already in the tree under another parent than parent_key="
-                f"{parent_key!r}: the keys are not a continuation of that chain"
-            )
+            if self._parent[idx[keys[0]]] != _NO_PARENT:
+                raise InputError(
+                    f"key {keys[0]!r} is already in the tree under another parent than parent_key="
+                    f"{parent_key!r}: the keys are not a continuation of that chain"
+                )
+            # keys[0] starts a run at the namespace root (a split chain): graft it under parent_key
+            return self._insert_joining(namespace, idx, keys, m, 0, parent, t, tokens_per_chunk,
+                                        bytes_per_chunk)
+        if hit < len(keys) and not idx.keys().isdisjoint(keys[hit:]):
+            # A key after the matched prefix is in the tree already: a split chain to join, or a
+            # contradiction (one probe per new key; _create's index update alone could not undo a
+            # collision without a scan of every node).
+            return self._insert_joining(namespace, idx, keys, m, hit, last if hit else parent, t,  # type: ignore[arg-type]
+                                        tokens_per_chunk, bytes_per_chunk)
         self._now += 1
         if hit and self._tier_chunks[t] != len(self._key) - len(self._free):  # != len(self)
             # Some chunk is not in this tier: the matched ones that are not gain it. (When every
@@ -360,6 +375,113 @@ class RadixTree:
         else:
             self._touch(leaf)
         return InsertResult(m, tuple(new))
+
+    def _insert_joining(
+        self, ns: str, idx: dict[str, int], keys: Sequence[str], m: MatchResult, pos: int, start: int,
+        t: int, chunk_tokens: int, size_bytes: int,
+    ) -> InsertResult:
+        """:meth:`insert` of ``keys[pos:]`` after node ``start`` (-1: the namespace root) when some of
+        them are in the tree already. Each such key must be the first node of a run hanging at the
+        namespace root (a *split chain*: its chunks arrived before their prefix, e.g. SGLang backing
+        up a child page first): the run is grafted under the key before it and followed as far as it
+        matches ``keys``; anything else (a key under another parent, a repeat, a run that is this
+        chain's own root) is a contradiction, refused before anything changes. The rare path: one
+        graft costs O(the grafted subtree + the start's depth), not O(tree size)."""
+        n, parent, idx_get = len(keys), self._parent, idx.get
+        if len(set(keys)) != n:
+            raise InputError("keys are not one chain: a key repeats, or a key after the matched prefix is "
+                             "already in the tree under another prefix")
+        _check_keys(keys[pos:])
+        top = start  # the chain's namespace-root node, which must not be grafted under its own chain
+        while top != _NO_PARENT and parent[top] != _NO_PARENT:
+            top = parent[top]
+        # Plan in full first: (a, b, run root) -- keys[a:b] are new (run root -1) or the run of a
+        # namespace-root node, grafted under the node before it.
+        plan: list[tuple[int, int, int]] = []
+        a, joined = pos, start != _NO_PARENT
+        while a < n:
+            j = a
+            while j < n and keys[j] not in idx:
+                j += 1
+            if j > a:
+                plan.append((a, j, _NO_PARENT))
+                joined = True
+            if j == n:
+                break
+            r = idx[keys[j]]
+            if parent[r] != _NO_PARENT or r == top or not joined:
+                raise InputError(
+                    f"keys are not one chain: key {keys[j]!r} is already in the tree under another prefix "
+                    "(only a run at the namespace root can continue a chain)"
+                )
+            b, node = j + 1, r
+            while b < n:
+                c = idx_get(keys[b])
+                if c is None or parent[c] != node:
+                    break
+                node, b = c, b + 1
+            plan.append((j, b, r))
+            a = b
+        self._now += 1
+        bit, mask = 1 << t, self._mask
+        ids: list[int] = list(m.node_ids) if pos else []
+        missing = [x for x in ids if not mask[x] & bit]
+        if missing:  # the matched prefix gains the tier, as in insert
+            self._add_residency(missing, t)
+        created: list[int] = []
+        cur = start
+        for a, b, r in plan:
+            if r == _NO_PARENT:
+                new = self._create(ns, idx, keys[a:b], cur, self._depth[cur] if cur != _NO_PARENT else 0,
+                                   t, chunk_tokens, size_bytes)
+                created += new
+                ids += new
+            else:
+                self._graft(r, cur)
+                new = [idx[k] for k in keys[a:b]]
+                missing = [x for x in new if not mask[x] & bit]
+                if missing:  # the grafted run's matched chunks gain the tier, like a matched prefix
+                    self._add_residency(missing, t)
+                ids += new
+            cur = new[-1]
+        if mask[cur] == 1:
+            self._policies[0].on_access(cur, self._now)
+        else:
+            self._touch(cur)
+        r_ = InsertResult(m, tuple(created))
+        r_._ids = tuple(ids)  # every key's node, root->leaf (the matched ids are not one prefix here)
+        return r_
+
+    def _graft(self, r: int, p: int) -> None:
+        """Hang the namespace-root node ``r`` (and its subtree) under ``p``: parent, child lists, the
+        new parent's child counts per tier ``r`` is resident in, the depth of every node of the
+        subtree (O(its size), down the child lists), then each tier policy's optional
+        ``on_graft(node_ids)`` with the subtree's nodes resident in its tier (parents first), for
+        state it derived from depth."""
+        self._parent[r] = p
+        self._nchild[p] += 1
+        kid, nxt, prv = self._kid, self._next, self._prev
+        head = kid[p]
+        nxt[r], prv[r] = head, _NO_PARENT
+        if head != _NO_PARENT:
+            prv[head] = r
+        kid[p] = r
+        mask = self._mask
+        m_r = mask[r]
+        for i, tc in enumerate(self._tchild):
+            if m_r >> i & 1:
+                tc[p] += 1
+        sub = [r] + self._descendants({r})
+        depth, shift = self._depth, self._depth[p]  # r had depth 1: it now has depth[p] + 1
+        for x in sub:
+            depth[x] += shift
+        for i, pol in enumerate(self._policies):
+            on_graft = getattr(pol, "on_graft", None)
+            if on_graft is not None:
+                bit = 1 << i
+                mine = [x for x in sub if mask[x] & bit]
+                if mine:
+                    on_graft(mine)
 
     def _create(
         self, ns: str, idx: dict[str, int], keys: Sequence[str], parent: int, depth: int,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from radixkv.errors import ConfigError, InputError, PinError
@@ -354,15 +354,20 @@ def test_lru_property(reqs, capacity):
 @given(
     ops=st.lists(
         st.tuples(
-            st.sampled_from(["insert", "match", "pin", "unpin", "evict", "clear_tier", "set_tier"]),
+            st.sampled_from(["insert", "insert_tail", "insert_under", "match", "pin", "unpin", "evict",
+                             "clear_tier", "set_tier"]),
             st.lists(st.integers(0, 2), min_size=1, max_size=4),
             st.sampled_from(["mem", "disk"]),
         ),
         max_size=60,
     )
 )
+@example(ops=[("insert_tail", [0, 1, 2], "disk"), ("insert", [0], "mem"), ("match", [0, 1, 2], "mem"),
+              ("insert_under", [0, 1, 2], "mem"), ("match", [0, 1, 2], "mem"), ("evict", [0], "mem")])
 def test_random_operations_keep_invariants(ops):
-    """Random insert/match/pin/evict/residency sequences against a dict model of what is cached."""
+    """Random insert/match/pin/evict/residency sequences against a dict model of what is cached.
+    ``insert_tail`` puts a path without its first chunk at the namespace root and ``insert_under``
+    puts it under its first chunk: chains arriving child first (split), joined by later inserts."""
     tree = RadixTree(("mem", "disk"))
     pinned: dict[int, int] = {}
     for op, path, tier in ops:
@@ -372,15 +377,23 @@ def test_random_operations_keep_invariants(ops):
             keys.append(prefix)
         if op == "insert":
             tree.insert(NS, keys, tier, 16, 5)
+        elif op == "insert_tail" and len(keys) > 1:
+            tree.insert(NS, keys[1:], tier, 16, 5)
+        elif op == "insert_under" and len(keys) > 1:
+            tree.insert(NS, keys[1:], tier, 16, 5, parent_key=keys[0])
         elif op == "match":
             m = tree.match(NS, keys)
-            # Model: a prefix is hit iff every key of it is alive.
-            expect = 0
+            # Model: a prefix is hit iff every key of it is alive and hangs from the key before it
+            # (a run split from its prefix is not reached until it is grafted).
+            expect, up = 0, None
             for k in keys:
-                if tree.lookup(NS, k) is None:
+                n = tree.lookup(NS, k)
+                if n is None or tree.node_parent(n) != up:
                     break
-                expect += 1
+                expect, up = expect + 1, n
             assert m.hit_chunks == expect
+            # the binary search (depth span, last link) agrees with a checked walk after grafts
+            assert tree.match(NS, keys, touch=False, verify=True).hit_chunks == expect
         elif op == "pin":
             m = tree.match(NS, keys)
             if m.hit_chunks:
@@ -411,9 +424,9 @@ def test_an_insert_refused_for_a_contradicting_chain_changes_nothing():
     # Found by a fuzz: the matched prefix gained the tier's residency before the refusal.
     t = RadixTree(("mem", "disk"))
     t.insert("ns", ["a", "b"], "disk", 16, 100)
-    t.insert("ns", ["x"], "disk", 16, 100)
+    t.insert("ns", ["w", "x"], "disk", 16, 100)
     with pytest.raises(InputError, match="not one chain"):
-        t.insert("ns", ["a", "x"], "mem", 16, 100)  # x already hangs at the root
+        t.insert("ns", ["a", "x"], "mem", 16, 100)  # x already hangs under w (at the root: a graft)
     assert t.node_tiers(t.lookup("ns", "a")) == ["disk"] and t.tier_bytes("mem") == 0
     t.check_integrity()
 
@@ -537,3 +550,98 @@ def _drop_subtree(tree: RadixTree, how: str, root: int, sub: set[int], base: lis
         assert len(r.removed_node_ids) == len(sub) and not r.orphaned_node_ids
     else:
         assert set(tree.descendants([root])) == sub - {root}
+
+
+# ------------------------------------------------------------------ split chains joined (grafts)
+
+GRAFT_POLICIES = ["lru", "lfu", "cost", "agedref", "oddsref", "s3fifo", "sieve"]
+
+
+@pytest.mark.parametrize("policy", GRAFT_POLICIES)
+def test_a_run_at_the_namespace_root_is_grafted_when_its_chain_reaches_it(policy):
+    """A chain's later chunks put first hang at the namespace root; the insert that reaches their
+    first key grafts the run (and its subtree) under the chain: one chain, depths and per-tier child
+    counts updated, the policies' depth-keyed state re-derived (check_integrity after each step)."""
+    t = RadixTree(("mem", "disk"), policy=policy)
+    t.insert(NS, ["c", "d", "e"], "disk", 16, 100)
+    t.check_integrity()
+    t.insert(NS, ["c", "d"], "mem", 16, 100)  # the run's first two chunks in both tiers
+    t.insert(NS, ["f"], "mem", 16, 100, parent_key="c")  # a branch of the run
+    t.pin([t.lookup(NS, "d")], "o")
+    t.check_integrity()
+    r = t.insert(NS, ["a", "b", "c", "d"], "mem", 16, 100)
+    t.check_integrity()
+    a, b, c, d, e, f = (t.lookup(NS, k) for k in "abcdef")
+    assert r.node_ids == (a, b, c, d) and r.new_node_ids == (a, b) and r.present_chunks == 0
+    assert t.node_parent(c) == b and t.node_parent(a) is None
+    assert [t.node_depth(n) for n in (a, b, c, d, e, f)] == [1, 2, 3, 4, 5, 4]
+    assert t._tchild[0][b] == 1 and t._tchild[1][b] == 1 and t.node_children_alive(b) == 1
+    assert t.descendants([a]) == [b, c, d, f, e]
+    for keys, hit in ((list("abcde"), 5), (list("abcf"), 4), (list("abcdx"), 4), (list("cde"), 3)):
+        assert t.match(NS, keys).hit_chunks == hit
+        assert t.match(NS, keys, verify=True).hit_chunks == hit
+    # Memory pressure: the parent run (a, b: memory only) is never dropped while the run below it
+    # stays, and the pinned chunk stays.
+    for _ in range(8):
+        gone = t.evict("mem", 1).removed_node_ids
+        t.check_integrity()
+        assert t.lookup(NS, "d") == d and (t.lookup(NS, "b") is None) <= (t.lookup(NS, "c") is None)
+        if not gone and not t.evict_candidates("mem", 1, drop=True):
+            break
+    assert t.lookup(NS, "a") == a and t.node_tiers(c) == ["mem", "disk"]
+    t.unpin([d], "o")
+    t.clear_resident([c, d, e], "disk")  # c leaves every tier: d, e orphaned, never served
+    t.evict("mem", 10)
+    t.check_integrity()
+    assert len(t) == 0
+
+
+@pytest.mark.parametrize("policy", GRAFT_POLICIES)
+def test_a_graft_evicts_the_child_run_before_the_parent_run(policy):
+    """One tier: after the graft the runs are one branch, so eviction is leaf-first across the old
+    split (the parent run's last chunk is no leaf while the child run stays)."""
+    t = RadixTree(("mem",), policy=policy)
+    t.insert(NS, ["c", "d"], "mem", 16, 100)
+    t.insert(NS, ["a", "b"], "mem", 16, 100)
+    t.insert(NS, ["a", "b", "c"], "mem", 16, 100)  # reaches c: grafted
+    t.check_integrity()
+    want = [t.lookup(NS, k) for k in "dcba"]
+    order = []
+    while len(t):
+        gone = t.evict("mem", 1).removed_node_ids
+        assert gone
+        order += gone
+        t.check_integrity()
+    assert order == want
+
+
+def test_a_graft_by_parent_key_and_the_contradictions_it_still_refuses():
+    t = RadixTree(("mem", "disk"), policy="cost")
+    t.insert(NS, ["c", "d"], "disk", 16, 100)
+    t.insert(NS, ["a", "b"], "mem", 16, 100)
+    t.insert(NS, ["w", "x"], "mem", 16, 100)
+    before = sorted(t.items(NS))
+    bad = [
+        (["y", "x"], None),  # x hangs under w, not at the root
+        (["y", "c", "y"], "b"),  # a repeat
+        (["y", "c"], "d"),  # c is the root of the chain it would hang under (a cycle)
+        (["c"], "d"),
+    ]
+    for keys, parent_key in bad:
+        with pytest.raises(InputError, match="not one chain|another parent"):
+            t.insert(NS, keys, "mem", 16, 100, parent_key=parent_key)
+        t.check_integrity()
+        assert sorted(t.items(NS)) == before and t.tier_chunks("mem") == 4
+    r = t.insert(NS, ["c", "d"], "mem", 16, 100, parent_key="b")  # grafted, and gains the tier
+    t.check_integrity()
+    c, d = t.lookup(NS, "c"), t.lookup(NS, "d")
+    assert r.node_ids == (c, d) and r.new_node_ids == () and t.node_parent(c) == t.lookup(NS, "b")
+    assert t.node_tiers(d) == ["mem", "disk"] and t.node_depth(d) == 4
+    assert t.match(NS, ["a", "b", "c", "d"]).hit_chunks == 4
+    # Chains meeting two runs in one insert; the second run lies past new chunks.
+    t.insert(NS, ["p"], "mem", 16, 100)
+    t.insert(NS, ["s", "u"], "mem", 16, 100)
+    t.insert(NS, ["a", "b", "c", "d", "p", "q", "s", "u", "v"], "mem", 16, 100)
+    t.check_integrity()
+    assert t.match(NS, list("abcdpqsuv")).hit_chunks == 9
+    assert t.node_depth(t.lookup(NS, "v")) == 9

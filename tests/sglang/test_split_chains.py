@@ -184,3 +184,34 @@ def test_metrics_ports_differ_across_attention_cp_ranks(monkeypatch):
     assert ranks(True, tp_size=8, cp_size=4, dp_size=2) == list(range(16))  # attention TP 1
     # without DP attention the TP rank tells the CP ranks apart: the ports stay base .. base + 15
     assert ranks(False, tp_size=8, cp_size=4, dp_size=1) == list(range(16))
+
+
+def test_a_split_chain_is_one_chain_once_its_parent_arrives():
+    """The child run backed up first hangs at the namespace root; the backup that reaches it grafts it
+    under its parent, so eviction is leaf-first across the old split: the parent run is no victim
+    while the child run stays (before: two branches, and the parent run's last page was a leaf
+    that could go first, leaving the child's bytes unreachable by any prefix)."""
+    h = ControllerHarness(PoolSpec(layout="page_first", page_size=4, host_tokens=256),
+                          extra_config=extra_config([mem_tier()]))
+    try:
+        be = unwrap(h.backend)
+        toks = tokens(16, seed=1)  # pages a b c d
+        keys = h.page_keys(toks)
+        src = h.alloc(16)
+        h.fill_random(src, seed=2)
+        assert h.backup(toks[8:], src[8:], hashes=keys[2:], prefix_keys=keys[:2]) == 8  # parent absent
+        assert h.backup(toks, src, prefix_keys=[]) == 16
+        r = h.prefetch(toks)  # reads (and touches) a b, then c d
+        assert r.hit_tokens == 16
+        h.host_pool.free(r.host_indices)
+        s = be.store
+        with s.lock:
+            tree, nsd = s.tree, next(iter(s.tree.namespaces()))
+            ids = [tree.lookup(nsd, k) for k in keys]
+            assert [tree.node_parent(n) for n in ids] == [None] + ids[:3]  # one chain
+            victims = tree.evict_candidates(tree.tiers[0], 4, drop=True)
+        assert [tree.node_key(n) for n in victims[:1]] == [keys[3]]  # the child run's leaf, never b
+        assert ids[1] not in victims
+        s.check_integrity()
+    finally:
+        h.close()
