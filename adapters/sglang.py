@@ -279,21 +279,17 @@ class RadixKVStore(HiCacheStorage):
                     for k in keys]
 
     def _put_run(self, ns: Namespace, keys: List[str], payloads: List[Any], parent: Optional[str]) -> List[bool]:
+        # A parent page this store lacks (not backed up yet: write_back backs up a child node before
+        # its parent; or evicted, or its write failed): the pages still match by key, so they hang
+        # at the namespace root rather than being dropped, and await the parent page, which grafts
+        # them under it when it arrives (root_if_missing): one chain for eviction again.
         try:
-            ok = self.store.put(ns, keys, payloads, parent_key=parent)
+            return self.store.put(ns, keys, payloads, parent_key=parent, root_if_missing=True)
         except InputError:
             # A split chain (a later page backed up first, at the namespace root) is grafted by the
             # tree; what still lands here contradicts the tree (a page held under another prefix):
             # store the run in pieces that each continue where their first key is.
             return self._put_pieces(ns, keys, payloads, parent)
-        if parent is not None and keys and not ok[0]:
-            # The parent page is not in this store (evicted, or its write failed): the chunks still
-            # match by key, so hang them at the namespace root rather than dropping the write.
-            try:
-                ok = self.store.put(ns, keys, payloads, parent_key=None)
-            except InputError:  # and a later page is a split chain already: in pieces
-                return self._put_pieces(ns, keys, payloads, None)
-        return ok
 
     def _put_pieces(self, ns: Namespace, keys: List[str], payloads: List[Any],
                     parent: Optional[str]) -> List[bool]:
@@ -306,10 +302,9 @@ class RadixKVStore(HiCacheStorage):
         for j, a in enumerate(starts):
             b = starts[j + 1] if j + 1 < len(starts) else len(keys)
             first = parent if a == 0 and not held[0] else None
-            try:
-                got = self.store.put(ns, keys[a:b], payloads[a:b], parent_key=first)
-                if first is not None and not got[0]:  # the parent is gone: hang the piece at the root
-                    got = self.store.put(ns, keys[a:b], payloads[a:b], parent_key=None)
+            try:  # a parent that is gone: the piece hangs at the root, awaiting it
+                got = self.store.put(ns, keys[a:b], payloads[a:b], parent_key=first,
+                                     root_if_missing=True)
             except InputError as e:  # the tree changed meanwhile: the rest is not stored this time
                 logger.info("radixkv: storing pages after a chain split failed: %s", e)
                 got = [False] * (b - a)

@@ -13,8 +13,10 @@ Rules (what keeps the store's invariants):
 * the probe (tier I/O) runs outside the lock; the insert runs under it and only if the tree's match
   still ends where it ended before the probe (else nothing is adopted this time);
 * the run continues the tree's hit, or starts at ``parent_key`` when the tree holds it, else at the
-  namespace root: the tree stays prefix-closed. It stops before a key the tree already holds under
-  another prefix, and (per tier) before a key whose delete from that tier is in flight;
+  namespace root, awaiting ``parent_key`` (the insert that creates it later grafts the run under it:
+  ``RadixTree.insert(..., root_if_missing=True)``): the tree stays prefix-closed. It stops before a
+  key the tree already holds under another prefix, and (per tier) before a key whose delete from
+  that tier is in flight;
 * the longest run wins, the fastest tier on a tie; every other probed tier holding a prefix of it
   gains that residency too (reads then use the fastest);
 * a bounded tier adopts only what fits its capacity in the store's books (``used + charges <=
@@ -221,12 +223,8 @@ def _insert_locked(
     if now != hit or s.clearing_locked(nsd):  # the tree changed since the probe, or a clear of
         return now, 0  # the namespace is deleting what the probe saw: adopt nothing this time
     rest = keys[hit:]
-    if hit:
-        parent: str | None = keys[hit - 1]
-    elif parent_key is not None and tree.lookup(nsd, parent_key) is not None:
-        parent = parent_key
-    else:
-        parent = None
+    # A parent_key the tree lacks: the run hangs at the namespace root, awaiting it
+    parent = keys[hit - 1] if hit else parent_key
     free = 0  # keys the tree lacks entirely (a key held under another prefix ends the run)
     while free < len(rest) and tree.lookup(nsd, rest[free]) is None:
         free += 1
@@ -243,7 +241,7 @@ def _insert_locked(
         try:
             r = tree.insert(
                 nsd, list(rest[:k]), tier=s.names[t], chunk_tokens=chunk_tokens,
-                size_bytes=chunk_bytes, parent_key=parent,
+                size_bytes=chunk_bytes, parent_key=parent, root_if_missing=not hit,
             )
         except InputError as e:  # keys that contradict the tree: adopt nothing from this tier
             logger.debug("radixkv: adoption from tier %s refused: %s", s.names[t], e)

@@ -15,7 +15,9 @@ Contract (what engines and adapters rely on)::
   (and at a flushing :meth:`close`, which persists what only memory holds: :mod:`radixkv.writeback`).
   Chunks are ``keys`` of one chain (continuing ``parent_key``); only a leading run can be stored, so
   the result is True up to the first chunk that could not be (tier full of pinned chunks, medium
-  down) and False after it.
+  down) and False after it. A chain whose ``parent_key`` the tree lacks is not stored, unless
+  ``root_if_missing``: then it hangs at the namespace root and awaits that key (a later put or
+  adoption creating it grafts the run under it: ``RadixTree.insert``).
 * **eviction** (to make room for a write) demotes a chunk to the next tier unless that tier already
   holds it; from the last tier it drops, leaf first (the tree's candidates never orphan anything).
 * **get**: one tree lookup finds the longest prefix held by any tier; the chunks are pinned and read
@@ -191,9 +193,16 @@ class HierarchicalStore:
         keys: Sequence[str],
         payloads: Sequence[ChunkBytes],
         parent_key: str | None = None,
+        root_if_missing: bool = False,
     ) -> list[bool]:
         """Store one chain of chunks in the top tier (see the module docstring); returns per-key
-        success, always a leading run of True. Keys already in the top tier are not rewritten."""
+        success, always a leading run of True. Keys already in the top tier are not rewritten.
+
+        A ``parent_key`` the tree does not hold stores nothing (all False), unless
+        ``root_if_missing``: then the chain is stored as without ``parent_key`` (at the namespace
+        root, or where its first key is) and, at the root, awaits ``parent_key``: the put (or
+        adoption) that later creates that key grafts it under it, so the two are one chain for
+        eviction (the tree bounds how many runs wait: ``RadixTree.insert``)."""
         self._check_open()
         nsd = self._check_chain(ns, keys, parent_key)
         checks.check_list(payloads, "payloads")
@@ -219,11 +228,11 @@ class HierarchicalStore:
             with s.cond:
                 if parent_key is not None:
                     pid = s.tree.lookup(nsd, parent_key)
-                    if pid is None:  # the chain's prefix is gone: nothing here is reachable
-                        return [False] * len(keys)
+                    if pid is None and not root_if_missing:  # the chain's prefix is gone: nothing
+                        return [False] * len(keys)  # here is reachable
                     # Making room for this chain must not *drop* the chunk it hangs from (a demotion
                     # keeps it reachable): pin it while only the last tier holds it.
-                    if s.tree.node_tier_mask(pid) == 1 << s.last:
+                    if pid is not None and s.tree.node_tier_mask(pid) == 1 << s.last:
                         pinned = s.pin_locked([s.ref_locked(pid)], owner)
                 have = [_has(s.tree, nsd, k, 0) for k in keys]
                 # Nor may it evict the chain's own chunks the top tier already holds (the oldest leaf
@@ -278,6 +287,7 @@ class HierarchicalStore:
                             chunk_tokens=ns.chunk_tokens,
                             size_bytes=size,
                             parent_key=parent_key,
+                            root_if_missing=root_if_missing,
                         )
                     except InputError as e:  # keys contradict the tree: undo, then re-raise
                         run, error = 0, e
@@ -368,7 +378,8 @@ class HierarchicalStore:
 
         The tiers are probed outside the lock (memory tiers never: they are process-local); the
         leading run found continues the tree's hit, or starts at ``parent_key`` (when the tree holds
-        it) or at the namespace root, and becomes resident in the tier(s) holding it (the longest
+        it) or at the namespace root (awaiting ``parent_key``, as a ``put`` with
+        ``root_if_missing``), and becomes resident in the tier(s) holding it (the longest
         run wins, the fastest tier on a tie). Reads then verify the bytes as always: a chunk that
         fails its checksum is a miss and loses its residency. ``chunk_bytes`` is the payload size of
         the namespace's chunks; it is needed only before the first put/get of the namespace in this

@@ -36,6 +36,7 @@ __all__ = ["RadixTree", "MatchResult", "InsertResult", "DropResult"]
 
 _NO_PARENT = -1
 _MAX_TIERS = 16
+_MAX_AWAITING_RUNS = 4096
 
 
 class RadixTree:
@@ -43,6 +44,9 @@ class RadixTree:
 
     ``policy`` is a registered policy name for every tier, or a mapping tier -> name;
     ``policy_options`` are keyword options for the policy constructor (or a mapping tier -> options).
+    ``max_awaiting_runs`` bounds how many runs hanging at a namespace root wait for a named parent
+    (``insert(..., root_if_missing=True)``); past it the oldest wait is forgotten (that run stays a
+    separate chain).
     """
 
     def __init__(
@@ -51,8 +55,12 @@ class RadixTree:
         policy: str | Mapping[str, str] = "lru",
         policy_options: Mapping[str, object] | Mapping[str, Mapping[str, object]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_awaiting_runs: int = _MAX_AWAITING_RUNS,
     ) -> None:
         tiers = tuple(tiers)
+        if (not isinstance(max_awaiting_runs, int) or isinstance(max_awaiting_runs, bool)
+                or max_awaiting_runs < 0):
+            raise ConfigError(f"max_awaiting_runs={max_awaiting_runs!r} must be an integer >= 0")
         if not tiers or len(tiers) > _MAX_TIERS or len(set(tiers)) != len(tiers):
             raise ConfigError(f"tiers={tiers!r} must be 1..{_MAX_TIERS} distinct tier names")
         self.tiers: tuple[str, ...] = tiers
@@ -83,6 +91,15 @@ class RadixTree:
         self._free: list[int] = []
         self._index: dict[str, dict[str, int]] = {}
         self._pins = PinTable(clock)
+        # Runs stored at a namespace root although their caller named a parent key the tree lacked
+        # (insert(..., root_if_missing=True)): the insert creating that key grafts them under it.
+        # _awaiting: namespace -> parent key -> the runs' root nodes (no empty dicts: its truth
+        # test is the whole cost to an insert while nothing waits); _awaits: root node ->
+        # (namespace, its key, parent key), oldest first (the bound forgets the oldest). Entries
+        # leave with a graft of the node or its removal, so a node id is never stale here.
+        self._awaiting: dict[str, dict[str, list[int]]] = {}
+        self._awaits: dict[int, tuple[str, str, str]] = {}
+        self.max_awaiting_runs: int = max_awaiting_runs
         self._tier_bytes = [0] * len(tiers)
         self._tier_chunks = [0] * len(tiers)
         self.stats = TreeStats()
@@ -294,14 +311,21 @@ class RadixTree:
         chunk_tokens: object,  # an int > 0; checked here (a compiled build would raise a bare
         size_bytes: object,  # TypeError for a float at the call): an int >= 0
         parent_key: str | None = None,
+        root_if_missing: bool = False,
     ) -> InsertResult:
         """Make ``keys`` (one chain, continuing ``parent_key`` or starting at the namespace root)
         resident in ``tier``: existing chunks gain the residency and are touched, missing ones are
         created. Inserting what is present is a documented no-op apart from the touch.
 
         If ``parent_key`` is given but not in the tree, nothing is inserted (the chain's prefix is not
-        recoverable) and the result is empty. Without ``parent_key``, a run whose first key is present
-        continues from where that key is; a run whose first key is new starts at the namespace root. Raises InputError for keys that contradict the tree
+        recoverable) and the result is empty; with ``root_if_missing`` the run is inserted as
+        without ``parent_key`` instead and, when its first chunk then hangs at the namespace root,
+        *awaits* ``parent_key``: the insert that later creates that key grafts the run (its first
+        chunk, still in the tree and still at the namespace root) under it, as below. The tree
+        remembers at most ``max_awaiting_runs`` such waits (the oldest is forgotten first); a wait
+        ends with the run's first chunk leaving the tree or being grafted. Without ``parent_key``,
+        a run whose first key is present continues from where that key is; a run whose first key
+        is new starts at the namespace root. Raises InputError for keys that contradict the tree
         (not one chain) or invalid sizes.
 
         A key after the chain's end (or ``keys[0]`` under ``parent_key``) that is already the first
@@ -327,7 +351,11 @@ class RadixTree:
         else:
             p = idx.get(parent_key)
             if p is None:
-                return InsertResult()
+                if not root_if_missing:
+                    return InsertResult()
+                r = self.insert(namespace, keys, tier, tokens_per_chunk, bytes_per_chunk)
+                self._await_parent(namespace, idx, keys[0], parent_key)
+                return r
             parent, depth = p, self._depth[p]
         m = self.match(namespace, keys, False)  # touch=False, by position
         hit = m.hit_chunks
@@ -369,6 +397,8 @@ class RadixTree:
         if hit:
             parent, depth = last, self._depth[last]  # type: ignore[assignment,index]
         new = self._create(namespace, idx, keys[hit:], parent, depth, t, tokens_per_chunk, bytes_per_chunk)
+        if self._awaiting:  # some run awaits a parent key: is it one of these?
+            self._join_awaiting(namespace, new)
         leaf: int = new[-1] if new else last  # type: ignore[assignment]
         if self._mask[leaf] == 1:  # held by the first tier only (as in match): one policy hears it
             self._policies[0].on_access(leaf, self._now)
@@ -444,6 +474,8 @@ class RadixTree:
                     self._add_residency(missing, t)
                 ids += new
             cur = new[-1]
+        if self._awaiting and created:
+            self._join_awaiting(ns, created)
         if mask[cur] == 1:
             self._policies[0].on_access(cur, self._now)
         else:
@@ -457,7 +489,9 @@ class RadixTree:
         new parent's child counts per tier ``r`` is resident in, the depth of every node of the
         subtree (O(its size), down the child lists), then each tier policy's optional
         ``on_graft(node_ids)`` with the subtree's nodes resident in its tier (parents first), for
-        state it derived from depth."""
+        state it derived from depth. A wait of ``r`` for a parent key ends (it has one now)."""
+        if self._awaits and r in self._awaits:
+            self._forget_await(r)
         self._parent[r] = p
         self._nchild[p] += 1
         kid, nxt, prv = self._kid, self._next, self._prev
@@ -482,6 +516,56 @@ class RadixTree:
                 mine = [x for x in sub if mask[x] & bit]
                 if mine:
                     on_graft(mine)
+
+    def _await_parent(self, ns: str, idx: dict[str, int], first_key: str, parent_key: str) -> None:
+        """Remember that the run whose first chunk is ``first_key`` awaits ``parent_key`` (see
+        :meth:`insert`'s ``root_if_missing``): only a run at the namespace root waits, and not for a
+        key the tree holds (nor, so, for one of its own keys); a node waits for one parent key, the
+        latest named. Past ``max_awaiting_runs`` the oldest wait is forgotten."""
+        r = idx.get(first_key)
+        if (r is None or self._parent[r] != _NO_PARENT or parent_key in idx
+                or not self.max_awaiting_runs):
+            return
+        if r in self._awaits:
+            self._forget_await(r)
+        while len(self._awaits) >= self.max_awaiting_runs:
+            self._forget_await(next(iter(self._awaits)))
+        self._awaits[r] = (ns, first_key, parent_key)
+        self._awaiting.setdefault(ns, {}).setdefault(parent_key, []).append(r)
+
+    def _forget_await(self, r: int) -> None:
+        """End node ``r``'s wait for a parent key (grafted, leaving the tree, or past the bound)."""
+        ns, _, parent_key = self._awaits.pop(r)
+        w = self._awaiting[ns]
+        runs = w[parent_key]
+        runs.remove(r)
+        if not runs:
+            del w[parent_key]
+            if not w:
+                del self._awaiting[ns]
+
+    def _join_awaiting(self, ns: str, new: list[int]) -> None:
+        """Graft the runs awaiting a key of the just-created nodes ``new`` under that key's node
+        (the rare path: O(len(new)) probes, then each graft). A run that is the root of the new
+        node's own chain is not grafted under it (that would be a cycle): its wait just ends."""
+        w = self._awaiting.get(ns)
+        if not w:
+            return
+        key, parent = self._key, self._parent
+        for p in new:
+            runs = w.get(key[p])  # type: ignore[arg-type]
+            if runs is None:
+                continue
+            top = p
+            while parent[top] != _NO_PARENT:
+                top = parent[top]
+            for r in list(runs):
+                self._forget_await(r)
+                if r != top:  # still at the namespace root: its wait would have ended otherwise
+                    self._graft(r, p)
+            w = self._awaiting.get(ns)
+            if not w:
+                return
 
     def _create(
         self, ns: str, idx: dict[str, int], keys: Sequence[str], parent: int, depth: int,
@@ -662,11 +746,14 @@ class RadixTree:
                     m >>= 1
                     t += 1
         kid, nxt, prv = self._kid, self._next, self._prev
+        awaits = self._awaits
         for n in gone + orphans:
             p = self._parent[n]
             if p != _NO_PARENT:
                 self._nchild[p] -= 1
                 _unlink(kid, nxt, prv, n, p)
+            elif awaits and n in awaits:  # a run awaiting its parent key leaves: so does its wait
+                self._forget_await(n)
             del self._index[self._ns[n]][self._key[n]]  # type: ignore[index,arg-type]
             self._pins.forget(n)
             self._key[n] = None
@@ -777,6 +864,7 @@ class RadixTree:
         pins, free = self._pins, self._free
         kid, nxt, prv = self._kid, self._next, self._prev
         held = pins.by_node  # the dict itself: a plain truth test per eviction, no method call
+        awaits = self._awaits  # likewise: a namespace-root chunk that leaves ends its run's wait
         pol = self._policies[t]
         on_remove, on_leaf = pol.on_remove, pol.on_leaf
         # A policy's optional on_evict(n, leaf_parent) is on_remove((n,)) plus on_leaf(leaf_parent)
@@ -821,6 +909,8 @@ class RadixTree:
                             on_evict(n, p if c == 0 and mask[p] & bit else -1)
                         else:
                             on_evict(n, -1)
+                            if awaits and n in awaits:
+                                self._forget_await(n)
                         del index[ns[n]][key[n]]  # type: ignore[index,arg-type]
                         if held:
                             pins.forget(n)
@@ -849,6 +939,8 @@ class RadixTree:
                         if c == 0 and mask[p] & bit:
                             on_leaf(p)
                     if m == 0:
+                        if p < 0 and awaits and n in awaits:
+                            self._forget_await(n)
                         del index[ns[n]][key[n]]  # type: ignore[index,arg-type]
                         if held:
                             pins.forget(n)

@@ -66,6 +66,7 @@ def check_tree(tree: RadixTree) -> None:
     _check_child_lists(tree, nchild)
     assert tier_bytes == tree._tier_bytes, f"tier bytes {tree._tier_bytes} != {tier_bytes}"
     assert tier_chunks == tree._tier_chunks, f"tier chunks {tree._tier_chunks} != {tier_chunks}"
+    _check_awaiting(tree)
     tree._pins.check_integrity()
     for n in tree._pins:
         assert tree._key[n] is not None, f"pin on removed node {n}"
@@ -93,3 +94,35 @@ def _check_child_lists(tree: RadixTree, nchild: list[int]) -> None:
             assert prv[c] == prev, f"node {c}: previous sibling {prv[c]} != {prev}"
             prev, c, count = c, nxt[c], count + 1
         assert count == nchild[n], f"node {n}'s child list holds {count} of its {nchild[n]} children"
+
+
+def _check_awaiting(tree: RadixTree) -> None:
+    """The runs awaiting a parent key: each entry names a live namespace-root node (of that
+    namespace, with the key recorded for it) once, in both tables, no empty table, no parent key the
+    tree holds (its insert grafts or ends every wait for it), and no more than the bound."""
+    waiting = 0
+    for ns, w in tree._awaiting.items():
+        assert w, f"namespace {ns!r} keeps an empty awaiting table"
+        idx = tree._index.get(ns, {})
+        for parent_key, runs in w.items():
+            assert runs, f"parent key {parent_key!r} in {ns!r} keeps an empty list of awaiting runs"
+            assert parent_key not in idx, (
+                f"runs {runs} still await parent key {parent_key!r}, which is in the tree"
+            )
+            assert len(set(runs)) == len(runs), f"runs {runs} awaiting {parent_key!r} repeat a node"
+            for n in runs:
+                ent = tree._awaits.get(n)
+                assert ent is not None and ent[0] == ns and ent[2] == parent_key, (
+                    f"node {n} awaits {parent_key!r} in {ns!r} but its entry is {ent!r}"
+                )
+                assert 0 <= n < len(tree._key) and tree._key[n] == ent[1] and tree._ns[n] == ns, (
+                    f"node {n} awaiting {parent_key!r} is not the live chunk {ent[1]!r} of {ns!r}"
+                )
+                assert tree._parent[n] == _NO_PARENT, (
+                    f"node {n} awaits parent key {parent_key!r} but hangs under {tree._parent[n]}"
+                )
+                waiting += 1
+    assert waiting == len(tree._awaits) <= tree.max_awaiting_runs, (
+        f"{len(tree._awaits)} awaiting nodes, {waiting} in the per-key table, "
+        f"bound {tree.max_awaiting_runs}"
+    )

@@ -645,3 +645,114 @@ def test_a_graft_by_parent_key_and_the_contradictions_it_still_refuses():
     t.check_integrity()
     assert t.match(NS, list("abcdpqsuv")).hit_chunks == 9
     assert t.node_depth(t.lookup(NS, "v")) == 9
+
+
+# ------------------------------------------------------------------ runs awaiting their parent key
+
+
+@pytest.mark.parametrize("policy", GRAFT_POLICIES)
+def test_a_run_awaiting_its_parent_at_the_root_is_grafted_when_the_parent_arrives_alone(policy):
+    """SGLang's write_back order: a child node's pages first (their parent key absent: stored at the
+    root, awaiting it), then the parent node's pages alone (their own keys only; no insert reaches
+    the child run). Creating the awaited key grafts the run: one chain, leaf-first eviction across
+    the old split (the parent's last chunk is no leaf while the child run stays)."""
+    t = RadixTree(("mem",), policy=policy)
+    r = t.insert(NS, ["c", "d"], "mem", 16, 100, parent_key="b", root_if_missing=True)
+    c, d = t.lookup(NS, "c"), t.lookup(NS, "d")
+    assert r.node_ids == (c, d) and t.node_parent(c) is None
+    t.check_integrity()
+    assert t.insert(NS, ["x"], "mem", 16, 100, parent_key="b").node_ids == ()  # no root_if_missing
+    t.insert(NS, ["a", "b"], "mem", 16, 100)  # the parent run alone: newer than the child run
+    t.check_integrity()
+    a, b = t.lookup(NS, "a"), t.lookup(NS, "b")
+    assert t.node_parent(c) == b and [t.node_depth(n) for n in (a, b, c, d)] == [1, 2, 3, 4]
+    assert t.match(NS, list("abcd")).hit_chunks == 4
+    assert t.match(NS, list("abcd"), verify=True).hit_chunks == 4
+    assert not t._awaiting and not t._awaits
+    order = []
+    while len(t):
+        gone = t.evict("mem", 1).removed_node_ids
+        assert gone
+        order += gone
+        t.check_integrity()
+    assert order == [d, c, b, a]
+
+
+def test_a_run_awaiting_its_parent_is_grafted_mid_chain_and_by_any_insert_path():
+    """The awaited key may be created mid-run (the graft makes a branch), by an insert that also
+    grafts another split run, or under parent_key; several runs may await one key."""
+    t = RadixTree(("mem", "disk"), policy="lru")
+    t.insert(NS, ["c1"], "disk", 16, 100, parent_key="b", root_if_missing=True)
+    t.insert(NS, ["c2", "c3"], "mem", 16, 100, parent_key="b", root_if_missing=True)
+    t.insert(NS, ["q"], "mem", 16, 100, parent_key="p", root_if_missing=True)
+    t.insert(NS, ["z"], "mem", 16, 100)  # a split run some insert reaches (no wait)
+    t.check_integrity()
+    assert len(t._awaits) == 3
+    t.insert(NS, ["a", "b", "x", "z"], "mem", 16, 100)  # creates b mid-run, reaches z: a graft
+    t.check_integrity()
+    b = t.lookup(NS, "b")
+    assert {t.node_parent(t.lookup(NS, k)) for k in ("c1", "c2", "x")} == {b}
+    assert t.node_depth(t.lookup(NS, "c3")) == 4 and t.node_children_alive(b) == 3
+    assert list(t._awaits.values()) == [(NS, "q", "p")]
+    t.insert(NS, ["p"], "disk", 16, 100, parent_key="a")  # created under parent_key
+    t.check_integrity()
+    assert t.node_parent(t.lookup(NS, "q")) == t.lookup(NS, "p") and not t._awaits
+
+
+def test_a_wait_ends_when_the_run_leaves_the_tree_or_its_parent_is_its_own_chunk():
+    """A run's wait ends when its first chunk leaves the tree (evicted, cleared, orphan root
+    removed), before the parent arrives; the slot's next chunk is never grafted in its place. No
+    wait is kept for a run whose parent key is among its own keys, or that hangs under a parent."""
+    t = RadixTree(("mem", "disk"), policy="lru")
+    t.insert(NS, ["c", "d"], "mem", 16, 100, parent_key="b", root_if_missing=True)
+    t.insert(NS, ["e"], "disk", 16, 100, parent_key="b2", root_if_missing=True)
+    t.insert(NS, ["g"], "mem", 16, 100, parent_key="b3", root_if_missing=True)
+    assert len(t._awaits) == 3
+    assert t.evict("mem", 2).removed_node_ids  # d then c (lru): c's wait ends
+    t.check_integrity()
+    assert t.lookup(NS, "c") is None and "b" not in t._awaiting.get(NS, {})
+    t.clear(NS, "disk")  # e leaves: its wait ends
+    t.check_integrity()
+    assert list(t._awaits.values()) == [(NS, "g", "b3")]
+    t.clear_resident([t.lookup(NS, "g")], "mem")
+    t.check_integrity()
+    assert not t._awaits and not t._awaiting
+    t.insert(NS, ["y"], "mem", 16, 100)  # may take a freed slot: not grafted by any key below
+    t.insert(NS, ["a", "b", "b2", "b3"], "mem", 16, 100)
+    t.check_integrity()
+    assert t.node_parent(t.lookup(NS, "y")) is None and t.lookup(NS, "c") is None
+    # No wait: the parent key is one of the run's keys, or the run continues where its first key is
+    t.insert(NS, ["u", "v"], "mem", 16, 100, parent_key="v", root_if_missing=True)
+    t.insert(NS, ["b", "w"], "mem", 16, 100, parent_key="missing", root_if_missing=True)
+    t.check_integrity()
+    assert not t._awaits and t.node_parent(t.lookup(NS, "w")) == t.lookup(NS, "b")
+
+
+def test_a_run_awaiting_its_parent_is_not_grafted_under_its_own_chain():
+    """The awaited key created below the waiting run itself (keys that are not a hash chain) ends
+    the wait without a graft (a cycle)."""
+    t = RadixTree(("mem",), policy="lru")
+    t.insert(NS, ["c", "d"], "mem", 16, 100, parent_key="b", root_if_missing=True)
+    t.insert(NS, ["e", "b"], "mem", 16, 100, parent_key="d")  # b created below c
+    t.check_integrity()
+    assert t.node_parent(t.lookup(NS, "c")) is None and not t._awaits
+    assert t.node_depth(t.lookup(NS, "b")) == 4
+
+
+def test_the_runs_awaiting_a_parent_are_bounded_the_oldest_forgotten_first():
+    with pytest.raises(ConfigError, match="max_awaiting_runs"):
+        RadixTree(("mem",), max_awaiting_runs=-1)
+    t = RadixTree(("mem",), policy="lru", max_awaiting_runs=3)
+    for i in range(10):
+        t.insert(NS, [f"c{i}"], "mem", 16, 100, parent_key=f"p{i}", root_if_missing=True)
+        t.check_integrity()
+        assert len(t._awaits) == min(i + 1, 3)
+    for i in range(10):
+        t.insert(NS, [f"p{i}"], "mem", 16, 100)
+    t.check_integrity()
+    grafted = [i for i in range(10) if t.node_parent(t.lookup(NS, f"c{i}")) is not None]
+    assert grafted == [7, 8, 9] and not t._awaits
+    zero = RadixTree(("mem",), max_awaiting_runs=0)
+    zero.insert(NS, ["c"], "mem", 16, 100, parent_key="b", root_if_missing=True)
+    zero.check_integrity()
+    assert not zero._awaits and zero.lookup(NS, "c") is not None

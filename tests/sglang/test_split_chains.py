@@ -57,6 +57,39 @@ def test_a_continuation_of_a_split_chain_under_its_parent_is_stored():
         h.close()
 
 
+def test_a_child_node_backed_up_before_its_parent_node_is_one_chain_once_the_parent_arrives():
+    """write_back's order: the child node's pages first (prefix_keys name the parent page, absent:
+    they hang at the namespace root, awaiting it), then the parent node's pages alone (they name
+    no child page). The parent's arrival grafts the child run: one chain, so after a read of the
+    whole prefix (the child run touched last) eviction still takes the child's leaf first, never
+    the parent's last page (which would leave the child run's bytes unreachable by prefix)."""
+    h = ControllerHarness(PoolSpec(layout="page_first", page_size=4, host_tokens=256),
+                          extra_config=extra_config([mem_tier()]))
+    try:
+        be = unwrap(h.backend)
+        toks = tokens(16, seed=1)  # pages a b | c d: the parent node, then the child node
+        keys = h.page_keys(toks)
+        src = h.alloc(16)
+        h.fill_random(src, seed=2)
+        want = h.page_bytes_at(src)
+        assert h.backup(toks[8:], src[8:], hashes=keys[2:], prefix_keys=keys[:2]) == 8
+        assert h.backup(toks[:8], src[:8], hashes=keys[:2], prefix_keys=[]) == 8
+        r = h.prefetch(toks)
+        assert r.hit_tokens == 16 and h.page_bytes_at(r.host_indices) == want
+        s = be.store
+        with s.lock:
+            tree = s.tree
+            (nsd,) = tree.namespaces()
+            a, b, c, d = (tree.lookup(nsd, k) for k in keys)
+            assert tree.node_parent(c) == b and tree.node_parent(a) is None
+            assert tree.match(nsd, keys, touch=False).hit_chunks == 4
+            assert tree.evict_candidates(tree.tiers[0], 4, drop=True) == [d]
+        s.check_integrity()
+        assert be.counters["failed_calls"] == 0
+    finally:
+        h.close()
+
+
 def test_pages_past_a_split_are_adopted_after_a_restart(tmp_path):
     spec = PoolSpec(layout="page_first", page_size=4, host_tokens=256)
     cfg = extra_config([mem_tier(), disk_tier(tmp_path / "l3")])

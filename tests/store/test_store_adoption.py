@@ -115,6 +115,29 @@ class TestRestart:
             assert read(b, ns, keys) == 6
             b.check_integrity()
 
+    def test_a_run_put_or_adopted_without_its_parent_awaits_it(self, tmp_path):
+        """A run put with ``root_if_missing`` (or adopted) while its ``parent_key`` is missing hangs
+        at the namespace root and awaits that key: the adoption or put that creates it later, even
+        of the parent alone, grafts the run under it. Three runs become one chain."""
+        ns = new_namespace()
+        keys = chain(5, 6)[1]
+        with HierarchicalStore(disk_config(tmp_path)) as a:
+            fill(a, ns, keys[2:4])
+        with HierarchicalStore(disk_config(tmp_path)) as b:
+            tail = [payload_for(k) for k in keys[4:]]
+            assert b.put(ns, keys[4:], tail, parent_key=keys[3]) == [False, False]
+            got = b.put(ns, keys[4:], tail, parent_key=keys[3], root_if_missing=True)
+            assert got == [True, True]
+            assert b.adopt(ns, keys[2:4], parent_key=keys[1], chunk_bytes=CHUNK_BYTES) == 2
+            b.check_integrity()
+            fill(b, ns, keys[:2])  # the parent run alone
+            with b.lock:
+                ids = [b.tree.lookup(ns.digest, k) for k in keys]
+                assert [b.tree.node_parent(n) for n in ids] == [None, *ids[:-1]]
+                assert b.tree.match(ns.digest, keys, touch=False).hit_chunks == 6
+            b.check_integrity()
+            assert read(b, ns, keys) == 6
+
     def test_probe_tiers_false_keeps_tree_only(self, tmp_path):
         ns = new_namespace()
         keys = chain(6, 4)[1]
