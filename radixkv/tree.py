@@ -326,7 +326,10 @@ class RadixTree:
         ends with the run's first chunk leaving the tree or being grafted. Without ``parent_key``,
         a run whose first key is present continues from where that key is; a run whose first key
         is new starts at the namespace root. Raises InputError for keys that contradict the tree
-        (not one chain) or invalid sizes.
+        (not one chain) or invalid sizes. ``keys`` must be one chain, as for :meth:`match`, whose fast
+        path this insert shares: a list that is not one chain but whose depth span and last link agree
+        with one (never a real hash chain) is an InputError where the insert reads the matched nodes,
+        and may be taken as present where it need not (every chunk already in the tier).
 
         A key after the chain's end (or ``keys[0]`` under ``parent_key``) that is already the first
         node of a run at the namespace root (a *split chain*: its chunks arrived first) is grafted

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from radixkv.errors import InputError
+
 if TYPE_CHECKING:
     from radixkv.tree import RadixTree
 
@@ -83,7 +85,15 @@ class MatchResult:
         try:
             return self._ids
         except AttributeError:
-            self._ids: list[int] = list(map(self._index.__getitem__, self._keys[: self.hit_chunks]))
+            try:
+                self._ids: list[int] = list(map(self._index.__getitem__, self._keys[: self.hit_chunks]))
+            except KeyError as e:
+                # The fast match trusts a list that looks like one chain (its depth span and last link
+                # agree); keys that are not one (never a real hash chain) can pass that check while a
+                # key in between is absent.
+                raise InputError(f"keys are not one chain: key {e.args[0]!r} is not in the tree although "
+                                 "the keys around it are; pass one chain of chunk keys (match(..., "
+                                 "verify=True) walks it link by link)") from None
             return self._ids
 
     @property

@@ -176,6 +176,21 @@ class TestMatchInsert:
             RadixTree(("mem", "disk"), policy={"mem": "lru", "dsk": "cost"})
 
 
+def test_keys_that_only_look_like_one_chain_are_an_input_error():
+    """Found by a graft fuzz: a list whose depth span and last link agree with one chain (so the
+    fast match takes every key as hit) while a key in between is absent. Never a real hash chain,
+    but node_ids (and an insert into another tier, which reads them) raised a bare KeyError."""
+    tree = RadixTree(("mem", "disk"))
+    tree.insert(NS, ["kc", "kca", "kcab", "kcabb", "kcabbb"], "disk", 16, 1)
+    keys = ["kc", "ka", "kac", "kcabb", "kcabbb"]
+    with pytest.raises(InputError, match="key 'ka' is not in the tree although the keys around it are"):
+        tree.match(NS, keys, touch=False).node_ids
+    with pytest.raises(InputError, match="keys are not one chain"):
+        tree.insert(NS, keys, "mem", 16, 1)
+    assert tree.match(NS, keys, verify=True).hit_chunks == 1
+    tree.check_integrity()
+
+
 class TestResidency:
     def test_residency_and_accounting(self, tree):
         r = tree.insert(NS, chain("a", 4), "mem", 16, 10)
