@@ -205,12 +205,14 @@ class RedisServerProcess:
 
 @dataclass(slots=True)
 class RedisClusterProcesses:
-    """``n_nodes`` cluster-enabled servers joined with ``redis-cli --cluster create`` (no replicas);
-    with ``tls`` every node, the cluster bus included, speaks TLS only."""
+    """``n_nodes`` cluster-enabled servers joined with ``redis-cli --cluster create``, ``replicas`` per
+    primary (``n_nodes`` counts them too); with ``tls`` every node, the cluster bus included, speaks
+    TLS only."""
 
     workdir: Path
     n_nodes: int = 3
     tls: TlsFiles | None = None
+    replicas: int = 0
     nodes: list[RedisServerProcess] = field(default_factory=list, init=False)
 
     @property
@@ -243,7 +245,7 @@ class RedisClusterProcesses:
                 node.start()
             subprocess.run(
                 [*cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
-                 "--cluster-replicas", "0", "--cluster-yes"],
+                 "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                 check=True, capture_output=True, timeout=60,
             )
             self.wait_ok()
@@ -253,16 +255,53 @@ class RedisClusterProcesses:
         return self
 
     def wait_ok(self, timeout_s: float = 30.0) -> None:
-        """Block until every node reports cluster_state:ok with all 16384 slots served."""
+        """Block until every running node reports cluster_state:ok with all 16384 slots served (and
+        every replica's link to its primary is up)."""
         cli = self._cli()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            infos = [subprocess.run([*cli, "-p", str(n.port), "cluster", "info"], capture_output=True,
-                                    text=True, timeout=5).stdout for n in self.nodes]
-            if all("cluster_state:ok" in i and "cluster_slots_ok:16384" in i for i in infos):
+            live = [n for n in self.nodes if n.running]
+            infos = [subprocess.run([*cli, "-p", str(n.port), cmd, arg], capture_output=True,
+                                    text=True, timeout=5).stdout
+                     for n in live for cmd, arg in (("cluster", "info"), ("info", "replication"))]
+            clusters, replication = infos[::2], infos[1::2]
+            if (all("cluster_state:ok" in i and "cluster_slots_ok:16384" in i for i in clusters)
+                    and all("role:master" in r or "master_link_status:up" in r for r in replication)):
                 return
             time.sleep(0.1)
         raise RuntimeError(f"cluster on ports {[n.port for n in self.nodes]} never reached cluster_state:ok")
+
+    def move_slot(self, slot: int) -> int:
+        """Reshard ``slot`` and its keys to another primary, as ``redis-cli --cluster reshard`` does
+        (IMPORTING/MIGRATING, MIGRATE every key, SETSLOT NODE on every node); returns the new
+        owner's port. Clients keep their old slot map: their next command there gets MOVED."""
+        cli = self._cli()
+
+        def ask(port: int, *args: object) -> str:
+            out = subprocess.run([*cli, "-p", str(port), *map(str, args)], capture_output=True, text=True,
+                                 check=True, timeout=10).stdout
+            if out.startswith(("ERR", "(error)")):
+                raise RuntimeError(f"redis-cli -p {port} {' '.join(map(str, args))}: {out.strip()}")
+            return out
+
+        owners: dict[int, tuple[str, bool]] = {}  # primary's port -> (node id, serves slot)
+        for line in ask(self.nodes[0].port, "cluster", "nodes").splitlines():
+            f = line.split()
+            if "master" not in f[2] or "fail" in f[2]:
+                continue
+            ranges = [r.split("-") for r in f[8:] if not r.startswith("[")]
+            serves = any(int(r[0]) <= slot <= int(r[-1]) for r in ranges)
+            owners[int(f[1].split("@")[0].rsplit(":", 1)[1])] = (f[0], serves)
+        src = next(port for port, (_, serves) in owners.items() if serves)
+        dst = next(port for port in owners if port != src)
+        (src_id, _), (dst_id, _) = owners[src], owners[dst]
+        ask(dst, "cluster", "setslot", slot, "importing", src_id)
+        ask(src, "cluster", "setslot", slot, "migrating", dst_id)
+        while keys := ask(src, "cluster", "getkeysinslot", slot, 100).split():
+            ask(src, "migrate", "127.0.0.1", dst, "", 0, 5000, "keys", *keys)
+        for node in self.nodes:
+            ask(node.port, "cluster", "setslot", slot, "node", dst_id)
+        return dst
 
     def stop(self) -> None:
         for node in self.nodes:

@@ -10,7 +10,9 @@ Fixtures
 ``redis_server_factory`` (function)  ``factory(password=None, tls=False, extra_args=())`` starts more
                                  private servers; all are killed when the test ends.
 ``redis_cluster`` (function)     A private 3-node :class:`~radixkv.testing_redis.RedisClusterProcesses`
-                                 (``.url``, ``.nodes``, ``.wait_ok()``) for tests that kill nodes.
+                                 (``.url``, ``.nodes``, ``.wait_ok()``, ``.move_slot()``) for tests
+                                 that kill nodes or reshard.
+``redis_cluster_with_replicas`` (function)  The same with 3 primaries and 3 replicas (failovers).
 ``redis_tls_cluster`` (function) The same over TLS only (``rediss+cluster://...?ssl_ca_certs=...``).
 ``redis_tls_files`` (session)    A self-signed cert/key for 127.0.0.1 (generated with openssl).
 
@@ -74,6 +76,14 @@ def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 def redis_cluster(tmp_path: Path) -> Iterator[RedisClusterProcesses]:
     _require_cluster_tools()
     cluster = RedisClusterProcesses(tmp_path / "cluster", n_nodes=3).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster_with_replicas(tmp_path: Path) -> Iterator[RedisClusterProcesses]:
+    _require_cluster_tools()
+    cluster = RedisClusterProcesses(tmp_path / "cluster", n_nodes=6, replicas=1).start()
     yield cluster
     cluster.stop()
 

@@ -13,9 +13,12 @@ same; given both ways they must agree) or ``RedisTier.from_config(RedisTierConfi
 
 Storage: one Redis string per chunk under ``<key_prefix>:<namespace>:<chunk key>`` (no ``{}`` hash
 tag, so a cluster spreads chunks over all slots and nodes; each batch is split per node with the
-client's slot map, and a MOVED/ASK reply is a miss that refreshes the map). The value is a :mod:`radixkv.tiers.framing` frame: header, identity, payload. Every
-read checks magic, version, header checksum, namespace, key, length and the payload's xxh3; any
-mismatch is a miss counted in ``checksum_failures``. Nothing read from Redis is ever unpickled.
+client's slot map). A MOVED reply (a slot resharded, a failover) is a miss, a failed put or delete,
+that makes the next call rediscover the slot map; an ASK (a slot mid-migration) is one too, but
+keeps the map, which is still right. Either moves ``fault_mark``: such a miss means "unknown".
+The value is a :mod:`radixkv.tiers.framing` frame: header, identity, payload. Every read checks
+magic, version, header checksum, namespace, key, length and the payload's xxh3; any mismatch is a
+miss counted in ``checksum_failures``. Nothing read from Redis is ever unpickled.
 
 Invalid values: the read that found one deletes it, but only if the key still holds that very value:
 one small Lua script per key (``EVALSHA``, then ``EVAL`` where the server lacks it) compares the
@@ -88,7 +91,7 @@ from radixkv.tiers.framing import HEADER_BYTES, encode_header
 from radixkv.tiers.redis_accounting import ByteLedger
 from radixkv.tiers.redis_client import NAME_RE, FramedValue, RedisTierConfig, RedisUrl, build_config
 from radixkv.tiers.redis_direct import BadValue, Reply, get_frames_into
-from radixkv.tiers.redis_link import DOWN_ERRORS, RedisLink, is_topology_error
+from radixkv.tiers.redis_link import DOWN_ERRORS, RedisLink
 
 __all__ = ["RedisTier", "RedisTierConfig", "UNBOUNDED_BYTES"]
 
@@ -228,7 +231,7 @@ class RedisTier:
                      granted: list[bool]) -> list[bool]:
         """SET the granted chunks, one pipeline per batch and node; True where the server said OK."""
         ok = [False] * len(keys)
-        moved = False
+        failed: list[Exception] = []
         for batch in self._batches([v.nbytes for v in views]):
             idx = [i for i in batch if granted[i]]
             if not idx:
@@ -249,9 +252,8 @@ class RedisTier:
                 ok[i] = reply is True
                 if isinstance(reply, Exception):
                     self._count(errors=1)
-                    moved |= is_topology_error(reply)
-        if moved:
-            self._link.refresh_topology()
+                    failed.append(reply)
+        self._link.note_error_replies(failed)
         return ok
 
     def get_many(self, namespace: str, keys: Sequence[str], buffers: Sequence[ChunkBytes]) -> list[bool]:
@@ -274,7 +276,8 @@ class RedisTier:
             return ok
         gone: list[str] = []
         invalid: list[tuple[str, BadValue]] = []
-        bad = moved = 0
+        bad = 0
+        failed: list[str] = []
         for batch in self._batches([d.nbytes for d in dsts]):
             rkeys = [self._rkey(namespace, keys[i]) for i in batch]
 
@@ -295,10 +298,9 @@ class RedisTier:
                     if detail is not None:
                         invalid.append((keys[i], detail))
                 elif kind is Reply.ERROR:
-                    moved += is_topology_error(detail)
+                    failed.append(detail)
                     self._count(errors=1)
-        if moved:
-            self._link.refresh_topology()
+        self._link.note_error_replies(failed)
         if invalid:
             self._drop_invalid(namespace, invalid)
         for o, t, hit in zip(outs, staged, ok):
@@ -341,8 +343,7 @@ class RedisTier:
                 self._forget_if_gone(namespace, recheck)
         if gone:
             self._ledger.forget(namespace, gone, seen_at=started)
-        if any(is_topology_error(r) for r in failed):
-            self._link.refresh_topology()
+        self._link.note_error_replies(failed)
         kept = sum(1 for r in replies if r == 0)
         self._count(bad_values_deleted=len(deleted), bad_values_kept=kept, errors=len(failed))
 
@@ -377,7 +378,14 @@ class RedisTier:
                 getattr(pipe, command)(rkeys[i])
             return pipe.execute(raise_on_error=False)
 
-        return self._link.fan_out(rkeys, call)
+        replies = self._link.fan_out(rkeys, call)
+        # A MOVED/ASK reply (a slot resharded or failed over) says neither "absent" nor "deleted":
+        # refresh the map (nothing else would for a caller that only probes or deletes) and move
+        # fault_mark, so reconcile forgets nothing and a store retries the delete.
+        moved = self._link.note_error_replies([r for r in replies or () if isinstance(r, Exception)])
+        if moved:
+            self._count(errors=moved)
+        return replies
 
     def delete_many(self, namespace: str, keys: Sequence[str]) -> int:
         """Delete the keys; returns how many existed (0 if the server is unreachable)."""
@@ -510,19 +518,27 @@ class RedisTier:
 
     def ping(self) -> bool:
         """True if the server (every primary of a cluster) answers now (ignores the fail-fast window;
-        for health checks and delete retries, which must not take one live node for all)."""
+        for health checks and delete retries, which must not take one live node for all). A cluster
+        ping that fails makes the next call rediscover the primaries (a replica may have taken over)."""
         try:
             client = self._link.client()
-            if self._link.url.cluster:
-                return all(client.get_redis_connection(n).ping() for n in client.get_primaries())
-            return bool(client.ping())
+            if not self._link.url.cluster:
+                return bool(client.ping())
+            if all(client.get_redis_connection(n).ping() for n in client.get_primaries()):
+                return True
         except Exception:  # noqa: BLE001 - a client in the middle of a topology change: not healthy
-            return False
+            if not self._link.url.cluster:
+                return False
+        # A primary that died may have been replaced by its replica since the slot map was read:
+        # the next call rediscovers it (else an idle tier pinged the dead node, unhealthy, forever).
+        self._link.rediscover()
+        return False
 
     def fault_mark(self) -> int:
-        """Faults and calls refused by the fail-fast window so far: if it changed across some calls,
-        their misses mean "unreachable", not "absent" (reconcile must not forget such chunks)."""
-        return self._link.errors + self._link.fast_fail_calls
+        """Faults, calls refused by the fail-fast window and stale slot maps (MOVED/ASK replies) so
+        far: if it changed across some calls, their misses mean "unreachable", not "absent"
+        (reconcile must not forget such chunks, a store retries such deletes)."""
+        return self._link.errors + self._link.fast_fail_calls + self._link.stale_map_calls
 
     def __repr__(self) -> str:
         return (f"RedisTier({self._link.url.redacted()!r}, capacity_bytes={self.capacity_bytes}, "

@@ -30,6 +30,15 @@ _TOPOLOGY_PREFIXES = ("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN")
 _TOPOLOGY_EXC = (redis.exceptions.AskError, redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError)
 
 
+def _is_migrating(reply: object) -> bool:
+    """ASK / TRYAGAIN: the slot is being migrated (the slot map is still right)."""
+    if isinstance(reply, redis.exceptions.MovedError):  # (redis-py derives it from AskError)
+        return False
+    if isinstance(reply, (redis.exceptions.AskError, redis.exceptions.TryAgainError)):
+        return True
+    return isinstance(reply, (Exception, str)) and str(reply).startswith(("ASK", "TRYAGAIN"))
+
+
 def is_topology_error(reply: object) -> bool:
     """True for an error reply that says the slot map is stale (MOVED, ASK, CLUSTERDOWN, TRYAGAIN)."""
     if isinstance(reply, _TOPOLOGY_EXC):
@@ -38,13 +47,15 @@ def is_topology_error(reply: object) -> bool:
 
 
 class RedisLink:
-    """Thread-safe; ``errors`` and ``fast_fail_calls`` count faults and calls refused in the window."""
+    """Thread-safe; ``errors`` and ``fast_fail_calls`` count faults and calls refused in the window,
+    ``stale_map_calls`` the calls that got MOVED/ASK/CLUSTERDOWN/TRYAGAIN replies."""
 
     def __init__(self, config: RedisTierConfig) -> None:
         self.config = config
         self.url = parse_redis_url(config.url)
         self.errors = 0
         self.fast_fail_calls = 0
+        self.stale_map_calls = 0  # calls with MOVED/ASK replies (in fault_mark, not in errors)
         self._lock = threading.Lock()
         self._client: Any = None
         self._down_until = 0.0
@@ -132,12 +143,27 @@ class RedisLink:
             log.warning("redis tier %s unreachable (%s: %s); serving misses, retrying in %.1f s",
                         self.url.redacted(), type(exc).__name__, exc, backoff_s)
 
-    def refresh_topology(self) -> None:
-        """Drop the client so the next call rediscovers the slot map (after MOVED/ASK replies)."""
+    def note_error_replies(self, replies: Sequence[object]) -> int:
+        """Of one call's error replies, count those that say the slot map is stale (returned; they
+        move ``stale_map_calls``, so the caller's misses read as "unknown", never "absent").
+        MOVED/CLUSTERDOWN drop the client so the next call rediscovers the map. ASK/TRYAGAIN do not:
+        the map is right while a slot migrates (a rebuilt client gets ASK again), and rebuilding
+        at every call held sockets of hundreds of retired clients open for the grace period."""
+        stale = [r for r in replies if is_topology_error(r)]
+        if not stale:
+            return 0
         if not self.url.cluster and not self._warned_moved:
             self._warned_moved = True
             log.warning("redis tier %s got MOVED/ASK replies: the server is a cluster node; use a "
                         "redis+cluster:// URL", self.url.redacted())
+        with self._lock:
+            self.stale_map_calls += 1
+            if not all(_is_migrating(r) for r in stale):
+                self._retire_locked()
+        return len(stale)
+
+    def rediscover(self) -> None:
+        """Drop a cluster client so the next call reads the slot map and the primaries again."""
         with self._lock:
             self._retire_locked()
 

@@ -245,6 +245,27 @@ class TestRedisDown:
         store.flush()
         store.check_integrity()
 
+    def test_reconcile_after_a_cluster_reshard_forgets_nothing(self, make_store, redis_cluster):
+        # Found by a hunt: after the slots of stored chunks moved to another node, EXISTS answered
+        # MOVED, which contains_many read as "absent" without moving fault_mark: reconcile forgot
+        # every such chunk the cluster still held (and the stale map was never refreshed).
+        store = make_store(("mem", "redis"), urls={"redis": redis_cluster.url}, chunks={"mem": 4},
+                           write_policy="write_through")
+        ns = new_namespace()
+        keys = chain(70, 4)[1]
+        put_chain(store, ns, keys)
+        store.flush()
+        tier = store._stack.tiers[1]
+        rkeys = [k.decode() for k in tier.redis_client.scan_iter(match="radixkv:*", count=1000)]
+        assert len(rkeys) == 4
+        used = tier.usage_bytes()
+        for slot in {tier.redis_client.keyslot(rk) for rk in rkeys}:
+            redis_cluster.move_slot(slot)
+        assert store.reconcile() == 0
+        assert store.reconcile() == 0  # the map was refreshed: every chunk answers again
+        assert store._stack.tree.tier_chunks(tier.name) == 4 and tier.usage_bytes() == used
+        store.check_integrity()
+
 
 class TestBadInput:
     def test_capacity_smaller_than_one_chunk(self, tmp_path):

@@ -876,3 +876,88 @@ def test_a_cluster_clear_a_dead_node_missed_serves_no_pre_clear_bytes(make, redi
     finally:
         victim.start()
         redis_cluster.wait_ok()
+
+
+def test_cluster_exists_and_unlink_after_a_reshard_refresh_the_map_and_mark_a_fault(make, redis_cluster):
+    # Found by a hunt: after a slot moved, contains_many and delete_many read the MOVED replies as
+    # "absent" / "not deleted" without refreshing the slot map or moving fault_mark. A store that
+    # only probed (adoption, reconcile) kept missing those chunks for good, reconcile forgot chunks
+    # the cluster held, and a store's delete of them was neither done nor retried (their bytes
+    # stayed on the cluster and in the ledger).
+    tier = make(redis_cluster.url)
+    ns = fresh_ns()
+    assert tier.put_many(ns, ["a", "b"], [payload("a"), payload("b")]) == [True, True]
+    used = tier.usage_bytes()
+    redis_cluster.move_slot(tier.redis_client.keyslot(f"radixkv:{ns}:a"))  # the tier's map is stale now
+    mark = tier.fault_mark()
+    assert tier.contains_many(ns, ["a"]) == 0  # MOVED: unknown, not absent ...
+    assert tier.fault_mark() != mark  # ... so reconcile must not forget it
+    assert tier.contains_many(ns, ["a"]) == 1  # the map was refreshed
+    redis_cluster.move_slot(tier.redis_client.keyslot(f"radixkv:{ns}:b"))
+    mark = tier.fault_mark()
+    assert tier.delete_many(ns, ["b"]) == 0
+    assert tier.fault_mark() != mark  # a store retries the delete
+    assert tier.usage_bytes() == used  # still on the cluster: still counted
+    assert tier.delete_many(ns, ["b"]) == 1
+    assert tier.usage_bytes() == used // 2
+    assert tier.contains_many(ns, ["b"]) == 0
+    tier.check_integrity()
+
+
+def test_cluster_calls_while_a_slot_migrates_keep_their_client(make, redis_cluster):
+    # Found by a hunt: every ASK reply (a slot mid-migration) dropped the cluster client to rebuild
+    # it, but the rebuilt one got ASK again; the dropped ones kept their sockets open for the grace
+    # period, so a migration under live traffic opened ~2 connections per call (hundreds a second)
+    # on the client and the servers.
+    tier = make(redis_cluster.url)
+    ns = fresh_ns()
+    rk = f"radixkv:{ns}:k"
+    client = tier.redis_client
+    slot = client.keyslot(rk)
+    src = client.get_redis_connection(client.get_node_from_key(rk))
+    dst_node = next(n for n in redis_cluster.nodes if n.port != client.get_node_from_key(rk).port)
+    dst = redis.Redis(port=dst_node.port)
+    src_id, dst_id = src.execute_command("CLUSTER", "MYID"), dst.execute_command("CLUSTER", "MYID")
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)  # k is absent here: ASK
+
+    def connections() -> int:
+        return sum(redis.Redis(port=n.port).info("clients")["connected_clients"] for n in redis_cluster.nodes)
+
+    assert tier.get_many(ns, ["k"], empty(1)) == [False]
+    before, mark = connections(), tier.fault_mark()
+    for _ in range(20):
+        assert tier.put_many(ns, ["k"], [payload("k")]) == [False]
+        assert tier.get_many(ns, ["k"], empty(1)) == [False]
+        assert tier.contains_many(ns, ["k"]) == 0
+    assert tier.fault_mark() != mark  # ASK: unknown, not absent
+    assert connections() <= before + 3, f"{connections() - before} new connections for 60 calls"
+    assert tier.redis_client is client
+    for n in redis_cluster.nodes:  # the migration ends: the slot is dst's (MOVED, then rediscovered)
+        redis.Redis(port=n.port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+    dst.close()
+    assert tier.put_many(ns, ["k"], [payload("k")]) == [False]
+    assert tier.put_many(ns, ["k"], [payload("k")]) == [True]
+    out = empty(1)
+    assert tier.get_many(ns, ["k"], out) == [True] and torch.equal(out[0], payload("k"))
+    tier.check_integrity()
+
+
+def test_cluster_ping_after_a_failover_rediscovers_the_primaries(make, redis_cluster_with_replicas):
+    # Found by a hunt: after a primary died and its replica took over, ping() kept asking the dead
+    # node of its old slot map: an idle tier stayed unhealthy for good (and a store's delete
+    # retries, which wait for a ping, never ran) until a data call happened to fault on it.
+    cluster = redis_cluster_with_replicas
+    tier = make(cluster.url, socket_timeout_s=0.5, socket_connect_timeout_s=0.25, down_backoff_s=0.2)
+    assert tier.ping()
+    victim = next(n for n in cluster.nodes if n.port == tier.redis_client.get_primaries()[0].port)
+    victim.stop()
+    cluster.wait_ok()  # its replica is a primary now (cluster-node-timeout 2 s)
+    pings = [tier.ping() for _ in range(3)]
+    assert pings[1:] == [True, True], pings  # the first may still ask the dead node
+    ns = fresh_ns()
+    keys = [f"k{i}" for i in range(8)]  # over every primary
+    assert tier.put_many(ns, keys, [payload(k) for k in keys]) == [True] * 8
+    outs = empty(8)
+    assert tier.get_many(ns, keys, outs) == [True] * 8
+    assert all(torch.equal(o, payload(k)) for k, o in zip(keys, outs))
