@@ -424,7 +424,7 @@ class RadixKVStore(HiCacheStorage):
         t0 = time.perf_counter()
         moved = [0] if self._metrics_on else None  # pages written (see batch_set_v1)
         ok = self._guard("batch_set", self._n(keys), run)
-        b = self._current("kv")
+        b = self._bindings.get("kv")  # for the page size only: the same in every weight version
         pages = moved[0] if moved else 0
         self._record("backup", pages, pages * (b.flat.chunk_bytes if b else 0), t0)
         return all(ok) if ok or isinstance(keys, (list, tuple)) else False  # nothing to store: True
@@ -432,7 +432,7 @@ class RadixKVStore(HiCacheStorage):
     def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> List[torch.Tensor | None]:
         t0 = time.perf_counter()
-        b = self._current("kv")
+        b: Optional[_PoolBinding] = None
         got, targets = 0, None
         try:
             b = self._binding("kv")
