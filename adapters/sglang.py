@@ -58,7 +58,7 @@ from radixkv.adapters.sglang_config import (
     sglang_model_digest,
     tp_replicated,
 )
-from radixkv.adapters.sglang_pages import PagePlan, plan_for
+from radixkv.adapters.sglang_pages import PagePlan, flat_format, plan_for
 from radixkv.config import metrics_port_for_rank
 from radixkv.errors import InputError
 from radixkv.keys import Namespace
@@ -86,7 +86,9 @@ class _PoolBinding:
         self.plan: PagePlan = plan_for(pool, flat=name != str(PoolName.KV))
         self.flat: PagePlan = self.plan if self.plan.mode == "flat" else plan_for(pool, flat=True)
         self.ns: Namespace = namespace_for(config, opts, pool, name, self.plan.tag, model_digest=model_digest)
-        self.ns_flat: Namespace = namespace_for(config, opts, pool, name, self.flat.tag, layout="flat",
+        # Flat pages are in the layout's own byte order (page_first: token-major): a flat chunk
+        # written from one order must never be read into a pool of another (wrong KV, same size).
+        self.ns_flat: Namespace = namespace_for(config, opts, pool, name, self.flat.tag, layout=flat_format(pool),
                                                 model_digest=model_digest)
         self.replicated = tp_replicated(config, name)  # same pages on every TP rank: one rank writes
 

@@ -33,6 +33,8 @@ __all__ = [
 ]
 
 LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+# SGLang 0.5.23 builds ``page_head`` host pools for MHA only (its MLA host pool refuses the layout).
+MHA_ONLY_LAYOUTS = ("page_head",)
 
 
 def _acks(q: Any, timeout_s: float, what: str):
@@ -74,8 +76,9 @@ class PoolSpec:
     def __post_init__(self) -> None:
         if self.kind not in ("mha", "mla"):
             raise ValueError(f"PoolSpec.kind={self.kind!r} must be 'mha' or 'mla'")
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"PoolSpec.layout={self.layout!r} must be one of {LAYOUTS}")
+        allowed = LAYOUTS + (MHA_ONLY_LAYOUTS if self.kind == "mha" else ())
+        if self.layout not in allowed:
+            raise ValueError(f"PoolSpec.layout={self.layout!r} must be one of {allowed} for kind={self.kind!r}")
         if self.host_tokens % self.page_size or self.device_tokens % self.page_size:
             raise ValueError("PoolSpec token capacities must be multiples of page_size")
 
@@ -201,6 +204,40 @@ class ControllerHarness:
             page = self.host_pool.get_data_page(int(host_indices[i]), flat=True).contiguous()
             out.append(page.view(torch.uint8).numpy().tobytes())
         return out
+
+    def token_kv(self, host_indices: torch.Tensor) -> torch.Tensor:
+        """The KV of each token at ``host_indices`` in one order whatever the host layout: uint8,
+        shape (tokens, K/V, layers, heads, head_dim bytes) for MHA, (tokens, layers, 1, dim bytes)
+        for MLA, read from the pool's ``kv_buffer`` by the dims SGLang's ``init_kv_buffer`` gives
+        each layout (the dims its L1<->L2 transfers index). Two pools of different layouts hold the
+        same KV exactly when these are equal; their flat data pages need not be."""
+        b = self.host_pool.kv_buffer
+        layout, mha = self.host_pool.layout, self.spec.kind == "mha"
+        if mha:
+            two, layers, heads, dim = 2, self.spec.layers, self.spec.heads, self.spec.head_dim
+            if layout == "layer_first":          # (2, layer, token, head, dim)
+                v = b.permute(2, 0, 1, 3, 4)
+            elif layout == "page_first":         # (2, token, layer, head, dim)
+                v = b.permute(1, 0, 2, 3, 4)
+            elif layout == "page_first_direct":  # (2, page, layer, token in page, head, dim)
+                v = b.permute(1, 3, 0, 2, 4, 5)
+            elif layout == "page_head":          # (2, page, head, token in page, layer, dim)
+                v = b.permute(1, 3, 0, 4, 2, 5)
+            else:
+                raise ValueError(f"token_kv: layout {layout!r} has no known dims")
+            v = v.reshape(-1, two, layers, heads, dim)
+        else:
+            layers, dim = self.spec.layers, self.spec.kv_lora_rank + self.spec.rope_dim
+            if layout == "layer_first":          # (layer, token, 1, dim)
+                v = b.permute(1, 0, 2, 3)
+            elif layout == "page_first":         # (token, layer, 1, dim)
+                v = b
+            elif layout == "page_first_direct":  # (page, layer, token in page, 1, dim)
+                v = b.permute(0, 2, 1, 3, 4)
+            else:
+                raise ValueError(f"token_kv: layout {layout!r} has no known dims")
+            v = v.reshape(-1, layers, 1, dim)
+        return v[host_indices.to(torch.int64)].contiguous().view(torch.uint8)
 
     def backup(
         self, tokens: list[int], host_indices: torch.Tensor, hashes: list[str] | None = None,

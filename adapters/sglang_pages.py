@@ -11,10 +11,12 @@ register). For ``page_first`` / ``page_first_direct`` / ``page_head`` an MHA pag
   tiers and the host pool, whatever the layout: no intermediate buffer in either direction, and one
   chunk (one tree node, one file, one Redis value) per page.
 * ``flat`` (a pool without usable buffer metadata, the copying interface, and sidecar pools): SGLang's
-  flat data page (``get_data_page`` / ``set_from_flat_data_page``), the layout-independent format.
+  flat data page (``get_data_page`` / ``set_from_flat_data_page``). Its byte order is **not** the
+  same in every layout (:func:`flat_format`): ``page_first`` flattens a page token-major,
+  ``page_head`` head-major, ``layer_first`` and ``page_first_direct`` layer-major.
 
-A plan's ``mode``, segment count and chunk size are part of the storage namespace, so chunks written
-under one plan are never read under another.
+A plan's ``mode``, segment count and chunk size are part of the storage namespace, and so is the flat
+format's byte order, so chunks written under one plan or order are never read under another.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 from radixkv.errors import InputError
 from radixkv.tiers.base import ChunkParts
 
-__all__ = ["PagePlan", "plan_for"]
+__all__ = ["PagePlan", "plan_for", "flat_format"]
 
 _VIEW_CACHE_PAGES = 1 << 16  # bound on cached page views per plan (a few MB of tensor headers)
 
@@ -113,6 +115,27 @@ class PagePlan:
         dummy = self.pool.get_dummy_flat_data_page()
         for s, p in zip(starts, payloads):
             self.pool.set_from_flat_data_page(s, p.view(dummy.dtype))
+
+
+# Host layouts whose flat data page is SGLang's canonical order, the order of
+# ``get_dummy_flat_data_page``: (K/V, layer, token, head, dim) for MHA, (layer, token, 1, dim) for MLA.
+_CANONICAL_FLAT_LAYOUTS = frozenset({"layer_first", "page_first_direct"})
+
+
+def flat_format(pool: Any) -> str:
+    """The name of the byte order of ``pool``'s flat data pages, for the namespace of flat chunks.
+
+    ``get_data_page(i, flat=True)`` flattens the page *as the layout stores it* and
+    ``set_from_flat_data_page`` reads it back the same way: ``page_first`` gives (K/V, token, layer,
+    ...), ``page_head`` (K/V, head, token, layer, dim), ``layer_first`` and ``page_first_direct``
+    the canonical (K/V, layer, token, ...). Bytes written from one order and read into a pool of
+    another are the right size and the wrong KV (layers and tokens transposed), so each order is
+    its own format: ``"flat"`` for the canonical one (the name it always had, so those chunks stay
+    readable), ``"flat-<layout>"`` for any other layout. A pool without a layout is ``"flat"``."""
+    layout = getattr(pool, "layout", None)
+    if layout is None or str(layout) in _CANONICAL_FLAT_LAYOUTS:
+        return "flat"
+    return f"flat-{layout}"
 
 
 def _flat_plan(pool: Any, page_size: int) -> PagePlan:

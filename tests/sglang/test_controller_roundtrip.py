@@ -66,9 +66,11 @@ def test_plans_are_zero_copy_in_every_layout():
             assert all(base <= p.data_ptr() < end for p in parts)
             assert sum(p.nbytes for p in parts) == b.plan.chunk_bytes
             assert b.flat.mode == "flat"
-            # Namespaces carry dtype, layout and page size; v1 and copy formats never mix.
+            # Namespaces carry dtype, layout and page size; v1 and copy formats never mix, and flat
+            # pages carry their byte order (page_first flattens token-major, the others layer-major).
             assert b.ns.dtype == "bfloat16" and b.ns.layout == layout and b.ns.chunk_tokens == 4
-            assert b.ns_flat.layout == "flat" and b.ns.digest != b.ns_flat.digest
+            flat_order = "flat-page_first" if layout == "page_first" else "flat"
+            assert b.ns_flat.layout == flat_order and b.ns.digest != b.ns_flat.digest
         finally:
             h.close()
 

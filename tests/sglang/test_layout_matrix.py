@@ -1,0 +1,87 @@
+"""SGLang's configuration matrix on the storage path: host layouts (``--hicache-mem-layout``, which
+``--hicache-io-backend direct`` rewrites from ``page_first`` to ``page_first_direct``), page sizes,
+MHA and MLA, ``interface_v1`` on and off. Bytes are compared as KV (per token, layer, head), not as
+flat pages, whose byte order differs between layouts."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("sglang.srt.mem_cache.hicache_storage", reason="needs sglang==0.5.23 (run inside .envs/sglang)")
+
+import torch  # noqa: E402
+
+from radixkv.adapters.sglang_cpu import ControllerHarness, PoolSpec  # noqa: E402
+
+from _helpers import disk_tier, extra_config, tokens, unwrap  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+# (kind, layout written, layout read after a restart on the same disk tier)
+_LAYOUT_CHANGES = [
+    ("mha", "page_first", "layer_first"),
+    ("mha", "layer_first", "page_first"),
+    ("mha", "page_first", "page_first_direct"),  # --hicache-io-backend direct on a page_first server
+    ("mha", "page_head", "layer_first"),
+    ("mla", "page_first", "layer_first"),
+    ("mla", "page_first", "page_first_direct"),
+]
+
+
+def _spec(kind: str, layout: str) -> PoolSpec:
+    return PoolSpec(kind=kind, layout=layout, page_size=4, layers=3, host_tokens=256)
+
+
+@pytest.mark.parametrize("interface_v1", [1, 0], ids=["v1", "copy"])
+@pytest.mark.parametrize("kind,written,read", _LAYOUT_CHANGES)
+def test_pages_of_one_layout_never_load_as_another_layouts_kv(tmp_path, kind, written, read, interface_v1):
+    """A restart with another host layout (or a second server on the same tier) must miss or load the
+    same KV, never bytes laid out for the other layout. The copying path (``interface_v1: 0``) stores
+    SGLang's flat data pages, which ``page_first`` flattens token-major and ``page_head`` head-major:
+    they once shared one ``flat`` namespace with the layer-major layouts, and a ``page_first`` page
+    loaded into a ``layer_first`` pool with its layers and tokens transposed (16 of 16 tokens hit,
+    all wrong)."""
+    toks = tokens(16, seed=3)
+    cfg = extra_config([disk_tier(tmp_path)], interface_v1)
+    h = ControllerHarness(_spec(kind, written), extra_config=cfg)
+    try:
+        src = h.alloc(16)
+        h.fill_random(src, seed=1)
+        want = h.token_kv(src)
+        assert h.backup(toks, src) == 16
+        assert unwrap(h.backend).store.flush(timeout_s=30)
+    finally:
+        h.close()
+    h2 = ControllerHarness(_spec(kind, read), extra_config=cfg)
+    try:
+        res = h2.prefetch(toks)
+        if res.hit_tokens:
+            assert res.loaded_tokens == res.hit_tokens
+            got = h2.token_kv(res.host_indices)
+            assert torch.equal(got, want[: res.hit_tokens]), f"{written} pages loaded as {read} KV"
+    finally:
+        h2.close()
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+def test_layer_major_layouts_still_share_flat_pages(tmp_path, kind):
+    """``layer_first`` and ``page_first_direct`` flatten a page in the same (canonical) order: on the
+    copying path a page written under one is a hit, with the same KV, under the other."""
+    toks = tokens(16, seed=4)
+    cfg = extra_config([disk_tier(tmp_path)], 0)
+    h = ControllerHarness(_spec(kind, "layer_first"), extra_config=cfg)
+    try:
+        src = h.alloc(16)
+        h.fill_random(src, seed=2)
+        want = h.token_kv(src)
+        assert h.backup(toks, src) == 16
+        assert unwrap(h.backend).store.flush(timeout_s=30)
+    finally:
+        h.close()
+    h2 = ControllerHarness(_spec(kind, "page_first_direct"), extra_config=cfg)
+    try:
+        res = h2.prefetch(toks)
+        assert res.hit_tokens == 16 and res.loaded_tokens == 16
+        assert torch.equal(h2.token_kv(res.host_indices), want)
+    finally:
+        h2.close()
