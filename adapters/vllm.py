@@ -166,6 +166,8 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
                 pcp_size=pcp_size,
                 model_digest=model_digest,
                 num_kv_cache_groups=len(kv_cache_config.kv_cache_groups),
+                # A kv_consumer only reads: it borrows the shared tiers (never writes or deletes).
+                writes=bool(self._kv_transfer_config.is_kv_producer),
             )
 
     # ---- class-level hooks ---------------------------------------------------------------------

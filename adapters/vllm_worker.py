@@ -145,13 +145,18 @@ class WorkerSide:
         num_kv_cache_groups: int | None = None,
         pcp_rank: int = 0,
         pcp_size: int = 1,
+        writes: bool = True,
     ) -> None:
         """``model_digest``: :func:`~radixkv.adapters.vllm_options.model_identity_digest` of the
         deployment, part of every group's namespace (``""`` only for tools without a vLLM config).
         ``groups`` are the KV-cache groups radixkv stores; ``num_kv_cache_groups`` is vLLM's total
         (None: ``len(groups)``), which decides how a failed load is reported. ``pcp_rank`` /
         ``pcp_size``: the worker's prefill-context-parallel rank (it moves the metrics port only:
-        PCP alone replicates the KV on every PCP rank, so the namespace stays the TP/PP rank's)."""
+        PCP alone replicates the KV on every PCP rank, so the namespace stays the TP/PP rank's).
+        ``writes``: whether this engine stores chunks (``kv_role`` kv_both or kv_producer). A
+        kv_consumer (False) only reads the shared tiers: it borrows its namespaces there
+        (:meth:`~radixkv.store.HierarchicalStore.borrow`), so it never writes into them nor
+        deletes the chunks another engine stored there."""
         self.options = options
         self.geometries = groups
         self.chunk_tokens = chunk_tokens
@@ -168,6 +173,7 @@ class WorkerSide:
         # Its own directory under each private disk tier, named by the same coordinates.
         self.worker_dir = worker_dir(tp_rank, tp_size, pp_rank, pp_size, pcp_rank, pcp_size, dp_rank)
         self.store = store
+        self.writes = writes
         # The cache generation of the namespaces in use: "" until the scheduler side's first
         # reset_cache reaches this worker in a step's metadata (then that reset's token).
         self.generation = ""
@@ -252,7 +258,26 @@ class WorkerSide:
             )
         if not self.present:
             raise ConfigError("this worker holds no layer of any KV-cache group; nothing to store")
+        self._borrow_if_reader()
         self._pin = self.present[0].layout.device.type == "cuda"
+
+    def _borrow_if_reader(self) -> None:
+        """A kv_consumer reads what other engines (kv_producer, kv_both) store in the shared tiers
+        (a ``shared`` disk directory, Redis) and owns none of it. Without borrowing, its store
+        treats the chunks it adopted there as its own: making room in its own books (a promotion
+        into a full memory tier demotes into the shared directory, which then evicts) deletes the
+        producer's chunks there, and the demotion writes into a tier a reader should leave alone.
+        Borrowed, every implicit removal only forgets them and no copy is written there. Called for
+        the namespaces in use: at start and at each cache-generation switch."""
+        if self.writes:
+            return
+        for grp in self.present:
+            tiers = self.store.borrow(grp.namespace)
+            if tiers and grp is self.present[0]:
+                logger.info(
+                    "radixkv: kv_consumer: reading tiers %s without writing or deleting there",
+                    tiers,
+                )
 
     def _namespace(self, geometry: GroupGeometry, generation: str) -> Any:
         tp_rank, tp_size, pp_rank, pp_size = self.ranks
@@ -332,6 +357,7 @@ class WorkerSide:
         )
         self.generation = generation
         self.stats["generation_switches"] += 1
+        self._borrow_if_reader()
 
     def _drop_staged(self, req_id: str) -> None:
         st = self._staged.pop(req_id, None)
