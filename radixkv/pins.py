@@ -41,9 +41,14 @@ class PinTable:
         renews the lease). The caller checks the nodes exist."""
         if not owner:
             raise PinError("pin owner must be a non-empty string naming the holder (request id, ...)")
-        if not lease_s > 0:
-            raise PinError(f"lease_s={lease_s!r} must be > 0 seconds")
-        expiry = self._clock() + lease_s
+        # Seconds as floats, whatever number the caller or the clock gives: the compiled build
+        # converts them at the call (float annotations), so the Python build does too. (With an
+        # integer clock past 2**53 the Python build compared exact ints and kept a pin the compiled
+        # one had let expire; an int lease named itself as 0 in one build and 0.0 in the other.)
+        lease = lease_s + 0.0  # float(), without accepting a str
+        if not lease > 0:
+            raise PinError(f"lease_s={lease!r} must be > 0 seconds")
+        expiry = float(self._clock()) + lease
         for n in node_ids:
             self.by_node.setdefault(n, {})[owner] = expiry
 
@@ -65,7 +70,7 @@ class PinTable:
         held = self.by_node.get(node_id)
         if not held:
             return False
-        now = self._clock()
+        now = float(self._clock())  # as pin(): seconds as a float in both builds
         for exp in held.values():
             if exp > now:
                 return True

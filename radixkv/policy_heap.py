@@ -416,7 +416,11 @@ class AgedRefPolicy(_HeapPolicy):
 
     name: ClassVar[str] = "agedref"
 
-    _PARTIAL_PENALTY = 1e15
+    # How far below its own priority a partial chunk is ordered. A class variable (ClassVar: the
+    # compiled build reads it from the class, as Python does), so a Python subclass may override it;
+    # as a plain class attribute the compiled build made it an instance slot holding 1e15, which
+    # ignored a subclass's value. Read once per instance, into _partial_penalty (_prio is hot).
+    _PARTIAL_PENALTY: ClassVar[float] = 1e15
 
     def __init__(self, gap_quantile: float = 0.6, ghost_factor: float = 32.0,
                  initial_half_life: float = 100.0, count_weight: float = 0.5, gap_step: float = 0.01) -> None:
@@ -437,6 +441,7 @@ class AgedRefPolicy(_HeapPolicy):
         self._w = float(count_weight)
         self._h = float(initial_half_life)
         self._ghost_factor = float(ghost_factor)
+        self._partial_penalty = float(self._PARTIAL_PENALTY)
         # By node id, meaningful while the node is resident:
         self._score: list[float] = []  # H * log2(aged reference count) + time, in requests
         self._last: list[int] = []  # clock of the node's last direct touch (_NEVER: none)
@@ -473,7 +478,7 @@ class AgedRefPolicy(_HeapPolicy):
             # last use + count_weight * H * log2(aged references): the count's bonus is scaled down
             # without shortening the memory H of the count itself.
             s = last + self._w * (s - last)
-        return s - self._PARTIAL_PENALTY if self._tokens[n] < self._full_tokens else s
+        return s - self._partial_penalty if self._tokens[n] < self._full_tokens else s
 
     def _admit(self, node_ids: Sequence[int], now: int) -> None:
         score, ghost, keys, ns, tokens = self._score, self._ghost, self._keys, self._ns, self._tokens

@@ -389,9 +389,12 @@ class RadixTree:
             if missing_tier:
                 rest = keys[hit:]
                 _check_keys(rest)  # as _create would, but before the residency changes
-                if len(set(rest)) != len(rest) or any(k in idx for k in rest):
+                if len(set(keys)) != len(keys) or any(k in idx for k in rest):
                     # _create would refuse these keys after the residency changed: refuse first,
-                    # so a contradicting chain changes nothing (an uncommon path: no cost to inserts)
+                    # so a contradicting chain changes nothing (an uncommon path: no cost to inserts).
+                    # A key repeated in the matched prefix too: the fast match can take such a list
+                    # for one chain, and the repeated node would gain the tier twice (its parent's
+                    # child count and the tier's totals counted twice).
                     raise InputError(
                         "keys are not one chain: a key repeats, or a key after the matched prefix is "
                         "already in the tree under another prefix"

@@ -29,6 +29,12 @@ class DropResult:
     def dropped_chunks(self) -> int:
         return len(self.removed_node_ids) + len(self.orphaned_node_ids)
 
+    def __reduce__(self) -> tuple[type[DropResult], tuple[tuple[int, ...], tuple[int, ...]]]:
+        # copy, deepcopy and pickle rebuild it from its fields through __init__. The compiled
+        # build's own pickling support sets the fields one by one afterwards, which a frozen
+        # dataclass refuses (FrozenInstanceError from copy.copy of a result).
+        return DropResult, (self.removed_node_ids, self.orphaned_node_ids)
+
 
 class InsertResult:
     """Ids of every key of the insert, root->leaf (existing ones touched, missing ones created).

@@ -176,3 +176,99 @@ def test_python_subclasses_of_the_compiled_policies_work():
     for name, (hits, sub_hits, ev, sub_ev) in got.items():
         assert (hits, ev) == (sub_hits, sub_ev), name
         assert hits > 0 and ev > 0, name
+
+
+_NO_PARTIAL_PENALTY = """
+import json
+from radixkv import compiled
+from radixkv.policies import register_policy
+from radixkv.policy_heap import AgedRefPolicy
+from radixkv.tree import RadixTree
+
+class NoPartialPenalty(AgedRefPolicy):
+    _PARTIAL_PENALTY = 0.0  # partial chunks ordered like full ones
+
+register_policy("agedref-no-partial-penalty")(NoPartialPenalty)
+out = {"compiled": compiled.active()}
+for name in ("agedref", "agedref-no-partial-penalty"):
+    t = RadixTree(("mem",), name)
+    full = t.insert("ns", ["full"], "mem", 16, 1).node_ids[0]
+    part = t.insert("ns", ["part"], "mem", 8, 1).node_ids[0]  # a ragged end: fewer tokens
+    for _ in range(3):
+        t.match("ns", ["part"])
+    t.match("ns", ["full"])
+    out[name] = ["part" if n == part else "full" for n in t.evict_candidates("mem", 2)]
+print(json.dumps(out))
+"""
+
+
+def test_a_python_subclass_overrides_a_policy_class_constant_in_both_builds():
+    """Found by the compiled-vs-source fuzz: agedref's ``_PARTIAL_PENALTY`` was a plain class
+    attribute, which mypyc makes an instance slot set to the base's value, so a Python subclass
+    overriding it changed the Python build's order and not the compiled one's."""
+    for env in ({"RADIXKV_COMPILED": "0"}, {}):
+        got = json.loads(_run(_NO_PARTIAL_PENALTY, **env))
+        assert got["agedref"] == ["part", "full"], got  # partial chunks first
+        assert got["agedref-no-partial-penalty"] == ["full", "part"], got  # by references only
+
+
+_COPY_RESULTS = """
+import copy, json, pickle
+from radixkv import compiled
+from radixkv.tree import RadixTree
+
+t = RadixTree(("mem", "disk"))
+t.insert("ns", ["a", "b"], "mem", 16, 100)
+r = t.clear(namespace="ns")
+out = {"compiled": compiled.active(), "result": repr(r), "copies": []}
+for f in (copy.copy, copy.deepcopy, lambda x: pickle.loads(pickle.dumps(x))):
+    try:
+        c = f(r)
+        out["copies"].append([repr(c), c == r, hash(c) == hash(r)])
+    except Exception as exc:
+        out["copies"].append(f"{type(exc).__name__}: {exc}")
+print(json.dumps(out))
+"""
+
+
+def test_drop_results_copy_and_pickle_in_both_builds():
+    """Found by the compiled-vs-source fuzz: copy, deepcopy and pickle of a DropResult (what evict,
+    clear and clear_resident return) raised FrozenInstanceError in the compiled build only."""
+    for env in ({"RADIXKV_COMPILED": "0"}, {}):
+        got = json.loads(_run(_COPY_RESULTS, **env))
+        assert got["result"] == "DropResult(removed_node_ids=(1, 0), orphaned_node_ids=())", got
+        assert got["copies"] == [[got["result"], True, True]] * 3, got
+
+
+_PIN_CLOCK = """
+import json
+from radixkv import compiled
+from radixkv.errors import PinError
+from radixkv.tree import RadixTree
+
+now = [2 ** 63 + 7]  # an integer clock past 2**53: as a float it steps by 2048
+t = RadixTree(("mem",), clock=lambda: now[0])
+a, b = t.insert("ns", ["a", "b"], "mem", 16, 1).node_ids
+t.pin([a], "r1", 1)  # integer leases
+t.pin([b], "r2", 10_000)
+out = {"compiled": compiled.active(), "pinned": [t.is_pinned(a), t.is_pinned(b)], "errors": []}
+for lease in (0, -1, 0.0):
+    try:
+        t.pin([a], "r3", lease)
+    except PinError as exc:
+        out["errors"].append(str(exc))
+print(json.dumps(out))
+"""
+
+
+def test_pin_leases_are_float_seconds_in_both_builds():
+    """Found by the compiled-vs-source fuzz: the compiled build converts the clock and the lease
+    to floats (their annotations), the Python build kept integers exact, so past 2**53 an integer
+    clock's pin protected a node in one build only, and an integer lease's error read 0 or 0.0."""
+    src = json.loads(_run(_PIN_CLOCK, RADIXKV_COMPILED="0"))
+    cur = json.loads(_run(_PIN_CLOCK))
+    assert src.pop("compiled") is False
+    cur.pop("compiled")
+    assert cur == src
+    assert src["pinned"] == [False, True]  # 1 s is below the float clock's step there, 10,000 s not
+    assert src["errors"] == [f"lease_s={v} must be > 0 seconds" for v in ("0.0", "-1.0", "0.0")]

@@ -446,6 +446,20 @@ def test_an_insert_refused_for_a_contradicting_chain_changes_nothing():
     t.check_integrity()
 
 
+def test_an_insert_repeating_a_matched_key_into_another_tier_is_refused():
+    """Found by the compiled-vs-source fuzz (both builds alike): with one key repeated, a list whose
+    depth span and last link agree with a chain passes the fast match as wholly present; the insert
+    into a tier those chunks lacked gave the repeated node the tier twice (its parent's per-tier child
+    count and the tier's chunk and byte totals counted twice), so check_integrity failed."""
+    t = RadixTree(("mem", "disk"))
+    t.insert("ns", ["w", "x", "b", "c"], "disk", 16, 100)  # b at depth 3, c at depth 4
+    t.insert("ns", ["a"], "disk", 16, 100)  # a at depth 1: a..c spans 3 links, as 4 keys would
+    with pytest.raises(InputError, match="not one chain: a key repeats"):
+        t.insert("ns", ["a", "b", "b", "c"], "mem", 16, 100)
+    assert t.tier_chunks("mem") == 0 and t.tier_bytes("mem") == 0
+    t.check_integrity()
+
+
 def test_ids_listed_twice_count_once():
     t = RadixTree(("mem", "disk"))
     (a,) = t.insert("ns", ["a"], "mem", 16, 100).node_ids
