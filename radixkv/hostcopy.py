@@ -104,12 +104,15 @@ class HostCopier:
         copied. For callers that already hold validated tensors (a tier copying parts of a chunk into
         its own slots): the caller vouches that every span is CPU memory it keeps alive until this
         returns. Overlaps are refused (InputError) before the first byte moves, unless ``checked``:
-        the caller has proved that no destination overlaps another destination or any source."""
-        if not checked:
-            _check_disjoint(jobs)
+        the caller has proved that no destination overlaps another destination or any source. A
+        negative length is an InputError, checked or not."""
         total = 0
         for _d, _s, n in jobs:
+            if n < 0:  # ctypes would pass it on as a size_t near 2**64: a copy over all of memory
+                raise InputError(f"a span of {n} bytes; span lengths are byte counts >= 0")
             total += n
+        if not checked:
+            _check_disjoint(jobs)
         # Streaming stores are safe here: no destination overlaps a source (checked above, or vouched).
         # They pay off for big batches of big pieces; small pairs (a fence each, partial lines) stay
         # on memmove.

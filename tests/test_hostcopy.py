@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from radixkv import hostcopy
 from radixkv.errors import ConfigError, InputError
 from radixkv.hostcopy import HostCopier, default_copy_threads, streaming_copy_available
 
@@ -154,3 +155,16 @@ def test_streaming_can_be_switched_off_by_the_environment():
 def test_bad_streaming_min_bytes(bad):
     with pytest.raises(ConfigError, match="streaming_min_bytes"):
         HostCopier(1, streaming_min_bytes=bad)
+
+
+@pytest.mark.parametrize("checked", [False, True])
+def test_a_negative_span_length_is_refused_before_any_byte_moves(monkeypatch, checked):
+    """ctypes would hand -1 to memmove as a size_t near 2**64 (a crash of the whole process)."""
+    calls = []
+    monkeypatch.setattr(hostcopy, "_memmove", lambda d, s, n: calls.append(n))
+    src, dst = torch.ones(64, dtype=torch.uint8), torch.zeros(64, dtype=torch.uint8)
+    c = HostCopier(1, streaming_min_bytes=None)
+    with pytest.raises(InputError, match="-1 bytes"):
+        c.copy_spans([(dst.data_ptr(), src.data_ptr(), 8), (dst.data_ptr() + 8, src.data_ptr(), -1)],
+                     checked=checked)
+    assert calls == []

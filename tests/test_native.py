@@ -214,3 +214,68 @@ def test_fast_write_leaves_read_only_parts_to_the_python_write(tmp_path, monkeyp
     for way, views in (("read-only", [ro[:100], ro[100:]]), ("writable", [memoryview(data.numpy())])):
         files[way] = framed(tmp_path / way, views)
     assert files["read-only"] == files["writable"]
+
+
+def test_fast_write_keeps_the_callers_buffer_exported_until_it_returns(tmp_path, monkeypatch):
+    """The C write reads the parts without the GIL. Another thread releasing the caller's memoryview
+    then shrinking its bytearray meanwhile must be refused (as while pwritev holds the buffer), not
+    free the bytes under the helper (a use-after-free: ASan's heap-use-after-free in pwrite)."""
+    if disk_io._FAST_WRITE is None:
+        pytest.skip("the C helper is not built here")
+    data = payload(6, 1024 * KiB + 9)
+    arr = bytearray(data.numpy().tobytes())
+    view = memoryview(arr)
+    write, *fns = disk_io._FAST_WRITE
+    seen = []
+
+    def racing_write(*args):
+        view.release()  # what another thread may do while the GIL-free call runs
+        try:
+            del arr[:]
+        except BufferError:
+            seen.append("refused")
+            return write(*args)
+        seen.append("freed")
+        return errno.EFAULT  # (the real helper would now read freed memory)
+
+    monkeypatch.setattr(disk_io, "_FAST_WRITE", (racing_write, *fns))
+    path = tmp_path / "k.chunk"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        try:
+            write_frame(fd, NS, "k", view)
+        except OSError:
+            pass
+    finally:
+        os.close(fd)
+    assert seen == ["refused"]
+    out = torch.zeros_like(data)
+    assert read_chunk_fast(str(path), NS, "k", spans_of([out]), out.numel()) == os.path.getsize(path)
+    assert torch.equal(out, data)
+
+
+def test_fast_write_never_writes_to_the_fd_in_the_low_32_bits(tmp_path):
+    """ctypes passes an fd as a C int without a range check: 2**32 + fd would write the payload into
+    another open file (a log, a socket). Such an fd fails as it does in Python, and nothing is written."""
+    if disk_io._FAST_WRITE is None:
+        pytest.skip("the C helper is not built here")
+    data = payload(7, 1024 * KiB + 1)
+    victim = tmp_path / "other-open-file"
+    fd = os.open(victim, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        for bad in (2**32 + fd, -2**32 + fd, 2**31):
+            with pytest.raises(OverflowError):  # what os.pwritev raises for an fd beyond a C int
+                write_frame(bad, NS, "k", memoryview(data.numpy()))
+            assert os.fstat(fd).st_size == 0, bad
+    finally:
+        os.close(fd)
+
+
+def test_fast_read_refuses_a_path_with_a_null_byte(frame):
+    """C would open the path up to the NUL, another file, and could report its chunk as this one."""
+    path, data, _size = frame
+    out = torch.zeros_like(data)
+    with pytest.raises(ValueError, match="null byte"):
+        read_chunk_fast(path + "\0.tmp", NS, "k", spans_of([out]), data.numel())
+    with pytest.raises(ValueError):  # what the Python read's os.open raises for it
+        os.open(path + "\0.tmp", os.O_RDONLY)

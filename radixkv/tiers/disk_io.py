@@ -26,6 +26,7 @@ runs :func:`read_frame` on the latter, so every fault is still judged here, in P
 from __future__ import annotations
 
 import ctypes
+import errno
 import itertools
 import os
 import threading
@@ -41,6 +42,7 @@ __all__ = ["BLOCK_BYTES", "Parts", "as_parts", "blocks", "pwrite_all", "pread_al
 BLOCK_BYTES = 512 << 10  # fits L2 (2 MiB per core here): hashed right after the kernel touched it
 # Buffers per pwritev/preadv: well under IOV_MAX (1024 on Linux), leaving room for a header and probe.
 _MAX_IOV = 256
+_C_INT_MAX = (1 << 31) - 1  # the C helpers take an fd as a C int
 
 Parts = Union[memoryview, Sequence[memoryview]]
 
@@ -89,6 +91,8 @@ def pwritev_all(fd: int, views: Sequence[memoryview], offset: int) -> None:
     rest = [v for v in views if v.nbytes]
     while rest:
         n = os.pwritev(fd, rest[:_MAX_IOV], offset)  # IOV_MAX bounds the buffers of one call
+        if n <= 0:  # retried, a write that moves nothing would spin forever; C says ENOSPC too
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (a write to fd {fd} moved 0 bytes)")
         offset += n
         rest = _skip(rest, n)
 
@@ -233,15 +237,30 @@ def _hash_state() -> _HashState:
 def _write_payload_fast(fd: int, at: int, parts: Sequence[memoryview]) -> int | None:
     """Write ``parts`` from offset ``at`` and return their xxh3, in one GIL-free call; raises OSError
     like pwritev. None, before writing anything, if a part's address cannot be taken (read-only
-    buffers): the caller writes them in Python."""
+    buffers) or ``fd`` is no C int: the caller writes them in Python (which raises what pwritev
+    raises for such an fd)."""
+    if not 0 <= fd <= _C_INT_MAX:
+        return None  # ctypes would pass fd's low 32 bits: another open file
     write, reset, update, digest = _FAST_WRITE  # type: ignore[misc]
-    spans = [(framing._address(v), v.nbytes) for v in parts if v.nbytes]
-    if any(a is None for a, _n in spans):
-        return None
+    # Each part stays exported (``pins``) until the call returns, as pwritev holds its buffers: the
+    # C code reads them without the GIL, and another thread that released a caller's memoryview
+    # could otherwise free or resize the bytes under it. A bytearray under a pinned part refuses a
+    # resize (BufferError); an exporter with no export count (a torch tensor) is the caller's to keep.
+    pins = []
+    spans = []
+    for v in parts:
+        if v.nbytes:
+            try:
+                pin = ctypes.c_char.from_buffer(v)
+            except (TypeError, ValueError):  # read-only or not C-contiguous: no address to hand out
+                return None
+            pins.append(pin)
+            spans.append((ctypes.addressof(pin), v.nbytes))
     flat = (ctypes.c_uint64 * (2 * len(spans)))(*itertools.chain.from_iterable(spans))
     dig = ctypes.c_uint64()
     state = _hash_state()  # held here: the call runs without the GIL
     err = write(fd, at, flat, len(spans), BLOCK_BYTES, state.ptr, reset, update, digest, ctypes.byref(dig))
+    del pins  # (after the call: the exports end here)
     if err:
         raise OSError(err, os.strerror(err))
     return dig.value
@@ -258,12 +277,15 @@ def read_chunk_fast(path: str, ns: str, key: str, spans: Sequence[tuple[int, int
     if fast is None:
         return None
     read, reset, update, digest = fast
+    raw_path = os.fsencode(path)
+    if b"\0" in raw_path:  # C would open the path up to the NUL: another file
+        raise ValueError(f"path={path!r} has an embedded null byte; pass a file path")
     state = _hash_state()
     header_len = HEADER_BYTES + len(ns) + len(key)
     head = ctypes.create_string_buffer(header_len)
     flat = (ctypes.c_uint64 * (2 * len(spans)))(*itertools.chain.from_iterable(spans))
     dig, size = ctypes.c_uint64(), ctypes.c_int64()
-    rc = read(os.fsencode(path), head, header_len, flat, len(spans), BLOCK_BYTES, state.ptr, reset, update,
+    rc = read(raw_path, head, header_len, flat, len(spans), BLOCK_BYTES, state.ptr, reset, update,
               digest, ctypes.byref(dig), ctypes.byref(size))
     if rc != 0:
         return None

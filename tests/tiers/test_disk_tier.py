@@ -653,6 +653,22 @@ class TestDiskFull:
         monkeypatch.setattr(disk_mod.os, "pwritev", real)
         assert tier.put_many(NS, ["a"], [pl(1)]) == [True]
 
+    def test_a_write_that_moves_no_bytes_fails_the_put_never_spins(self, tier, monkeypatch):
+        """A pwritev that returns 0 (a FUSE or network filesystem can) makes no progress: retried, it
+        would hold an I/O thread forever. It is ENOSPC, a failed put, as the C helper reports it."""
+        calls = []
+
+        def stuck(fd, bufs, offset):
+            calls.append(offset)
+            if len(calls) > 100:  # (only to end the test where every retry writes nothing again)
+                raise RuntimeError("pwritev retried 100 times without progress")
+            return 0
+
+        monkeypatch.setattr(disk_mod.os, "pwritev", stuck)
+        assert tier.put_many(NS, ["a"], [pl(1)]) == [False]
+        assert len(calls) == 1
+        assert tier.stats().put_failures == 1 and tier.usage_bytes() == 0
+
     def test_real_enospc_on_tiny_tmpfs(self, tmp_path):
         """A 1 MiB tmpfs under a 64 MiB capacity: the filesystem fills first; puts fail, data stays exact."""
         d = str(tmp_path / "tiny")
