@@ -268,11 +268,38 @@ class RadixTree:
             hit, last = self._walk(idx, keys)
         if touch:
             self._now = now = self._now + 1
-            if self._mask[last] == 1:  # held by the first tier only: one policy hears it
+            mask = self._mask[last]
+            if mask == 1:  # held by the first tier only: one policy hears it
                 self._policies[0].on_access(last, now)
             else:
                 self._touch(last)
+                if not mask & 1:  # a faster tier may hold the path above it: that copy was used too
+                    self._touch_upper(last, mask)
         return MatchResult(self, keys, idx, hit, last)
+
+    def _touch_upper(self, node_id: int, mask: int) -> None:
+        """Tell each tier *faster* than every tier holding ``node_id`` (the deepest hit chunk) that
+        its part of the path was used: its policy hears the deepest path node it holds. Without
+        this, a hit whose deepest chunks only a lower tier held never refreshed the top tier's copy
+        of the prefix above them (lazy path touches reach only the tiers holding the deepest node),
+        so making room for the promotion of those very chunks evicted that prefix first, and the
+        next hit read it from the slower tier (the simulator, which inserts the whole path into the
+        top tier, keeps it there). Slower tiers' copies of the path are not touched (their order is
+        the demotion order, see docs/simulator.md). O(the path up to the last such tier's node)."""
+        want = (mask & -mask) - 1  # the tiers faster than the fastest one holding node_id
+        parent, tmask, policies, now = self._parent, self._mask, self._policies, self._now
+        n = parent[node_id]
+        while n >= 0 and want:
+            new = tmask[n] & want
+            if new:
+                want &= ~new
+                i = 0
+                while new:
+                    if new & 1:
+                        policies[i].on_access(n, now)
+                    new >>= 1
+                    i += 1
+            n = parent[n]
 
     def _walk(self, idx: Mapping[str, int], keys: Sequence[str]) -> tuple[int, int]:
         parent = self._parent

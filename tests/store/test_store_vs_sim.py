@@ -1,0 +1,172 @@
+"""The runtime store against the simulator: one request stream replayed by ``sims.replay.replay`` and
+by a HierarchicalStore driven as the engine adapters drive it (lookup the chain, get the hit, put the
+rest under the last hit key). Where docs/simulator.md ("Simulator and runtime") says they agree
+exactly, they must, request by request; where it names a difference, the store must still follow its
+own documented order (the tree's policy order, evicting exactly what a write needs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixkv.config import StoreConfig, TierConfig
+from radixkv.keys import Namespace
+from radixkv.policies import POLICIES
+from radixkv.sims import replay as replay_mod
+from radixkv.sims.replay import TierCapacity, replay
+from radixkv.sims.traces import Request, Trace
+from radixkv.sims.workloads import WorkloadConfig, generate
+from radixkv.store import HierarchicalStore
+from radixkv.tree import RadixTree
+
+ONLINE = sorted(n for n, c in POLICIES.items() if not getattr(c, "offline", False))
+CHUNK_BYTES = 64
+NS = Namespace(model="sim-vs-store", dtype="bfloat16", layout="page_first", chunk_tokens=256)
+
+
+def _full_blocks(trace: Trace) -> Trace:
+    """The trace without partial last blocks: the runtime stores only whole chunks."""
+    bt = trace.block_tokens
+    out = Trace(trace.name, bt)
+    for r in trace.requests:
+        n = r.input_tokens // bt
+        out.requests.append(Request(r.arrival_s, n * bt, r.output_tokens, list(r.block_keys[:n])))
+    return out
+
+
+def _residency(tree: RadixTree, ns: str) -> dict[str, int]:
+    return {k: tree.node_tier_mask(n) for k, n in tree.items(ns)}
+
+
+def _sim(monkeypatch: pytest.MonkeyPatch, trace: Trace, policy: str, caps: list[int]):
+    """Per-request hits and residency (key -> tier mask) after each request, from the simulator."""
+    after: list[dict[str, int]] = []
+
+    class Recording:
+        """The replay's tree, recording the residency where the replay checks integrity. A proxy, not
+        a subclass: the compiled RadixTree cannot be subclassed from Python."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            self._tree = RadixTree(*args, **kwargs)
+
+        def __getattr__(self, name: str):
+            return getattr(self._tree, name)
+
+        def check_integrity(self) -> None:  # replay(check_every=1) calls it after each request
+            self._tree.check_integrity()
+            after.append(_residency(self._tree, "sim"))
+
+    monkeypatch.setattr(replay_mod, "RadixTree", Recording)
+    names = ["mem", "disk"][: len(caps)]
+    r = replay(trace, policy, [TierCapacity(n, c) for n, c in zip(names, caps)], check_every=1)
+    return [int(h) for h in r.hit_blocks], after[: len(trace.requests)]
+
+
+def _store(tmp_path, trace: Trace, policy: str, caps: list[int]):
+    """The same from a store driven as an adapter drives it (background copies drained after the
+    get and after the put, so their order is the one a replay can have)."""
+    tiers = [TierConfig(url="mem://", capacity_bytes=caps[0] * CHUNK_BYTES, name="mem")]
+    if len(caps) > 1:  # a framed tier charges header + identity per chunk
+        tiers.append(TierConfig(url=f"file://{tmp_path / 'disk'}", name="disk",
+                                capacity_bytes=caps[1] * (CHUNK_BYTES + 132)))
+    store = HierarchicalStore(StoreConfig(tiers=tiers, policy=policy, write_policy="write_back",
+                                          metrics=False, probe_tiers=False))
+    payload = torch.zeros(CHUNK_BYTES, dtype=torch.uint8)
+    hits: list[int] = []
+    after: list[dict[str, int]] = []
+    try:
+        assert store._stack.charge(len(caps) - 1, CHUNK_BYTES) == CHUNK_BYTES + (132 if len(caps) > 1 else 0)
+        for req in trace.requests:
+            keys = req.block_keys
+            n = store.lookup(NS, keys) if keys else 0
+            if n:
+                assert store.get(NS, keys[:n], [torch.empty(CHUNK_BYTES, dtype=torch.uint8)
+                                                for _ in range(n)]) == n
+                store.flush()
+            if n < len(keys):
+                # A request with more new chunks than the tier holds stores the leading run that
+                # fits: what the simulator keeps too (it evicts a tie deepest first).
+                store.put(NS, keys[n:], [payload] * (len(keys) - n), parent_key=keys[n - 1] if n else None)
+                store.flush()
+            hits.append(n)
+            with store.lock:
+                after.append(_residency(store.tree, NS.digest))
+    finally:
+        store.close()
+    return hits, after
+
+
+def _first_difference(a: list, b: list) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+@pytest.fixture(scope="module")
+def mix_trace() -> Trace:
+    return _full_blocks(generate("mix", WorkloadConfig(requests=400, seed=0)))
+
+
+def test_a_hit_served_from_a_lower_tier_keeps_its_prefix_in_the_top_tier(monkeypatch, tmp_path) -> None:
+    """A chain whose head is in memory and whose tail was demoted to disk is hit again: the hit must
+    refresh memory's copy of the head, so promoting the tail evicts another chain, not the head of
+    the chain being promoted (before: the get's touch reached only the disk tier, which held the
+    deepest hit chunk; the promotion then demoted the head, and the next hit read it from disk,
+    while the simulator kept the whole chain in memory)."""
+    a = [f"a{i}" for i in range(4)]  # two chains; keys name their whole prefix, as real keys do
+    b = ["b0", "b0b1"]
+    trace = Trace("by-hand", 256, [Request(float(i), len(k) * 256, 1, k) for i, k in enumerate([a, b, a])])
+    caps = [4, 16]
+    sim_hits, sim_after = _sim(monkeypatch, trace, "lru", caps)
+    store_hits, store_after = _store(tmp_path, trace, "lru", caps)
+    assert sim_hits == store_hits == [0, 0, 4]
+    mem_only_a = {k: store_after[-1][k] & 1 for k in a}
+    assert mem_only_a == dict.fromkeys(a, 1), f"chain a's chunks in memory after its hit: {mem_only_a}"
+    assert store_after == sim_after
+
+
+@pytest.mark.parametrize("capacity_fraction", [0.02, 0.1])
+def test_one_memory_tier_matches_the_simulator_exactly_under_lru(monkeypatch, tmp_path, mix_trace,
+                                                                 capacity_fraction) -> None:
+    """A memory tier whose capacity is a whole number of equal chunks evicts exactly what the
+    simulator evicts under lru: same hits and same residency after every request."""
+    caps = [int(capacity_fraction * mix_trace.unique_blocks)]
+    sim_hits, sim_after = _sim(monkeypatch, mix_trace, "lru", caps)
+    store_hits, store_after = _store(tmp_path, mix_trace, "lru", caps)
+    assert _first_difference(sim_hits, store_hits) is None
+    assert _first_difference(sim_after, store_after) is None
+    assert sum(store_hits) > 0 and any(len(s) == caps[0] for s in store_after)  # it did evict
+
+
+@pytest.mark.parametrize("policy", ONLINE)
+def test_every_policy_evicts_in_the_trees_order_for_the_adapters_calls(tmp_path, mix_trace, policy) -> None:
+    """Per request, the store touches the hit (get), makes room for the missing chunks in exact
+    policy order with the chunk they hang from pinned, then inserts them (put): the tree driven in
+    that order by hand must end every request with the store's residency. This is the order that
+    differs from the simulator's insert-then-evict (docs/simulator.md); it also catches a store that
+    evicts more than a write needs."""
+    cap = int(0.02 * mix_trace.unique_blocks)
+    tree = RadixTree(tiers=["mem"], policy=policy)
+    want_hits: list[int] = []
+    want_after: list[dict[str, int]] = []
+    for req in mix_trace.requests:
+        keys = req.block_keys
+        n = tree.match("x", keys, touch=False).hit_chunks
+        if n:
+            tree.match("x", keys[:n], touch=True)
+        if n < len(keys):
+            parent = tree.lookup("x", keys[n - 1]) if n else None
+            if parent is not None:
+                tree.pin([parent], "put", 1e9)
+            while tree.tier_chunks("mem") + len(keys) - n > cap:
+                victims = tree.evict_candidates("mem", 1, drop=True)
+                if not victims:
+                    break  # only the pinned parent is left
+                tree.clear_resident(victims, "mem")
+            if parent is not None:
+                tree.unpin([parent], "put")
+            fit = cap - tree.tier_chunks("mem")  # the put stores the leading run that fits
+            tree.insert("x", keys[n:n + fit], "mem", 256, CHUNK_BYTES, parent_key=keys[n - 1] if n else None)
+        want_hits.append(n)
+        want_after.append(_residency(tree, "x"))
+    store_hits, store_after = _store(tmp_path, mix_trace, policy, [cap])
+    assert _first_difference(want_hits, store_hits) is None
+    assert _first_difference(want_after, store_after) is None
