@@ -10,6 +10,12 @@ ours on that path is the storage backend under test. (L1<->L2 kernels need CUDA 
 :class:`HybridHarness` does the same with SGLang's ``HybridCacheController`` (KV pool plus sidecar
 pools), which drives the v2 storage calls (``batch_set_v2`` / ``batch_exists_v2`` / ``batch_get_v2``).
 
+:class:`ServerStackHarness` is the stack a launched server builds for a plain (KV-only, MHA or MLA)
+model: in 0.5.23 that is *not* ``HiCacheController`` (only PD decode offload uses it) but
+``UnifiedRadixCache.init_hicache`` -> ``build_kv_only_stack``: a ``HybridCacheController`` over a
+one-pool ``HostPoolGroup``, with the extra config parsed (and SGLang's own keys popped) as the server
+parses it, and prefix keys passed as the tree passes them.
+
 Requires ``sglang==0.5.23``; imported only by tests and ``radixkv.bench.sglang``.
 """
 
@@ -27,6 +33,7 @@ __all__ = [
     "PoolSpec",
     "ControllerHarness",
     "HybridHarness",
+    "ServerStackHarness",
     "PrefetchResult",
     "build_pools",
     "set_parallel_context",
@@ -380,6 +387,124 @@ class HybridHarness:
             acks.append(ack)
             if ack.completed_req:
                 return op, acks
+
+    def close(self) -> None:
+        if self.controller.enable_storage or self.controller.storage_backend is not None:
+            self.controller.detach_storage_backend()
+
+
+class ServerStackHarness:
+    """The L2<->L3 stack of a launched SGLang 0.5.23 server serving a plain (KV-only) model.
+
+    A server with ``--enable-hierarchical-cache`` builds ``UnifiedRadixCache``, whose ``init_hicache``
+    parses ``--hicache-storage-backend-extra-config`` with
+    ``HybridCacheController.parse_storage_backend_extra_config`` (which pops ``prefetch_threshold``,
+    ``prefetch_timeout_base``, ``prefetch_timeout_per_ki_token`` and
+    ``hicache_storage_pass_prefix_keys``: the backend never sees them) and, for a model whose only
+    tree component is the full KV (``_PlainKvStrategy``), calls ``build_kv_only_stack``: a
+    ``HybridCacheController`` over a ``HostPoolGroup`` of one anchor entry (``PoolName.KV``). That
+    controller registers the KV pool twice (``register_mem_pool_host``, then
+    ``register_mem_host_pool_v2(pool, PoolName.KV)``), asks ``batch_exists`` about a request's whole
+    page chain in one call (``HiCacheController`` asks in batches of ``STORAGE_BATCH_SIZE``), and
+    runs its backup thread on every rank (an MLA non-writer acks without writing).
+
+    This harness builds exactly that (``build_pool_entry`` + ``HostPoolGroup`` +
+    ``HybridCacheController`` with ``build_kv_only_stack``'s arguments); the one difference is the
+    host pool, made by :func:`build_pools` unpinned (``build_kv_host_pool`` pins it with
+    ``cudaHostRegister``, which needs CUDA). ``extra_config`` is the CLI's JSON text (a dict is
+    serialised first). :meth:`backup` and :meth:`prefetch` pass ``prefix_keys`` as the tree and
+    scheduler do: the hash chain of the node's ancestors when ``hicache_storage_pass_prefix_keys``
+    was set, else None."""
+
+    def __init__(self, spec: PoolSpec, extra_config: dict | str, backend: str = "dynamic",
+                 model_name: str = "test-model", write_policy: str = "write_through",
+                 storage_metrics: bool = True, pools: Pools | None = None) -> None:
+        import json
+
+        from sglang.srt.mem_cache.hicache_storage import PoolName
+        from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+        from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import build_pool_entry
+        from sglang.srt.mem_cache.pool_host import HostPoolGroup
+
+        self.spec = spec
+        text = extra_config if isinstance(extra_config, str) else json.dumps(extra_config)
+        (self.extra_config, self.prefetch_threshold, self.prefetch_timeout_base,
+         self.prefetch_timeout_per_ki_token, self.pass_prefix_keys,
+         ) = HybridCacheController.parse_storage_backend_extra_config(text)
+        self.pools = pools or build_pools(spec)
+        self.host_pool = self.pools.host_pool
+        layers = {i: i for i in range(spec.layers)}
+        self.group = HostPoolGroup([build_pool_entry(
+            name=PoolName.KV, host_pool=self.host_pool, device_pool=self.pools.device_pool,
+            layer_mapping=layers, transfer_layer_id_max=len(layers), is_anchor=True)])
+        self.controller = HybridCacheController(
+            self.pools.allocator, self.group, spec.page_size, None, load_cache_event=threading.Event(),
+            attn_cp_group=None, attn_tp_group=None, pp_group=None, write_policy=write_policy,
+            storage_backend=backend, prefetch_threshold=self.prefetch_threshold, model_name=model_name,
+            storage_backend_extra_config=self.extra_config, transfer_layer_id_max=len(layers),
+            enable_storage_metrics=storage_metrics,
+        )
+        self._rid = 0
+
+    @property
+    def backend(self) -> Any:
+        return self.controller.storage_backend
+
+    def page_keys(self, tokens: list[int], last_hash: str | None = None) -> list[str]:
+        from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+        return get_storage_hash_str(tokens, last_hash, page_size=self.spec.page_size)
+
+    def alloc(self, n_tokens: int) -> torch.Tensor:
+        idx = self.host_pool.alloc(n_tokens)
+        if idx is None:
+            raise RuntimeError(f"host pool full: cannot allocate {n_tokens} tokens")
+        return idx
+
+    fill_random = ControllerHarness.fill_random
+    page_bytes_at = ControllerHarness.page_bytes_at
+
+    def _prefix(self, ancestor_keys: list[str]) -> list[str] | None:
+        return list(ancestor_keys) if self.pass_prefix_keys else None
+
+    def backup(self, tokens: list[int], host_indices: torch.Tensor, ancestor_keys: list[str] = (),
+               timeout_s: float = 60.0) -> int:
+        """``write_backup_storage`` of one tree node: its full pages, keyed by the chain continuing
+        ``ancestor_keys`` (the node's ancestors' page keys, root first); returns completed tokens."""
+        ps = self.spec.page_size
+        n = len(tokens) // ps * ps
+        last = ancestor_keys[-1] if ancestor_keys else None
+        op_id = self.controller.write_storage(host_indices[:n], tokens[:n], hash_value=self.page_keys(tokens[:n], last),
+                                              prefix_keys=self._prefix(ancestor_keys))
+        for op in _acks(self.controller.ack_backup_queue, timeout_s, f"backup op {op_id}"):
+            if op.id == op_id:
+                return op.completed_tokens
+
+    def prefetch(self, tokens: list[int], ancestor_keys: list[str] = (), timeout_s: float = 60.0) -> PrefetchResult:
+        """``prefetch_from_storage`` of ``tokens`` after a host match ending at the node whose chain
+        is ``ancestor_keys``: hit query, fresh host slots for the hit, read, acks."""
+        from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+
+        self._rid += 1
+        c = self.controller
+        last = ancestor_keys[-1] if ancestor_keys else None
+        op = c.prefetch(CacheRequestHandle(f"req-{self._rid}", 0), tokens, last, self._prefix(ancestor_keys))
+        got = c.prefetch_hit_queue.get(timeout=timeout_s)
+        assert got is op, "prefetch hit queue returned another request's operation"
+        hit = op.storage_hit_count
+        if hit == 0:
+            return PrefetchResult(0, 0, None, [])
+        op.host_indices = self.alloc(hit)
+        c.prefetch_buffer.put(op)
+        loaded = 0
+        for ack in _acks(c.ack_prefetch_queue, timeout_s, f"prefetch {op.request_id}"):
+            if ack.rid != op.request_id:
+                continue
+            if ack.completed_tokens is not None:
+                loaded = ack.completed_tokens
+            if ack.completed_req:
+                break
+        return PrefetchResult(hit, loaded, op.host_indices, list(op.hash_value))
 
     def close(self) -> None:
         if self.controller.enable_storage or self.controller.storage_backend is not None:
