@@ -210,6 +210,12 @@ def _main(args: argparse.Namespace) -> int:
     tiers = [_tier(t) for t in args.tiers.split(",") if t.strip()]
     if not tiers:
         raise RadixKVError("--tiers needs at least one tier name")
+    seen_tiers: set[str] = set()
+    for t in tiers:  # the tree refuses it too, but mid-sweep and without naming --tiers
+        if t.name in seen_tiers:
+            raise RadixKVError(f"--tiers names tier {t.name!r} twice; name each tier once, fastest first, e.g. "
+                               "mem,disk=25%")
+        seen_tiers.add(t.name)
     top = tiers[0]
     if top.capacity_text is not None:
         raise RadixKVError(f"--tiers: the first tier's capacity is --capacity; drop '={top.capacity_text}' "

@@ -26,9 +26,9 @@ TTFT of one request (seconds)::
 from __future__ import annotations
 
 import math
-
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -92,9 +92,13 @@ def parse_model(text: str) -> ModelSpec:
         fields[k.strip()] = v.strip()
     def positive(name: str) -> int:
         # Each field on its own: two negatives (kv_heads=-8,head_dim=-128) multiply to a plausible size.
-        value = int(fields.pop(name))
+        raw = fields.pop(name)
+        try:
+            value = int(raw)
+        except ValueError:  # int()'s own message names neither the field nor the fix
+            value = 0
         if value <= 0:
-            raise ConfigError(f"custom model {text!r}: {name}={value} must be a positive integer")
+            raise ConfigError(f"custom model {text!r}: {name}={raw} must be a positive integer")
         return value
 
     try:
@@ -103,10 +107,19 @@ def parse_model(text: str) -> ModelSpec:
         if dtype not in _DTYPE_BYTES:
             raise ConfigError(f"model dtype {dtype!r} is not one of {sorted(_DTYPE_BYTES)}")
         if "mla_dim" in fields:
+            both = sorted({"kv_heads", "head_dim"} & fields.keys())
+            if both:  # else "unknown fields ['head_dim', 'kv_heads']": they are known, just exclusive
+                raise ConfigError(f"custom model {text!r}: mla_dim (one latent vector per layer, MLA) replaces "
+                                  f"kv_heads and head_dim; drop {' and '.join(both)} or mla_dim")
             per_layer = positive("mla_dim")
         else:
             per_layer = 2 * positive("kv_heads") * positive("head_dim")
-        tps = float(fields.pop("prefill_tps", "25000"))
+        raw_tps = fields.pop("prefill_tps", "25000")
+        try:
+            tps = float(raw_tps)
+        except ValueError:
+            raise ConfigError(f"custom model {text!r}: prefill_tps={raw_tps} must be a number of tokens/s "
+                              "> 0, e.g. prefill_tps=25000") from None
     except KeyError as e:
         raise ConfigError(f"custom model {text!r} is missing {e.args[0]}=..") from None
     except ConfigError:
@@ -150,20 +163,26 @@ DEFAULT_TIER_MODELS: dict[str, TierModel] = {
 }
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgtp]?i?b?)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
-          "p": 1e15, "pb": 1e15, "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30,
-          "gib": 2**30, "ti": 2**40, "tib": 2**40, "pi": 2**50, "pib": 2**50}
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
+          "tb": 10**12, "p": 10**15, "pb": 10**15, "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20,
+          "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40, "pi": 2**50, "pib": 2**50}
+_MAX_BYTES = (1 << 63) - 1  # as radixkv.sizes: more is a unit slip, not a budget
 
 
 def parse_size_bytes(text: str) -> int:
-    """``64GiB``, ``1.5TB``, ``4096`` -> bytes."""
+    """``64GiB``, ``1.5TB``, ``4096`` -> bytes (a fraction of a byte is dropped)."""
     m = _SIZE_RE.match(text)
     if not m or m.group(2).lower() not in _UNITS:
         raise ConfigError(f"size {text!r} is not a byte size like 64GiB, 1.5TB or 4096")
-    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if not math.isfinite(value):  # hundreds of digits: a float overflows to inf, which int() refuses
+    # Exact, as radixkv.sizes.parse_bytes: through a float, 545.25952GB (8,125 blocks of 64 MiB) came
+    # out a byte short, so a capacity of exactly n blocks held n - 1.
+    try:
+        value = math.floor(Fraction(m.group(1)) * _UNITS[m.group(2).lower()])
+    except ValueError:  # over 4,300 digits: int()'s limit on the text it converts
+        value = _MAX_BYTES + 1
+    if value > _MAX_BYTES:
         raise ConfigError(f"size {text!r} is too large to be a byte size; give one like 64GiB or 1.5TB")
-    return int(value)
+    return value
 
 
 @dataclass(slots=True, frozen=True)

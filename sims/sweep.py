@@ -219,7 +219,9 @@ def run_sweep(
     if any(s.offline for s in specs):
         _NEXT_USE = next_use_table(trace)
     try:
-        n_jobs = jobs or min(len(todo), os.cpu_count() or 1)
+        # Never more processes than points: a forked pool starts all its workers up front, so
+        # --jobs 64 on a 4-point sweep would fork 60 idle copies of the process.
+        n_jobs = min(len(todo), jobs or os.cpu_count() or 1)
         if n_jobs <= 1 or len(todo) == 1:
             if progress and len(todo) == 1:
                 todo[0].progress = True

@@ -266,8 +266,9 @@ def read_radixkv(path: str, *, block_tokens: int | None = None, limit: int | Non
                 raise InputError(f"{path}:{lineno}: 'block_keys' must be a list of chain keys")
             keys = []
             for k in raw:
-                if not isinstance(k, (str, int)) or isinstance(k, bool):
-                    raise InputError(f"{path}:{lineno}: block key {k!r} must be a string or an integer")
+                # An empty key is no key: the tree refuses it, but only mid-sweep and without the line.
+                if not isinstance(k, (str, int)) or isinstance(k, bool) or k == "":
+                    raise InputError(f"{path}:{lineno}: block key {k!r} must be a non-empty string or an integer")
                 s = interned.get(k)
                 if s is None:
                     s = interned[k] = str(k)
