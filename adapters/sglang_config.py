@@ -10,7 +10,7 @@ SGLang's own (``backend_name``, ``module_path``, ``class_name``, ...):
 ``config_file``     a radixkv YAML store config (``StoreConfig.from_yaml``); keys given here override
 ``store``           any other :class:`~radixkv.config.StoreConfig` field as a dict (``policy``,
                     ``write_policy``, ``promote_on_hit``, ``io_threads``, ...); the same fields are
-                    also accepted at the top level
+                    also accepted at the top level (a field given both ways must agree)
 ``model``           model identity for the namespace (default: SGLang's ``model_name``)
 ``probe_tiers``     on a tree miss, ask the disk/Redis tiers (pages from before a restart or from
                     another server); default true. A StoreConfig field: it may also come from
@@ -113,6 +113,11 @@ class RadixKVOptions:
             raise ConfigError(f"radixkv store option(s) {unknown} are unknown; valid: {sorted(_STORE_FIELDS)}")
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise ConfigError(f"model={self.model!r} must be a non-empty string")
+        # An empty or non-string path was skipped as if absent (the store then came from the
+        # environment, or the 4 GiB default) or failed later with a TypeError.
+        if self.config_file is not None and (not isinstance(self.config_file, str) or not self.config_file.strip()):
+            raise ConfigError(f"config_file={self.config_file!r} must be the path of a radixkv YAML store config "
+                              "(or left out)")
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any]) -> RadixKVOptions:
@@ -126,6 +131,9 @@ class RadixKVOptions:
         store.update(nested)
         for k, v in extra.items():
             if k in _STORE_FIELDS:
+                if k in store and store[k] != v:  # one of the two was silently dropped
+                    raise ConfigError(f"extra_config gives {k}={v!r} and store.{k}={store[k]!r}; give it "
+                                      "once (at the top level or under store)")
                 store[k] = v
         return cls(
             store=store,

@@ -200,6 +200,13 @@ class TierConfig:
                     f"{self.capacity_bytes}; give it once"
                 )
             self.capacity_bytes = in_url
+        if "name" in query:  # the registry's URL form too (mem://?capacity=8GiB&name=fast)
+            if self.name is not None and self.name != query["name"]:
+                raise ConfigError(
+                    f"tier {self.url!r} gives name {query['name']!r} in the URL and name={self.name!r}; "
+                    "give it once"
+                )
+            self.name = query["name"]
         if self.kind in ("mem", "disk") and self.capacity_bytes == 0:
             raise ConfigError(
                 f"capacity_bytes of tier {self.url!r} is 0 (unbounded), which a {self.kind} tier cannot be: "
@@ -214,6 +221,15 @@ class TierConfig:
         if not isinstance(self.options, dict):
             raise ConfigError(
                 f"options of tier {self.url!r} must be a mapping, got {self.options!r}"
+            )
+        # The store opens the tier with this config's name and capacity: the same keys in options
+        # were silently overridden (capacity) or broke the open with a TypeError (name).
+        for key in sorted(set(self.options) & {"capacity", "capacity_bytes", "name"}):
+            field_name = "name" if key == "name" else "capacity"
+            raise ConfigError(
+                f"options of tier {self.url!r} give {key}={self.options[key]!r}, which is the tier's "
+                f"own '{field_name}' setting, not an option: give it as the tier's {field_name} "
+                f"(e.g. {{url: ..., {field_name}: ...}}) and remove it from options"
             )
         if self.policy_options is not None:
             self.policy_options = _parse_mapping(
@@ -307,6 +323,9 @@ class StoreConfig:
         self.metrics_port = _parse_int(self.metrics_port, "metrics_port", 0)
         if self.metrics_port > 65535:
             raise ConfigError(f"metrics_port={self.metrics_port} must be a TCP port (1-65535), or 0 for none")
+        if self.metrics_port and not self.metrics:  # no registry to serve: the port did nothing
+            raise ConfigError(f"metrics_port={self.metrics_port} serves the store's Prometheus metrics, but "
+                              "metrics=false keeps none: set metrics to true, or metrics_port to 0")
         if not isinstance(self.metrics_addr, str) or not self.metrics_addr:
             raise ConfigError(f"metrics_addr={self.metrics_addr!r} must be an address to listen on, "
                               "e.g. '0.0.0.0' or '127.0.0.1'")

@@ -77,8 +77,15 @@ def _check_misspelt(cls: type[StoreConfig], env: Mapping[str, str]) -> None:
         suffix = k[len(_ENV_PREFIX):]
         if k.startswith(_ENV_PREFIX) and (suffix in ours or suffix in _OTHER_COMPONENTS):
             continue
-        if k.upper().startswith(_ENV_PREFIX + "TIER") and k.startswith(_ENV_PREFIX):
-            continue  # tier variables: _tiers_from_env checks them
+        if k.upper().startswith(_ENV_PREFIX + "TIER"):
+            if k.startswith(_ENV_PREFIX + "TIER"):
+                continue  # tier variables: _tiers_from_env checks them
+            # it reads only upper-case names: radixkv_tier0_url was ignored, and the store opened
+            # without the tier (an engine adapter's default memory tier in its place)
+            raise ConfigError(
+                f"environment variable {k} is not understood; tier variables are upper case: "
+                f"{k.upper()} (docs/configuration.md lists the RADIXKV_* variables)"
+            )
         close = difflib.get_close_matches(suffix.upper(), sorted(ours), n=1, cutoff=0.8)
         if close:
             raise ConfigError(

@@ -209,3 +209,93 @@ def test_a_size_past_8_eib_is_an_error_not_a_budget(value):
     with pytest.raises(ConfigError, match=r"capacity_bytes=.* is more than 8 EiB"):
         parse_bytes(value, "capacity_bytes")
     assert parse_bytes((1 << 63) - 1) == (1 << 63) - 1
+
+
+# ---------------------------------------------------------------- options ignored or misapplied
+def test_a_tier_url_name_names_the_tier(tmp_path):
+    # Found by a review: ?name= (a documented URL option of every tier) was ignored by TierConfig,
+    # which named the tier after its scheme; opening it then failed with "name is given twice
+    # ('fast' in the URL, 'mem' as a keyword)", a name the user never gave.
+    from radixkv.store import HierarchicalStore
+
+    cfg = StoreConfig.from_dict({"tiers": ["mem://?capacity=4MiB&name=fast",
+                                           f"file://{tmp_path}/d?capacity=4MiB&name=slow"]})
+    assert cfg.tier_names == ("fast", "slow")
+    store = HierarchicalStore(cfg)
+    try:
+        assert [t.name for t in store.tiers] == ["fast", "slow"]
+    finally:
+        store.close()
+    assert StoreConfig.from_env({"RADIXKV_TIERS": "mem://?capacity=4MiB&name=fast"}).tier_names == ("fast",)
+    assert TierConfig("redis://127.0.0.1:1/0?name=l3").name == "l3"
+    redis = make_tier("redis://127.0.0.1:1/0?name=l3")
+    assert redis.name == "l3"
+    redis.close()
+    with pytest.raises(ConfigError, match="name 'fast' in the URL and name='other'"):
+        TierConfig("mem://?capacity=4MiB&name=fast", name="other")
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0?ttl_s=5&ttl_s=6",
+                                 "redis://127.0.0.1:1/0?capacity=1GiB&capacity_bytes=2GiB",
+                                 "rediss://127.0.0.1:1/0?ssl_cert_reqs=none&ssl_cert_reqs=required"])
+def test_a_redis_url_option_given_twice_is_an_error(url):
+    # Found by a review: make_tier's Redis URLs took the last value (ttl_s=6), though a query option
+    # is given once (docs/configuration.md), as mem:// and file:// URLs check.
+    with pytest.raises(ConfigError, match="given twice"):
+        make_tier(url)
+
+
+@pytest.mark.parametrize("option", ["ttl_s", "socket_timeout_s", "socket_connect_timeout_s",
+                                    "down_backoff_s", "max_connections"])
+def test_true_is_not_a_number_of_a_redis_option(option):
+    # Found by a review: True passed the number checks (bool is an int): ttl_s=true expired every
+    # chunk after a second, max_connections=true gave a one-connection pool.
+    with pytest.raises(ConfigError, match=f"{option}=True must be a number"):
+        make_tier("redis://127.0.0.1:1/0", **{option: True})
+
+
+def test_true_is_not_a_number_of_seconds_of_a_disk_tier(tmp_path):
+    with pytest.raises(ConfigError, match="stale_temp_s=True must be a number"):
+        make_tier(f"file://{tmp_path}/d", capacity_bytes="1MiB", stale_temp_s=True)
+
+
+@pytest.mark.parametrize("options", [{"capacity_bytes": "8MiB"}, {"capacity": "8MiB"}, {"name": "x"}])
+def test_tier_options_cannot_repeat_the_tiers_name_or_capacity(options):
+    # Found by a review: options={capacity_bytes: 8MiB} beside capacity 4MiB was silently dropped
+    # (the tier held 4 MiB), options={name: x} failed the store's open with a TypeError.
+    with pytest.raises(ConfigError, match="not an option"):
+        StoreConfig.from_dict({"tiers": [{"url": "mem://", "capacity": "4MiB", "options": options}]})
+
+
+def test_a_metrics_port_without_metrics_is_an_error():
+    # Found by a review: metrics=false keeps no registry, so metrics_port served nothing, silently.
+    with pytest.raises(ConfigError, match="metrics_port=9400 .* metrics=false"):
+        StoreConfig.from_dict({"tiers": ["mem://?capacity=4MiB"], "metrics": False, "metrics_port": 9400})
+    with pytest.raises(ConfigError, match="metrics_port=9400"):
+        StoreConfig.from_env({"RADIXKV_TIERS": "mem://?capacity=4MiB", "RADIXKV_METRICS": "0",
+                              "RADIXKV_METRICS_PORT": "9400"})
+    assert StoreConfig.from_dict({"tiers": ["mem://?capacity=4MiB"], "metrics": False}).metrics_port == 0
+
+
+@pytest.mark.parametrize("var", ["radixkv_tier0_url", "RADIXKV_tier0_url", "Radixkv_Tier0_Url"])
+def test_a_tier_variable_in_the_wrong_case_is_an_error(var):
+    # Found by a review: only exact upper-case tier variables were read or checked; these were
+    # ignored, and an adapter opened its default memory tier in place of the tier named.
+    with pytest.raises(ConfigError, match=f"{var} is not understood"):
+        StoreConfig.from_env({var: "mem://?capacity=4MiB"}, default_tiers=["mem://?capacity=8MiB"])
+
+
+def test_redis_size_options_take_units_as_keywords_too():
+    # Found by a review: batch_bytes="32MiB" worked in the URL but was an error in a tier's options
+    # (a YAML config), though every size takes a unit (docs/configuration.md, "Sizes").
+    tier = StoreConfig.from_dict({"tiers": [{"url": "redis://127.0.0.1:1/0", "capacity": "1GiB",
+                                             "options": {"batch_bytes": "32MiB"}}]}).tiers[0]
+    from radixkv.store import open_tier
+
+    redis = open_tier(tier)
+    try:
+        assert redis.config.batch_bytes == 32 << 20 and redis.capacity_bytes == 1 << 30
+    finally:
+        redis.close()
+    with pytest.raises(ConfigError, match="batch_bytes"):
+        make_tier("redis://127.0.0.1:1/0", batch_bytes="lots")

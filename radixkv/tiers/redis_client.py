@@ -16,7 +16,8 @@ percent-decoded. Query options:
 * Tier options, the same as the keyword arguments of :class:`~radixkv.tiers.redis.RedisTier`:
   ``capacity=SIZE`` (``capacity_bytes``, e.g. ``8GiB``), ``ttl_s``, ``socket_timeout_s``,
   ``socket_connect_timeout_s``, ``down_backoff_s``, ``batch_bytes=SIZE``, ``max_connections``,
-  ``key_prefix``. An option given both in the URL and as a keyword must agree.
+  ``key_prefix``, ``name``. Each is given once; an option given both in the URL and as a keyword
+  must agree.
 
 Zero-copy puts: with hiredis installed redis-py packs every command with ``hiredis.pack_command``,
 which copies memoryviews into ``bytes`` and then into one packed buffer. The connection classes here
@@ -49,7 +50,7 @@ _TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", 
 TIER_OPTIONS = {"capacity": "capacity_bytes", "capacity_bytes": "capacity_bytes", "ttl_s": "ttl_s",
                 "socket_timeout_s": "socket_timeout_s", "socket_connect_timeout_s": "socket_connect_timeout_s",
                 "down_backoff_s": "down_backoff_s", "batch_bytes": "batch_bytes",
-                "max_connections": "max_connections", "key_prefix": "key_prefix"}
+                "max_connections": "max_connections", "key_prefix": "key_prefix", "name": "name"}
 _DEFAULT_PORT = 6379
 NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,128}")  # namespaces and key prefixes
 
@@ -131,7 +132,12 @@ def parse_redis_url(url: str) -> RedisUrl:
     if cluster and db != 0:
         raise _bad(url, f"database {db} requested; Redis Cluster only has database 0")
     tls_options, tier_options = [], []
+    seen: dict[str, str] = {}  # option -> how the URL spelt it (capacity and capacity_bytes are one)
     for name, value in urllib.parse.parse_qsl(query, keep_blank_values=True):
+        option = TIER_OPTIONS.get(name, name)
+        if option in seen:  # the last one silently won
+            raise _bad(url, f"option {name!r} is given twice ({seen[option]!r} and {name!r}); give it once")
+        seen[option] = name
         if name in TIER_OPTIONS:
             tier_options.append((TIER_OPTIONS[name], value))
         elif name not in _TLS_OPTIONS:
@@ -162,6 +168,10 @@ class RedisTierConfig:
 
     def __post_init__(self) -> None:
         parse_redis_url(self.url)  # raises ConfigError with the reason
+        for name in ("capacity_bytes", "ttl_s", "socket_timeout_s", "socket_connect_timeout_s",
+                     "down_backoff_s", "batch_bytes", "max_connections"):
+            if isinstance(getattr(self, name), bool):  # an int to Python: True read as 1 (second)
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be a number, not true/false")
         if self.capacity_bytes is not None and (
             not isinstance(self.capacity_bytes, int) or self.capacity_bytes <= 0
         ):
@@ -193,7 +203,7 @@ def _url_options(url: str) -> dict[str, Any]:
                 out[field_name] = parse_bytes(raw, field_name)
             elif field_name == "max_connections":
                 out[field_name] = int(raw)
-            elif field_name == "key_prefix":
+            elif field_name in ("key_prefix", "name"):
                 out[field_name] = raw
             else:
                 out[field_name] = float(raw)
@@ -212,6 +222,10 @@ def build_config(url: str, options: dict[str, Any]) -> RedisTierConfig:
         raise ConfigError(f"RedisTier got unknown option(s) {unknown}; known: {sorted(known)}")
     merged = _url_options(url)
     for field_name, value in options.items():
+        if field_name in ("capacity_bytes", "batch_bytes") and isinstance(value, str):
+            from radixkv.sizes import parse_bytes  # sizes take units everywhere (docs/configuration.md)
+
+            value = parse_bytes(value, field_name)
         if field_name in merged and merged[field_name] != value:
             raise ConfigError(f"{field_name} is {merged[field_name]!r} in the URL but {value!r} as a "
                               "keyword; give it one way")

@@ -87,6 +87,8 @@ def _pin(value: Any, what: str) -> bool | None:
 
 
 def _float(value: Any, what: str) -> float:
+    if isinstance(value, bool):  # float(True) is 1.0: a wrongly typed value read as one second
+        raise ConfigError(f"{what}={value!r} must be a number, not true/false")
     try:
         return float(value)
     except (TypeError, ValueError):

@@ -222,3 +222,23 @@ def test_v2_calls_record_storage_metric_samples():
         assert sorted(st.prefetch_pgs) == [2, 6] and len(st.prefetch_bandwidth) == 2
     finally:
         h.close()
+
+
+@pytest.mark.parametrize("path", ["", "  ", 0, ["radixkv.yaml"]])
+def test_a_config_file_that_is_no_path_is_an_error(path, monkeypatch):
+    # Found by a review: an empty (or 0) config_file was skipped as if absent, so the store came
+    # from the environment or the 4 GiB default; a list failed with a TypeError.
+    from radixkv.adapters.sglang_config import RadixKVOptions
+
+    with pytest.raises(ConfigError, match="config_file=.* must be the path"):
+        RadixKVOptions.from_extra_config({"config_file": path})
+
+
+def test_a_store_field_given_at_the_top_and_under_store_must_agree():
+    # Found by a review: the top-level value silently replaced the one under "store".
+    from radixkv.adapters.sglang_config import RadixKVOptions
+
+    with pytest.raises(ConfigError, match=r"write_policy='write_back' and store.write_policy='write_through'"):
+        RadixKVOptions.from_extra_config({"write_policy": "write_back", "store": {"write_policy": "write_through"}})
+    same = RadixKVOptions.from_extra_config({"policy": "lfu", "store": {"policy": "lfu", "io_threads": 3}})
+    assert same.store == {"policy": "lfu", "io_threads": 3}
