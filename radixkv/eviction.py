@@ -68,6 +68,8 @@ def reserve(
                 stack.release_locked(t, pending)
         if victim is not None and _evict(stack, t, [victim], owner, claim) == 0 and not freed:
             with stack.cond:  # the victim could not leave (its demotion failed): take what fits
+                if stack.keep_anchor_locked(victim.node_id):
+                    continue  # kept, and pinned, for a put hanging from it: try the next candidate
                 return _shrink_locked(stack, t, charges, k, stack.used_locked(t), cap)
 
 
@@ -98,6 +100,8 @@ def _claim_locked(
             ids = tree.evict_candidates(name, 1, drop=(t == stack.last))
             if not ids:
                 return None, 0, freed, pending, entries
+            if not next_bit and stack.keep_anchor_locked(ids[0]):
+                continue  # a put's chain hangs from it: now pinned, the policy offers the next one
             ref = stack.ref_locked(ids[0])
             charge = stack.charge(t, ref.size_bytes)
             if next_bit and not tree.node_tier_mask(ref.node_id) & next_bit:
@@ -148,8 +152,10 @@ def _evict(stack: TierStack, t: int, victims: list[ChunkRef], owner: str, claim:
                 failed_demotion = (
                     t < stack.last and v.node_id not in demoted and mask & (1 << (t + 1)) == 0
                 )
-                if failed_demotion and mask == 1 << t and stack.tree.node_children_alive(v.node_id):
-                    continue  # dropping it would orphan its descendants: keep it
+                if failed_demotion and mask == 1 << t and (
+                    stack.tree.node_children_alive(v.node_id) or stack.keep_anchor_locked(v.node_id)
+                ):
+                    continue  # dropping it would orphan its descendants (or a put's chain): keep it
                 out.append(v)
             entries = stack.clear_locked([v.node_id for v in out], t)
             entries = stack.evicted_entries_locked([(t, v.namespace, v.key) for v in out] + entries)

@@ -224,16 +224,19 @@ class HierarchicalStore:
             return []
         with self.metrics.timed("put"):
             owner = s.owner("put")
-            pinned: list[ChunkRef] = []  # held for the put: the chunk it hangs from, its own
+            pinned: list[ChunkRef] = []  # held for the put: its own chunks in the top tier
+            anchor: ChunkRef | None = None  # the chunk it hangs from
             with s.cond:
                 if parent_key is not None:
                     pid = s.tree.lookup(nsd, parent_key)
                     if pid is None and not root_if_missing:  # the chain's prefix is gone: nothing
                         return [False] * len(keys)  # here is reachable
                     # Making room for this chain must not *drop* the chunk it hangs from (a demotion
-                    # keeps it reachable): pin it while only the last tier holds it.
-                    if pid is not None and s.tree.node_tier_mask(pid) == 1 << s.last:
-                        pinned = s.pin_locked([s.ref_locked(pid)], owner)
+                    # keeps it reachable), in whichever tier it is when room-making reaches it: a
+                    # chunk in memory now may be demoted to the last tier by this very put.
+                    if pid is not None:
+                        anchor = s.ref_locked(pid)
+                        s.anchor_locked(anchor, owner)
                 have = [_has(s.tree, nsd, k, 0) for k in keys]
                 # Nor may it evict the chain's own chunks the top tier already holds (the oldest leaf
                 # there may be this chain's first chunk): the run would then start with a hole.
@@ -242,7 +245,13 @@ class HierarchicalStore:
                 pinned += s.pin_locked(held, owner)
             todo = [i for i, h in enumerate(have) if not h]
             charges = [s.charge(0, size)] * len(todo)
-            granted = s.reserve(0, charges, wait_for_transfers=True)
+            try:
+                granted = s.reserve(0, charges, wait_for_transfers=True)
+            except BaseException:
+                with s.cond:
+                    s.unpin_locked(pinned, owner)
+                    s.unanchor_locked(anchor, owner)
+                raise
             wrote = todo[:granted]
             wkeys = [keys[i] for i in wrote]
             with s.cond:
@@ -256,6 +265,7 @@ class HierarchicalStore:
                     s.end_write_locked(0, nsd, wkeys)
                     s.release_locked(0, sum(charges[:granted]))
                     s.unpin_locked(pinned, owner)
+                    s.unanchor_locked(anchor, owner)
                     lost = s.take_lost_writes_locked(0, nsd, wkeys)
                     due = s.mark_deleting_locked(
                         s.settle_writes_locked(0, nsd, wkeys) + [(0, nsd, k) for k in lost]
@@ -295,6 +305,7 @@ class HierarchicalStore:
                     run = 0  # the parent vanished between our check and the insert
                 s.release_locked(0, sum(charges[:granted]))
                 s.unpin_locked(pinned, owner)
+                s.unanchor_locked(anchor, owner)
                 refs: list[ChunkRef] = []
                 if run and self.config.write_policy == "write_through" and len(s.tiers) > 1:
                     full = (1 << len(s.tiers)) - 1

@@ -97,6 +97,9 @@ class TierStack(WriteDeleteIntents):
         self._copies: dict[int, str] = {}
         self._copy_tokens = itertools.count()
         self._pid = os.getpid()
+        # Chunks puts hang their new chains from: node id -> {put owner: [ref, lease expiry, pinned
+        # for it]}. The last tier's room-making pins such a chunk instead of dropping it.
+        self._anchors: dict[int, dict[str, list[Any]]] = {}
 
     # ------------------------------------------------------------------ small helpers
     @property
@@ -180,6 +183,40 @@ class TierStack(WriteDeleteIntents):
         if live:
             self.tree.pin([r.node_id for r in live], owner, self.lease_s)
         return live
+
+    def anchor_locked(self, ref: ChunkRef, owner: str) -> None:
+        """``owner`` (a put) will insert a chain under ``ref``: until :meth:`unanchor_locked` (or
+        ``lease_s``, so an owner that raised or a forked child cannot keep it forever), room-making
+        never drops it, nor a victim whose demotion failed (:mod:`radixkv.eviction`). It may still be
+        demoted, which keeps it reachable. Without this a put whose room-making demoted its parent
+        chunk out of memory and then, making room on the disk for the next victim, dropped it from
+        there, stored nothing: its chain hung from a chunk that was gone."""
+        self._anchors.setdefault(ref.node_id, {})[owner] = [ref, time.monotonic() + self.lease_s, False]
+
+    def unanchor_locked(self, ref: ChunkRef | None, owner: str) -> None:
+        """End :meth:`anchor_locked`, releasing the pin room-making may have taken for ``owner``."""
+        held = self._anchors.get(ref.node_id) if ref is not None else None
+        entry = held.pop(owner, None) if held is not None else None
+        if entry is None:
+            return
+        if not held:
+            del self._anchors[entry[0].node_id]
+        if entry[2]:
+            self.unpin_locked([entry[0]], owner)
+
+    def keep_anchor_locked(self, node_id: int) -> bool:
+        """Whether a put hangs its chain from ``node_id`` (see :meth:`anchor_locked`); if so, pin it for
+        those puts (released by their :meth:`unanchor_locked`), so the policy's next candidate is
+        offered instead."""
+        held = self._anchors.get(node_id)
+        if not held:
+            return False
+        now, kept = time.monotonic(), False
+        for owner, entry in held.items():
+            if entry[1] > now and self.alive_locked(entry[0]):
+                self.tree.pin([node_id], owner, self.lease_s)
+                entry[2] = kept = True
+        return kept
 
     def unpin_locked(self, refs: Sequence[ChunkRef], owner: str) -> None:
         """Release ``owner``'s pins on the refs still alive (a removed node lost its pins already)."""

@@ -2,7 +2,7 @@
 
 Every payload that leaves process memory (disk files, Redis values) is framed as::
 
-    header (40 bytes, little-endian)
+    header (36 bytes, little-endian)
       magic         4s   b"RKV1"
       version       u16  FORMAT_VERSION
       flags         u16  reserved, 0
@@ -10,7 +10,7 @@ Every payload that leaves process memory (disk files, Redis values) is framed as
       key_len       u16  length of the chunk key (ASCII)
       payload_len   u64  bytes of payload
       checksum      u64  xxh3_64 of the payload
-      header_sum    u64  xxh3_64 of the 32 bytes above + namespace + key
+      header_sum    u64  xxh3_64 of the 28 bytes above + namespace + key
     namespace digest   ns_len bytes
     chunk key          key_len bytes
     payload            payload_len bytes
@@ -43,7 +43,7 @@ FORMAT_VERSION = 1
 _MAGIC = b"RKV1"
 _FIXED = struct.Struct("<4sHHHHQQ")
 _SUM = struct.Struct("<Q")
-HEADER_BYTES = _FIXED.size + _SUM.size  # 40
+HEADER_BYTES = _FIXED.size + _SUM.size  # 36: 28 fixed + the 8-byte header_sum
 
 
 _RAW_MIN_BYTES = 64 << 10  # below this the ctypes call overhead is not worth the released GIL

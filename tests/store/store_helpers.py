@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 CHUNK_BYTES = 4096
 CHUNK_TOKENS = 16
-FRAME_SLACK = 200  # header + identity bytes a framed tier stores per chunk (136 with 64-char keys)
+FRAME_SLACK = 200  # header + identity bytes a framed tier stores per chunk (132 with 64-char keys)
 CAP_CHUNKS = {"mem": 8, "disk": 16, "redis": 32}
 # Fast failure against a dead server: the store's reads must degrade within these bounds.
 REDIS_OPTIONS = {"socket_timeout_s": 0.5, "socket_connect_timeout_s": 0.3, "down_backoff_s": 0.2}
