@@ -42,35 +42,49 @@ def reserve(
         return 0
     deadline = time.monotonic() + _ROOM_WAIT_S
     owner = stack.owner("evict")
-    while True:
-        with stack.cond:
-            need = sum(charges[:k])
-            used = stack.used_locked(t)
-            if cap == 0 or used + need <= cap:
-                stack.reserved[t] += need
-                return k
-            deficit = used + need - cap - stack.claimed[t]
-            victim, claim, freed, pending, entries = None, 0, 0, 0, []
-            if deficit > 0:
-                victim, claim, freed, pending, entries = _claim_locked(stack, t, deficit, owner)
-            if victim is None and not freed:
-                busy = stack.claimed[t] > 0 or (wait_for_transfers and stack.transfers_inflight > 0)
-                if busy and time.monotonic() < deadline:
-                    stack.cond.wait(0.05)  # another thread's eviction or copy will free room
-                    continue
-                return _shrink_locked(stack, t, charges, k, used, cap)
-        if entries:
-            stack.delete_entries(entries)
-        if pending:
-            # Released even when no entry was left to delete (mark_deleting_locked leaves out a key
-            # another thread is writing): the claim counted its charge either way.
+    kept: list[ChunkRef] = []  # victims that could not leave: pinned by `owner` until we return
+    try:
+        while True:
             with stack.cond:
-                stack.release_locked(t, pending)
-        if victim is not None and _evict(stack, t, [victim], owner, claim) == 0 and not freed:
-            with stack.cond:  # the victim could not leave (its demotion failed): take what fits
-                if stack.keep_anchor_locked(victim.node_id):
-                    continue  # kept, and pinned, for a put hanging from it: try the next candidate
-                return _shrink_locked(stack, t, charges, k, stack.used_locked(t), cap)
+                need = sum(charges[:k])
+                used = stack.used_locked(t)
+                if cap == 0 or used + need <= cap:
+                    stack.reserved[t] += need
+                    return k
+                deficit = used + need - cap - stack.claimed[t]
+                victim, claim, freed, pending, entries = None, 0, 0, 0, []
+                if deficit > 0:
+                    victim, claim, freed, pending, entries = _claim_locked(stack, t, deficit, owner)
+                if victim is None and not freed:
+                    busy = stack.claimed[t] > 0 or (wait_for_transfers and stack.transfers_inflight > 0)
+                    if busy and time.monotonic() < deadline:
+                        stack.cond.wait(0.05)  # another thread's eviction or copy will free room
+                        continue
+                    return _shrink_locked(stack, t, charges, k, used, cap)
+            if entries:
+                stack.delete_entries(entries)
+            if pending:
+                # Released even when no entry was left to delete (mark_deleting_locked leaves out a
+                # key another thread is writing): the claim counted its charge either way.
+                with stack.cond:
+                    stack.release_locked(t, pending)
+            if victim is not None and _evict(stack, t, [victim], owner, claim) == 0:
+                with stack.cond:  # the victim could not leave (its demotion failed)
+                    if stack.keep_anchor_locked(victim.node_id):
+                        continue  # kept, and pinned, for a put hanging from it: try the next candidate
+                    if stack.mask_locked(victim) & (1 << t):
+                        # It stays (dropping it would orphan its descendants): skip it, as the
+                        # anchor above, and try the next candidate in policy order. Before, the
+                        # writer stopped here with what fitted, while later candidates (leaves whose
+                        # failed demotion drops them, chunks the next tier holds) could leave: a put
+                        # into a memory tier over a disk full of chains' heads stored nothing.
+                        stack.tree.pin([victim.node_id], owner, stack.lease_s)
+                        kept.append(victim)
+    finally:
+        if kept:
+            with stack.cond:
+                stack.unpin_locked(kept, owner)
+                stack.cond.notify_all()
 
 
 def _shrink_locked(
@@ -100,8 +114,13 @@ def _claim_locked(
             ids = tree.evict_candidates(name, 1, drop=(t == stack.last))
             if not ids:
                 return None, 0, freed, pending, entries
-            if not next_bit and stack.keep_anchor_locked(ids[0]):
-                continue  # a put's chain hangs from it: now pinned, the policy offers the next one
+            # A put's chain hangs from it and only this tier holds it: dropping it would leave the
+            # chain nothing to hang from. Kept by a pin (the policy offers the next candidate), which
+            # blocks it in every tier: so only then, a copy above may still leave for free (a put
+            # under a chunk memory and disk both held stored less than it could when the disk's
+            # room-making pinned it, and memory could not release its copy).
+            if not next_bit and tree.node_tier_mask(ids[0]) == 1 << t and stack.keep_anchor_locked(ids[0]):
+                continue
             ref = stack.ref_locked(ids[0])
             charge = stack.charge(t, ref.size_bytes)
             if next_bit and not tree.node_tier_mask(ref.node_id) & next_bit:

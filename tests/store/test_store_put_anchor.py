@@ -83,3 +83,74 @@ def test_a_parent_whose_demotion_fails_is_kept_and_the_next_victim_makes_the_roo
         store.check_integrity()
     finally:
         store.close()
+
+
+def test_a_parent_memory_and_disk_both_hold_leaves_memory_for_free(tmp_path) -> None:
+    """Memory holds the parent p (the disk holds it too) and another chunk x (lru: x oldest); the disk
+    has room for one chunk, p's copy. Two new chunks under p: the first victim x needs the disk's
+    room, whose only candidate is p; dropping p's disk copy keeps p reachable (memory holds it), so
+    x is demoted, and p, the next victim, is demoted in turn (the disk drops x). Before, the disk's
+    room-making pinned p as the put's anchor, a pin that held it in memory too: x was dropped, p
+    could not leave memory, and the put stored one chunk of two (found by an optimality fuzz)."""
+    store = HierarchicalStore(StoreConfig(
+        tiers=[TierConfig(url="mem://", capacity_bytes=2 * CHUNK_BYTES, name="mem"),
+               TierConfig(url=f"file://{tmp_path / 'disk'}", name="disk",
+                          capacity_bytes=1 * (CHUNK_BYTES + FRAME_SLACK))],
+        policy="lru", write_policy="write_through", metrics=False, probe_tiers=False,
+        promote_on_hit=False))
+    try:
+        ns = new_namespace()
+        assert _put(store, ns, ["p"]) == [True]
+        store.flush()  # write-through: the disk holds p too
+        with store.lock:
+            p = store.tree.lookup(ns.digest, "p")
+            store.tree.pin([p], "reader", 60.0)  # x's write-through copy finds the disk full
+        assert _put(store, ns, ["x"]) == [True]
+        store.flush()
+        with store.lock:
+            store.tree.unpin([p], "reader")
+        assert store.get(ns, ["p"], buffers(1)) == 1  # lru: x is now memory's oldest
+        assert (_mask(store, ns, "p"), _mask(store, ns, "x")) == (3, 1)
+        assert _put(store, ns, ["c1", "c2"], parent="p") == [True, True]
+        store.flush()
+        masks = [_mask(store, ns, k) for k in ("p", "x", "c1", "c2")]
+        assert masks == [2, None, 1, 1], masks  # the disk keeps p, the chain's only way in
+        keys = ["p", "c1", "c2"]
+        bufs = buffers(3)
+        assert store.get(ns, keys, bufs) == 3
+        assert_exact(keys, bufs, 3)
+        store.flush()
+        store.check_integrity()
+    finally:
+        store.close()
+
+
+def test_a_victim_that_must_stay_does_not_end_the_room_making(tmp_path) -> None:
+    """Memory holds h, whose child d the disk holds, and a leaf x (lru: h oldest); the disk's one
+    chunk of room holds d, pinned by a reader, so no demotion can succeed. A put of y must still get
+    room: h stays (dropping it would orphan d) and the next candidate, x, is dropped for it (a failed
+    demotion drops a leaf). Before, room-making ended at h, the first victim that could not leave,
+    and the put stored nothing although x could go (an optimality fuzz found puts of 66 chunks
+    storing 1 into a memory tier over a disk full of chains' heads)."""
+    store = _store(tmp_path, mem_chunks=2, disk_chunks=1)
+    try:
+        ns = new_namespace()
+        assert _put(store, ns, ["h"]) == [True]
+        assert _put(store, ns, ["d"], parent="h") == [True]
+        assert _put(store, ns, ["x"]) == [True]  # evicts the leaf d: demoted to the disk
+        assert [_mask(store, ns, k) for k in ("h", "d", "x")] == [1, 2, 1]
+        with store.lock:
+            d = store.tree.lookup(ns.digest, "d")
+            store.tree.pin([d], "reader", 60.0)
+        assert _put(store, ns, ["y"]) == [True]
+        assert [_mask(store, ns, k) for k in ("h", "d", "x", "y")] == [1, 2, None, 1]
+        with store.lock:
+            store.tree.unpin([d], "reader")
+            assert store.tree.pinned_count() == 0  # room-making released the pin it kept h with
+        bufs = buffers(2)
+        assert store.get(ns, ["h", "d"], bufs) == 2
+        assert_exact(["h", "d"], bufs, 2)
+        store.flush()
+        store.check_integrity()
+    finally:
+        store.close()
