@@ -37,6 +37,7 @@ skipped, not deleted (they may belong to another format version).
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import os
 import stat
@@ -76,6 +77,9 @@ from radixkv.tiers.framing import HEADER_BYTES, Hasher, decode_header, encode_he
 __all__ = ["DiskTier", "DiskTierConfig"]
 
 _OVERLAP_BLOCK_BYTES = 2 << 20  # read-ahead unit of the overlapped get
+# Namespaces a private tier keeps (their directories, their fixed payload size) after their last
+# file left: beyond this many, the oldest emptied are forgotten and their directories removed.
+_EMPTY_NAMESPACES_KEPT = 16
 
 
 @dataclass(slots=True)
@@ -153,6 +157,13 @@ class DiskTier:
         # fixed size, so another size may replace it (see _release_size_locked).
         self._ns_writing: collections.Counter[str] = collections.Counter()
         self._ns_dirs: set[str] = set()  # namespaces whose 256 directories were made
+        # Indexed files per namespace, and the namespaces whose count fell to 0, oldest first: past
+        # _EMPTY_NAMESPACES_KEPT a private tier forgets the oldest and removes their directories, or
+        # every namespace ever written (a long-lived engine draws a new one per weight update) would
+        # keep 257 directories on disk and in memory after its files aged out.
+        self._ns_files: collections.Counter[str] = collections.Counter()
+        self._emptied: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._detached: list[str] = []  # their directories, moved aside, to remove outside the lock
         self._evicted: collections.deque[tuple[str, str]] = collections.deque(maxlen=1 << 16)
         # Recycled files; their bytes count in the capacity (usage + reserved + spares.bytes).
         self._spares = SpareFiles(self._layout.spare_dir, config.recycle and not config.shared)
@@ -225,6 +236,8 @@ class DiskTier:
                 self._ns_writing[namespace] -= 1
                 if not self._ns_writing[namespace]:
                     del self._ns_writing[namespace]
+                self._retire_emptied_locked()  # namespaces whose last files this put evicted
+            self._remove_detached()
         if len(keys) > 1:  # parallel writes publish in completion order: make recency follow the batch
             with self._lock:
                 for key in keys:
@@ -286,6 +299,7 @@ class DiskTier:
         with self._lock:
             if (namespace, key) in self._index and not os.path.exists(self._layout.path(namespace, key)):
                 self._usage -= self._index.pop((namespace, key))
+                self._unindexed_locked(namespace)
 
     def delete_many(self, namespace: str, keys: Sequence[str]) -> int:
         check_ident(namespace, keys)
@@ -296,6 +310,7 @@ class DiskTier:
                 frame = self._index.pop((namespace, k), None)
                 if frame is not None:
                     self._usage -= frame
+                    self._unindexed_locked(namespace)
                     if self._recycle_locked(self._layout.path(namespace, k), frame):
                         n += 1
                         continue
@@ -307,6 +322,8 @@ class DiskTier:
                 except OSError:  # read-only, EIO, a directory: still there, so still indexed
                     self._keep_undeleted_locked((namespace, k), frame)
             self._stats.deletes += n
+            self._retire_emptied_locked()
+        self._remove_detached()
         return n
 
     def clear(self, namespace: str | None = None) -> None:
@@ -316,6 +333,7 @@ class DiskTier:
             for ident in [i for i in self._index if namespace is None or i[0] == namespace]:
                 frames[ident] = self._index.pop(ident)
                 self._usage -= frames[ident]
+                self._unindexed_locked(ident[0])
             for ns, key, path in self._layout.walk(namespace):
                 frame = frames.get((ns, key))
                 if frame is not None and self._recycle_locked(path, frame):
@@ -332,6 +350,8 @@ class DiskTier:
             else:
                 self._ns_payload_bytes.pop(namespace, None)
                 self._scanned_sizes.discard(namespace)
+            self._retire_emptied_locked()
+        self._remove_detached()
 
     @property
     def shared(self) -> bool:
@@ -351,6 +371,7 @@ class DiskTier:
             self._borrowed.add(namespace)
             for ident in [i for i in self._index if i[0] == namespace]:
                 self._usage -= self._index.pop(ident)
+                self._unindexed_locked(namespace)
 
     def forget_many(self, namespace: str, keys: Sequence[str]) -> int:
         """Stop counting the keys' files against this process's budget and stop evicting them, but
@@ -363,6 +384,7 @@ class DiskTier:
                 frame = self._index.pop((namespace, k), None)
                 if frame is not None:
                     self._usage -= frame
+                    self._unindexed_locked(namespace)
                     n += 1
             self._stats.extra["forgotten"] += n
         return n
@@ -394,6 +416,7 @@ class DiskTier:
             self._closed = True
         self._pool.shutdown(wait=True)
         self._aux.shutdown(wait=True)
+        self._remove_detached()
         with self._lock:
             self._spares.drop_all()
 
@@ -410,6 +433,10 @@ class DiskTier:
             self._spares.check_integrity()
             if any(n <= 0 for n in self._ns_writing.values()):
                 raise RuntimeError(f"puts running per namespace not positive: {dict(self._ns_writing)}")
+            files = collections.Counter(ns for ns, _key in self._index)
+            if files != self._ns_files or any(n <= 0 for n in self._ns_files.values()):
+                raise RuntimeError(f"indexed files per namespace {dict(self._ns_files)} != {dict(files)} "
+                                   "counted over the index")
             if self.config.shared:
                 return  # other processes add and remove files: the directory is not ours alone
             on_disk = {(ns, key): path for ns, key, path in self._layout.walk(None)}
@@ -439,6 +466,7 @@ class DiskTier:
                     self._index.move_to_end(ident)
                     return True
                 self._usage -= self._index.pop(ident)
+                self._unindexed_locked(ns)
             # Absent, or indexed at another payload size (a file of an earlier process's size that
             # the scan kept): such a file can only be a miss, so it is overwritten, not kept.
             ok, spare = self._reserve_locked(frame)
@@ -491,6 +519,8 @@ class DiskTier:
                 if old != frame:  # new, or the rename replaced a file of another size
                     self._index[ident] = frame
                     self._usage += frame - (old or 0)
+                    if old is None:
+                        self._ns_files[ns] += 1
                 self._stats.puts += 1
                 self._stats.bytes_in += nbytes
                 self._stats.extra["recycled_puts"] += spare is not None
@@ -642,6 +672,7 @@ class DiskTier:
             frame = self._index.pop(ident, None)
             if frame is not None:
                 self._usage -= frame
+                self._unindexed_locked(ident[0])
             unlink_quietly(path)
 
     def _forget(self, ident: tuple[str, str], path: str) -> None:
@@ -657,6 +688,7 @@ class DiskTier:
             frame = self._index.pop(ident, None)
             if frame is not None:
                 self._usage -= frame
+                self._unindexed_locked(ident[0])
 
     def _adopt(self, ident: tuple[str, str], frame: int) -> None:
         with self._lock:
@@ -665,6 +697,7 @@ class DiskTier:
             if ident not in self._index and self._usage + self._reserved + frame <= self.capacity_bytes:
                 self._index[ident] = frame
                 self._usage += frame
+                self._ns_files[ident[0]] += 1
                 self._stats.extra["adopted"] += 1
 
     # ----------------------------------------------------------------------------- internals
@@ -703,6 +736,7 @@ class DiskTier:
                 return False
             ident, victim = self._index.popitem(last=False)
             self._usage -= victim
+            self._unindexed_locked(ident[0])
             aside = (self._spares.move_aside(self._layout.path(*ident), victim)
                      if take_victim is not None and not take_victim else None)
             if aside is not None:
@@ -723,6 +757,7 @@ class DiskTier:
         if frame is not None:
             self._index[ident] = frame
             self._usage += frame
+            self._ns_files[ident[0]] += 1
 
     def _recycle_locked(self, path: str, size: int) -> bool:
         """Move a removed chunk's file aside for a later put to overwrite (lock held, its bytes
@@ -734,6 +769,53 @@ class DiskTier:
             return False
         self._spares.add(spare, size)
         return True
+
+    def _unindexed_locked(self, namespace: str) -> None:
+        """One indexed file of ``namespace`` left the index (lock held)."""
+        n = self._ns_files[namespace] - 1
+        if n > 0:
+            self._ns_files[namespace] = n
+        else:
+            self._ns_files.pop(namespace, None)
+            self._emptied[namespace] = None
+            self._emptied.move_to_end(namespace)
+
+    def _retire_emptied_locked(self) -> None:
+        """Past ``_EMPTY_NAMESPACES_KEPT`` namespaces that hold no indexed file, forget the oldest
+        emptied that have no put running (lock held): their fixed payload size (as
+        ``_release_size_locked``) and their directories, moved aside while the lock keeps their puts
+        out (a later put makes fresh ones, as for a new namespace) and removed by
+        :meth:`_remove_detached` after the lock. Private directories only: a shared one's namespaces
+        hold other processes' files. The namespaces kept empty spare one that empties and refills (a
+        small tier, or a namespace idle for one turnover of it) a round of 257 ``rmdir`` s and 256
+        ``mkdir`` s per cycle."""
+        if len(self._emptied) <= _EMPTY_NAMESPACES_KEPT:
+            return
+        if self.config.shared:
+            self._emptied.clear()
+            return
+        for ns in [ns for ns in self._emptied if self._ns_files[ns]]:
+            del self._emptied[ns]  # refilled since it emptied
+        excess = len(self._emptied) - _EMPTY_NAMESPACES_KEPT
+        for ns in list(itertools.islice(self._emptied, max(0, excess))):
+            if self._ns_writing[ns]:
+                continue  # a put of it runs: retired by a later call if it stays empty
+            del self._emptied[ns]
+            self._ns_dirs.discard(ns)
+            self._ns_payload_bytes.pop(ns, None)
+            self._scanned_sizes.discard(ns)
+            moved = self._layout.detach_ns_dirs(ns)
+            if moved is not None:
+                self._detached.append(moved)
+
+    def _remove_detached(self) -> None:
+        """Remove the directories ``_retire_emptied_locked`` moved aside (lock not held)."""
+        if not self._detached:
+            return
+        with self._lock:
+            paths, self._detached = self._detached, []
+        for path in paths:
+            self._layout.remove_detached(path)
 
     def _release_size_locked(self, namespace: str) -> bool:
         """Forget the namespace's fixed payload size if it holds nothing of it (no indexed file, no
@@ -762,6 +844,7 @@ class DiskTier:
         self._stats.extra["temp_removed"] += self._layout.remove_stale_temps(stale_s)
         if not self.config.shared:  # the directory is ours alone: no link of another's setup to keep
             self._stats.extra["scan_skipped"] += self._layout.remove_namespace_links()
+            self._layout.remove_detached()  # emptied namespaces a killed process had moved aside
         found: list[tuple[float, tuple[str, str], int]] = []
         for ns, key, path in self._layout.walk(None):
             entry = self._layout.read_entry(ns, key, path)
@@ -783,11 +866,14 @@ class DiskTier:
         for _mtime, ident, frame in found:
             self._index[ident] = frame
             self._usage += frame
+            self._ns_files[ident[0]] += 1
             self._stats.extra["scan_indexed"] += 1
         with self._lock:
             if self.config.shared:  # do not delete other processes' files: index the newest that fit
                 while self._usage > self.capacity_bytes:
-                    self._usage -= self._index.popitem(last=False)[1]
+                    ident, frame = self._index.popitem(last=False)
+                    self._usage -= frame
+                    self._unindexed_locked(ident[0])
             else:
                 self._make_room(0)
 

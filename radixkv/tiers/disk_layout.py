@@ -15,6 +15,7 @@ import errno
 import logging
 import os
 import secrets
+import shutil
 import stat
 import threading
 import time
@@ -33,6 +34,7 @@ logger = logging.getLogger(__name__)
 _SUFFIX = ".kv"
 _TMP_SUFFIX = ".tmp"
 SPARE_DIR = ".spare"  # recycled files (not an identifier: never walked as a namespace)
+RETIRED_PREFIX = ".retired."  # emptied namespaces' directories being removed (never walked either)
 
 
 def check_ident(namespace: object, keys: object) -> None:
@@ -77,6 +79,42 @@ class DiskLayout:
                 self.ensure_dir(f"{self._prefix}{ns}{os.sep}{i:02x}")
             except OSError:
                 return  # a put will retry (and fail cleanly) on its own directory
+
+    def detach_ns_dirs(self, ns: str) -> str | None:
+        """Move a namespace's directory out of the namespaces (one ``rename``, cheap under the tier's
+        lock, where 257 ``rmdir`` s can take a loaded journal half a second) and forget its
+        directories: a later put of the namespace makes fresh ones. Returns the moved path, for
+        :meth:`remove_detached` outside the lock; None if there was none to move."""
+        base = f"{self._prefix}{ns}"
+        for i in range(256):
+            self._dirs.discard(f"{base}{os.sep}{i:02x}")
+        self._dirs.discard(base)
+        dest = f"{self._prefix}{RETIRED_PREFIX}{ns}.{secrets.token_hex(4)}"
+        try:
+            os.rename(base, dest)
+        except OSError:
+            return None
+        return dest
+
+    def remove_detached(self, path: str | None = None) -> int:
+        """Remove a tree :meth:`detach_ns_dirs` moved aside (None: every one left under the root,
+        e.g. by a process killed before it removed them). Returns how many trees were removed."""
+        if path is not None:
+            paths = [path]
+        else:
+            try:
+                paths = [os.path.join(self.root, n) for n in os.listdir(self.root)
+                         if n.startswith(RETIRED_PREFIX)]
+            except OSError:
+                return 0
+        removed = 0
+        for p in paths:
+            try:
+                shutil.rmtree(p)
+                removed += 1
+            except OSError:
+                pass
+        return removed
 
     def ensure_dir(self, d: str) -> None:
         if d not in self._dirs:

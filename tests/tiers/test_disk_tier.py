@@ -940,3 +940,38 @@ def test_directory_removed_behind_the_tiers_back(tier):
     assert tier.put_many(NS, ["a"], [pl(1)]) == [True]
     out = [buf()]
     assert tier.get_many(NS, ["a"], out) == [True] and torch.equal(out[0], pl(1))
+
+
+def test_a_namespace_whose_last_file_left_keeps_no_directories(root):
+    """A long-lived engine moves to fresh namespaces (vLLM's reset_cache after every weight update
+    draws a new cache generation; SGLang's weight versions), and the old ones' files age out. A
+    private tier keeps the directories of the last ``_EMPTY_NAMESPACES_KEPT`` emptied namespaces
+    only and removes the older ones' 257: before, every namespace ever written kept them on disk
+    and in memory (``DiskLayout._dirs``), growing with the number of namespaces served while the
+    tier's contents stayed bounded."""
+    kept = disk_mod._EMPTY_NAMESPACES_KEPT  # emptied namespaces kept, so one that refills is cheap
+    t = DiskTier(root=root, capacity_bytes=4 * frame_bytes("k0", 1 * KiB))
+    try:
+        namespaces = [f"{i:032x}" for i in range(kept + 40)]
+        for ns in namespaces:  # each namespace's files evict the oldest ones (LRU across namespaces)
+            keys = [f"k{j}" for j in range(2)]
+            assert all(t.put_many(ns, keys, [pl(j, 1 * KiB) for j in range(2)]))
+        live = {ns for ns, _key in t._index}
+        assert live == set(namespaces[-2:])
+        on_disk = {n for n in os.listdir(root) if not n.startswith(".")}
+        assert on_disk == set(namespaces[-2 - kept:]), (
+            f"{len(on_disk)} namespace directories for {len(live)} live namespaces")
+        assert len(t._layout._dirs) <= 257 * (len(live) + kept), len(t._layout._dirs)
+        assert len(t._ns_dirs) == len(t._ns_payload_bytes) == len(live) + kept
+        # Deleting a namespace's last chunks empties it too; it is removed once enough others empty.
+        t.delete_many(namespaces[-1], ["k0", "k1"])
+        assert namespaces[-2 - kept] not in os.listdir(root)
+        assert t.put_many(namespaces[0], ["k2"], [pl(2, 1 * KiB)]) == [True]  # a retired one comes back
+        out = buf(1 * KiB)
+        assert t.get_many(namespaces[0], ["k2"], [out]) == [True] and torch.equal(out, pl(2, 1 * KiB))
+        assert t.put_many(namespaces[-1], ["k2"], [pl(2, 1 * KiB)]) == [True]
+        out = buf(1 * KiB)
+        assert t.get_many(namespaces[-1], ["k2"], [out]) == [True] and torch.equal(out, pl(2, 1 * KiB))
+        t.check_integrity()
+    finally:
+        t.close()
