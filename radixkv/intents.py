@@ -48,6 +48,9 @@ class WriteDeleteIntents:
         # being written (the writer will make them resident again) and a writer waits for deletes of
         # its keys, so the tree never says "resident" for bytes a racing delete removed.
         self._writing: dict[tuple[int, str, str], int] = defaultdict(int)
+        # Sets recording the (tier, namespace, key) writes that begin while they are watched
+        # (watch_writes_locked): reconcile's "absent" answers predate those writes.
+        self._write_watches: list[set[tuple[int, str, str]]] = []
         self._deleting: dict[tuple[int, str, str], int] = defaultdict(int)
         # Deletes skipped because a put of the key was in flight. That put may still fail (a full
         # tier) or not make the key resident; its writer settles these (settle_writes_locked) once
@@ -153,6 +156,18 @@ class WriteDeleteIntents:
             self.cond.wait(0.05)
         for i in idents:
             self._writing[i] += 1
+        for w in self._write_watches:
+            w.update(idents)
+
+    def watch_writes_locked(self) -> set[tuple[int, str, str]]:
+        """Start recording the ``(tier, namespace, key)`` writes that begin from now on into the
+        returned set (end with :meth:`unwatch_writes_locked`)."""
+        w: set[tuple[int, str, str]] = set()
+        self._write_watches.append(w)
+        return w
+
+    def unwatch_writes_locked(self, w: set[tuple[int, str, str]]) -> None:
+        self._write_watches = [x for x in self._write_watches if x is not w]  # (sets compare equal)
 
     def end_write_locked(self, t: int, ns: str, keys: Sequence[str]) -> None:
         for k in keys:

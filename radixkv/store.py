@@ -627,7 +627,8 @@ class HierarchicalStore:
     def reconcile(self) -> int:
         """Ask every tier whether it still holds each chunk the tree places there and forget the
         residencies it lost (a restarted Redis, files removed by hand); returns how many. One
-        ``contains`` per chunk: for tests, tools and small stores (reads find such losses lazily)."""
+        ``contains`` per chunk: for tests, tools and small stores (reads find such losses lazily).
+        Safe beside other threads' calls: a chunk written again after its tier answered is kept."""
         self._check_open()
         return checks.reconcile_store(self)
 

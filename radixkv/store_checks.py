@@ -231,19 +231,33 @@ def reconcile_store(store: HierarchicalStore) -> int:
     s = store._stack
     with s.cond:
         placed = [
-            (t, nsd, key)
+            (t, nsd, key, n)
             for nsd in s.tree.namespaces()
             for key, n in s.tree.items(nsd)
             for t in range(len(s.tiers))
             if s.tree.node_tier_mask(n) >> t & 1
         ]
-    marks = [_fault_mark(tier) for tier in s.tiers]
-    lost = [(t, nsd, key) for t, nsd, key in placed if s.tiers[t].contains_many(nsd, [key]) != 1]
+        written = s.watch_writes_locked()
+    try:
+        marks = [_fault_mark(tier) for tier in s.tiers]
+        lost = [x for x in placed if s.tiers[x[0]].contains_many(x[1], [x[2]]) != 1]
+    except BaseException:
+        with s.cond:
+            s.unwatch_writes_locked(written)
+        raise
     # A tier that faulted (or was in its fail-fast window) meanwhile answered "unreachable", not
     # "absent": forgetting its chunks would drop a healthy server's whole residency.
     faulted = {t for t, tier in enumerate(s.tiers) if _faulted_since(tier, marks[t])}
-    lost = [x for x in lost if x[0] not in faulted]
     with s.cond:
+        s.unwatch_writes_locked(written)
+        # An answer holds only for the node it was asked for, and only if nothing wrote the key into
+        # that tier since: a chunk deleted and put again meanwhile (another thread) is a new node
+        # whose fresh bytes the tier holds now; "lost" would delete them and drop its descendants.
+        lost = [
+            (t, nsd, key)
+            for t, nsd, key, n in lost
+            if t not in faulted and (t, nsd, key) not in written and s.tree.lookup(nsd, key) == n
+        ]
         # Deleting the lost keys too lets a private disk tier's index forget them.
         entries: list[tuple[int, str, str]] = list(lost)
         for t, nsd, key in lost:
