@@ -43,6 +43,7 @@ def reserve(
     deadline = time.monotonic() + _ROOM_WAIT_S
     owner = stack.owner("evict")
     kept: list[ChunkRef] = []  # victims that could not leave: pinned by `owner` until we return
+    progress = False  # a chunk left tier t since the victims in `kept` were kept
     try:
         while True:
             with stack.cond:
@@ -55,6 +56,16 @@ def reserve(
                 victim, claim, freed, pending, entries = None, 0, 0, 0, []
                 if deficit > 0:
                     victim, claim, freed, pending, entries = _claim_locked(stack, t, deficit, owner)
+                if victim is None and not freed and kept and progress and time.monotonic() < deadline:
+                    # Chunks left this tier since these victims were kept: what kept them may be
+                    # gone (the descendants a failed demotion would have orphaned, dropped since:
+                    # a leaf whose demotion fails is dropped), or the next tier may have room now.
+                    # Offer them again. Before, each victim was tried once: a put into memory over a
+                    # full disk stored 2 chunks of 3 while a kept chunk had become such a leaf.
+                    # Each new round needs a chunk to have left the tier (and the deadline bounds it).
+                    stack.unpin_locked(kept, owner)
+                    kept, progress = [], False
+                    continue
                 if victim is None and not freed:
                     busy = stack.claimed[t] > 0 or (wait_for_transfers and stack.transfers_inflight > 0)
                     if busy and time.monotonic() < deadline:
@@ -68,7 +79,9 @@ def reserve(
                 # key another thread is writing): the claim counted its charge either way.
                 with stack.cond:
                     stack.release_locked(t, pending)
-            if victim is not None and _evict(stack, t, [victim], owner, claim) == 0:
+            left = _evict(stack, t, [victim], owner, claim) if victim is not None else 0
+            progress = progress or bool(kept and (freed or left))
+            if victim is not None and left == 0:
                 with stack.cond:  # the victim could not leave (its demotion failed)
                     if stack.keep_anchor_locked(victim.node_id):
                         continue  # kept, and pinned, for a put hanging from it: try the next candidate
