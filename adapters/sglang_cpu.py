@@ -446,23 +446,13 @@ class ServerStackHarness:
         )
         self._rid = 0
 
-    @property
-    def backend(self) -> Any:
-        return self.controller.storage_backend
-
-    def page_keys(self, tokens: list[int], last_hash: str | None = None) -> list[str]:
-        from sglang.srt.mem_cache.utils import get_storage_hash_str
-
-        return get_storage_hash_str(tokens, last_hash, page_size=self.spec.page_size)
-
-    def alloc(self, n_tokens: int) -> torch.Tensor:
-        idx = self.host_pool.alloc(n_tokens)
-        if idx is None:
-            raise RuntimeError(f"host pool full: cannot allocate {n_tokens} tokens")
-        return idx
-
+    # The same pool, spec and controller attributes as ControllerHarness: its helpers apply as they are.
+    backend = ControllerHarness.backend
+    page_keys = ControllerHarness.page_keys
+    alloc = ControllerHarness.alloc
     fill_random = ControllerHarness.fill_random
     page_bytes_at = ControllerHarness.page_bytes_at
+    token_kv = ControllerHarness.token_kv
 
     def _prefix(self, ancestor_keys: list[str]) -> list[str] | None:
         return list(ancestor_keys) if self.pass_prefix_keys else None
