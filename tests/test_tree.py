@@ -176,6 +176,17 @@ class TestMatchInsert:
             RadixTree(("mem", "disk"), policy={"mem": "lru", "dsk": "cost"})
 
 
+def _evict_all_one_by_one(t: RadixTree) -> list[int]:
+    """Node ids in the order tier "mem" evicts them, one at a time, checking integrity after each."""
+    order: list[int] = []
+    while len(t):
+        gone = t.evict("mem", 1).removed_node_ids
+        assert gone
+        order += gone
+        t.check_integrity()
+    return order
+
+
 def test_keys_that_only_look_like_one_chain_are_an_input_error():
     """Found by a graft fuzz: a list whose depth span and last link agree with one chain (so the
     fast match takes every key as hit) while a key in between is absent. Never a real hash chain,
@@ -635,13 +646,7 @@ def test_a_graft_evicts_the_child_run_before_the_parent_run(policy):
     t.insert(NS, ["a", "b", "c"], "mem", 16, 100)  # reaches c: grafted
     t.check_integrity()
     want = [t.lookup(NS, k) for k in "dcba"]
-    order = []
-    while len(t):
-        gone = t.evict("mem", 1).removed_node_ids
-        assert gone
-        order += gone
-        t.check_integrity()
-    assert order == want
+    assert _evict_all_one_by_one(t) == want
 
 
 def test_a_graft_by_parent_key_and_the_contradictions_it_still_refuses():
@@ -698,13 +703,7 @@ def test_a_run_awaiting_its_parent_at_the_root_is_grafted_when_the_parent_arrive
     assert t.match(NS, list("abcd")).hit_chunks == 4
     assert t.match(NS, list("abcd"), verify=True).hit_chunks == 4
     assert not t._awaiting and not t._awaits
-    order = []
-    while len(t):
-        gone = t.evict("mem", 1).removed_node_ids
-        assert gone
-        order += gone
-        t.check_integrity()
-    assert order == [d, c, b, a]
+    assert _evict_all_one_by_one(t) == [d, c, b, a]
 
 
 def test_a_run_awaiting_its_parent_is_grafted_mid_chain_and_by_any_insert_path():

@@ -34,6 +34,15 @@ def _mask(store: HierarchicalStore, ns, key: str) -> int | None:
         return None if n is None else store.tree.node_tier_mask(n)
 
 
+def _assert_reads_back(store, ns, keys: list[str]) -> None:
+    """The chain reads back whole and bit-exact, and the store's books hold once it is quiescent."""
+    bufs = buffers(len(keys))
+    assert store.get(ns, keys, bufs) == len(keys)
+    assert_exact(keys, bufs, len(keys))
+    store.flush()
+    store.check_integrity()
+
+
 def test_a_parent_demoted_by_the_put_is_not_dropped_from_the_disk_by_the_next_demotion(tmp_path) -> None:
     """Memory holds the parent p and another chain x (lru: p oldest), the disk room for one chunk.
     Two new chunks under p: the first victim is p, demoted to the disk; the second is x, whose
@@ -48,12 +57,7 @@ def test_a_parent_demoted_by_the_put_is_not_dropped_from_the_disk_by_the_next_de
         assert _put(store, ns, ["c1", "c2"], parent="p") == [True, True]
         assert (_mask(store, ns, "p"), _mask(store, ns, "c1"), _mask(store, ns, "c2")) == (2, 1, 1)
         assert _mask(store, ns, "x") is None
-        keys = ["p", "c1", "c2"]
-        bufs = buffers(3)
-        assert store.get(ns, keys, bufs) == 3
-        assert_exact(keys, bufs, 3)
-        store.flush()
-        store.check_integrity()
+        _assert_reads_back(store, ns, ["p", "c1", "c2"])
     finally:
         store.close()
 
@@ -76,11 +80,7 @@ def test_a_parent_whose_demotion_fails_is_kept_and_the_next_victim_makes_the_roo
         with store.lock:
             store.tree.unpin([y], "reader")
             assert store.tree.pinned_count() == 0  # the put released the pin it took on p
-        bufs = buffers(2)
-        assert store.get(ns, ["p", "c"], bufs) == 2
-        assert_exact(["p", "c"], bufs, 2)
-        store.flush()
-        store.check_integrity()
+        _assert_reads_back(store, ns, ["p", "c"])
     finally:
         store.close()
 
@@ -115,12 +115,7 @@ def test_a_parent_memory_and_disk_both_hold_leaves_memory_for_free(tmp_path) -> 
         store.flush()
         masks = [_mask(store, ns, k) for k in ("p", "x", "c1", "c2")]
         assert masks == [2, None, 1, 1], masks  # the disk keeps p, the chain's only way in
-        keys = ["p", "c1", "c2"]
-        bufs = buffers(3)
-        assert store.get(ns, keys, bufs) == 3
-        assert_exact(keys, bufs, 3)
-        store.flush()
-        store.check_integrity()
+        _assert_reads_back(store, ns, ["p", "c1", "c2"])
     finally:
         store.close()
 
@@ -147,11 +142,7 @@ def test_a_victim_that_must_stay_does_not_end_the_room_making(tmp_path) -> None:
         with store.lock:
             store.tree.unpin([d], "reader")
             assert store.tree.pinned_count() == 0  # room-making released the pin it kept h with
-        bufs = buffers(2)
-        assert store.get(ns, ["h", "d"], bufs) == 2
-        assert_exact(["h", "d"], bufs, 2)
-        store.flush()
-        store.check_integrity()
+        _assert_reads_back(store, ns, ["h", "d"])
     finally:
         store.close()
 
