@@ -56,8 +56,9 @@ class WriteDeleteIntents:
         # tier) or not make the key resident; its writer settles these (settle_writes_locked) once
         # its tree update is done, so the bytes are deleted unless the tree places them again.
         self._deferred: set[tuple[int, str, str]] = set()
-        # Keys a tier evicted on its own (a disk over its budget) while a put of them was in flight:
-        # that put may have committed the very file evicted, so its writer must not make it resident.
+        # Keys a tier evicted on its own (a disk over its budget) while a put of them was in flight,
+        # or whose delete a put outwaited (begin_write_locked): that put may have committed the very
+        # file evicted or deleted, so its writer must not make it resident.
         self._lost_writes: set[tuple[int, str, str]] = set()
         # Deletes a tier may have failed (server down): (namespace, key) -> first failure time.
         self._retry_deletes: list[dict[tuple[str, str], float]] = [{} for _ in range(n_tiers)]
@@ -149,13 +150,21 @@ class WriteDeleteIntents:
         return n is not None and bool(self.tree.node_tier_mask(n) & (1 << t))
 
     def begin_write_locked(self, t: int, ns: str, keys: Sequence[str]) -> None:
-        """Announce puts of ``keys`` into tier ``t`` (waits for deletes of them in flight)."""
+        """Announce puts of ``keys`` into tier ``t`` (waits for deletes of them in flight, at most
+        ``_DELETE_WAIT_S``). A key whose delete is still in flight after that is written as a lost
+        write (:meth:`take_lost_writes_locked`): the delete may run after the write and remove its
+        bytes, so the writer must not make the key resident."""
         idents = [(t, ns, k) for k in keys]
         deadline = time.monotonic() + _DELETE_WAIT_S
         while any(i in self._deleting for i in idents) and time.monotonic() < deadline:
             self.cond.wait(0.05)
         for i in idents:
             self._writing[i] += 1
+        # A delete that outlived the wait (its thread parked between marking and running it, a
+        # stalled medium): before, the write went on as if it had run, the delete then removed the
+        # bytes (a memory tier even reported the old copy "present") and the tree placed the key in
+        # a tier that lacked it, the put reporting it stored.
+        self._lost_writes.update(i for i in idents if i in self._deleting)
         for w in self._write_watches:
             w.update(idents)
 
@@ -221,8 +230,9 @@ class WriteDeleteIntents:
 
     def take_lost_writes_locked(self, t: int, ns: str, keys: Sequence[str]) -> set[str]:
         """For a writer that ended its writes of ``keys`` into tier ``t``: the keys the tier evicted on
-        its own meanwhile (their file may be the one this writer committed). The writer treats them
-        as failed and deletes what may be left. Forgotten once no write of the key is in flight."""
+        its own meanwhile (their file may be the one this writer committed), and those whose delete
+        was still in flight when the write began (:meth:`begin_write_locked`). The writer treats
+        them as failed and deletes what may be left. Forgotten once no write of the key is in flight."""
         if not self._lost_writes:
             return set()
         lost = set()

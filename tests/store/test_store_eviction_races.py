@@ -10,6 +10,7 @@ import threading
 
 import torch
 
+from radixkv import intents
 from radixkv.config import StoreConfig, TierConfig
 from radixkv.store import HierarchicalStore
 from store_helpers import CHUNK_BYTES, assert_exact, buffers, chain, new_namespace, payload_for
@@ -107,6 +108,48 @@ def test_a_demoted_chunk_keeps_its_room_until_its_bytes_are_deleted(tmp_path):
         bufs = buffers(2)
         assert store.get(ns, [p, c], bufs) == 2
         assert_exact([p, c], bufs, 2)
+        store.check_integrity()
+    finally:
+        store.close()
+
+
+def test_a_put_that_outwaits_a_stalled_delete_of_its_key_does_not_count_it_stored(monkeypatch):
+    # delete(X) clears X from the tree, then its memory delete stalls (a thread parked between
+    # marking the delete and running it). A put of X waits a bounded time for that delete, then
+    # goes on: the memory tier still holds X, so the put "stores" it at once. The delete then runs
+    # and removes those bytes. Before the fix the put reported [True] and the tree placed X in a
+    # tier that lacked it (lookup 1, get 0, check_integrity failed); now a write that outwaited a
+    # delete of its key counts as not stored, as one a tier evicted on its own (a miss, books exact).
+    monkeypatch.setattr(intents, "_DELETE_WAIT_S", 0.2)  # the bound (5 s), short for the test
+    store = HierarchicalStore(StoreConfig(tiers=[TierConfig(url="mem://", capacity_bytes=6 * CHUNK_BYTES)]))
+    try:
+        mem = store.tiers[0]
+        ns = new_namespace()
+        _, x = chain(1, 1)
+        assert _put(store, ns, x) == [True]
+        gate, entered = threading.Event(), threading.Event()
+        delete_many = mem.delete_many
+
+        def slow_delete(namespace, keys):
+            if not entered.is_set() and list(keys) == x:
+                entered.set()
+                gate.wait(10)
+            return delete_many(namespace, keys)
+
+        mem.delete_many = slow_delete
+        d = threading.Thread(target=store.delete, args=(ns, x))
+        d.start()
+        assert entered.wait(5)
+        stored = _put(store, ns, x)  # outwaits the stalled delete
+        gate.set()
+        d.join(10)
+        bufs = buffers(1)
+        n = store.get(ns, x, bufs)
+        assert stored == [bool(n)], f"put reported {stored} but get then read {n} chunks"
+        store.check_integrity()
+        assert _put(store, ns, x) == [True]  # nothing stands in the way once the delete ran
+        assert store.get(ns, x, bufs) == 1
+        assert_exact(x, bufs, 1)
         store.check_integrity()
     finally:
         store.close()
