@@ -178,6 +178,14 @@ _SGLANG_KV_IDENTITY_ARGS = (
     "quantization", "quantization_param_path", "modelopt_quant", "json_model_override_args",
     "model_impl", "dtype", "kv_cache_dtype",
 )
+# With speculative decoding SGLang stores the draft model's KV too: in a "draft" sidecar pool
+# (EAGLE and friends), or packed into the KV pool's pages (MTP). Its values depend on the draft
+# model and its KV dtype, which the host pool cannot tell (fp8_e4m3 and fp8_e5m2 are both uint8 there).
+# Counted only when a speculative algorithm is set, so other servers keep their digests (and pages).
+_SGLANG_DRAFT_IDENTITY_ARGS = (
+    "speculative_algorithm", "speculative_draft_model_path", "speculative_draft_model_revision",
+    "speculative_draft_load_format", "speculative_draft_model_quantization", "speculative_draft_kv_cache_dtype",
+)
 _SGLANG_DIGEST_TAG = "radixkv-sglang-model-v1"
 
 
@@ -210,7 +218,9 @@ def sglang_model_digest(opts: RadixKVOptions, server_args: Any = None,
     None: SGLang's published ones (``runtime_context.get_server_args``). ``weight_version``: the
     version served now (:func:`runtime_weight_version`), in place of the startup ``weight_version``:
     after an in-place weight update that names a new version, the KV of the old weights is in
-    other namespaces."""
+    other namespaces. With speculative decoding (``speculative_algorithm`` set) the draft model's
+    identity and KV dtype (:data:`_SGLANG_DRAFT_IDENTITY_ARGS`) count too: SGLang stores the
+    draft's KV beside the target's."""
     if server_args is None:
         try:
             from sglang.srt import runtime_context
@@ -219,10 +229,14 @@ def sglang_model_digest(opts: RadixKVOptions, server_args: Any = None,
         except Exception:  # not published in this process: no server, so nothing to tell apart
             return ""
     identity = {name: getattr(server_args, name, None) for name in _SGLANG_KV_IDENTITY_ARGS}
+    if getattr(server_args, "speculative_algorithm", None) is not None:
+        identity.update({name: getattr(server_args, name, None) for name in _SGLANG_DRAFT_IDENTITY_ARGS})
     if weight_version is not None:
         identity["weight_version"] = weight_version
     if opts.model:
         identity.pop("model_path")
+        # The operator's name covers the draft's weights too (MTP's draft path is the model path).
+        identity.pop("speculative_draft_model_path", None)
     text = json.dumps([_SGLANG_DIGEST_TAG, identity], sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
@@ -233,6 +247,8 @@ def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, 
 
     Shard: MLA KV is replicated across TP, so its pages are shared by all TP ranks (only the PP/CP
     slice and the DCP rank matter); otherwise every TP/PP/CP/DP coordinate is part of it.
+    A pool whose state has a second dtype (Mamba: conv ``dtype``, SSM ``temporal_dtype``) carries
+    that one in ``extra`` as ``/ssm-<dtype>`` where the two differ.
     ``model_digest`` (:func:`sglang_model_digest`) ends ``extra`` as ``/m<hex>``."""
     model = opts.model or getattr(config, "model_name", None) or "unnamed-model"
     pp = f"pp{config.pp_rank}of{config.pp_size}"
@@ -242,13 +258,19 @@ def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, 
     else:
         shard = f"tp{config.tp_rank}of{config.tp_size}.{pp}.{cp}.dp{getattr(config, 'dp_rank', 0)}"
     page_size = int(getattr(pool, "page_size", 1) or 1)
+    dtype = _dtype_name(getattr(pool, "dtype", "uint8"))
+    # A Mamba pool's ``dtype`` is its conv state's; the SSM (temporal) state has its own
+    # (``--mamba-ssm-dtype``, SGLANG_MAMBA_SSM_DTYPE or the model config): bfloat16 and float16
+    # states are the same size, so without it one would be read as the other.
+    temporal = getattr(pool, "temporal_dtype", None)
+    state = f"/ssm-{_dtype_name(temporal)}" if temporal is not None and _dtype_name(temporal) != dtype else ""
     return Namespace(
         model=str(model),
-        dtype=_dtype_name(getattr(pool, "dtype", "uint8")),
+        dtype=dtype,
         layout=layout or str(getattr(pool, "layout", "flat")),
         chunk_tokens=page_size,
         shard=shard,
-        extra=f"sglang-0.5.23/{pool_name}/{plan_tag}" + (f"/m{model_digest}" if model_digest else ""),
+        extra=f"sglang-0.5.23/{pool_name}/{plan_tag}{state}" + (f"/m{model_digest}" if model_digest else ""),
     )
 
 

@@ -8,6 +8,8 @@ trailing-pages policy (SWA windows, Mamba states), and its io-aux thread reads K
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 pytest.importorskip("sglang.srt.mem_cache.hicache_storage", reason="needs sglang==0.5.23 (run inside .envs/sglang)")
@@ -195,3 +197,135 @@ def test_kv_is_stored_when_a_sidecar_slab_holds_a_small_memory_tier(tmp_path, wr
         b.check_integrity()
     finally:
         h.close()
+
+
+def _draft() -> PoolTransfer:
+    # As build_full_draft_pools declares it: the draft KV pool reuses the target KV's host slots.
+    return PoolTransfer(name=PoolName.DRAFT, indices_from_pool=PoolName.KV)
+
+
+@pytest.mark.parametrize("change", [
+    {"speculative_draft_kv_cache_dtype": "fp8_e5m2"},
+    {"speculative_draft_model_path": "org/draft-b"},
+    {"speculative_draft_model_revision": "v2"},
+])
+def test_draft_kv_of_another_draft_model_or_draft_kv_dtype_is_a_miss(tmp_path, monkeypatch, change):
+    """Found by the SGLang server-features hunt: with speculative decoding SGLang stores the draft
+    model's KV through L3 too (a ``draft`` sidecar pool; MTP packs it into the KV pages), but the
+    namespace digest held only the target's arguments. A server restarted on the same disk tier
+    (or a second one on shared Redis) with another draft model, draft revision or
+    ``--speculative-draft-kv-cache-dtype`` (fp8_e4m3 and fp8_e5m2 are both uint8 in the host
+    pool: same namespace, same size) loaded the first server's draft KV. Now the draft's identity
+    is part of the digest when a speculative algorithm is set; the same arguments still hit."""
+    import torch
+
+    from sglang.srt import runtime_context
+
+    base = {"model_path": "org/model", "dtype": "bfloat16", "kv_cache_dtype": "auto", "weight_version": "default",
+            "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "org/draft-a",
+            "speculative_draft_model_revision": None, "speculative_draft_kv_cache_dtype": "fp8_e4m3"}
+    tiers = [mem_tier(), disk_tier(tmp_path / "l3")]
+
+    def serve(**changes) -> HybridHarness:
+        args = SimpleNamespace(**{**base, **changes})
+        monkeypatch.setattr(runtime_context, "get_server_args", lambda: args)
+        draft_dtype = torch.float8_e5m2 if args.speculative_draft_kv_cache_dtype == "fp8_e5m2" else torch.float8_e4m3fn
+        return HybridHarness(PoolSpec(layout="page_first", page_size=PS, host_tokens=256),
+                             {PoolName.DRAFT: PoolSpec(layout="page_first", page_size=PS, layers=1,
+                                                       host_tokens=256, dtype=draft_dtype)},
+                             extra_config=extra_config(tiers))
+
+    toks = tokens(6 * PS, seed=86)
+    a = serve()
+    try:
+        src = a.alloc(PoolName.KV, 6 * PS)
+        assert torch.equal(a.alloc(PoolName.DRAFT, 6 * PS), src)  # the same slots in both pools
+        a.fill_random(PoolName.KV, src, seed=1)
+        a.fill_random(PoolName.DRAFT, src, seed=2)
+        want = {name: a.page_bytes_at(name, src) for name in (PoolName.KV, PoolName.DRAFT)}
+        op = a.backup(toks, src, [_draft()])
+        assert op.completed_tokens == 6 * PS and op.pool_storage_result.extra_pool_hit_pages == {"draft": 6}
+    finally:
+        a.close()
+
+    def load(h: HybridHarness):
+        junk = h.alloc(PoolName.DRAFT, 6 * PS)  # the slots the KV prefetch gets: junk, so no read cannot pass
+        h.fill_random(PoolName.DRAFT, junk, seed=99)
+        pop, _acks = h.prefetch(toks, [_draft()])
+        return pop
+
+    other = serve(**change)
+    try:
+        pop = load(other)
+        assert pop.storage_hit_count == 0, change
+    finally:
+        other.close()
+    same = serve()  # a restart with the same arguments finds both pools' pages
+    try:
+        pop = load(same)
+        assert pop.storage_hit_count == 6 * PS
+        for name in (PoolName.KV, PoolName.DRAFT):
+            assert same.page_bytes_at(name, pop.host_indices) == want[name], name
+    finally:
+        same.close()
+
+
+def test_mamba_state_of_another_ssm_dtype_is_a_miss(tmp_path):
+    """Found by the SGLang server-features hunt: a Mamba host pool's ``dtype`` is its conv state's,
+    and the namespace carried only that one. A server whose SSM state is float16 (``--mamba-ssm-dtype``,
+    SGLANG_MAMBA_SSM_DTYPE) restarted on the tier of one whose state was bfloat16 (same page size)
+    restored that state as float16: wrong state, no error. Now the SSM dtype is in the namespace
+    where it differs from the conv dtype."""
+    import torch
+
+    from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+    from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+    from radixkv.adapters.sglang_cpu import build_pools
+
+    def serve(ssm_dtype):
+        # SGLang's own Mamba host pool (page_first: one state slot per page) over CPU state tensors.
+        info = MambaStateBufferInfo(temporal=torch.zeros(2, 8, 4, 8, dtype=ssm_dtype),
+                                    conv=(torch.zeros(2, 8, 3, 8, dtype=torch.bfloat16),))
+        mamba = MambaPoolHost(info, 2.0, 0, device_capacity=8, pin_memory=False, device="cpu", layout="page_first")
+        kv = build_pools(PoolSpec(page_size=PS, host_tokens=64)).host_pool
+        config = HiCacheStorageConfig(
+            tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
+            enable_storage_metrics=False, is_page_first_layout=True, model_name="m",
+            extra_config=extra_config([disk_tier(tmp_path / "l3")]))
+        s = RadixKVStore(config, {})
+        s.register_mem_pool_host(kv)
+        s.register_mem_host_pool_v2(kv, PoolName.KV)
+        s.register_mem_host_pool_v2(mamba, PoolName.MAMBA)
+        s.on_host_pools_registered()
+        return s, kv, mamba
+
+    def state(slot):
+        return PoolTransfer(name=PoolName.MAMBA, host_indices=slot, keys=keys[-1:], hit_policy=PoolHitPolicy.TRAILING_PAGES)
+
+    toks = tokens(4 * PS, seed=87)
+    keys = get_storage_hash_str(toks, None, page_size=PS)
+    s, kv, mamba = serve(torch.bfloat16)
+    try:
+        kv_idx, slot = kv.alloc(4 * PS), mamba.alloc(1)
+        gen = torch.Generator().manual_seed(7)
+        for buf in (kv.kv_buffer, mamba.temporal_buffer):
+            raw = buf.view(torch.uint8)
+            raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen))
+        want = mamba.get_data_page(int(slot[0])).clone()
+        assert s.batch_set_v2([PoolTransfer(name=PoolName.KV, host_indices=kv_idx, keys=keys), state(slot)]) == {
+            "kv": [True] * 4, "mamba": [True]}
+    finally:
+        s.close()
+    for ssm_dtype, hit in ((torch.float16, False), (torch.bfloat16, True)):  # the same dtype still hits
+        s, kv, mamba = serve(ssm_dtype)
+        try:
+            r = s.batch_exists_v2(keys, [state(None)])
+            assert (r.restorable_prefix_pages == [4]) is hit, (ssm_dtype, r)
+            slot = mamba.alloc(1)
+            assert s.batch_get_v2([state(slot)]) == {"mamba": [hit]}, ssm_dtype
+            assert torch.equal(mamba.get_data_page(int(slot[0])), want) is hit
+        finally:
+            s.close()
