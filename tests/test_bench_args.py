@@ -1,9 +1,13 @@
 """``python -m radixkv.bench NAME`` with bad arguments: a one-line usage error, never a traceback.
 
 Each case was a ValueError / ZeroDivisionError / StatisticsError / RuntimeError / ConfigError
-traceback (or, for bench sim, an error only after the baselines ran). Nothing here runs a benchmark."""
+traceback (or, for bench sim, an error only after the baselines ran). Nothing here runs a benchmark,
+but for the temp-directory tests at the end (one 1 MiB chunk, one repetition)."""
 
 from __future__ import annotations
+
+import shutil
+import tempfile
 
 import pytest
 
@@ -55,3 +59,37 @@ def test_bench_sim_missing_trace_is_an_error_not_another_workload(tmp_path, caps
     assert main(["sim", "--trace", str(missing), "--policy", "lru", "--capacity", "1%"]) == 2
     captured = capsys.readouterr()
     assert f"--trace '{missing}' is not a file" in captured.err and "dict-lru" not in captured.out
+
+
+# --- temp directories: "default: a temp dir" is removed when the run ends, as bench tiers and bench
+# sglang did; bench store left its chunk files (a default run: 144 MiB in /tmp per run) and the Redis
+# rows their redis-server's directory.
+
+def _bench_temp_dirs(root) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("radixkv-bench-"))
+
+
+def test_bench_store_removes_the_temp_dir_it_made(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["store", "--sizes-mib", "1", "--batch", "1", "--reps", "1"]) == 0
+    assert "disk" in capsys.readouterr().out
+    assert _bench_temp_dirs(tmp_path) == []
+    given = tmp_path / "given"  # a --disk-dir of the caller's is left as it is
+    assert main(["store", "--sizes-mib", "1", "--batch", "1", "--reps", "1", "--disk-dir", str(given)]) == 0
+    assert given.is_dir()
+
+
+@pytest.mark.redis
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+@pytest.mark.parametrize("bench", ["tiers", "_redis_tier"])
+def test_bench_redis_rows_remove_their_server_dir(bench, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    args = ["--sizes-mib", "1", "--batch-mib", "1", "--reps", "1"]
+    if bench == "tiers":
+        assert main(["tiers", "--tiers", "redis", *args]) == 0
+    else:
+        from radixkv.bench._redis_tier import main as redis_main
+
+        assert redis_main(args) == 0
+    assert "| 1 MiB | 1 | get |" in capsys.readouterr().out.replace("| redis ", "")  # the rows ran
+    assert _bench_temp_dirs(tmp_path) == []

@@ -13,6 +13,7 @@ Run: ``python -m radixkv.bench._redis_tier [--url URL] [--sizes-mib 1,8,32] [--r
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
+            shutil.rmtree(server.workdir, ignore_errors=True)  # its log; the server saves nothing
     print(f"redis tier vs raw redis-py, {parse_redis_url(url).redacted()}, reps={args.reps}, "
           f"hiredis={redis.utils.HIREDIS_AVAILABLE}")
     print(format_rows(rows))

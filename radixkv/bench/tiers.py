@@ -230,6 +230,7 @@ def bench_redis_rows(sizes: list[int], url: str | None, reps: int, batch_bytes: 
     finally:
         if server is not None:
             server.stop()
+            shutil.rmtree(server.workdir, ignore_errors=True)  # its log; the server saves nothing
     out = [{"tier": "redis", **{k: v for k, v in r.items() if not k.startswith("raw_")},
             "base_gbps": r["raw_gbps"], "base_p50_ms": r["raw_p50_ms"], "base_p99_ms": r["raw_p99_ms"]}
            for r in rows]
