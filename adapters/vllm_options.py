@@ -156,9 +156,15 @@ class VllmConnectorOptions:
             raise ConfigError("max_staging_bytes, lookup_min_chunks and sync_load_wait_s take numbers, not "
                               f"true/false (got {self.max_staging_bytes!r}, {self.lookup_min_chunks!r}, "
                               f"{self.sync_load_wait_s!r})")
+        if isinstance(self.max_staging_bytes, str):
+            # A size string, as every store size takes ("2GiB"); parse_bytes names the value if not.
+            from radixkv.sizes import parse_bytes
+
+            self.max_staging_bytes = parse_bytes(self.max_staging_bytes, "max_staging_bytes")
         if not isinstance(self.max_staging_bytes, int) or self.max_staging_bytes < 0:
             raise ConfigError(
-                f"max_staging_bytes={self.max_staging_bytes!r} must be a non-negative integer"
+                f"max_staging_bytes={self.max_staging_bytes!r} must be a non-negative integer number of "
+                "bytes or a size string like '2GiB'"
             )
         if not isinstance(self.lookup_min_chunks, int) or self.lookup_min_chunks < 1:
             raise ConfigError(

@@ -305,6 +305,7 @@ class StoreConfig:
             for i, t in enumerate(self.tiers)
         ]
         _assign_names(self.tiers)
+        _check_distinct_storage(self.tiers)
         _check_policy(self.policy, "policy")
         if self.write_policy not in WRITE_POLICIES:
             raise ConfigError(
@@ -411,6 +412,50 @@ class StoreConfig:
         from radixkv.config_env import store_config_from_env
 
         return store_config_from_env(cls, os.environ if environ is None else environ, default_tiers)
+
+
+def _storage_of(t: TierConfig) -> tuple[str, Any] | None:
+    """Where a persistent tier keeps its chunks: ("disk", real directory) or ("redis", (servers, db,
+    key prefix)); None for a memory tier (process-local: two are two caches)."""
+    if t.kind == "disk":
+        return "disk", os.path.realpath(unquote(urlsplit(t.url).path))
+    if t.kind == "redis":
+        try:
+            from radixkv.tiers.redis_client import parse_redis_url
+        except ImportError:  # no redis-py: opening the tier says so
+            return None
+        u = parse_redis_url(t.url)
+        prefix = dict(u.tier_options).get("key_prefix", t.options.get("key_prefix", "radixkv"))
+        return "redis", (frozenset(u.hosts), u.db, prefix)
+    return None
+
+
+def _check_distinct_storage(tiers: list[TierConfig]) -> None:
+    """Two tiers of one store must not keep chunks in the same place: each keeps its own books and
+    evicts, clears and scans on its own, so one would delete the other's files or keys (a restart's
+    scan of a directory holding another tier's directory treats it as a namespace)."""
+    seen: list[tuple[TierConfig, tuple[str, Any]]] = []
+    for t in tiers:
+        where = _storage_of(t)
+        if where is None:
+            continue
+        for other, there in seen:
+            if where[0] != there[0]:
+                continue
+            if where[0] == "disk":
+                a, b = where[1], there[1]
+                clash = a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+            else:
+                clash = where[1][1:] == there[1][1:] and bool(where[1][0] & there[1][0])
+            if clash:
+                raise ConfigError(redact_url(
+                    f"tiers {other.name!r} ({other.url}) and {t.name!r} ({t.url}) keep chunks in the same "
+                    + ("directory (or one inside the other)" if where[0] == "disk" else
+                       "Redis database under the same key_prefix")
+                    + "; give each tier its own "
+                    + ("directory" if where[0] == "disk" else "database or key_prefix (?key_prefix=NAME)")
+                ))
+        seen.append((t, where))
 
 
 def _assign_names(tiers: list[TierConfig]) -> None:

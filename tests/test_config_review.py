@@ -299,3 +299,28 @@ def test_redis_size_options_take_units_as_keywords_too():
         redis.close()
     with pytest.raises(ConfigError, match="batch_bytes"):
         make_tier("redis://127.0.0.1:1/0", batch_bytes="lots")
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("file:///tmp/rk-tier", "file:///tmp/rk-tier/"),  # one directory, spelt twice
+    ("file:///tmp/rk-tier", "file:///tmp/rk-tier/inner"),  # the outer tier's scan would take it as a namespace
+    ("redis://127.0.0.1:6400/0", "redis://:pw@127.0.0.1:6400"),
+    ("redis://127.0.0.1:6400/2?key_prefix=kv", "redis://127.0.0.1:6400/2"),
+])
+def test_two_tiers_keeping_chunks_in_one_place_are_refused(a, b):
+    # Found by a review: two disk tiers on one directory (or two Redis tiers on one database and key
+    # prefix) were accepted. Each keeps its own books and evicts, clears and scans on its own, so one
+    # deletes the other's chunks.
+    options = {"key_prefix": "kv"} if "redis" in b and "key_prefix" in a else {}
+    with pytest.raises(ConfigError, match="keep chunks in the same"):
+        StoreConfig.from_dict({"tiers": [{"url": a, "capacity": "1MiB"},
+                                         {"url": b, "capacity": "1MiB", "options": options}]})
+
+
+def test_tiers_in_separate_places_are_accepted():
+    tiers = StoreConfig.from_dict({"tiers": [
+        "mem://?capacity=1MiB", "mem://?capacity=1MiB",  # process-local: two caches
+        "file:///tmp/rk-tier?capacity=1MiB", "file:///tmp/rk-tier2?capacity=1MiB",  # a shared name prefix only
+        "redis://127.0.0.1:6400/0", "redis://127.0.0.1:6400/1", "redis://127.0.0.1:6400/0?key_prefix=other",
+        "redis://127.0.0.1:6401/0"]}).tiers
+    assert len(tiers) == 8

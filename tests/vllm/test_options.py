@@ -39,6 +39,15 @@ def test_options_validate():
             VllmConnectorOptions.from_extra_config(bad)
 
 
+def test_max_staging_bytes_takes_a_size_string_as_store_sizes_do():
+    # It took only integers: "1GiB", accepted by every store size, was refused.
+    assert VllmConnectorOptions.from_extra_config({"max_staging_bytes": "1GiB"}).max_staging_bytes == 1 << 30
+    assert VllmConnectorOptions.from_extra_config({"max_staging_bytes": 4096}).max_staging_bytes == 4096
+    for bad in ("lots", "-1GiB", True):
+        with pytest.raises(ConfigError, match="max_staging_bytes"):
+            VllmConnectorOptions.from_extra_config({"max_staging_bytes": bad})
+
+
 def test_chunk_geometry():
     assert resolve_chunk_tokens(None, [16], 16) == 256
     assert resolve_chunk_tokens(None, [16, 48], 16) == 288  # lcm 48, first multiple >= 256
