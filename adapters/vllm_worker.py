@@ -241,6 +241,20 @@ class WorkerSide:
                 else:
                     index[n] = len(distinct)
                     distinct.append(t)
+            width = int(distinct[0].shape[-1]) if distinct[0].dim() == 4 else 2 * g.head_size
+            if not g.mla and width != 2 * g.head_size:
+                # The chunk layout splits a page's content into K and V of head_size each. A
+                # head_size_v other than head_size, or a packed KV dtype whose pages carry inline
+                # scales (vLLM's int8/fp8/int4_per_token_head), gives another width: refuse at
+                # start, naming the group, rather than with the kernels' bare shape error.
+                raise ConfigError(
+                    f"KV-cache group {g.group_id} ({g.kind}, layers {list(names)[:4]}): its blocks "
+                    f"hold {width} values per token and head, not K and V of head_size={g.head_size} "
+                    f"each ({2 * g.head_size}); radixkv's vLLM connector stores K||V pages of equal "
+                    "widths only. A model whose V head size differs from its K head size, or a packed "
+                    "kv_cache_dtype (int8/fp8/int4_per_token_head) is not supported: serve it with "
+                    "kv_cache_dtype auto or fp8, or without the RadixKVConnector"
+                )
             layout = PagedLayout.from_vllm(
                 distinct, head_size=None if g.mla else g.head_size, mla=g.mla
             )

@@ -366,6 +366,45 @@ def test_a_pipeline_stage_without_some_groups_stores_and_loads_its_own(model_dir
     conn.shutdown()
 
 
+@pytest.mark.parametrize("packing", ["head_size_v", "int8_per_token_head"])
+def test_pages_that_are_not_k_and_v_of_head_size_are_refused_at_start_with_a_config_error(
+    model_dir, packing
+):
+    """Found by the scheduler-features hunt: a group whose blocks hold another width than K and V
+    of ``head_size`` each (a V head size other than K's, or vLLM's packed per-token-head KV dtypes,
+    whose pages carry inline scales) failed the worker's start with the kernels' InputError
+    ("pass head_size=..., or mla=True"), which names neither the group nor what to change. It is
+    now a ConfigError naming the group and the supported settings."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVQuantMode,
+    )
+    from vllm_harness import NUM_BLOCKS, make_kv_caches
+
+    from radixkv.errors import ConfigError
+
+    if packing == "head_size_v":
+        spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=4, head_size_v=8,
+                                 dtype=torch.float32)
+    else:  # what vLLM's Triton backend makes of kv_cache_dtype=int8_per_token_head
+        spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=4, dtype=torch.int8,
+                                 kv_quant_mode=KVQuantMode.INT8_PER_TOKEN_HEAD,
+                                 state_content_bytes=(4 + 4) * 1 + 2 * 4)
+    kcc = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(["layers.0", "layers.1"], spec)])
+    extra = {"chunk_tokens": CHUNK, "store": {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 20}]}}
+    conn = KVConnectorFactory.create_connector(make_vllm_config(model_dir, extra), KVConnectorRole.WORKER, kcc)
+    views = make_kv_caches(kcc)
+    assert views["layers.0"].shape[-1] != 2 * 4
+    with pytest.raises(ConfigError, match=r"KV-cache group 0 .*head_size=4"):
+        conn.register_kv_caches(views)
+    conn.shutdown()
+
+
 @pytest.mark.parametrize("moe", [True, False], ids=["moe", "dense"])
 def test_data_parallel_ranks_serve_metrics_on_their_own_port_and_share_the_namespace(model_dir, moe):
     """Each DP rank is an engine of its own with the same TP/PP ranks: its metrics port moves by the
