@@ -35,15 +35,38 @@ __all__ = ["TierConfig", "StoreConfig", "parse_bytes", "redact_url", "WRITE_POLI
            "tier_is_shared", "private_disk_dirs"]
 
 # ``scheme://user:password@host``: the password is masked in anything shown. It runs to the *last*
-# '@' before the host part ends ('/' or '?'), as the Redis tier (and urllib) parse it: a raw '@' in a
-# password is legal there, and stopping at the first one showed the rest of the password.
-_USERINFO_PASSWORD = re.compile(r"(://[^/\s'\"@:]*):[^\s'\"/?]*@")
+# '@' of the URL (which ends at a space or a quote in a message): a raw '@' in a password is legal
+# (the Redis tier and urllib read the password up to the last '@'), and a raw '/' or '?' (base64
+# passwords hold '/') makes the URL invalid, but the error that says so must not show it either:
+# stopping at the first '@', '/' or '?' showed the rest of the password.
+_USERINFO_PASSWORD = re.compile(r"(://[^/\s'\"@:]*):[^\s'\"]*@")
 
 
 def redact_url(text: Any) -> str:
     """``text`` (a URL, or a message or repr holding URLs) with every URL password replaced by
-    ``***``: Redis URLs carry credentials, which must never reach logs, errors or reprs."""
+    ``***``: Redis URLs carry credentials, which must never reach logs, errors or reprs. A password
+    holding a space or a quote cannot be told from the message around it here: for a known URL use
+    :func:`_redact_one_url` (``TierConfig`` does)."""
     return _USERINFO_PASSWORD.sub(r"\1:***@", text if isinstance(text, str) else repr(text))
+
+
+def _redact_one_url(url: str) -> str:
+    """``url`` (one whole URL, nothing around it) with everything between the user name's ':' and
+    the last '@' shown as ``***``, whatever characters the password holds."""
+    scheme, sep, rest = url.partition("://")
+    at = rest.rfind("@")
+    if not sep or at < 0 or rest.startswith("/"):  # no credentials (file:///a:b@c is a path)
+        return url
+    user, colon, _ = rest[:at].partition(":")
+    return f"{scheme}://{user}:***@{rest[at + 1:]}" if colon else url
+
+
+def _redact_known_url(text: str, url: Any) -> str:
+    """``text`` with ``url`` (and its repr) masked exactly, then any other URL password too."""
+    if isinstance(url, str):
+        safe = _redact_one_url(url)
+        text = text.replace(repr(url), repr(safe)).replace(url, safe)
+    return redact_url(text)
 
 
 def _malformed_url(url: Any) -> str:
@@ -156,16 +179,17 @@ class TierConfig:
     policy_options: dict[str, Any] | None = None
 
     def __repr__(self) -> str:  # the URL's password stays out of logs and error messages
-        return redact_url(
+        return _redact_known_url(
             f"TierConfig(url={self.url!r}, capacity_bytes={self.capacity_bytes!r}, name={self.name!r}, "
-            f"policy={self.policy!r}, options={self.options!r}, policy_options={self.policy_options!r})"
+            f"policy={self.policy!r}, options={self.options!r}, policy_options={self.policy_options!r})",
+            self.url,
         )
 
     def __post_init__(self) -> None:
         try:
             self._validate()
         except ConfigError as e:  # every message below may quote the URL: never its password
-            raise ConfigError(redact_url(str(e))) from None
+            raise ConfigError(_redact_known_url(str(e), self.url)) from None
 
     def _validate(self) -> None:
         if not isinstance(self.url, str) or "://" not in self.url:
@@ -424,7 +448,10 @@ def _storage_of(t: TierConfig) -> tuple[str, Any] | None:
             from radixkv.tiers.redis_client import parse_redis_url
         except ImportError:  # no redis-py: opening the tier says so
             return None
-        u = parse_redis_url(t.url)
+        try:
+            u = parse_redis_url(t.url)
+        except ConfigError:  # opening the tier says what is wrong with its URL
+            return None
         prefix = dict(u.tier_options).get("key_prefix", t.options.get("key_prefix", "radixkv"))
         return "redis", (frozenset(u.hosts), u.db, prefix)
     return None

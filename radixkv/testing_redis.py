@@ -171,6 +171,9 @@ class RedisServerProcess:
         try:
             if self.tls is not None:
                 ctx = ssl.create_default_context(cafile=str(self.tls.ca_file))
+                # its own certificate as the client's: a server started with --tls-auth-clients yes
+                # (in extra_args) requires one, and the others do not ask
+                ctx.load_cert_chain(str(self.tls.cert_file), str(self.tls.key_file))
                 sock = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
             sock.sendall(b"PING\r\n")
             reply = sock.recv(64)

@@ -65,6 +65,35 @@ def test_redact_url_masks_a_password_holding_a_raw_at_sign():
     assert "ss@" not in repr(TierConfig(url))
 
 
+@pytest.mark.parametrize("password", ["Ab+c/De=fG", "pa?ss", "pass word", "it's", 'say"hi'])
+def test_a_password_holding_a_raw_slash_question_mark_space_or_quote_is_never_shown(password):
+    # base64 passwords hold '/': the host part then ended early, and the password was shown whole by
+    # the TierConfig/StoreConfig repr and, cut into a "host" and a "port", by the Redis tier's error.
+    url = f"redis://user:{password}@h:6379/0"
+    pieces = [p for p in {password, *password.replace("?", "/").replace(" ", "/").split("/")} if len(p) > 2]
+    tc = TierConfig(url)
+    shown = [repr(tc), repr(StoreConfig([TierConfig("mem://", "1MiB"), tc]))]
+    if password.isprintable() and not set(password) & set(" '\""):  # in free text these end the URL
+        shown.append(redact_url(f"tier {url} failed"))
+    with pytest.raises(ConfigError) as e:
+        TierConfig(url, policy="nope")
+    shown.append(str(e.value))
+    redis_client = pytest.importorskip("radixkv.tiers.redis_client")
+    try:
+        redis_client.parse_redis_url(url)
+    except ConfigError as e2:  # a raw '/' or '?' ends the host part: the URL is invalid
+        assert "/" in password or "?" in password
+        assert "percent-encode" in str(e2)
+        shown.append(str(e2))
+    for enc in ("Ab%2Bc%2FDe%3DfG", "pa%3Fss"):  # percent-encoded, both work and stay hidden
+        assert redis_client.parse_redis_url(f"redis://user:{enc}@h:6379/0").password in ("Ab+c/De=fG", "pa?ss")
+    shown.append(repr(redis_client.RedisTierConfig(url="redis://user:Ab%2Bc%2FDe%3DfG@h:6379/0")))
+    for text in shown:
+        assert "user:***@h:6379/0" in text or "user:***@h:6379" in text, text
+        assert not [p for p in pieces if p in text], text
+    assert "Ab%2Bc" not in shown[-1]
+
+
 # ---------------------------------------------------------------- tier URLs
 def test_a_blank_query_value_is_a_bad_value_not_a_repeat():
     with pytest.raises(ConfigError, match=r"pin='' must be a boolean"):

@@ -8,11 +8,16 @@ URL scheme (parsed here, errors are :class:`~radixkv.errors.ConfigError`)::
     rediss+cluster://...                                              Redis Cluster over TLS
 
 ``user`` is an ACL user (omit it for ``requirepass``/the ``default`` user); user and password are
-percent-decoded. Query options:
+percent-decoded, and a '/' or '?' in them must be percent-encoded (``%2F``, ``%3F``; base64
+passwords hold '/'), or it ends the host part (a ``ConfigError``, which never shows the password).
+Query options:
 
 * TLS (``rediss`` only): ``ssl_ca_certs=PATH``, ``ssl_certfile=PATH``, ``ssl_keyfile=PATH``,
   ``ssl_cert_reqs=none|optional|required`` (default required), ``ssl_check_hostname=true|false``
-  (default false).
+  (default false). ``ssl_keyfile`` needs ``ssl_certfile`` (which may hold the key itself). The tier
+  loads the files when it is built (:func:`check_tls_files`): a missing, unreadable or malformed
+  file, an encrypted key or a key that does not match its certificate is a ``ConfigError`` naming
+  the option, not a server that never answers.
 * Tier options, the same as the keyword arguments of :class:`~radixkv.tiers.redis.RedisTier`:
   ``capacity=SIZE`` (``capacity_bytes``, e.g. ``8GiB``), ``ttl_s``, ``socket_timeout_s``,
   ``socket_connect_timeout_s``, ``down_backoff_s``, ``batch_bytes=SIZE``, ``max_connections``,
@@ -29,6 +34,7 @@ still parsed by hiredis.
 from __future__ import annotations
 
 import re
+import ssl
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,9 +45,11 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import BlockingConnectionPool, Connection, PythonRespSerializer, SSLConnection
 from redis.retry import Retry
 
+from radixkv.config import _redact_one_url
 from radixkv.errors import ConfigError
 
-__all__ = ["RedisUrl", "RedisTierConfig", "build_config", "parse_redis_url", "FramedValue", "make_client"]
+__all__ = ["RedisUrl", "RedisTierConfig", "build_config", "parse_redis_url", "check_tls_files", "FramedValue",
+           "make_client"]
 
 _SCHEMES = {"redis": (False, False), "rediss": (False, True),
             "redis+cluster": (True, False), "rediss+cluster": (True, True)}
@@ -76,16 +84,11 @@ class RedisUrl:
 
 
 def _bad(url: str, why: str) -> ConfigError:
-    safe = url
-    try:
-        parts = urllib.parse.urlsplit(url)
-        if parts.password:
-            safe = url.replace(parts.password, "***")
-    except ValueError:
-        pass
+    # Everything up to the URL's last '@' after a ':' is masked, not only what urllib reads as the
+    # password: with a raw '/' or '?' in it, urllib read a piece of it, and the rest was shown.
     return ConfigError(
-        f"Redis URL {safe!r}: {why}. Expected redis://[user:password@]host:port[/db], rediss://... for "
-        "TLS, or redis+cluster://host:port,host:port,... for Redis Cluster"
+        f"Redis URL {_redact_one_url(url)!r}: {why}. Expected redis://[user:password@]host:port[/db], "
+        "rediss://... for TLS, or redis+cluster://host:port,host:port,... for Redis Cluster"
     )
 
 
@@ -114,6 +117,14 @@ def parse_redis_url(url: str) -> RedisUrl:
     cluster, tls = _SCHEMES[scheme.lower()]
     rest, _, query = rest.partition("?")  # first: option values may contain "/" (file paths)
     netloc, _, path = rest.partition("/")
+    # No '@' in the host part but one in the database path or in a query option (but a TLS file's
+    # path): a raw '/' or '?' in the user name or password ended the host part early. Say so before
+    # anything below quotes a piece of the password as a host, a port or an option.
+    pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+    if "@" not in netloc and ("@" in path or any("@" in n or ("@" in v and n not in _TLS_OPTIONS)
+                                                 for n, v in pairs)):
+        raise _bad(url, "an '@' follows the host part: a raw '/' or '?' in the user name or password "
+                        "ends the host part; percent-encode them ('/' as %2F, '?' as %3F)")
     userinfo, at, hostlist = netloc.rpartition("@")
     username = password = None
     if at:
@@ -133,7 +144,7 @@ def parse_redis_url(url: str) -> RedisUrl:
         raise _bad(url, f"database {db} requested; Redis Cluster only has database 0")
     tls_options, tier_options = [], []
     seen: dict[str, str] = {}  # option -> how the URL spelt it (capacity and capacity_bytes are one)
-    for name, value in urllib.parse.parse_qsl(query, keep_blank_values=True):
+    for name, value in pairs:
         option = TIER_OPTIONS.get(name, name)
         if option in seen:  # the last one silently won
             raise _bad(url, f"option {name!r} is given twice ({seen[option]!r} and {name!r}); give it once")
@@ -165,6 +176,10 @@ class RedisTierConfig:
     max_connections: int = 64  # per server/node connection pool
     key_prefix: str = "radixkv"  # Redis keys are <key_prefix>:<namespace>:<chunk key>
     name: str = "redis"
+
+    def __repr__(self) -> str:  # the URL's password stays out of logs (the dataclass repr showed it)
+        shown = ", ".join(f"{f}={getattr(self, f)!r}" for f in self.__dataclass_fields__ if f != "url")
+        return f"RedisTierConfig(url={_redact_one_url(self.url)!r}, {shown})"
 
     def __post_init__(self) -> None:
         parse_redis_url(self.url)  # raises ConfigError with the reason
@@ -291,6 +306,13 @@ def _tls_kwargs(parsed: RedisUrl) -> dict[str, Any]:
     check = opts.get("ssl_check_hostname", "false").lower()
     if check not in ("true", "false", "1", "0", "yes", "no"):
         raise ConfigError(f"ssl_check_hostname={check!r} must be true or false")
+    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+        if name in opts and not opts[name]:
+            raise ConfigError(f"{name}= is empty; give the path of a PEM file, or leave the option out")
+    if opts.get("ssl_keyfile") and not opts.get("ssl_certfile"):
+        # redis-py then raised a TypeError out of every call of the tier
+        raise ConfigError(f"ssl_keyfile={opts['ssl_keyfile']!r} needs ssl_certfile=PATH, the client "
+                          "certificate of that key")
     return {
         "ssl_ca_certs": opts.get("ssl_ca_certs"),
         "ssl_certfile": opts.get("ssl_certfile"),
@@ -298,6 +320,40 @@ def _tls_kwargs(parsed: RedisUrl) -> dict[str, Any]:
         "ssl_cert_reqs": _CERT_REQS[reqs],
         "ssl_check_hostname": check in ("true", "1", "yes"),
     }
+
+
+def check_tls_files(parsed: RedisUrl) -> None:
+    """Load the TLS files ``parsed`` names into a throwaway SSL context; ConfigError naming the
+    option and the file if one cannot be used (missing, unreadable, not PEM, an encrypted key, a key
+    that does not match its certificate). redis-py reads them only when it connects: every call of
+    the tier then failed as if the server were down, logged as "unreachable (... No such file or
+    directory)", which named neither the option nor the file."""
+    if not parsed.tls:
+        return
+    opts = _tls_kwargs(parsed)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ca = opts["ssl_ca_certs"]
+    if ca is not None:
+        try:
+            context.load_verify_locations(cafile=ca)
+        except OSError as exc:  # ssl.SSLError included
+            raise ConfigError(f"ssl_ca_certs={ca!r} cannot be loaded ({exc}); give the PEM file of the "
+                              "CA certificate(s) that signed the server's certificate") from None
+    cert, key = opts["ssl_certfile"], opts["ssl_keyfile"]
+    if cert is None:
+        return
+
+    def encrypted() -> bytes:  # else OpenSSL asks for the passphrase on the terminal
+        raise ConfigError(f"the private key in {key or cert!r} is encrypted, and the Redis tier has no "
+                          "option for its passphrase; give an unencrypted key (readable only by this user)")
+
+    try:
+        context.load_cert_chain(cert, key, password=encrypted)
+    except OSError as exc:
+        shown = f"ssl_certfile={cert!r}" + (f" with ssl_keyfile={key!r}" if key else "")
+        raise ConfigError(f"{shown} cannot be loaded as a client certificate and its key ({exc}); give "
+                          "PEM files of a certificate and its unencrypted private key (one file may hold "
+                          "both)") from None
 
 
 def make_client(

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import redis
 from redis.exceptions import RedisClusterException
 
-from radixkv.tiers.redis_client import RedisTierConfig, make_client, parse_redis_url
+from radixkv.tiers.redis_client import RedisTierConfig, check_tls_files, make_client, parse_redis_url
 
 __all__ = ["RedisLink", "DOWN_ERRORS", "is_topology_error"]
 
@@ -53,6 +53,7 @@ class RedisLink:
     def __init__(self, config: RedisTierConfig) -> None:
         self.config = config
         self.url = parse_redis_url(config.url)
+        check_tls_files(self.url)  # a bad file is a ConfigError now, not misses at every call
         self.errors = 0
         self.fast_fail_calls = 0
         self.stale_map_calls = 0  # calls with MOVED/ASK replies (in fault_mark, not in errors)

@@ -8,6 +8,7 @@ TLS, server OOM and URL parsing. Every test isolates itself with a fresh namespa
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 import uuid
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from radixkv.errors import CapacityError, ConfigError, InputError
+from radixkv.testing_redis import make_tls_files
 from radixkv.tiers.framing import HEADER_BYTES
 from radixkv.tiers.redis_accounting import ByteLedger
 
@@ -513,6 +515,45 @@ def test_tls(make, redis_server_factory):
     assert plain.get_many(ns, ["k"], empty(1, 2 << 20)) == [False]
 
 
+def test_tls_client_certificate_and_unusable_tls_files(make, redis_server_factory, redis_tls_files, tmp_path):
+    """A server that requires client certificates: the tier's ssl_certfile/ssl_keyfile round-trip.
+    A TLS file the tier cannot use is a ConfigError naming the option when the tier is built: it
+    made every call a miss forever, logged as the server "unreachable (... No such file or
+    directory)"; ssl_keyfile alone raised a TypeError out of every call, and an encrypted key made
+    every connect wait for a passphrase typed on the terminal."""
+    server = redis_server_factory(tls=True, extra_args=["--tls-auth-clients", "yes"])
+    files = redis_tls_files
+    base = f"rediss://127.0.0.1:{server.port}/0?ssl_ca_certs={files.ca_file}"
+    tier = make(f"{base}&ssl_certfile={files.cert_file}&ssl_keyfile={files.key_file}")
+    ns = fresh_ns()
+    assert tier.put_many(ns, ["k"], [payload("k")]) == [True]
+    out = empty(1)
+    assert tier.get_many(ns, ["k"], out) == [True] and torch.equal(out[0], payload("k"))
+    anonymous = make(base, down_backoff_s=0.0, socket_timeout_s=0.3)  # no client certificate
+    assert anonymous.get_many(ns, ["k"], empty(1)) == [False] and anonymous.stats().errors == 1
+
+    other = make_tls_files(tmp_path / "other")  # a certificate whose key is not files.key_file
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    encrypted = tmp_path / "encrypted-key.pem"
+    subprocess.run(["openssl", "pkey", "-in", str(files.key_file), "-out", str(encrypted), "-aes256",
+                    "-passout", "pass:kv-pass"], check=True, capture_output=True, timeout=30)
+    for query, fragment in [
+        (f"ssl_ca_certs={tmp_path}/missing.pem", r"ssl_ca_certs=.*missing\.pem.*No such file"),
+        (f"ssl_ca_certs={tmp_path}", r"ssl_ca_certs=.*Is a directory"),
+        (f"ssl_ca_certs={garbage}", r"ssl_ca_certs=.*garbage\.pem"),
+        ("ssl_ca_certs=", r"ssl_ca_certs= is empty"),
+        (f"ssl_ca_certs={files.ca_file}&ssl_keyfile={files.key_file}", r"ssl_keyfile=.* needs ssl_certfile"),
+        (f"ssl_ca_certs={files.ca_file}&ssl_certfile={files.cert_file}", r"ssl_certfile=.*client certificate"),
+        (f"ssl_ca_certs={files.ca_file}&ssl_certfile={other.cert_file}&ssl_keyfile={files.key_file}",
+         r"ssl_certfile=.* with ssl_keyfile=.*KEY_VALUES_MISMATCH"),
+        (f"ssl_ca_certs={files.ca_file}&ssl_certfile={files.cert_file}&ssl_keyfile={encrypted}",
+         r"encrypted-key\.pem' is encrypted"),
+    ]:
+        with pytest.raises(ConfigError, match=fragment):
+            RedisTier(f"rediss://127.0.0.1:{server.port}/0?{query}", socket_timeout_s=0.3)
+
+
 def test_tls_cluster(make, redis_tls_cluster):
     """rediss+cluster://: every node TLS-only (cluster bus too); chunks spread and round-trip."""
     assert redis_tls_cluster.url.startswith("rediss+cluster://")
@@ -549,13 +590,14 @@ def test_bad_url_is_a_config_error(url, fragment):
         RedisTier(url)
 
 
-def test_url_options_and_keywords():
+def test_url_options_and_keywords(redis_tls_files):
+    ca = redis_tls_files.ca_file  # a tier loads its TLS files when it is built
     tier = RedisTier("rediss+cluster://u:p%40ss@10.0.0.1:7000,[::1]:7001?capacity=2MiB&ttl_s=60"
-                     "&ssl_ca_certs=/ca.pem&ssl_cert_reqs=none", socket_timeout_s=0.2)
+                     f"&ssl_ca_certs={ca}&ssl_cert_reqs=none", socket_timeout_s=0.2)
     parsed = tier.parsed_url
     assert parsed.cluster and parsed.tls and parsed.hosts == (("10.0.0.1", 7000), ("::1", 7001))
     assert (parsed.username, parsed.password) == ("u", "p@ss")
-    assert dict(parsed.tls_options) == {"ssl_ca_certs": "/ca.pem", "ssl_cert_reqs": "none"}
+    assert dict(parsed.tls_options) == {"ssl_ca_certs": str(ca), "ssl_cert_reqs": "none"}
     assert tier.capacity_bytes == 2 << 20 and tier.config.ttl_s == 60 and tier.config.socket_timeout_s == 0.2
     assert "p@ss" not in repr(tier)
     with pytest.raises(ConfigError, match="one way"):
