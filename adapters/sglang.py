@@ -19,7 +19,8 @@ prefix tree at page granularity. Contract (docs/sglang.md):
 * ``batch_*_v2`` serve the KV pool plus sidecar pools (``all_pages`` and ``trailing_pages`` policies);
 * every storage identity carries model, dtype, layout, page size and the TP/PP/CP/DP shard; with MLA
   only the storage-writer rank writes, so an MLA server with non-writer ranks must have a tier they
-  share (Redis or a ``shared`` disk tier; a ConfigError at attach otherwise);
+  share (Redis or a ``shared`` disk tier; a ConfigError at attach otherwise), and cannot store an
+  MHA draft model's KV, whose shard differs per rank (a ConfigError when the draft pool registers);
 * a non-shared disk tier is one directory per rank under the configured root (capacity per rank);
 * ``interface_v1`` is read as SGLang reads it (``bool(value)``), so ``batch_exists`` answers from
   the namespace of the path SGLang's controller actually uses;
@@ -50,6 +51,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from radixkv.adapters.sglang_config import (
     RadixKVOptions,
+    check_draft_sharding,
     check_mla_sharing,
     dp_rank_of,
     namespace_for,
@@ -158,6 +160,9 @@ class RadixKVStore(HiCacheStorage):
         self._bind(str(PoolName.KV), mem_pool_host)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        # Raising here fails the server's start (SGLang registers a draft sidecar after the attach,
+        # from the draft worker's setup) or a runtime attach (PUT /hicache/storage-backend).
+        check_draft_sharding(self.storage_config, str(host_pool_name), host_pool)
         super().register_mem_host_pool_v2(host_pool, host_pool_name)
         self._bind(str(host_pool_name), host_pool)
 

@@ -25,7 +25,8 @@ Per-rank state (:func:`per_rank_config`, :func:`check_mla_sharing`): every sched
 ``shared`` is then one directory per rank, ``<root>/tp<r>of<n>.pp<r>of<n>.cp<r>of<n>.dp<r>`` (the DP
 part: the attention-DP rank, or the replica's index under plain ``--dp-size``), and its capacity is
 per rank; ``shared`` disk tiers and Redis are used as given. An MLA model with non-writer
-TP ranks needs a tier those ranks share (Redis, or a ``shared`` disk tier) and ``probe_tiers`` on.
+TP ranks needs a tier those ranks share (Redis, or a ``shared`` disk tier) and ``probe_tiers`` on,
+and cannot store an MHA draft model's KV (:func:`check_draft_sharding`).
 
 Without ``tiers``/``config_file``, the store comes from the ``RADIXKV_*`` environment
 (``StoreConfig.from_env``), with one 4 GiB memory tier when it names no tiers and no config file.
@@ -51,7 +52,8 @@ from radixkv.errors import ConfigError
 from radixkv.keys import Namespace
 
 __all__ = ["RadixKVOptions", "namespace_for", "sglang_model_digest", "tp_replicated", "DEFAULT_TIERS", "interface_v1_of",
-           "dp_rank_of", "rank_dir", "per_rank_config", "tier_is_shared", "check_mla_sharing"]
+           "dp_rank_of", "rank_dir", "per_rank_config", "tier_is_shared", "check_mla_sharing",
+           "check_draft_sharding"]
 
 logger = logging.getLogger(__name__)
 
@@ -357,3 +359,42 @@ def check_mla_sharing(store: StoreConfig, config: Any) -> None:
             "writer rank's pages only by probing the shared tier, so L3 would never hit (SGLang takes "
             "the minimum hit count over the ranks); set probe_tiers to true (the default) in the "
             "extra config, store, config_file and RADIXKV_PROBE_TIERS")
+
+
+# Draft pools SGLang 0.5.23 backs up per TP rank when their host pool is MHA (heads split across
+# TP), but only for its Mooncake backend (HybridCacheController.should_backup).
+_DRAFT_POOLS = ("draft", "draft_swa")
+
+
+def check_draft_sharding(config: Any, pool_name: str, pool: Any) -> None:
+    """Refuse an MHA draft pool (EAGLE/EAGLE3 sidecar ``draft`` / ``draft_swa``) under an MLA
+    target whose server has non-writer TP ranks. Raises :class:`ConfigError`.
+
+    The draft's KV heads are split across the TP ranks, so each rank holds a shard of its own;
+    but SGLang 0.5.23 treats every pool of an MLA target as replicated: its backup thread asks only
+    the storage-writer rank to store the draft (``HybridCacheController.should_backup`` makes an
+    exception for MHA drafts with its Mooncake backend alone), so the other ranks' shards never
+    reach the backend. In the MLA namespace a non-writer would load the writer's shard (wrong KV,
+    same size); in a per-rank one it would hold nothing, and since the draft gates the KV hit
+    (``all_pages``) and SGLang intersects the ranks' answers, every prefetch would miss. A draft
+    whose host pool is MLA (a DeepSeek-architecture draft) is replicated and stays accepted; MTP/NextN
+    drafts are packed into the KV pool's pages and never register a draft pool."""
+    if pool_name not in _DRAFT_POOLS or not getattr(config, "is_mla_model", False):
+        return
+    tp_size = int(getattr(config, "tp_size", 1) or 1)
+    dcp_size = int(getattr(config, "dcp_size", 1) or 1)
+    if tp_size <= dcp_size:  # every TP rank is a writer (TP 1, or one DCP rank each: own namespace)
+        return
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+
+    if not isinstance(pool, MHATokenToKVPoolHost):
+        return
+    heads = getattr(pool, "head_num", "?")
+    raise ConfigError(
+        f"the {pool_name!r} pool of this server is an MHA draft model's KV ({heads} KV heads per rank, "
+        f"split across tp_size={tp_size}) under an MLA target: SGLang 0.5.23 stores it from the "
+        "storage-writer rank only (it writes per-rank draft shards for its mooncake backend alone), so "
+        "the other TP ranks could only load the writer's shard (wrong KV) or miss every prefetch. "
+        "Use a draft whose KV is MLA (the model's own MTP/NextN layers), attention TP 1 "
+        "(--enable-dp-attention with --dp-size equal to --tp-size), --hicache-storage-backend mooncake, "
+        "or HiCache without an L3 storage backend")

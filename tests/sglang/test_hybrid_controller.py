@@ -163,6 +163,103 @@ def test_mla_model_mamba_state_is_written_by_every_tp_rank(tmp_path):
         set_parallel_context()
 
 
+@pytest.mark.parametrize("draft_kind", ["mha", "mla"])
+def test_mha_draft_under_an_mla_target_with_tp_is_refused_not_loaded_from_rank_0(tmp_path, draft_kind):
+    """Found by the SGLang draft-pool hunt: an EAGLE/EAGLE3 draft model whose KV is MHA keeps its KV
+    heads split across the TP ranks, but under an MLA target radixkv took its ``draft`` pool for
+    replicated MLA KV (one namespace for every rank) and SGLang backs it up from the storage-writer
+    rank only (``should_backup``: per-rank drafts for its Mooncake backend alone). Rank 1 then
+    loaded rank 0's draft shard into its own draft pool: wrong KV of the same size, silently. Now
+    registering such a pool fails (a server with it does not start); an MLA draft, the same on
+    every rank, is still stored once and read by every rank.
+
+    The draft registers after the attach, as ``maybe_register_hicache_draft`` does in a server
+    (``register_host_pool_entry``). Per-rank byte oracle: each rank's draft bytes are its own shard
+    (different seeds for an MHA draft, the same for an MLA one)."""
+    from sglang.srt.mem_cache.pool_host import PoolEntry
+
+    from radixkv.adapters.sglang_cpu import build_pools, set_parallel_context
+    from radixkv.errors import ConfigError
+
+    tiers = [mem_tier(), {"url": f"file://{tmp_path / 'l3'}", "capacity": "256MiB", "options": {"shared": True}}]
+    toks = tokens(6 * PS, seed=87)
+    shard: dict[int, list[bytes]] = {}
+    refused: dict[int, str] = {}
+    try:
+        for rank in (0, 1):
+            set_parallel_context(tp_rank=rank, tp_size=2)
+            h = HybridHarness(PoolSpec(kind="mla", layout="page_first", page_size=PS, host_tokens=256), {},
+                              extra_config=extra_config(tiers))
+            try:
+                draft = build_pools(PoolSpec(kind=draft_kind, layout="page_first", page_size=PS, layers=1,
+                                             host_tokens=256))
+                try:
+                    h.controller.register_host_pool_entry(PoolEntry(
+                        PoolName.DRAFT, draft.host_pool, draft.device_pool, lambda layer: layer,
+                        is_primary_index_anchor=False))
+                except ConfigError as e:
+                    refused[rank] = str(e)
+                    continue
+                h.pools[PoolName.DRAFT] = draft
+                src = h.alloc(PoolName.KV, 6 * PS)
+                assert h.alloc(PoolName.DRAFT, 6 * PS).equal(src)  # the draft follows the KV's slots
+                h.fill_random(PoolName.KV, src, seed=1)  # MLA latent KV: the same on every rank
+                h.fill_random(PoolName.DRAFT, src, seed=10 + rank if draft_kind == "mha" else 10)
+                shard[rank] = h.page_bytes_at(PoolName.DRAFT, src)
+                h.backup(toks, src, [_draft()])
+                unwrap(h.backend).store.flush(timeout_s=30)
+                if rank == 1:
+                    junk = h.alloc(PoolName.DRAFT, 6 * PS)
+                    h.fill_random(PoolName.DRAFT, junk, seed=99)  # no read cannot pass
+                    pop, _acks = h.prefetch(toks, [_draft()])
+                    assert pop.storage_hit_count == 6 * PS
+                    got = h.page_bytes_at(PoolName.DRAFT, pop.host_indices)
+                    assert got == shard[1], ("rank 1 loaded rank 0's draft shard" if got == shard[0]
+                                             else "rank 1 loaded draft bytes of no rank")
+            finally:
+                h.close()
+    finally:
+        set_parallel_context()
+    if draft_kind == "mha":
+        assert sorted(refused) == [0, 1], shard.keys()
+        assert "'draft' pool" in refused[1] and "tp_size=2" in refused[1] and "mooncake" in refused[1]
+    else:
+        assert refused == {}
+
+
+@pytest.mark.parametrize("pool_name, is_mla, tp_size, refused", [
+    (PoolName.DRAFT_SWA, True, 2, True),   # an SWA draft's MHA window: sharded the same way
+    (PoolName.DRAFT, True, 1, False),      # one rank: it writes and reads its own draft
+    (PoolName.DRAFT, False, 2, False),     # MHA target: every rank writes its own shard
+])
+def test_only_a_tp_sharded_draft_under_an_mla_target_with_non_writers_is_refused(tmp_path, pool_name, is_mla,
+                                                                                 tp_size, refused):
+    """The refusal above covers SGLang's other MHA draft pool (``draft_swa``, backed up on the writer
+    rank only as well) and nothing else: an MLA target on one rank and an MHA target keep their drafts."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
+    from radixkv.adapters.sglang_cpu import build_pools
+    from radixkv.errors import ConfigError
+
+    config = HiCacheStorageConfig(
+        tp_rank=tp_size - 1, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=is_mla, enable_storage_metrics=False, is_page_first_layout=True, model_name="m",
+        extra_config=extra_config([disk_tier(tmp_path / "l3", shared=True)]))
+    s = RadixKVStore(config, {})
+    try:
+        s.register_mem_pool_host(build_pools(PoolSpec(kind="mla" if is_mla else "mha", page_size=PS)).host_pool)
+        draft = build_pools(PoolSpec(kind="mha", page_size=PS, layers=1)).host_pool
+        if refused:
+            with pytest.raises(ConfigError, match=rf"'{pool_name}' pool .* MHA draft .*tp_size={tp_size}"):
+                s.register_mem_host_pool_v2(draft, pool_name)
+            assert str(pool_name) not in s._bindings
+        else:
+            s.register_mem_host_pool_v2(draft, pool_name)
+            assert str(pool_name) in s._bindings
+    finally:
+        s.close()
+
+
 @pytest.mark.parametrize("write_policy", ["write_through", "write_back"])
 def test_kv_is_stored_when_a_sidecar_slab_holds_a_small_memory_tier(tmp_path, write_policy):
     """Found by a differential fuzz (hybrid controller, small memory tier): every backup wrote the
