@@ -208,6 +208,15 @@ class S3FIFOPolicy:
         resident = {n for n, f in enumerate(self._freq) if f >= 0}
         assert resident == s | m | p, "s3fifo: frequency table out of step with the queues"
         assert not self._aside, "s3fifo: candidates left aside"
+        tier = {n for n, mk in enumerate(self._mask) if mk & self._bit}
+        assert resident == tier, (
+            f"s3fifo: queued nodes not in the tier {sorted(resident - tier)[:5]}, tier nodes in no "
+            f"queue {sorted(tier - resident)[:5]}"
+        )
+        # on_leaf takes a parked node back when its last child in the tier leaves: a parked leaf
+        # would never be a candidate again.
+        lost = [n for n in p if not self._tchild[n]]
+        assert not lost, f"s3fifo: {len(lost)} tier leaves parked (never candidates), e.g. {lost[:5]}"
 
 
 _OUT = -2  # SIEVEPolicy's link of a node not in the tier (-1 ends the FIFO)
@@ -237,10 +246,13 @@ class SIEVEPolicy:
         self._inserted_at = -1  # clock of the last insert: its own path touch is not a reuse
         self._tchild: list[int] = []  # read-only view: children resident in the tier
         self._parent: list[int] = []
+        self._mask: list[int] = []  # read-only view: residency masks, for check_integrity
+        self._bit = 1
 
     def bind(self, tree: RadixTree, tier_index: int) -> None:
         self._tchild = tree._tchild[tier_index]
         self._parent = tree._parent
+        self._mask, self._bit = tree._mask, 1 << tier_index
 
     def __len__(self) -> int:
         return self._resident
@@ -320,12 +332,22 @@ class SIEVEPolicy:
                 idle = 0
 
     def check_integrity(self) -> None:
-        n, seen = self._tail, 0
+        # Walked from the old end: each node's older link names the node before it (on_remove
+        # splices by both links), and the walk ends at the head (where on_insert appends).
+        n, prev, seen = self._tail, -1, 0
         while n >= 0:
             seen += 1
             assert seen <= self._resident, "sieve: cycle in the FIFO"
-            n = self._newer[n]
+            assert self._older[n] == prev, f"sieve: node {n}'s older link {self._older[n]} != {prev}"
+            prev, n = n, self._newer[n]
+        assert prev == self._head, f"sieve: head {self._head} is not the newest node {prev}"
         linked = {n for n, nw in enumerate(self._newer) if nw != _OUT}
         assert seen == self._resident == len(linked), "sieve: FIFO links broken"
         assert linked == {n for n, od in enumerate(self._older) if od != _OUT}, "sieve: FIFO links broken"
         assert self._visited <= linked, "sieve: visited bit on a node not in the tier"
+        assert self._hand == -1 or self._hand in linked, f"sieve: hand {self._hand} is not in the FIFO"
+        tier = {n for n, m in enumerate(self._mask) if m & self._bit}
+        assert linked == tier, (
+            f"sieve: FIFO nodes not in the tier {sorted(linked - tier)[:5]}, tier nodes not in the "
+            f"FIFO {sorted(tier - linked)[:5]}"
+        )

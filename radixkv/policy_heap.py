@@ -58,9 +58,12 @@ class _HeapPolicy:
         self._tokens: list[int] = []
         self._keys: list[str | None] = []
         self._ns: list[str | None] = []
+        self._mask: list[int] = []  # read-only view: residency masks, for check_integrity
+        self._bit = 1
 
     def bind(self, tree: RadixTree, tier_index: int) -> None:
         self._tchild = tree._tchild[tier_index]  # read-only: children resident in the tier
+        self._mask, self._bit = tree._mask, 1 << tier_index
         # Read-only views of the tree's node columns (struct of arrays, indexed by node id).
         self._depth, self._parent, self._tokens = tree._depth, tree._parent, tree._tokens
         self._keys, self._ns = tree._key, tree._ns
@@ -199,6 +202,18 @@ class _HeapPolicy:
         depth = self._depth
         stale = [n for n in ordered if entry[n][1] != -depth[n]]  # type: ignore[index]
         assert not stale, f"{self.name}: {len(stale)} heap entries keyed with an old depth, e.g. {stale[:5]}"
+        # The slots held are exactly the tier's nodes (a count alone misses a dead node's slot kept
+        # in place of a live one's), and a parked node has a child in the tier: on_leaf orders it
+        # when the last one leaves, so a parked leaf would never be a candidate again.
+        mask, bit, tchild = self._mask, self._bit, self._tchild
+        held = {n for n, e in enumerate(entry) if e is not None}
+        tier = {n for n, m in enumerate(mask) if m & bit}
+        assert held == tier, (
+            f"{self.name}: slots of nodes not in the tier {sorted(held - tier)[:5]}, tier nodes without "
+            f"a slot {sorted(tier - held)[:5]}"
+        )
+        lost = [n for n, e in enumerate(entry) if e is _PARKED and not tchild[n]]
+        assert not lost, f"{self.name}: {len(lost)} tier leaves parked (never candidates), e.g. {lost[:5]}"
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy

@@ -79,10 +79,13 @@ class OPTPolicy:
         self._unknown: set[int] = set()  # inserted, next use not yet told
         self._depth: list[int] = []
         self._tchild: list[int] = []
+        self._mask: list[int] = []
+        self._bit = 1
 
     def bind(self, tree: RadixTree, tier_index: int) -> None:
         self._depth = tree._depth  # read-only views of the tree's depth column
         self._tchild = tree._tchild[tier_index]  # and of the children resident in the tier
+        self._mask, self._bit = tree._mask, 1 << tier_index  # and residency (check_integrity)
 
     def __len__(self) -> int:
         return self._resident
@@ -190,3 +193,9 @@ class OPTPolicy:
         missing = known_leaves - live
         assert not missing, f"opt: {len(missing)} tier leaves missing from the heap, e.g. {sorted(missing)[:5]}"
         assert live <= known, "opt: a live heap entry for a node not in the tier"
+        held = known | self._unknown
+        tier = {n for n, m in enumerate(self._mask) if m & self._bit}
+        assert held == tier, (
+            f"opt: tracked nodes not in the tier {sorted(held - tier)[:5]}, tier nodes not tracked "
+            f"{sorted(tier - held)[:5]}"
+        )

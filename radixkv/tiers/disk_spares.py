@@ -120,6 +120,16 @@ class SpareFiles:
         if sum(size for _p, size in self._files) != self.bytes or (self._files and not self.enabled):
             raise RuntimeError(f"spare accounting: {self.bytes} bytes recorded for {len(self._files)} "
                                f"files (recycling {'on' if self.enabled else 'off'})")
+        # Each spare is a file of its own in the spare directory: take_newest hands it to one put
+        # to overwrite, so a path listed twice (or a chunk file listed as a spare) would be written
+        # by two puts, or its chunk's bytes overwritten under a live index entry.
+        paths = [path for path, _size in self._files]
+        if len(set(paths)) != len(paths):
+            dup = sorted({p for p in paths if paths.count(p) > 1})
+            raise RuntimeError(f"spare files listed more than once: {dup[:3]}")
+        stray = [p for p in paths if os.path.dirname(p) != self.dir]
+        if stray:
+            raise RuntimeError(f"spare files outside the spare directory {self.dir}: {stray[:3]}")
         for path, size in self._files:
             if os.stat(path).st_size != size:
                 raise RuntimeError(f"spare {path}: size {os.stat(path).st_size} != recorded {size}")

@@ -393,6 +393,22 @@ class MemoryTier:
                 if slot.readers <= 0:
                     raise RuntimeError(f"dead slot {slot} has no readers but was not freed")
                 live[slot.slab_id] = live.get(slot.slab_id, 0) + 1
+            for slot in self._writing:
+                live[slot.slab_id] = live.get(slot.slab_id, 0) + 1
+            # Each slot handed out is one (slab, index) that is not free: two keys on one slot
+            # would overwrite each other's bytes, and the counts above still agree when the slot
+            # the second key had is leaked (still used, held by no one).
+            taken: dict[tuple[int, int], object] = {}
+            free = {sid: set(slab.free) for sid, slab in self._slabs.items()}
+            for slot in [*self._index.values(), *self._dead, *self._writing]:
+                where = (slot.slab_id, slot.index)
+                if where in taken:
+                    raise RuntimeError(f"slot {where[1]} of slab {where[0]} is held twice (by {slot} "
+                                       f"and {taken[where]})")
+                taken[where] = slot
+                slab = self._slabs.get(slot.slab_id)
+                if slab is None or not 0 <= slot.index < slab.fresh or slot.index in free[slot.slab_id]:
+                    raise RuntimeError(f"slot {slot} is held but its slab does not have it handed out")
             total_used = 0
             for sid, slab in self._slabs.items():
                 if owned.get(sid) != slab.n_units:
@@ -406,6 +422,9 @@ class MemoryTier:
                 if in_partial != slab.has_free():
                     raise RuntimeError(f"slab {sid}: partial-set membership {in_partial} but has_free "
                                        f"{slab.has_free()}")
+                if live.get(sid, 0) != slab.used:
+                    raise RuntimeError(f"slab {sid}: {slab.used} slots used, {live.get(sid, 0)} held "
+                                       "(indexed, leased-dead or being written)")
                 total_used += slab.used
             if any(sid < 0 for sid in self._unit_owner[: self._free_from]):
                 raise RuntimeError(f"a free unit below the first-free mark {self._free_from}")

@@ -178,3 +178,15 @@ class ByteLedger:
             assert all(entry[0] > 0 for entry in self._held.values()), "a held entry has no bytes"
             assert all(n > 0 for n in self._putting.values()), f"puts in flight: {self._putting}"
             assert self._unlinked_while_putting <= set(self._putting), "an UNLINK mark outlived its puts"
+            # Every reservation belongs to a put in flight (reserve counts both, settle releases
+            # both; frames are never empty): bytes reserved with no put left are capacity lost for good.
+            assert (self._reserved_bytes > 0) == bool(self._putting), (
+                f"reserved {self._reserved_bytes} bytes for {sum(self._putting.values())} puts in flight"
+            )
+            # Each entry expires at its deadline: with a TTL that deadline is queued (else the
+            # entry would count against the capacity forever), without one there is none.
+            queued = set(self._expiry) if self._ttl_s is not None else set()
+            stuck = [(ns, key) for (ns, key), (_b, deadline, _at) in self._held.items()
+                     if (deadline, ns, key) not in queued
+                     and (self._ttl_s is not None or deadline != math.inf)]
+            assert not stuck, f"{len(stuck)} held entries whose expiry is not queued, e.g. {stuck[:2]}"

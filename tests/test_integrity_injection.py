@@ -1,0 +1,198 @@
+"""check_integrity() must catch corruption, not only agree with itself: each test builds a small
+valid state through the public API, breaks one invariant in the internal fields, and expects the
+check to raise. (Tests everywhere call check_integrity after their operations; a check that misses
+a kind of corruption makes all of them weaker than they look.)"""
+
+from __future__ import annotations
+
+import heapq
+
+import pytest
+import torch
+
+import radixkv.sims.opt  # noqa: F401  (registers "opt")
+from radixkv.tiers.disk import DiskTier, DiskTierConfig
+from radixkv.tiers.memory import MemoryTier, MemoryTierConfig
+from radixkv.tiers.redis_accounting import ByteLedger
+from radixkv.tree import RadixTree
+
+HEAP_POLICIES = ["lfu", "cost", "agedref", "oddsref"]
+
+
+def _tree(policy: str) -> RadixTree:
+    """Two tiers, a branching chain, a freed slot (for a dead node id) and a pinned prefix."""
+    t = RadixTree(tiers=("mem", "disk"), policy=policy)
+    keys = [f"a{i}" for i in range(6)]
+    t.insert("ns", keys, "mem", 16, 100)
+    t.insert("ns", ["a0", "a1", "b2", "b3"], "mem", 16, 100)
+    t.insert("ns", ["c0", "c1", "c2"], "mem", 16, 100)
+    t.set_resident([t.lookup("ns", k) for k in keys], "disk")
+    t.match("ns", keys[:4])
+    if policy == "opt":
+        for ti in range(2):
+            resident = [n for n in range(len(t._key)) if t._key[n] is not None and t._mask[n] >> ti & 1]
+            t._policies[ti].set_next_use(resident, [5 + n for n in resident])  # type: ignore[attr-defined]
+    t.clear(namespace="ns", subtree_key="c1")  # frees two slots
+    t.pin([t.lookup("ns", "a0")], "req")  # type: ignore[list-item]
+    t.check_integrity()
+    assert t._free
+    return t
+
+
+def _mem_leaf(t: RadixTree) -> int:
+    """A chunk only the first tier holds, with no child there (a tier leaf)."""
+    return next(n for n in range(len(t._key)) if t._mask[n] == 1 and not t._tchild[0][n])
+
+
+@pytest.mark.parametrize("policy", HEAP_POLICIES)
+def test_heap_policy_slot_of_a_dead_node_instead_of_a_live_one(policy):
+    t = _tree(policy)
+    pol, dead, leaf = t._policies[0], t._free[0], _mem_leaf(t)
+    e = pol._entry[leaf]  # type: ignore[attr-defined]
+    pol._entry[leaf] = None  # type: ignore[attr-defined]
+    ne = (e[0], -t._depth[dead], dead)
+    pol._entry[dead] = ne  # type: ignore[attr-defined]
+    heapq.heappush(pol._heap, ne)  # type: ignore[attr-defined]
+    pol._cls.pop(leaf, None) if policy == "oddsref" else None  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError, match="not in the tier"):
+        t.check_integrity()
+
+
+@pytest.mark.parametrize("policy", HEAP_POLICIES)
+def test_heap_policy_parked_leaf(policy):
+    t = _tree(policy)
+    t._policies[0]._entry[_mem_leaf(t)] = ()  # type: ignore[attr-defined]  # _PARKED
+    with pytest.raises(AssertionError, match="leaves parked"):
+        t.check_integrity()
+
+
+def test_s3fifo_queue_entry_of_a_dead_node_instead_of_a_live_one():
+    t = _tree("s3fifo")
+    pol, dead, leaf = t._policies[0], t._free[0], _mem_leaf(t)
+    q = pol._small if leaf in pol._small else pol._main  # type: ignore[attr-defined]
+    del q[leaf]
+    q[dead] = None
+    pol._freq[dead], pol._freq[leaf] = pol._freq[leaf], -1  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError, match="not in the tier"):
+        t.check_integrity()
+
+
+def test_s3fifo_parked_leaf():
+    t = _tree("s3fifo")
+    pol, leaf = t._policies[0], _mem_leaf(t)
+    q = pol._small if leaf in pol._small else pol._main  # type: ignore[attr-defined]
+    del q[leaf]
+    pol._parked[leaf] = False  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError, match="leaves parked"):
+        t.check_integrity()
+
+
+def test_sieve_fifo_slot_of_a_dead_node_instead_of_a_live_one():
+    t = _tree("sieve")
+    pol, dead, leaf = t._policies[0], t._free[0], _mem_leaf(t)
+    nw, od = pol._newer[leaf], pol._older[leaf]  # type: ignore[attr-defined]
+    pol._newer[dead], pol._older[dead] = nw, od  # type: ignore[attr-defined]
+    pol._newer[leaf] = pol._older[leaf] = -2  # type: ignore[attr-defined]
+    if nw >= 0:
+        pol._older[nw] = dead  # type: ignore[attr-defined]
+    else:
+        pol._head = dead  # type: ignore[attr-defined]
+    if od >= 0:
+        pol._newer[od] = dead  # type: ignore[attr-defined]
+    else:
+        pol._tail = dead  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError, match="not in the tier"):
+        t.check_integrity()
+
+
+def test_sieve_broken_older_link():
+    t = _tree("sieve")
+    pol = t._policies[0]
+    a = pol._tail  # type: ignore[attr-defined]
+    c = pol._newer[pol._newer[a]]  # type: ignore[attr-defined]
+    pol._older[c] = a  # type: ignore[attr-defined]  # skips the node between them
+    with pytest.raises(AssertionError, match="older link"):
+        t.check_integrity()
+
+
+def test_sieve_head_not_the_newest():
+    t = _tree("sieve")
+    t._policies[0]._head = t._policies[0]._tail  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError, match="head"):
+        t.check_integrity()
+
+
+def test_sieve_hand_outside_the_fifo():
+    t = _tree("sieve")
+    t._policies[0]._hand = t._free[0]  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError, match="hand"):
+        t.check_integrity()
+
+
+def test_opt_tracks_a_dead_node_instead_of_a_live_one():
+    t = _tree("opt")
+    pol, dead, leaf = t._policies[0], t._free[0], _mem_leaf(t)
+    pol._cur[leaf] = -1  # type: ignore[attr-defined]  # out of the tier
+    pol._cur[dead] = None  # type: ignore[attr-defined]  # "next use not told yet"
+    pol._unknown.add(dead)  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError, match="not in the tier"):
+        t.check_integrity()
+
+
+def _memory_tier() -> MemoryTier:
+    tier = MemoryTier(MemoryTierConfig(capacity_bytes=1 << 20, unit_bytes=1 << 16, slab_target_bytes=1 << 18,
+                                       prefault=False, huge_pages=False, pin=False))
+    tier.put_many("ns", [f"k{i}" for i in range(6)], [torch.full((4096,), i, dtype=torch.uint8) for i in range(6)])
+    tier.delete_many("ns", ["k1"])
+    tier.check_integrity()
+    return tier
+
+
+def test_memory_tier_two_keys_on_one_slot():
+    tier = _memory_tier()
+    try:
+        # k2's slot leaks (still used, held by no one) and k2 now reads and overwrites k3's bytes:
+        # every count still agrees.
+        tier._index[("ns", "k2")] = tier._index[("ns", "k3")]
+        with pytest.raises(RuntimeError, match="held twice|slots used"):
+            tier.check_integrity()
+    finally:
+        tier.close()
+
+
+def test_disk_spare_file_listed_twice(tmp_path):
+    tier = DiskTier(DiskTierConfig(root=str(tmp_path / "d"), capacity_bytes=1 << 20, io_threads=1))
+    try:
+        tier.put_many("ns", ["a", "b", "c"], [torch.full((4096,), i, dtype=torch.uint8) for i in range(3)])
+        tier.delete_many("ns", ["a"])
+        tier.check_integrity()
+        spares = tier._spares
+        assert len(spares) == 1
+        path, size = spares._files[0]
+        spares.add(path, size)  # two puts would now overwrite one file
+        with pytest.raises(RuntimeError, match="more than once"):
+            tier.check_integrity()
+    finally:
+        tier.close()
+
+
+def _ledger(ttl_s: float | None) -> ByteLedger:
+    ledger = ByteLedger(1 << 20, ttl_s)
+    granted = ledger.reserve("ns", ["a", "b"], [100, 100])
+    ledger.settle("ns", ["a", "b"], [100, 100], granted, [True, True])
+    ledger.check_integrity()
+    return ledger
+
+
+def test_ledger_reservation_without_a_put():
+    ledger = _ledger(None)
+    ledger._reserved_bytes += 100  # a put that never settled its reservation
+    with pytest.raises(AssertionError, match="puts in flight"):
+        ledger.check_integrity()
+
+
+def test_ledger_entry_whose_expiry_is_not_queued():
+    ledger = _ledger(3600.0)
+    ledger._expiry.clear()  # the entries would count against the capacity forever
+    with pytest.raises(AssertionError, match="expiry is not queued"):
+        ledger.check_integrity()
