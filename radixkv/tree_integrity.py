@@ -43,6 +43,9 @@ def check_tree(tree: RadixTree) -> None:
         alive += 1
         mask = tree._mask[n]
         assert mask and mask < (1 << len(tree.tiers)), f"node {n} has residency mask {mask:#x}"
+        # insert's contract: a chunk has tokens and a size (policies divide by them; totals add them)
+        assert tree._tokens[n] > 0, f"node {n} has {tree._tokens[n]} tokens"
+        assert tree._size[n] >= 0, f"node {n} has size {tree._size[n]} bytes"
         p = tree._parent[n]
         if p == _NO_PARENT:
             assert tree._depth[n] == 1, f"root-level node {n} has depth {tree._depth[n]}"
