@@ -84,7 +84,8 @@ _EMPTY_NAMESPACES_KEPT = 16
 
 @dataclass(slots=True)
 class DiskTierConfig:
-    """root: directory (created 0700 if missing); capacity_bytes: bound on indexed frame bytes;
+    """root: directory (created 0700 if missing; an existing one must belong to this process's user
+    and not be writable by group or others, docs/tiers.md "Trust"); capacity_bytes: bound on indexed frame bytes;
     io_threads: parallel reads/writes of one batch (default: one per CPU, at most 4 -- each I/O thread
     also hashes what it moves, so threads beyond the cores only contend: on 2 cores, 4 threads made
     page-cache reads of a 128 MiB batch ~25% slower than 2); fsync: fsync each file before its commit rename;

@@ -142,8 +142,10 @@ class DiskLayout:
         self._dirs.add(d)
 
     def prepare_root(self) -> None:
-        """Make the root (0700) if missing and prove it writable; ConfigError naming the fix if not."""
+        """Make the root (0700) if missing, prove it writable, and check that no other user can
+        change what is in it (:meth:`_check_private`); ConfigError naming the fix if not."""
         root = self.root
+        owner: int | None = None  # who the files this process makes here belong to
         try:
             if not os.path.isdir(root):
                 os.makedirs(root, mode=0o700, exist_ok=True)
@@ -151,20 +153,52 @@ class DiskLayout:
             probe = os.path.join(root, f".probe.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
             fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
+                owner = os.fstat(fd).st_uid
                 os.write(fd, b"\0")
             finally:
                 os.close(fd)
                 os.unlink(probe)
         except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):  # writable but full: a fault, not a config error
-                logger.warning("radixkv: disk tier %r: %s is full (%s); puts fail until space frees",
-                               self._tier_name, root, errno.errorcode.get(e.errno))
-                return
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise ConfigError(
+                    f"disk tier {self._tier_name!r}: directory {root!r} is not writable "
+                    f"({errno.errorcode.get(e.errno, e.errno)}: {e.strerror}); pass a writable directory "
+                    "path (file:///path) the process owns"
+                ) from None
+            # writable but full: a fault, not a config error
+            logger.warning("radixkv: disk tier %r: %s is full (%s); puts fail until space frees",
+                           self._tier_name, root, errno.errorcode.get(e.errno))
+        self._check_private(os.geteuid() if owner is None else owner)
+
+    def _check_private(self, owner: int) -> None:
+        """Refuse a root that another user owns or may write (group or others): that user could
+        replace chunk files with frames of their own (the checksums are no signature: wrong bytes
+        served as hits) or put links in place of directories, through which puts write and deletes
+        remove files outside the root. ``owner``: the owner this process's files get here (its
+        user, or the one an NFS ``root_squash`` or an id-mapped mount maps it to), so a root the
+        tier made itself always passes. Only the root is checked, not its parents (docs/tiers.md)."""
+        root = self.root
+        try:
+            st = os.stat(root)
+        except OSError as e:
+            raise ConfigError(f"disk tier {self._tier_name!r}: cannot stat directory {root!r} "
+                              f"({e.strerror}); pass a directory path (file:///path) the process owns") from None
+        if st.st_uid != owner:
             raise ConfigError(
-                f"disk tier {self._tier_name!r}: directory {root!r} is not writable "
-                f"({errno.errorcode.get(e.errno, e.errno)}: {e.strerror}); pass a writable directory "
-                "path (file:///path) the process owns"
-            ) from None
+                f"disk tier {self._tier_name!r}: directory {root!r} belongs to uid {st.st_uid}, but this "
+                f"process's files belong to uid {owner}: its owner could replace chunk files with forged "
+                f"ones or plant links that make puts and deletes act outside it; chown it to uid {owner}, "
+                "or pass a directory that does not exist yet (the tier creates it, 0700)"
+            )
+        if st.st_mode & 0o022:
+            who = "group and others" if st.st_mode & 0o020 and st.st_mode & 0o002 else (
+                "its group" if st.st_mode & 0o020 else "others")
+            raise ConfigError(
+                f"disk tier {self._tier_name!r}: directory {root!r} is writable by {who} (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}): another user could replace chunk files with forged "
+                f"ones or plant links that make puts and deletes act outside it; run chmod go-w {root}, "
+                "or pass a directory that does not exist yet (the tier creates it, 0700)"
+            )
 
     # ----------------------------------------------------------------------------- scan
 

@@ -95,11 +95,14 @@ class RedisLink:
             self.mark_down(exc)
             return None
         except Exception as exc:  # noqa: BLE001
-            if not self.url.cluster:
-                raise
-            # redis-py's cluster client can fail in other ways while its topology changes under
-            # another thread (a node's connection gone mid-pipeline, a reply read out of step): a
-            # fault of the medium too, never an exception into the engine.
+            if self._closed and not self.url.cluster:
+                raise  # closed under this call (client() says so): the caller's error, as after close()
+            # redis-py fails in other ways on replies it does not expect: a server that is not Redis
+            # or a hostile one (a HELLO reply that is no map: AttributeError; a SCAN reply that is
+            # no [cursor, keys]: TypeError, which left a clear neither done nor pending; an array
+            # header claiming billions of elements: MemoryError), and the cluster client while its
+            # topology changes under another thread (a node's connection gone mid-pipeline, a reply
+            # read out of step). A fault of the medium too, never an exception into the engine.
             self.mark_down(exc)
             return None
 

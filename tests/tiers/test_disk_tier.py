@@ -610,6 +610,36 @@ class TestConstructionErrors:
             if os.geteuid() == 0:
                 _umount(d)
 
+    @pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770, 0o702])
+    def test_root_other_users_may_write_is_refused(self, tmp_path, mode):
+        """A root another user may write (an existing /tmp/radixkv made 0777 by whoever came first,
+        /tmp itself, a group-writable mount) was used as it was: that user could put a valid frame
+        of their own bytes at a chunk's path (the checksums are no signature: served as a hit) or a
+        link in place of a directory (puts wrote, deletes removed files outside the root). Sticky
+        bits do not help: namespace and chunk names are predictable, so they can be made first."""
+        d = tmp_path / "open"
+        d.mkdir()
+        os.chmod(d, mode)
+        with pytest.raises(ConfigError, match=rf"writable by .*mode {stat.S_IMODE(mode):04o}.*chmod go-w"):
+            DiskTier(root=str(d), capacity_bytes=1 << 20)
+        assert os.listdir(d) == []  # refused before it made anything there (.spare, probes)
+        os.chmod(d, 0o755)
+        DiskTier(root=str(d), capacity_bytes=1 << 20).close()  # readable by others is fine
+
+    def test_root_owned_by_another_user_is_refused(self, tmp_path):
+        """Its owner can write it whatever its mode says (chmod, or the files it already holds)."""
+        if os.geteuid() != 0:
+            pytest.skip("making a directory another user owns needs root")
+        d = tmp_path / "theirs"
+        d.mkdir(mode=0o700)
+        os.chown(d, 65534, 65534)
+        with pytest.raises(ConfigError, match=r"belongs to uid 65534, but this process's files belong to uid 0"):
+            DiskTier(root=str(d), capacity_bytes=1 << 20)
+        # A root the tier makes itself is always its own, under any parent.
+        t = DiskTier(root=str(d / "mine"), capacity_bytes=1 << 20)
+        t.close()
+        assert os.stat(d / "mine").st_uid == 0 and stat.S_IMODE(os.stat(d / "mine").st_mode) == 0o700
+
     @pytest.mark.parametrize("url", ["file://relative/dir?capacity=1MiB", "file:///tmp/x", "file:///tmp/x?capacity=1MiB&bogus=1"])
     def test_bad_urls(self, url):
         with pytest.raises(ConfigError):
@@ -672,7 +702,7 @@ class TestDiskFull:
     def test_real_enospc_on_tiny_tmpfs(self, tmp_path):
         """A 1 MiB tmpfs under a 64 MiB capacity: the filesystem fills first; puts fail, data stays exact."""
         d = str(tmp_path / "tiny")
-        if os.geteuid() != 0 or not _mount_tmpfs(d, "size=1m"):
+        if os.geteuid() != 0 or not _mount_tmpfs(d, "size=1m,mode=0700"):  # (a tmpfs is 1777)
             pytest.skip("cannot mount a tmpfs here (needs root)")
         try:
             t = DiskTier(root=d, capacity_bytes=64 << 20)

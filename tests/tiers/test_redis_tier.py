@@ -1003,3 +1003,108 @@ def test_cluster_ping_after_a_failover_rediscovers_the_primaries(make, redis_clu
     outs = empty(8)
     assert tier.get_many(ns, keys, outs) == [True] * 8
     assert all(torch.equal(o, payload(k)) for k, o in zip(keys, outs))
+
+
+# ------------------------------------------------------------------------------------------ hostile servers
+
+class _ScriptedServer:
+    """A RESP server on loopback that answers each command with ``reply(args) -> bytes`` (HELLO with
+    a RESP3 map unless ``reply`` says otherwise): a server that is not Redis, or a hostile one."""
+
+    def __init__(self, reply) -> None:
+        import socket
+
+        self.reply = reply
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.conns: list = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn) -> None:
+        f = conn.makefile("rb")
+        try:
+            while True:
+                head = f.readline()
+                if not head:
+                    return
+                args = []
+                for _ in range(int(head[1:])):
+                    n = int(f.readline()[1:])
+                    args.append(f.read(n + 2)[:-2])
+                out = self.reply(args)
+                if out is None:
+                    out = b"%1\r\n$5\r\nproto\r\n:3\r\n" if args[0].upper() == b"HELLO" else b"+OK\r\n"
+                conn.sendall(out)
+        except (OSError, ValueError):
+            return
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.fixture
+def scripted():
+    servers: list[_ScriptedServer] = []
+
+    def start(reply) -> _ScriptedServer:
+        servers.append(_ScriptedServer(reply))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def test_replies_redis_py_cannot_parse_are_faults_never_exceptions(make, scripted):
+    """A server that is not Redis (or a hostile one) made redis-py raise other errors than its own
+    (a HELLO reply that is no map: AttributeError), which escaped every call of a standalone tier;
+    they are faults like a connection error: misses, failed puts, the fail-fast window."""
+    server = scripted(lambda args: b"+OK\r\n")  # HELLO answered with a simple string
+    tier = make(server.url, down_backoff_s=0)
+    ns = fresh_ns()
+    assert tier.contains_many(ns, ["a"]) == 0
+    assert tier.get_many(ns, ["a"], empty(1)) == [False]
+    assert tier.put_many(ns, ["a"], [payload("a")]) == [False]
+    assert tier.delete_many(ns, ["a"]) == 0
+    tier.clear(ns)
+    st = tier.stats()
+    assert st.errors > 0 and st.misses == 1 and st.put_failures == 1, st
+
+
+def test_a_clear_a_malformed_scan_reply_broke_stays_pending(make, scripted):
+    """A SCAN reply that is not [cursor, keys] made clear() raise (TypeError from redis-py) without
+    recording the clear as pending: the keys it never reached stayed readable, so pre-clear bytes
+    were served after the clear. It is a fault now: the namespace misses until a retried clear ran."""
+    from radixkv.tiers.framing import encode_header
+
+    ns, key = fresh_ns(), "a"
+    value = payload(key)
+    frame = encode_header(ns, key, value.numpy()) + value.numpy().tobytes()
+
+    def reply(args):
+        cmd = args[0].upper()
+        if cmd == b"SCAN":
+            return b":7\r\n"  # not an array
+        if cmd == b"GET":
+            return b"$%d\r\n%s\r\n" % (len(frame), frame)
+        return None
+
+    tier = make(scripted(reply).url, down_backoff_s=0)
+    out = empty(1)
+    assert tier.get_many(ns, [key], out) == [True] and torch.equal(out[0], value)  # the frame is valid
+    tier.clear(ns)
+    assert tier.get_many(ns, [key], empty(1)) == [False]
+    assert tier.put_many(ns, [key], [value]) == [False]  # a retried clear would delete it
+    assert tier.stats().errors >= 1
