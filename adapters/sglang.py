@@ -86,7 +86,7 @@ class _PoolBinding:
         self.name = name
         self.pool = pool
         self.plan: PagePlan = plan_for(pool, flat=name != str(PoolName.KV))
-        self.flat: PagePlan = self.plan if self.plan.mode == "flat" else plan_for(pool, flat=True)
+        self.flat: PagePlan = self.plan if self.plan.mode != "parts" else plan_for(pool, flat=True)
         self.ns: Namespace = namespace_for(config, opts, pool, name, self.plan.tag, model_digest=model_digest)
         # Flat pages are in the layout's own byte order (page_first: token-major): a flat chunk
         # written from one order must never be read into a pool of another (wrong KV, same size).
@@ -391,7 +391,7 @@ class RadixKVStore(HiCacheStorage):
         ok = self._guard("batch_set_v1", self._n(keys), self._write_pages, b, b.plan, b.ns, keys, host_indices,
                          extra_info, moved)
         pages = moved[0] if moved else 0
-        self._record("backup", pages, pages * b.flat.chunk_bytes, t0)
+        self._record("backup", pages, pages * b.flat.page_bytes, t0)
         return ok
 
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
@@ -401,7 +401,7 @@ class RadixKVStore(HiCacheStorage):
         if b is None:
             return [False] * self._n(keys)
         ok = self._guard("batch_get_v1", self._n(keys), self._read_pages, b, b.plan, b.ns, keys, host_indices, extra_info)
-        self._record("prefetch", sum(ok), sum(ok) * b.flat.chunk_bytes, t0)
+        self._record("prefetch", sum(ok), sum(ok) * b.flat.page_bytes, t0)
         return ok
 
     def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
@@ -425,7 +425,8 @@ class RadixKVStore(HiCacheStorage):
             if not self.is_writer:
                 self.counters["skipped_non_writer_pages"] += len(keys)
                 return [True] * len(keys)
-            payloads = [self._u8(v) for v in values]
+            # SGLang's flat pages of a pool without bytes are empty: store its markers instead.
+            payloads = b.flat.gather([0] * len(keys)) if b.flat.mode == "marker" else [self._u8(v) for v in values]
             return self._put(b.ns_flat, list(keys), payloads, None, moved)
 
         t0 = time.perf_counter()
@@ -433,7 +434,7 @@ class RadixKVStore(HiCacheStorage):
         ok = self._guard("batch_set", self._n(keys), run)
         b = self._bindings.get("kv")  # for the page size only: the same in every weight version
         pages = moved[0] if moved else 0
-        self._record("backup", pages, pages * (b.flat.chunk_bytes if b else 0), t0)
+        self._record("backup", pages, pages * (b.flat.page_bytes if b else 0), t0)
         return all(ok) if ok or isinstance(keys, (list, tuple)) else False  # nothing to store: True
 
     def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
@@ -445,12 +446,14 @@ class RadixKVStore(HiCacheStorage):
             b = self._binding("kv")
             targets = list(target_locations) if target_locations is not None else b.flat.staging(len(keys))
             n = self._lookup(b.ns_flat, list(keys), None, b.flat.chunk_bytes, record=False)
-            got = self._get_across_splits(b.ns_flat, list(keys[:n]), [self._u8(t) for t in targets[:n]]) if n else 0
+            # A marker is read into scratch: the target, an empty flat page, is all there is to return.
+            bufs = b.flat.staging(n) if b.flat.mode == "marker" else [self._u8(t) for t in targets[:n]]
+            got = self._get_across_splits(b.ns_flat, list(keys[:n]), bufs) if n else 0
         except Exception as e:  # never raise into SGLang's storage threads
             self.counters["failed_calls"] += 1
             logger.warning("radixkv: batch_get of %d pages failed: %s: %s", self._n(keys), type(e).__name__, e)
             got = 0
-        self._record("prefetch", got, got * (b.flat.chunk_bytes if b else 0), t0)
+        self._record("prefetch", got, got * (b.flat.page_bytes if b else 0), t0)
         return [targets[i] if i < got and targets is not None else None for i in range(self._n(keys))]
 
     def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None):
@@ -502,7 +505,7 @@ class RadixKVStore(HiCacheStorage):
             # records its v2 calls): the v2 path (hybrid models) fed SGLang's histograms nothing.
             b = self._bindings.get(name)
             pages = (moved[0] if moved else 0) if write else sum(ok)
-            self._record("backup" if write else "prefetch", pages, pages * (b.flat.chunk_bytes if b else 0), t0)
+            self._record("backup" if write else "prefetch", pages, pages * (b.flat.page_bytes if b else 0), t0)
         return out
 
     def batch_set_v2(self, transfers: List[PoolTransfer],

@@ -35,6 +35,7 @@ __all__ = [
     "HybridHarness",
     "ServerStackHarness",
     "PrefetchResult",
+    "Pools",
     "build_pools",
     "set_parallel_context",
 ]
@@ -305,7 +306,11 @@ class HybridHarness:
     (``_sync_trailing_keys``) as in a server."""
 
     def __init__(self, spec: PoolSpec, sidecars: dict, backend: str = "dynamic",
-                 extra_config: dict | None = None, model_name: str = "test-model") -> None:
+                 extra_config: dict | None = None, model_name: str = "test-model",
+                 pools: dict | None = None) -> None:
+        """``pools``: prebuilt :class:`Pools` by ``PoolName``, replacing or adding to those built from
+        the specs (SGLang host pool classes a :class:`PoolSpec` does not describe, e.g. DeepSeek-V4's
+        ``LogicalHostPool`` KV anchor and its compressed sidecars; a sidecar needs only its host pool)."""
         from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
         from sglang.srt.mem_cache.hicache_storage import PoolName
         from sglang.srt.mem_cache.pool_host import HostPoolGroup, PoolEntry
@@ -314,6 +319,7 @@ class HybridHarness:
         self._kv = PoolName.KV
         self.pools = {PoolName.KV: build_pools(spec)}
         self.pools.update({name: build_pools(s) for name, s in sidecars.items()})
+        self.pools.update(pools or {})
         entries = [PoolEntry(name, p.host_pool, p.device_pool, lambda layer: layer,
                              is_primary_index_anchor=name == PoolName.KV) for name, p in self.pools.items()]
         kv = self.pools[PoolName.KV]

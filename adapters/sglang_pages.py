@@ -14,6 +14,10 @@ register). For ``page_first`` / ``page_first_direct`` / ``page_head`` an MHA pag
   flat data page (``get_data_page`` / ``set_from_flat_data_page``). Its byte order is **not** the
   same in every layout (:func:`flat_format`): ``page_first`` flattens a page token-major,
   ``page_head`` head-major, ``layer_first`` and ``page_first_direct`` layer-major.
+* ``marker``: a pool whose pages hold no bytes (SGLang's ``LogicalHostPool``, the KV anchor of
+  DeepSeek-V4, whose KV lives in its sidecar pools): each page is stored as a one-byte marker
+  chunk, as SGLang's own NIXL backend does, so the KV chain that gates the sidecars' hits exists.
+  Reading one restores nothing (there is nothing to restore).
 
 A plan's ``mode``, segment count and chunk size are part of the storage namespace, and so is the flat
 format's byte order, so chunks written under one plan or order are never read under another.
@@ -32,6 +36,7 @@ from radixkv.tiers.base import ChunkParts
 __all__ = ["PagePlan", "plan_for", "flat_format"]
 
 _VIEW_CACHE_PAGES = 1 << 16  # bound on cached page views per plan (a few MB of tensor headers)
+_MARKER_BYTES = 1  # the chunk of a page without bytes (marker plan)
 
 
 def _u8(t: torch.Tensor) -> torch.Tensor:
@@ -43,7 +48,7 @@ class PagePlan:
     """How pages of one host pool map to chunk payloads (one chunk per page, ``chunk_bytes`` each)."""
 
     pool: Any
-    mode: str                 # "parts" or "flat"
+    mode: str                 # "parts", "flat" or "marker"
     n_segments: int           # segments per page (parts) -- 1 for flat
     segment_bytes: int        # bytes of one host segment (parts) or of the flat page
     chunk_bytes: int
@@ -56,6 +61,11 @@ class PagePlan:
     @property
     def tag(self) -> str:
         return f"{self.mode}{self.n_segments}x{self.chunk_bytes}"
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one host page (what SGLang's metrics count): ``chunk_bytes``, 0 for a marker."""
+        return 0 if self.mode == "marker" else self.chunk_bytes
 
     def page_starts(self, host_indices: torch.Tensor, n_pages: int) -> list[int]:
         """Token index of each page's first slot (SGLang passes token indices, page-aligned)."""
@@ -102,15 +112,19 @@ class PagePlan:
         return out
 
     def gather(self, starts: Sequence[int]) -> list[torch.Tensor]:
-        """Flat plan: payloads copied out of the pool, one contiguous uint8 tensor per page."""
+        """Flat plan: payloads copied out of the pool, one contiguous uint8 tensor per page
+        (marker plan: one marker per page)."""
+        if self.mode == "marker":
+            return [torch.ones(_MARKER_BYTES, dtype=torch.uint8) for _ in starts]
         return [_u8(self.pool.get_data_page(s, flat=True).contiguous()) for s in starts]
 
     def staging(self, n_pages: int) -> list[torch.Tensor]:
         return [torch.empty(self.chunk_bytes, dtype=torch.uint8) for _ in range(n_pages)]
 
     def scatter(self, starts: Sequence[int], payloads: Sequence[torch.Tensor]) -> None:
-        """Flat plan: write flat payloads back into the pool pages at ``starts``."""
-        if not starts:
+        """Flat plan: write flat payloads back into the pool pages at ``starts`` (marker plan:
+        nothing, a page without bytes)."""
+        if not starts or self.mode == "marker":
             return
         dummy = self.pool.get_dummy_flat_data_page()
         for s, p in zip(starts, payloads):
@@ -141,6 +155,11 @@ def flat_format(pool: Any) -> str:
 def _flat_plan(pool: Any, page_size: int) -> PagePlan:
     dummy = pool.get_dummy_flat_data_page()
     nbytes = dummy.numel() * dummy.element_size()
+    if nbytes == 0:
+        # A page of no bytes (DeepSeek-V4's LogicalHostPool KV anchor): a store chunk needs at least
+        # one byte, and without the anchor's chain every hit query failed and V4 never hit L3.
+        return PagePlan(pool=pool, mode="marker", n_segments=1, segment_bytes=_MARKER_BYTES,
+                        chunk_bytes=_MARKER_BYTES, page_size=page_size)
     return PagePlan(pool=pool, mode="flat", n_segments=1, segment_bytes=nbytes, chunk_bytes=nbytes,
                     page_size=page_size)
 
