@@ -277,7 +277,7 @@ class RadixTree:
                     self._touch_upper(last, mask)
         return MatchResult(self, keys, idx, hit, last)
 
-    def _touch_upper(self, node_id: int, mask: int) -> None:
+    def _touch_upper(self, node_id: int, mask: int, allowed: int = -1, now: int = -1) -> None:
         """Tell each tier *faster* than every tier holding ``node_id`` (the deepest hit chunk) that
         its part of the path was used: its policy hears the deepest path node it holds. Without
         this, a hit whose deepest chunks only a lower tier held never refreshed the top tier's copy
@@ -285,9 +285,13 @@ class RadixTree:
         so making room for the promotion of those very chunks evicted that prefix first, and the
         next hit read it from the slower tier (the simulator, which inserts the whole path into the
         top tier, keeps it there). Slower tiers' copies of the path are not touched (their order is
-        the demotion order, see docs/simulator.md). O(the path up to the last such tier's node)."""
-        want = (mask & -mask) - 1  # the tiers faster than the fastest one holding node_id
-        parent, tmask, policies, now = self._parent, self._mask, self._policies, self._now
+        the demotion order, see docs/simulator.md). O(the path up to the last such tier's node).
+        ``allowed``: a tier bitmask, only those tiers hear it; ``now``: their time (default the
+        clock's) (both for :meth:`touch` with ``tiers``)."""
+        want = ((mask & -mask) - 1) & allowed  # the tiers faster than the fastest one holding node_id
+        parent, tmask, policies = self._parent, self._mask, self._policies
+        if now < 0:
+            now = self._now
         n = parent[node_id]
         while n >= 0 and want:
             new = tmask[n] & want
@@ -321,12 +325,36 @@ class RadixTree:
             mask >>= 1
             i += 1
 
-    def touch(self, node_ids: Sequence[int]) -> None:
-        """Tell the policies the path ending at the last of ``node_ids`` was used."""
+    def touch(self, node_ids: Sequence[int], tiers: Sequence[str] | None = None) -> None:
+        """Tell the policies the path ending at the last of ``node_ids`` was used.
+
+        ``tiers``: only those tiers' policies hear what ``match(..., touch=True)`` of that path tells
+        them (each tier holding the node, and a tier faster than all of them its deepest node on the
+        path), at the next tick of the clock, which does not advance: the other tiers see the same
+        times as without the call, and the next event shares that tick (a tick of its own, as a
+        match takes, so no policy takes the touch for part of an earlier insert: S3-FIFO ignores
+        an access at its last insert's time). The simulator uses it to give a lower tier's copies of
+        a hit the touch a store's ``get`` gives them, without a second touch of the top tier
+        (docs/simulator.md)."""
         if node_ids:
             self._alive(node_ids[-1])
-            self._now += 1
-            self._touch(node_ids[-1])
+            if tiers is None:
+                self._now += 1
+                self._touch(node_ids[-1])
+                return
+            n, now = node_ids[-1], self._now + 1
+            allowed = 0
+            for name in tiers:
+                allowed |= 1 << self.tier_index(name)
+            mask = self._mask[n]
+            held, i = mask & allowed, 0
+            while held:
+                if held & 1:
+                    self._policies[i].on_access(n, now)
+                held >>= 1
+                i += 1
+            if not mask & 1:
+                self._touch_upper(n, mask, allowed, now)
 
     # ------------------------------------------------------------------ insert
 

@@ -8,6 +8,7 @@ policies and prints the table. Examples::
         --policy lru,s3fifo,cost,agedref,oddsref,opt --model llama3-70b --json out.json --plot mrc.png
     radixkv sim --workload rag --tiers mem,disk=25%@7 --capacity 64GiB --model llama3-8b
     radixkv sim --workload rag --tiers mem,disk=25%@7:lru --policy agedref --model llama3-8b
+    radixkv sim --workload chat --tiers mem,disk=25% --write-policy write_back
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from radixkv.config import WRITE_POLICIES
 from radixkv.errors import RadixKVError
 from radixkv.sims.model import DEFAULT_TIER_MODELS, TierModel, parse_model
 from radixkv.sims.policy_spec import PolicySpec, parse_policy_spec
@@ -64,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "capacity is --capacity and its policy the swept --policy; a lower tier runs the swept "
                         "policy too unless given one (lru is usually the better choice there) "
                         "(default: mem). Example: mem@50,disk=25%%@7:lru")
+    p.add_argument("--write-policy", choices=WRITE_POLICIES, default=None,
+                   help="the store's write_policy to model with several tiers: write_through (the store's "
+                        "default: every new block is also written to each lower tier) or write_back (a block "
+                        "reaches a lower tier only when evicted from the one above) (default write_through)")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"model preset or layers=..,kv_heads=..,head_dim=..,dtype=..,prefill_tps=.. for the "
                         f"byte sizes and TTFT (default {DEFAULT_MODEL}; 'none' to skip TTFT)")
@@ -232,6 +238,9 @@ def _main(args: argparse.Namespace) -> int:
         if t.capacity_text is None:
             raise RadixKVError(f"tier {t.name!r} needs a capacity: --tiers ...,{t.name}=25%")
         lower.append(LowerTier(t.name, t.capacity_text, t.model, t.policy))
+    if args.write_policy is not None and not lower:
+        print(f"note: --write-policy {args.write_policy} decides how blocks reach lower tiers, and --tiers gives "
+              "one tier: it does nothing here", file=sys.stderr)
     # A capacity above the unique blocks is legal (the infinite cache), but usually a unit slip.
     checked = list(zip(capacity_texts, capacities))
     for lt in lower:
@@ -254,6 +263,7 @@ def _main(args: argparse.Namespace) -> int:
         trace, policies, capacities, top_tier=top.name, lower_tiers=lower, model=model,
         top_tier_model=top.model, overlap=args.overlap, jobs=args.jobs,
         progress=not args.no_progress and sys.stderr.isatty(),
+        write_policy=args.write_policy or "write_through",
     )
     recs = records(points, infinite)
     title = (

@@ -14,9 +14,19 @@ Semantics (fixed, so results are comparable and checkable):
   demoted there (``set_resident`` on the lower tier, then ``clear_resident``; counted in
   ``demotions`` only if the lower tier did not hold it already), a victim of the last tier is
   dropped;
+* with several tiers the replay follows the store's order of calls (docs/simulator.md, "Simulator
+  and runtime"), so that under ``lru`` both hold the same blocks in the same tiers after every
+  request: ``write_policy`` is the store's (``write_through``, its default: each new block is
+  also written to every lower tier, each tier making room first; ``write_back``: a block reaches
+  a lower tier only as a victim); a tier makes room before each block arrives (a demotion first
+  makes room below, which may cascade); the hit blocks the top tier lacks (which the insert
+  promotes) are pinned while the top tier makes room for them, then the new blocks get room; and
+  the lower tiers' copies of the hit path hear the touch a store's ``get`` gives them
+  (``tree.touch(..., tiers=...)``, which leaves the top tier's clock as a single tier has it);
 * capacity is counted in blocks (a byte capacity is converted at the full-block size);
 * every tier runs the replay's policy unless its :class:`TierCapacity` names one (a lower tier only
-  sees demotions, so a frequency policy there counts each demotion as a first reference).
+  sees demotions and written-through blocks, so a frequency policy there counts each arrival as a
+  first reference).
 
 ``offline`` policies (OPT) get the future through :meth:`OPTPolicy.set_next_use` after each insert.
 The replay never re-implements the tree or a policy: it only drives the public API.
@@ -27,10 +37,12 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Sequence
 
 import numpy as np
 
+from radixkv.config import WRITE_POLICIES
 from radixkv.errors import ConfigError
 from radixkv.sims import opt as _opt  # registers the "opt" policy
 from radixkv.sims.traces import Trace
@@ -40,6 +52,7 @@ __all__ = ["TierCapacity", "ReplayResult", "replay", "UNBOUNDED"]
 
 UNBOUNDED = -1  # capacity_blocks of a tier that never evicts (the infinite cache)
 _NS = "sim"
+_PIN_S = 1e9  # a pin the replay takes and releases within one request: never expires meanwhile
 
 
 @dataclass(slots=True)
@@ -112,6 +125,7 @@ def replay(
     check_every: int = 0,
     progress: bool = False,
     next_use: list[list[int]] | None = None,
+    write_policy: str = "write_through",
 ) -> ReplayResult:
     """Replay ``trace`` through a fresh tree; return the counts.
 
@@ -119,10 +133,15 @@ def replay(
     own ``policy``. ``block_bytes``: bytes of a full block (default: one byte per token, so
     capacities are in blocks either way). ``check_every`` > 0 runs ``tree.check_integrity()`` every that many requests (tests).
     ``next_use``: the trace's :func:`~radixkv.sims.opt.next_use_table`, if the caller already has it
-    (a sweep computes it once for all its OPT points); computed here otherwise.
+    (a sweep computes it once for all its OPT points); computed here otherwise. ``write_policy``: the
+    store's (``write_through``, its default, or ``write_back``); it decides how blocks reach the
+    lower tiers, so it matters only with several tiers.
     """
     if not tiers:
         raise ConfigError("replay needs at least one tier")
+    if write_policy not in WRITE_POLICIES:
+        raise ConfigError(f"write_policy={write_policy!r} must be one of {list(WRITE_POLICIES)}: the store's "
+                          "write_policy the replay models (it matters only with several tiers)")
     names = [t.name for t in tiers]
     if any(t.policy is not None for t in tiers):
         # Per-tier mappings for both, so one tier's options never reach another tier's policy.
@@ -163,10 +182,49 @@ def replay(
     node_tier_mask = tree.node_tier_mask
     lower_bits = [1 << (t + 1) for t in range(n_tiers)]  # residency bit of the tier below each tier
     tree_evict = tree.evict
+    block_refs = block_hits = token_hits = input_tokens = evictions = demotions = 0
+    through = write_policy == "write_through"
+    touch, lower_names = tree.touch, names[1:]
+    pin, unpin = tree.pin, tree.unpin
+    last = n_tiers - 1
+
+    def room(t: int, n: int) -> None:
+        """Evict ``n`` chunks from tier ``t`` in exact policy order, as the store's room-making does:
+        a victim the tier below lacks is copied there once that tier made room for it (each tier
+        evicts before it is written, never after), a victim the tier below holds is released, a
+        victim of the last tier is dropped."""
+        nonlocal evictions, demotions
+        name = names[t]
+        if t == last:
+            # One victim at a time through evict_candidates, as the store drops them (the tree's
+            # own loop, tree.evict, puts a pinned candidate it skipped back in front of a parent
+            # that an eviction made a leaf; evict_candidates puts it behind).
+            for _ in range(n):
+                victims = evict_candidates(name, 1, drop=True)
+                if not victims:
+                    break
+                evictions += len(clear_resident(victims, name).removed_node_ids)
+            return
+        lower, bit = names[t + 1], lower_bits[t]
+        for _ in range(n):
+            victims = evict_candidates(name, 1)
+            if not victims:
+                break  # only pinned or interior chunks left (cannot happen in a replay)
+            # A victim the lower tier already holds (a hit promoted from it keeps its copy there, and
+            # with write_through every block written since it left) is released, not copied: no
+            # demotion, as the store counts it ("release", not "demote").
+            if not node_tier_mask(victims[0]) & bit:
+                if bounded[t + 1]:
+                    over = tier_chunks(lower) + 1 - caps[t + 1]
+                    if over > 0:
+                        room(t + 1, over)
+                demotions += 1
+                set_resident(victims, lower)
+            clear_resident(victims, name)
+            evictions += 1
     set_next_use = (
         opt_policy.set_next_use if opt_policy is not None else None  # type: ignore[union-attr,attr-defined]
     )
-    block_refs = block_hits = token_hits = input_tokens = evictions = demotions = 0
     bar = _progress(n_req) if progress else None
     # The replay allocates no reference cycles; the cyclic collector would only rescan the trace's
     # ~10^5 containers over and over (16 ms pauses), so it is paused for the loop.
@@ -186,6 +244,24 @@ def replay(
                 m = match(_NS, keys, touch=False)
                 for mask in m.tier_masks:
                     tier_hits[i, (mask & -mask).bit_length() - 1] += 1
+                # Hit blocks the top tier lacks: the insert promotes them (the store's get does).
+                promoted = [n for n, mask in zip(m.node_ids, m.tier_masks) if not mask & 1]
+                before_top = tier_chunks(top)
+                last_hit = m.last_node_id
+                if last_hit is not None and m.tier_masks[-1] != 1:
+                    # A store's get touches the path of its hit (match(touch=True)): the deepest hit
+                    # block in every tier holding it, and where the top tier lacks that block, each
+                    # faster tier's deepest block on the path. The insert below touches the top
+                    # tier's copy of the path, and on a full hit also every tier holding the last
+                    # block (as the get does); the lower tiers' remaining copies hear it here, so
+                    # they rank the path as the store's tiers do (without this the disk evicted the
+                    # hit's deepest block first, and write-through then wrote the new blocks beneath
+                    # nothing there).
+                    mask = m.tier_masks[-1]
+                    if m.hit_chunks < nk:
+                        touch((last_hit,), lower_names)
+                    elif not mask & 1 and mask & -mask > 2:
+                        touch((last_hit,), names[1:(mask & -mask).bit_length() - 1])
             rem = req.input_tokens - (nk - 1) * bt
             partial = 0 < rem < bt
             if partial and nk > 1 and lookup(_NS, keys[-1]) is not None:
@@ -220,29 +296,38 @@ def replay(
                     if over > 0:
                         evictions += len(tree_evict(top, over).removed_node_ids)
             else:
-                for t in range(n_tiers):
-                    if not bounded[t]:
-                        continue
-                    over = tier_chunks(names[t]) - caps[t]
-                    lower = names[t + 1] if t + 1 < n_tiers else None
-                    if lower is None and over > 0:
-                        # Exact policy order, one victim at a time, in the tree's own eviction loop.
-                        evictions += len(tree_evict(names[t], over).removed_node_ids)
-                        continue
-                    while over > 0:
-                        victims = evict_candidates(names[t], 1, drop=lower is None)
-                        if not victims:
-                            break  # only pinned or interior chunks left (cannot happen in a replay)
-                        if lower is not None:
-                            # A victim the lower tier already holds (a hit promoted from it keeps
-                            # its copy there) is released, not copied: no demotion, as the store
-                            # counts it ("release", not "demote").
-                            if not node_tier_mask(victims[0]) & lower_bits[t]:
-                                demotions += 1
-                            set_resident(victims, lower)
-                        clear_resident(victims, names[t])
-                        evictions += 1
-                        over -= 1
+                # The store's order: the top tier makes room for what the request added (victims
+                # copied down after the tier below made room for each, so no tier ever holds more
+                # than its capacity), first for the promoted hit blocks, which are pinned while
+                # that room is made (the store's promotion holds them in every tier: room-making
+                # below cannot drop their copies), then for the new blocks; then with
+                # write_through each lower tier makes room for the new blocks and receives them.
+                if bounded0:
+                    if promoted:
+                        over = before_top + len(promoted) - cap0
+                        if over > 0:
+                            pin(promoted, "promote", _PIN_S)
+                            room(0, over)
+                            unpin(promoted, "promote")
+                    over = tier_chunks(top) - cap0
+                    if over > 0:
+                        room(0, over)
+                if through and k < nk:
+                    for t in range(1, n_tiers):
+                        bit = 1 << t
+                        todo = [key for key, n in zip(keys[k:], map(lookup, repeat(_NS), keys[k:]))
+                                if n is not None and not node_tier_mask(n) & bit]
+                        if bounded[t] and todo:
+                            over = tier_chunks(names[t]) + len(todo) - caps[t]
+                            if over > 0:
+                                room(t, over)
+                            # A write stores the leading run that fits, as a put does.
+                            del todo[max(0, caps[t] - tier_chunks(names[t])):]
+                        # Blocks the room-making dropped (only a request longer than a tier loses
+                        # its own blocks) are not written.
+                        written = [n for n in map(lookup, repeat(_NS), todo) if n is not None]
+                        if written:
+                            set_resident(written, names[t])
             if check_every and i % check_every == 0:
                 tree.check_integrity()
             if bar is not None and i % 256 == 0:

@@ -8,7 +8,8 @@ One record per (policy, capacity)::
     infinite_block_hit_rate, gap_closed (fraction of the LRU-to-OPT gap; null without both),
     tier_hit_blocks ({tier: hit blocks served from it}, summing to block_hits), tier_policies
     ({tier: policy label}), demotions (victims copied down a tier, not those the tier below
-    already held), elapsed_s, accesses_per_s, and with a model: ttft_mean_ms, ttft_p50_ms,
+    already held), write_policy (the store's write policy modelled: write_through or write_back;
+    it matters only with several tiers), elapsed_s, accesses_per_s, and with a model: ttft_mean_ms, ttft_p50_ms,
     ttft_p90_ms, ttft_p99_ms, loaded_bytes ({tier: bytes loaded from it}), recomputed_tokens
     (tokens the TTFT model prefills: misses plus hits it recomputes because loading them would be
     slower).
@@ -53,6 +54,7 @@ class Point:
     tier_hit_blocks: dict[str, int] | None = None  # {tier: hit blocks served from it (fastest holder)}
     demotions: int = 0
     tier_policies: dict[str, str] | None = None  # {tier: policy label}; lower tiers may differ from `policy`
+    write_policy: str = "write_through"  # the store's write policy the replay modelled (several tiers)
 
 
 def records(points: Sequence[Point], infinite_rate: float) -> list[dict[str, Any]]:
@@ -81,6 +83,7 @@ def records(points: Sequence[Point], infinite_rate: float) -> list[dict[str, Any
             "tier_hit_blocks": dict(p.tier_hit_blocks) if p.tier_hit_blocks is not None else None,
             "tier_policies": dict(p.tier_policies) if p.tier_policies is not None else None,
             "demotions": p.demotions,
+            "write_policy": p.write_policy,
             "elapsed_s": round(p.elapsed_s, 4),
             "accesses_per_s": round(p.block_references / p.elapsed_s) if p.elapsed_s > 0 else None,
         }

@@ -128,6 +128,7 @@ class _Job:
     overlap: bool = False
     progress: bool = False
     tier_labels: list[str | None] = field(default_factory=list)  # per tier: its own policy's label, or None
+    write_policy: str = "write_through"
 
 
 _TRACE: Trace | None = None  # set before forking, read by workers
@@ -139,7 +140,8 @@ def _run(job: _Job) -> Point:
     assert trace is not None
     spec = job.policy
     r = replay(trace, spec.name, job.tiers, block_bytes=job.block_bytes, policy_options=spec.options,
-               progress=job.progress, next_use=_NEXT_USE if spec.offline else None)
+               progress=job.progress, next_use=_NEXT_USE if spec.offline else None,
+               write_policy=job.write_policy)
     names = [t.name for t in job.tiers]
     point = Point(
         policy=spec.label,
@@ -156,6 +158,7 @@ def _run(job: _Job) -> Point:
         demotions=r.demotions,
         tier_policies={t.name: label or spec.label
                        for t, label in zip(job.tiers, job.tier_labels or [None] * len(job.tiers))},
+        write_policy=job.write_policy,
     )
     if job.model is not None:
         inputs = np.fromiter((q.input_tokens for q in trace.requests), dtype=np.int64, count=len(trace))
@@ -182,11 +185,13 @@ def run_sweep(
     overlap: bool = False,
     jobs: int | None = None,
     progress: bool = False,
+    write_policy: str = "write_through",
 ) -> list[Point]:
     """Replay every (policy, capacity) point; results in (policy, capacity) order.
 
     ``policies``: specs, ``NAME`` or ``NAME:KEY=VALUE...`` (:mod:`radixkv.sims.policy_spec`); a
-    point's ``policy`` is its spec's label."""
+    point's ``policy`` is its spec's label. ``write_policy``: the store's, which the replay models
+    with several tiers (:func:`~radixkv.sims.replay.replay`)."""
     global _TRACE, _NEXT_USE
     if not policies or not capacities:
         raise ConfigError("a sweep needs at least one policy and one capacity")
@@ -209,7 +214,7 @@ def run_sweep(
         raise ConfigError("the opt policy models a single tier; drop --tiers or the opt policy")
     todo = [
         _Job(s, c, [TierCapacity(top_tier, c.blocks)] + lower, block_bytes, model, models, overlap,
-             tier_labels=labels_per_tier)
+             tier_labels=labels_per_tier, write_policy=write_policy)
         for s in specs
         for c in capacities
     ]

@@ -784,3 +784,52 @@ def test_the_runs_awaiting_a_parent_are_bounded_the_oldest_forgotten_first():
     zero.insert(NS, ["c"], "mem", 16, 100, parent_key="b", root_if_missing=True)
     zero.check_integrity()
     assert not zero._awaits and zero.lookup(NS, "c") is not None
+
+
+
+_HEARD: list[tuple[int, str, int]] = []  # (policy's tier index, node key, time) of each access
+
+
+def _recording_tree(tiers: list[str]) -> RadixTree:
+    """A tree whose tiers run lru, recording each access in _HEARD (a Python subclass of the
+    compiled policy, registered only while the tree is made)."""
+    from radixkv.policies import POLICIES, register_policy
+
+    base = POLICIES["lru"]
+
+    def bind(self, tree, tier_index, _b=base):
+        self.tier_index, self.tree = tier_index, tree
+        _b.bind(self, tree, tier_index)
+
+    def on_access(self, n, now, _b=base):
+        _HEARD.append((self.tier_index, self.tree.node_key(n), now))
+        _b.on_access(self, n, now)
+
+    register_policy("lru-heard")(type("LRUHeard", (base,), {"bind": bind, "on_access": on_access}))
+    try:
+        return RadixTree(tiers=tiers, policy="lru-heard")
+    finally:
+        del POLICIES["lru-heard"]
+
+
+def test_a_touch_for_some_tiers_tells_only_them_and_keeps_the_clock():
+    """touch(ids, tiers=...) tells the named tiers what match(touch=True) would (each tier holding
+    the node; a tier faster than all of them its deepest node on the path), at the next clock tick
+    without taking it: the other tiers hear nothing, and the next event takes that tick."""
+    t = _recording_tree(["mem", "disk", "remote"])
+    t.insert("n", ["a", "ab", "abc"], "mem", 4, 4)
+    ids = t.match("n", ["a", "ab", "abc"], touch=False).node_ids
+    t.set_resident(ids, "disk")
+    t.set_resident(ids[2:], "remote")
+    t.clear_resident(ids[2:], "mem")  # abc: disk and remote; a, ab: mem and disk
+    _HEARD.clear()
+    t.touch([ids[2]], tiers=["disk", "remote"])
+    (_, _, now), _ = _HEARD
+    assert sorted(_HEARD) == [(1, "abc", now), (2, "abc", now)]
+    _HEARD.clear()
+    t.clear_resident(ids[2:], "disk")  # abc: remote only; the disk's deepest node on the path is ab
+    t.touch([ids[2]], tiers=["disk"])
+    assert _HEARD == [(1, "ab", now)]  # the same tick: neither touch took it (nor did the clear)
+    _HEARD.clear()
+    t.match("n", ["a", "ab", "abc"])  # the full touch: every tier, at the tick the touches used
+    assert sorted(_HEARD) == [(0, "ab", now), (1, "ab", now), (2, "abc", now)]

@@ -127,3 +127,27 @@ def test_a_trace_that_is_not_a_regular_file_says_so(capsys):
     rc = cli.main(["--trace", "/dev/null", "--model", "none", "--policy", "lru", "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and "not a regular file" in err and "Traceback" not in err, err
+
+
+def test_write_policy_is_the_stores_default_and_can_be_write_back(tmp_path, capsys):
+    """With several tiers the replay models the store's write_policy, write_through unless told:
+    every new block reaches the disk when written, so a disk no larger than memory holds only what
+    memory holds and serves nothing (before, the simulator always modelled write_back and counted
+    that disk as extra capacity). Records say which was modelled."""
+    out = tmp_path / "o.json"
+    argv = ["--workload", "chat", "--requests", "300", "--capacity", "2%", "--policy", "lru",
+            "--tiers", "mem,disk=2%", "--model", "none", "--jobs", "1", "--no-progress", "--json", str(out)]
+    assert cli.main(argv) == 0
+    through = json.loads(out.read_text())[0]
+    assert cli.main([*argv, "--write-policy", "write_back"]) == 0
+    back = json.loads(out.read_text())[0]
+    assert (through["write_policy"], back["write_policy"]) == ("write_through", "write_back")
+    assert through["tier_hit_blocks"]["disk"] == 0 and back["tier_hit_blocks"]["disk"] > 0
+    assert back["block_hits"] > through["block_hits"] and back["demotions"] > through["demotions"]
+    capsys.readouterr()
+    assert cli.main(["--workload", "chat", "--requests", "30", "--write-policy", "write_back", "--model", "none",
+                     "--jobs", "1", "--no-progress"]) == 0
+    assert "--write-policy write_back decides how blocks reach lower tiers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse names the choices
+        cli.main([*argv, "--write-policy", "write-back"])
+    assert "write_through" in capsys.readouterr().err

@@ -98,16 +98,24 @@ def test_a_victim_the_lower_tier_already_holds_is_not_a_demotion():
     # it (disk keeps its copy) and demotes b, r3 promotes b and evicts a from mem again: disk still
     # holds a, so nothing moves (the runtime counts that victim as "release", not "demote").
     # Counting every victim as a demotion overstated them 2.4-4.3x on the synthetic workloads.
+    # (write_back: with write_through, the store's default, each block reaches disk when written, so
+    # no victim is ever copied down.)
     trace = chain_trace([["a"], ["b"], ["a"], ["b"]])
-    r = replay(trace, "lru", [TierCapacity("mem", 1), TierCapacity("disk", 10)], check_every=1)
+    tiers = [TierCapacity("mem", 1), TierCapacity("disk", 10)]
+    r = replay(trace, "lru", tiers, check_every=1, write_policy="write_back")
     assert list(r.hit_blocks) == [0, 0, 1, 1] and list(r.tier_hit_blocks[:, 1]) == [0, 0, 1, 1]
     assert r.evictions == 3  # every request after the first pushes one block out of mem...
     assert r.demotions == 2  # ...but only a and b were ever copied to disk
+    r = replay(trace, "lru", tiers, check_every=1)
+    assert list(r.tier_hit_blocks[:, 1]) == [0, 0, 1, 1] and (r.evictions, r.demotions) == (3, 0)
 
 
 def test_opt_needs_one_tier_and_capacity_validated():
     with pytest.raises(ConfigError, match="single tier"):
         replay(chain_trace(HAND), "opt", [TierCapacity("mem", 1), TierCapacity("disk", 2)])
+    with pytest.raises(ConfigError, match="write_policy='write-back' must be one of"):
+        replay(chain_trace(HAND), "lru", [TierCapacity("mem", 1), TierCapacity("disk", 2)],
+               write_policy="write-back")
     with pytest.raises(ConfigError, match="capacity_blocks"):
         TierCapacity("mem", 0)
 

@@ -149,6 +149,20 @@ class TestCapacity:
         assert sum(ok) == 20 and t.stats().extra["slabs"] == 4
         t.check_integrity()
 
+    @pytest.mark.parametrize("slot_bytes", [17_568, 35_136, 14 * KiB, 32 * KiB, 80 * KiB])
+    def test_a_tier_holds_what_its_bytes_hold(self, slot_bytes):
+        """The geometry of real KV chunks scaled down 1024x (2 MiB units, 64 MiB slabs: DeepSeek-V3
+        chunks of 256 and 512 tokens, Qwen2.5-7B, Llama-3-8B and -70B chunks of 256 tokens): the tier
+        holds as many chunks as its bytes do (a slab wastes less than one slot, and its size is chosen
+        to waste little). Before, every slab took the target size: a 17.2 MiB chunk left 12.5 MiB of
+        each 64 MiB slab unused (24 chunks where 512 MiB hold 29), a 34.3 MiB one 29.7 MiB (8 where
+        14 fit); the simulator, counting a byte capacity in whole chunks, expected what the bytes hold."""
+        t = MemoryTier(capacity_bytes=512 * KiB, unit_bytes=2 * KiB, slab_target_bytes=64 * KiB)
+        n = 512 * KiB // slot_bytes
+        ok = t.put_many("ns", [f"k{i}" for i in range(n + 1)], [pl(i, slot_bytes) for i in range(n + 1)])
+        assert sum(ok) == n and not ok[-1], f"{sum(ok)} chunks of {slot_bytes} bytes in 512 KiB; its bytes hold {n}"
+        t.check_integrity()
+
 
 class TestLeases:
     def test_views_are_zero_copy(self, small):
