@@ -611,5 +611,15 @@ class RadixKVStore(HiCacheStorage):
 
     def check_integrity(self) -> None:
         self.store.check_integrity()
+        s = self.store._stack
+        shared = [t for t, tier in enumerate(s.tiers) if getattr(tier, "shared", False)]
         for name, b in self._bindings.items():
             assert b.plan.chunk_bytes > 0, f"pool {name}: empty page plan"
+            if self.is_writer or not b.replicated:
+                continue
+            # The writer rank owns a replicated pool's pages in the shared tiers: this rank's
+            # room-making must only forget them (_bind, _follow_weights borrow both namespaces).
+            with self.store.lock:
+                lent = [s.names[t] for t in shared for ns in (b.ns, b.ns_flat)
+                        if not s.is_borrowed_locked(t, ns.digest)]
+            assert not lent, f"pool {name}: a non-writer rank's namespaces are not borrowed in tiers {lent}"

@@ -708,6 +708,18 @@ class WorkerSide:
     def check_integrity(self) -> None:
         total = sum(st.nbytes for st in self._staged.values()) + sum(st.nbytes for st in self._draining)
         assert total == self._staged_bytes, (total, self._staged_bytes)
+        # Each entry counts the buffers it holds (max_staging_bytes bounds them through nbytes), one
+        # list of hit_chunks - first_chunk per group it reads, and is staged or draining, not both.
+        staged = {id(st) for st in self._staged.values()}
+        for st in [*self._staged.values(), *self._draining]:
+            held = sum(b.numel() for bufs in st.buffers if bufs is not None for b in bufs)
+            assert held == st.nbytes, f"a staged read holds {held} buffer bytes but counts {st.nbytes}"
+            want = max(0, st.hit_chunks - st.first_chunk)
+            assert all(len(bufs) == want for bufs in st.buffers if bufs is not None), (
+                f"staged chunks {st.first_chunk}..{st.hit_chunks} but buffers "
+                f"{[None if b is None else len(b) for b in st.buffers]}"
+            )
+        assert not any(id(st) in staged for st in self._draining), "a staged read is also draining"
         assert self._staged_bytes <= max(self.options.max_staging_bytes, 0), self._staged_bytes
         for grp in self.present:
             grp.pipeline.check_integrity()

@@ -39,6 +39,7 @@ cannot hold one chunk raises :class:`~radixkv.errors.CapacityError` at the first
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -73,6 +74,18 @@ def open_tier(tc: Any) -> Any:
     if tc.capacity_bytes:
         kwargs["capacity_bytes"] = tc.capacity_bytes
     return make_tier(tc.url, name=tc.name, **kwargs)
+
+
+def _call(method: Any) -> Any:
+    """Count the call as running (``TierStack.calls``) while it runs: check_integrity holds a store
+    with no call running and no background job to zero reservations, pins and intents."""
+
+    @functools.wraps(method)
+    def run(self: HierarchicalStore, *args: Any, **kwargs: Any) -> Any:
+        with self._stack.calls:
+            return method(self, *args, **kwargs)
+
+    return run
 
 
 class PrefetchHandle:
@@ -187,6 +200,7 @@ class HierarchicalStore:
         return self._stack.cond
 
     # ------------------------------------------------------------------ put
+    @_call
     def put(
         self,
         ns: Namespace,
@@ -279,6 +293,12 @@ class HierarchicalStore:
                 written = {i: o and keys[i] not in lost for i, o in written.items()}
                 # what we wrote may be gone (a clear overtook us, or is clearing the tiers now)
                 cleared = (s.clears[None], s.clears[nsd]) != clears or s.clearing_locked(nsd)
+                # A clear of the namespace that ended before this put's write began forgot the chunk
+                # size _check_tensors fixed (store.clear pops it): what the put inserts now fixes it
+                # again, unless a put of another size fixed that meanwhile (then nothing is stored).
+                # Before, the chunks went in with no size on record, and a later put of the
+                # namespace could fix another one: its first chain then read back as an InputError.
+                cleared = cleared or self._ns_bytes.setdefault(nsd, size) != size
                 if cleared:
                     leaked_by_clear = [(0, nsd, keys[i]) for i, o in written.items() if o]
                     written = {}
@@ -339,6 +359,7 @@ class HierarchicalStore:
             raise RuntimeError("the store is closed; create a new HierarchicalStore") from None
 
     # ------------------------------------------------------------------ lookup / get / prefetch
+    @_call
     def lookup(
         self,
         ns: Namespace,
@@ -376,6 +397,7 @@ class HierarchicalStore:
         for name in self._stack.names:
             self.metrics.misses(name, chunks, ns.tokens_in(chunks))
 
+    @_call
     def adopt(
         self,
         ns: Namespace,
@@ -399,6 +421,7 @@ class HierarchicalStore:
         nsd = self._check_chain(ns, keys, parent_key)
         return adoption.adopt(self, ns, nsd, keys, parent_key, chunk_bytes)[1]
 
+    @_call
     def get(
         self,
         ns: Namespace,
@@ -416,6 +439,7 @@ class HierarchicalStore:
         refs, masks, owner, clears = self._match_and_pin(ns, keys, buffers, parent_key)
         return self._read(ns, refs, masks, owner, buffers, None, count_misses, clears)
 
+    @_call
     def prefetch(
         self,
         ns: Namespace,
@@ -538,6 +562,7 @@ class HierarchicalStore:
                 tier_borrow(ns.digest)
         return names
 
+    @_call
     def delete(self, ns: Namespace, keys: Sequence[str]) -> int:
         """Remove the chunks from every tier (descendants, now unreachable, go with them); returns
         how many of ``keys`` the store tracked. Keys it does not track are deleted from the tiers
@@ -565,6 +590,7 @@ class HierarchicalStore:
         s.delete_entries(entries)
         return found
 
+    @_call
     def clear(self, namespace: Namespace | str | None = None) -> None:
         """Drop every chunk (of one namespace) from the tree and every tier."""
         self._check_open()
@@ -621,9 +647,12 @@ class HierarchicalStore:
         """Raise AssertionError/RuntimeError with numbers if an invariant is broken: the tree's own,
         each tier's own, no tier over capacity, and (``deep``, when no transfer is in flight) every
         chunk the tree places in a tier is there and a tier counting chunks holds no untracked ones.
+        With no call running and no background job queued or running, also that every operation
+        gave back its reservations, claims, pins, anchors and intents (docs/store.md, Integrity).
         Deep checks cost one ``contains`` per chunk: meant for tests and small stores."""
         checks.check_store(self, deep)
 
+    @_call
     def reconcile(self) -> int:
         """Ask every tier whether it still holds each chunk the tree places there and forget the
         residencies it lost (a restarted Redis, files removed by hand); returns how many. One
@@ -632,6 +661,7 @@ class HierarchicalStore:
         self._check_open()
         return checks.reconcile_store(self)
 
+    @_call
     def close(self, flush: bool | None = None) -> None:
         """Finish background work (``flush``, default ``config.flush_on_close``) or cancel what has
         not started, join every store thread, close the tiers. Idempotent. A flushing close of a

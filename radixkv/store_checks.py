@@ -14,6 +14,7 @@ import torch
 from radixkv.errors import CapacityError, InputError
 from radixkv.keys import KEY_RE, Namespace
 from radixkv.tiers.base import ChunkBytes, byte_parts, parts_nbytes
+from radixkv.transfer import STORE_PIN_OWNER_RE
 
 if TYPE_CHECKING:
     from radixkv.store import HierarchicalStore
@@ -164,7 +165,9 @@ def store_stats(store: HierarchicalStore) -> dict[str, Any]:
 def check_store(store: HierarchicalStore, deep: bool = True) -> None:
     """Raise AssertionError/RuntimeError with numbers if an invariant is broken: the tree's own,
     each tier's own, no tier over capacity, and (``deep``, when no transfer is in flight) every
-    chunk the tree places in a tier is there, and a tier counting chunks holds exactly those.
+    chunk the tree places in a tier is there, and a tier counting chunks holds exactly those. With no
+    store call running and no background job queued or running, also that no operation left what it
+    takes while it runs (:func:`_check_idle_locked`).
     Deep checks cost one ``contains`` per chunk: meant for tests and small stores. In a tier other
     processes share (a shared disk directory, a Redis server) the deep check assumes none of them
     removed (evicted, deleted) a chunk this store placed there since its last :meth:`reconcile`:
@@ -174,6 +177,12 @@ def check_store(store: HierarchicalStore, deep: bool = True) -> None:
         s.tree.check_integrity()
         assert all(r >= 0 for r in s.reserved), f"negative reservations {s.reserved}"
         assert all(c >= 0 for c in s.claimed), f"negative eviction claims {s.claimed}"
+        assert s.transfers_inflight >= 0, f"negative background copies in flight {s.transfers_inflight}"
+        # The calls first: one that ends after this read queued its background job before ending,
+        # and a job gives back what it holds (under this lock, held now) before it counts as done.
+        idle = not len(s.calls) and not store._writer._inflight and not store._reader._inflight
+        if idle:
+            _check_idle_locked(store)
         quiet = not (
             any(s.reserved)
             or any(s.claimed)
@@ -221,6 +230,44 @@ def check_store(store: HierarchicalStore, deep: bool = True) -> None:
                     f"tier {tier.name!r} holds {counted} chunks, the tree places {n_tree} there "
                     f"({store._foreign_chunks[t]} were there before the store opened it)"
                 )
+
+
+def _check_idle_locked(store: HierarchicalStore) -> None:
+    """No store call is running and no background job is queued or running: every reservation,
+    eviction claim, pin the store took, put anchor, write/delete intent, copy, watch and clear an
+    operation recorded must have been given back (a leaked reservation shrinks the tier for good,
+    a leaked pin or anchor keeps its chunk from eviction until its lease ends), and every chunk of a
+    namespace has the namespace's chunk size (fixed by its first put)."""
+    s = store._stack
+    names = s.names
+    assert not any(s.reserved), (
+        f"reservations {dict(zip(names, s.reserved))} bytes held with no store call or background "
+        "job running: an operation did not release what it reserved"
+    )
+    assert not any(s.claimed), f"eviction claims {dict(zip(names, s.claimed))} bytes with no eviction running"
+    assert not s.transfers_inflight, f"{s.transfers_inflight} background copies counted, none running"
+    assert not s._writing, f"{len(s._writing)} writes in flight with no writer, e.g. {next(iter(s._writing))}"
+    assert not s._deleting, f"{len(s._deleting)} deletes in flight with no deleter, e.g. {next(iter(s._deleting))}"
+    assert not s._anchors, f"{len(s._anchors)} put anchors with no put running, e.g. node {next(iter(s._anchors))}"
+    assert not s._copies, f"{len(s._copies)} copies between tiers registered, none running"
+    assert not s._watches and not s._write_watches, (
+        f"{len(s._watches)} adoption watches and {len(s._write_watches)} write watches with no call running"
+    )
+    clearing = {k: v for k, v in s.clearing.items() if v}
+    assert not clearing, f"clears {clearing} in progress with no clear running"
+    pins = s.tree._pins.by_node
+    leaked = [(n, o) for n, held in pins.items() for o in held if STORE_PIN_OWNER_RE.fullmatch(o)]
+    assert not leaked, (
+        f"{len(leaked)} pins the store took are held with no call or job running, e.g. node "
+        f"{leaked[0][0]} by {leaked[0][1]!r}"
+    )
+    for nsd in s.tree.namespaces():
+        size = store._ns_bytes.get(nsd)
+        for key, n in s.tree.items(nsd):
+            got = s.tree.node_fields(n)[2]
+            assert got == size, (
+                f"chunk {key[:16]} of namespace {nsd} has {got} bytes, the namespace's chunks {size}"
+            )
 
 
 def reconcile_store(store: HierarchicalStore) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 import threading
 import time
 from collections import Counter, defaultdict
@@ -45,6 +46,9 @@ from radixkv.tree import RadixTree
 __all__ = ["TierStack", "ChunkRef"]
 
 _NS_DIGEST_CHARS = 32
+# The pin owners the store makes (TierStack.owner; writeback's close-time flush): pins other code
+# took through store.tree under other names are not the store's to account for.
+STORE_PIN_OWNER_RE = re.compile(r"(?:put|get|evict|adopt|promote)-[0-9]+|close-flush")
 _COPY_WAIT_WARN_S = 30.0  # clear() logs while it waits longer than this for copies between tiers
 logger = logging.getLogger(__name__)
 
@@ -58,6 +62,25 @@ class ChunkRef(NamedTuple):
     key: str
     size_bytes: int
     tokens: int
+
+
+class Calls:
+    """How many store calls are running now, counted without the lock (``list.append`` and
+    ``list.pop`` are atomic): ``with calls:`` around a call, ``len(calls)`` to read."""
+
+    __slots__ = ("_running",)
+
+    def __init__(self) -> None:
+        self._running: list[None] = []
+
+    def __enter__(self) -> None:
+        self._running.append(None)
+
+    def __exit__(self, *exc: object) -> None:
+        self._running.pop()
+
+    def __len__(self) -> int:
+        return len(self._running)
 
 
 class TierStack(WriteDeleteIntents):
@@ -100,6 +123,10 @@ class TierStack(WriteDeleteIntents):
         # Chunks puts hang their new chains from: node id -> {put owner: [ref, lease expiry, pinned
         # for it]}. The last tier's room-making pins such a chunk instead of dropping it.
         self._anchors: dict[int, dict[str, list[Any]]] = {}
+        # The store's public calls running now (HierarchicalStore wraps each one): with none running
+        # and no background job queued or running, every reservation, claim, pin, anchor, intent
+        # and copy an operation takes must have been given back, which check_integrity verifies.
+        self.calls = Calls()
 
     # ------------------------------------------------------------------ small helpers
     @property
@@ -107,6 +134,7 @@ class TierStack(WriteDeleteIntents):
         return len(self.tiers) - 1
 
     def owner(self, kind: str) -> str:
+        """A pin owner for one operation of ``kind`` (a word: ``put``, ``get``, ``evict``...)."""
         return f"{kind}-{next(self._owner_seq)}"
 
     def begin_copy_locked(self, ns: str) -> int:
