@@ -250,7 +250,8 @@ def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, 
     Shard: MLA KV is replicated across TP, so its pages are shared by all TP ranks (only the PP/CP
     slice and the DCP rank matter); otherwise every TP/PP/CP/DP coordinate is part of it.
     A pool whose state has a second dtype (Mamba: conv ``dtype``, SSM ``temporal_dtype``) carries
-    that one in ``extra`` as ``/ssm-<dtype>`` where the two differ.
+    that one in ``extra`` as ``/ssm-<dtype>``, also where the two are equal: earlier releases
+    stored every SSM dtype's state without it, so a name without it may hold any SSM dtype's state.
     ``model_digest`` (:func:`sglang_model_digest`) ends ``extra`` as ``/m<hex>``."""
     model = opts.model or getattr(config, "model_name", None) or "unnamed-model"
     pp = f"pp{config.pp_rank}of{config.pp_size}"
@@ -265,7 +266,9 @@ def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, 
     # (``--mamba-ssm-dtype``, SGLANG_MAMBA_SSM_DTYPE or the model config): bfloat16 and float16
     # states are the same size, so without it one would be read as the other.
     temporal = getattr(pool, "temporal_dtype", None)
-    state = f"/ssm-{_dtype_name(temporal)}" if temporal is not None and _dtype_name(temporal) != dtype else ""
+    # Always named, even when it equals the conv dtype: releases before the suffix wrote states of
+    # every SSM dtype under the bare name (a float16 state there would load into a bfloat16 pool).
+    state = f"/ssm-{_dtype_name(temporal)}" if temporal is not None else ""
     return Namespace(
         model=str(model),
         dtype=dtype,

@@ -144,11 +144,13 @@ def flat_format(pool: Any) -> str:
     ...), ``page_head`` (K/V, head, token, layer, dim), ``layer_first`` and ``page_first_direct``
     the canonical (K/V, layer, token, ...). Bytes written from one order and read into a pool of
     another are the right size and the wrong KV (layers and tokens transposed), so each order is
-    its own format: ``"flat"`` for the canonical one (the name it always had, so those chunks stay
-    readable), ``"flat-<layout>"`` for any other layout. A pool without a layout is ``"flat"``."""
+    its own format: ``"flat-canonical"`` for the canonical one (a pool without a layout too),
+    ``"flat-<layout>"`` for any other layout. No order is named plain ``"flat"``: earlier releases
+    stored the flat pages of *every* layout under that name, so chunks there may be in any order
+    and must stay misses after an upgrade, never load into a canonical pool."""
     layout = getattr(pool, "layout", None)
     if layout is None or str(layout) in _CANONICAL_FLAT_LAYOUTS:
-        return "flat"
+        return "flat-canonical"
     return f"flat-{layout}"
 
 

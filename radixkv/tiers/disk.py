@@ -847,7 +847,8 @@ class DiskTier:
             self._stats.extra["scan_skipped"] += self._layout.remove_namespace_links()
             self._layout.remove_detached()  # emptied namespaces a killed process had moved aside
         found: list[tuple[float, tuple[str, str], int]] = []
-        for ns, key, path in self._layout.walk(None):
+        foreign_dirs: list[str] | None = None if self.config.shared else []
+        for ns, key, path in self._layout.walk(None, foreign_dirs):
             entry = self._layout.read_entry(ns, key, path)
             if entry is None:
                 self._stats.extra["scan_skipped"] += 1
@@ -877,4 +878,16 @@ class DiskTier:
                     self._unindexed_locked(ident[0])
             else:
                 self._make_room(0)
+                # Namespace directories left without a valid file (emptied by an earlier process, one
+                # that kept them all before namespaces were retired, or holding only files of an
+                # earlier layout the loop above removed) join the emptied ones, oldest first, so the
+                # same bound applies across restarts: otherwise each start's namespaces (a new one per
+                # weight version or upgrade) left 257 directories behind for good.
+                for _mtime, ns in sorted(self._layout.namespace_dirs()):
+                    if not self._ns_files[ns] and ns not in self._emptied:
+                        self._emptied[ns] = None
+                self._retire_emptied_locked()
+        if foreign_dirs:  # an earlier layout's deeper directories, emptied by the loop above
+            self._layout.remove_empty_dirs(foreign_dirs)
+        self._remove_detached()
 

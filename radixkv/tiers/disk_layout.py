@@ -202,10 +202,12 @@ class DiskLayout:
 
     # ----------------------------------------------------------------------------- scan
 
-    def walk(self, namespace: str | None) -> Iterator[tuple[str, str, str]]:
+    def walk(self, namespace: str | None, foreign_dirs: list[str] | None = None) -> Iterator[tuple[str, str, str]]:
         """Yield (namespace, key, path) of committed chunk files. A namespace directory that is a
         symbolic link is not walked: ``os.walk`` follows a top that is a link, and the scan and
-        ``clear`` delete what the walk yields, so they would delete files outside the root."""
+        ``clear`` delete what the walk yields, so they would delete files outside the root.
+        ``foreign_dirs``, if given, collects the directories below a namespace's 256 that the layout
+        never makes (an earlier release's ``<h[0:2]>/<h[2:4]>`` level), parents before children."""
         try:
             ns_names = [namespace] if namespace is not None else sorted(os.listdir(self.root))
         except OSError:
@@ -213,10 +215,44 @@ class DiskLayout:
         for ns in ns_names:
             if not KEY_RE.fullmatch(ns) or os.path.islink(os.path.join(self.root, ns)):
                 continue
-            for dirpath, _dirs, files in os.walk(os.path.join(self.root, ns)):
+            top = os.path.join(self.root, ns)
+            for dirpath, _dirs, files in os.walk(top):
+                if foreign_dirs is not None and dirpath.count(os.sep) > top.count(os.sep) + 1:
+                    foreign_dirs.append(dirpath)
                 for f in files:
                     if f.endswith(_SUFFIX) and not f.startswith("."):
                         yield ns, f[: -len(_SUFFIX)], os.path.join(dirpath, f)
+
+    def namespace_dirs(self) -> list[tuple[float, str]]:
+        """``(mtime, namespace)`` of every namespace directory under the root (links excluded)."""
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return []
+        out = []
+        for ns in names:
+            if not KEY_RE.fullmatch(ns):
+                continue
+            try:
+                st = os.lstat(os.path.join(self.root, ns))
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                out.append((st.st_mtime, ns))
+        return out
+
+    @staticmethod
+    def remove_empty_dirs(paths: list[str]) -> int:
+        """``rmdir`` each of ``paths`` that is empty, children before parents (``paths`` lists parents
+        first, as :meth:`walk` collects them); a directory holding anything stays. Returns how many."""
+        removed = 0
+        for path in reversed(paths):
+            try:
+                os.rmdir(path)
+                removed += 1
+            except OSError:
+                pass
+        return removed
 
     def remove_namespace_links(self) -> int:
         """Remove symbolic links where namespace directories belong (a private root's start, before

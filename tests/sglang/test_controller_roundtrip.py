@@ -69,7 +69,7 @@ def test_plans_are_zero_copy_in_every_layout():
             # Namespaces carry dtype, layout and page size; v1 and copy formats never mix, and flat
             # pages carry their byte order (page_first flattens token-major, the others layer-major).
             assert b.ns.dtype == "bfloat16" and b.ns.layout == layout and b.ns.chunk_tokens == 4
-            flat_order = "flat-page_first" if layout == "page_first" else "flat"
+            flat_order = "flat-page_first" if layout == "page_first" else "flat-canonical"
             assert b.ns_flat.layout == flat_order and b.ns.digest != b.ns_flat.digest
         finally:
             h.close()

@@ -367,62 +367,106 @@ def test_draft_kv_of_another_draft_model_or_draft_kv_dtype_is_a_miss(tmp_path, m
         same.close()
 
 
-def test_mamba_state_of_another_ssm_dtype_is_a_miss(tmp_path):
-    """Found by the SGLang server-features hunt: a Mamba host pool's ``dtype`` is its conv state's,
-    and the namespace carried only that one. A server whose SSM state is float16 (``--mamba-ssm-dtype``,
-    SGLANG_MAMBA_SSM_DTYPE) restarted on the tier of one whose state was bfloat16 (same page size)
-    restored that state as float16: wrong state, no error. Now the SSM dtype is in the namespace
-    where it differs from the conv dtype."""
+def _mamba_server(tmp_path, ssm_dtype, unnamed_ssm_dtype=False):
+    """An SGLang server's storage backend over SGLang's own Mamba host pool (page_first: one state
+    slot per page; conv state bfloat16, SSM state ``ssm_dtype``) and a KV pool, on the disk tier
+    under ``tmp_path``. ``unnamed_ssm_dtype``: name the namespaces as releases before the
+    ``/ssm-<dtype>`` suffix did (the pool's SSM dtype unknown to the namespace), as an upgrade
+    finds them. Returns (backend, kv pool, mamba pool)."""
     import torch
 
     from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
     from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
-    from sglang.srt.mem_cache.utils import get_storage_hash_str
 
     from radixkv.adapters.sglang_cpu import build_pools
 
-    def serve(ssm_dtype):
-        # SGLang's own Mamba host pool (page_first: one state slot per page) over CPU state tensors.
-        info = MambaStateBufferInfo(temporal=torch.zeros(2, 8, 4, 8, dtype=ssm_dtype),
-                                    conv=(torch.zeros(2, 8, 3, 8, dtype=torch.bfloat16),))
-        mamba = MambaPoolHost(info, 2.0, 0, device_capacity=8, pin_memory=False, device="cpu", layout="page_first")
-        kv = build_pools(PoolSpec(page_size=PS, host_tokens=64)).host_pool
-        config = HiCacheStorageConfig(
-            tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
-            enable_storage_metrics=False, is_page_first_layout=True, model_name="m",
-            extra_config=extra_config([disk_tier(tmp_path / "l3")]))
-        s = RadixKVStore(config, {})
-        s.register_mem_pool_host(kv)
-        s.register_mem_host_pool_v2(kv, PoolName.KV)
-        s.register_mem_host_pool_v2(mamba, PoolName.MAMBA)
-        s.on_host_pools_registered()
-        return s, kv, mamba
+    info = MambaStateBufferInfo(temporal=torch.zeros(2, 8, 4, 8, dtype=ssm_dtype),
+                                conv=(torch.zeros(2, 8, 3, 8, dtype=torch.bfloat16),))
+    mamba = MambaPoolHost(info, 2.0, 0, device_capacity=8, pin_memory=False, device="cpu", layout="page_first")
+    kv = build_pools(PoolSpec(page_size=PS, host_tokens=64)).host_pool
+    config = HiCacheStorageConfig(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
+        enable_storage_metrics=False, is_page_first_layout=True, model_name="m",
+        extra_config=extra_config([disk_tier(tmp_path / "l3")]))
+    s = RadixKVStore(config, {})
+    s.register_mem_pool_host(kv)
+    s.register_mem_host_pool_v2(kv, PoolName.KV)
+    if unnamed_ssm_dtype:  # the namespace is fixed when the pool registers
+        mamba.temporal_dtype = None
+    s.register_mem_host_pool_v2(mamba, PoolName.MAMBA)
+    s.on_host_pools_registered()
+    mamba.temporal_dtype = ssm_dtype
+    return s, kv, mamba
 
-    def state(slot):
-        return PoolTransfer(name=PoolName.MAMBA, host_indices=slot, keys=keys[-1:], hit_policy=PoolHitPolicy.TRAILING_PAGES)
+
+def _mamba_state(slot, keys) -> PoolTransfer:
+    return PoolTransfer(name=PoolName.MAMBA, host_indices=slot, keys=keys[-1:], hit_policy=PoolHitPolicy.TRAILING_PAGES)
+
+
+def _store_mamba_state(s, kv, mamba, keys):
+    """Store 4 KV pages and the Mamba state of their last one (random bytes); returns that state."""
+    import torch
+
+    kv_idx, slot = kv.alloc(4 * PS), mamba.alloc(1)
+    gen = torch.Generator().manual_seed(7)
+    for buf in (kv.kv_buffer, mamba.temporal_buffer):
+        raw = buf.view(torch.uint8)
+        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen))
+    want = mamba.get_data_page(int(slot[0])).clone()
+    assert s.batch_set_v2([PoolTransfer(name=PoolName.KV, host_indices=kv_idx, keys=keys),
+                           _mamba_state(slot, keys)]) == {"kv": [True] * 4, "mamba": [True]}
+    return want
+
+
+def test_mamba_state_of_another_ssm_dtype_is_a_miss(tmp_path):
+    """Found by the SGLang server-features hunt: a Mamba host pool's ``dtype`` is its conv state's,
+    and the namespace carried only that one. A server whose SSM state is float16 (``--mamba-ssm-dtype``,
+    SGLANG_MAMBA_SSM_DTYPE) restarted on the tier of one whose state was bfloat16 (same page size)
+    restored that state as float16: wrong state, no error. Now the SSM dtype is in the namespace."""
+    import torch
+
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
 
     toks = tokens(4 * PS, seed=87)
     keys = get_storage_hash_str(toks, None, page_size=PS)
-    s, kv, mamba = serve(torch.bfloat16)
+    s, kv, mamba = _mamba_server(tmp_path, torch.bfloat16)
     try:
-        kv_idx, slot = kv.alloc(4 * PS), mamba.alloc(1)
-        gen = torch.Generator().manual_seed(7)
-        for buf in (kv.kv_buffer, mamba.temporal_buffer):
-            raw = buf.view(torch.uint8)
-            raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen))
-        want = mamba.get_data_page(int(slot[0])).clone()
-        assert s.batch_set_v2([PoolTransfer(name=PoolName.KV, host_indices=kv_idx, keys=keys), state(slot)]) == {
-            "kv": [True] * 4, "mamba": [True]}
+        want = _store_mamba_state(s, kv, mamba, keys)
     finally:
         s.close()
     for ssm_dtype, hit in ((torch.float16, False), (torch.bfloat16, True)):  # the same dtype still hits
-        s, kv, mamba = serve(ssm_dtype)
+        s, kv, mamba = _mamba_server(tmp_path, ssm_dtype)
         try:
-            r = s.batch_exists_v2(keys, [state(None)])
+            r = s.batch_exists_v2(keys, [_mamba_state(None, keys)])
             assert (r.restorable_prefix_pages == [4]) is hit, (ssm_dtype, r)
             slot = mamba.alloc(1)
-            assert s.batch_get_v2([state(slot)]) == {"mamba": [hit]}, ssm_dtype
+            assert s.batch_get_v2([_mamba_state(slot, keys)]) == {"mamba": [hit]}, ssm_dtype
             assert torch.equal(mamba.get_data_page(int(slot[0])), want) is hit
         finally:
             s.close()
+
+
+def test_mamba_state_stored_before_the_ssm_dtype_was_named_is_a_miss_after_an_upgrade(tmp_path):
+    """Found by the upgrade hunt: releases before the ``/ssm-<dtype>`` suffix stored every SSM
+    dtype's state under the bare namespace, and the suffix was added only where the SSM dtype
+    differs from the conv dtype, so a bfloat16-state server (conv bfloat16: no suffix) upgraded on
+    the tier of a float16-state one restored the float16 state as bfloat16 (hit, wrong state). Such
+    states must be misses whatever the new server's SSM dtype (upgrades move namespaces)."""
+    import torch
+
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+    toks = tokens(4 * PS, seed=88)
+    keys = get_storage_hash_str(toks, None, page_size=PS)
+    s, kv, mamba = _mamba_server(tmp_path, torch.float16, unnamed_ssm_dtype=True)
+    try:
+        _store_mamba_state(s, kv, mamba, keys)
+    finally:
+        s.close()
+    s, kv, mamba = _mamba_server(tmp_path, torch.bfloat16)
+    try:
+        assert s.batch_exists_v2(keys, [_mamba_state(None, keys)]).restorable_prefix_pages != [4]
+        assert s.batch_get_v2([_mamba_state(mamba.alloc(1), keys)]) == {"mamba": [False]}
+    finally:
+        s.close()

@@ -85,3 +85,42 @@ def test_layer_major_layouts_still_share_flat_pages(tmp_path, kind):
         assert torch.equal(h2.token_kv(res.host_indices), want)
     finally:
         h2.close()
+
+
+@pytest.mark.parametrize("kind,written,read", [
+    ("mha", "page_first", "layer_first"),
+    ("mha", "page_first", "page_first_direct"),
+    ("mha", "page_head", "layer_first"),
+    ("mla", "page_first", "page_first_direct"),
+])
+def test_flat_pages_of_earlier_releases_never_load_into_a_canonical_layout(tmp_path, monkeypatch, kind, written,
+                                                                           read):
+    """Found by the upgrade hunt: releases before the flat format carried its byte order stored the
+    flat pages of every layout under ``flat``, and the canonical (layer-major) layouts kept that name,
+    so after an upgrade a ``layer_first`` or ``page_first_direct`` server (``--hicache-io-backend
+    direct``) loaded a ``page_first`` server's flat pages with layers and tokens transposed (16 of 16
+    tokens hit, all wrong). Pages under the old name must be misses."""
+    import radixkv.adapters.sglang as sglang_adapter
+
+    toks = tokens(16, seed=5)
+    cfg = extra_config([disk_tier(tmp_path)], 0)
+    with monkeypatch.context() as m:
+        m.setattr(sglang_adapter, "flat_format", lambda pool: "flat")  # what earlier releases named them
+        h = ControllerHarness(_spec(kind, written), extra_config=cfg)
+        try:
+            src = h.alloc(16)
+            h.fill_random(src, seed=1)
+            want = h.token_kv(src)
+            assert h.backup(toks, src) == 16
+            assert unwrap(h.backend).store.flush(timeout_s=30)
+        finally:
+            h.close()
+    h2 = ControllerHarness(_spec(kind, read), extra_config=cfg)
+    try:
+        res = h2.prefetch(toks)
+        if res.hit_tokens:
+            got = h2.token_kv(res.host_indices)
+            assert torch.equal(got, want[: res.hit_tokens]), f"{written} pages loaded as {read}"
+        assert res.hit_tokens == 0
+    finally:
+        h2.close()

@@ -438,7 +438,8 @@ class TestRestart:
         walk = DiskLayout.walk
         first = "old" if old_first else "new"
         monkeypatch.setattr(DiskLayout, "walk",
-                            lambda self, ns: iter(sorted(walk(self, ns), key=lambda e: not e[1].startswith(first))))
+                            lambda self, ns, *more: iter(sorted(walk(self, ns, *more),
+                                                                    key=lambda e: not e[1].startswith(first))))
         t3 = DiskTier(root=root, capacity_bytes=1 << 20)
         st = t3.stats().extra
         assert (st["scan_indexed"], st["scan_skipped"]) == (4, 0)
@@ -970,6 +971,49 @@ def test_directory_removed_behind_the_tiers_back(tier):
     assert tier.put_many(NS, ["a"], [pl(1)]) == [True]
     out = [buf()]
     assert tier.get_many(NS, ["a"], out) == [True] and torch.equal(out[0], pl(1))
+
+
+def test_namespace_directories_an_earlier_process_left_are_bounded_at_start(root):
+    """Found by the upgrade hunt: the bound on emptied namespaces' directories held within one
+    process only. A start never counted the directories already under the root: the 16 an earlier
+    process kept, every one an earlier release kept (it removed none: 20 namespaces, 5,141
+    directories stayed through clear() and restarts), and a namespace holding only files of the
+    older two-level layout (the scan removes the files, not their 65,536 possible directories). A
+    private start now treats namespace directories without a valid file as emptied, oldest first,
+    and removes directories below a namespace's 256 that its layout never makes."""
+    kept = disk_mod._EMPTY_NAMESPACES_KEPT
+    live = NS
+    t = DiskTier(root=root, capacity_bytes=1 << 20)
+    assert t.put_many(live, ["a", "b"], [pl(1), pl(2)]) == [True, True]
+    t.close()
+    # An earlier layout's file: root/<ns>/<h[0:2]>/<h[2:4]>/<key>.kv (valid frame, deeper path).
+    path_b = DiskLayout(root, "disk").path(live, "b")
+    deeper = os.path.join(os.path.dirname(path_b), "ab")
+    os.mkdir(deeper)
+    os.rename(path_b, os.path.join(deeper, "b.kv"))
+    empties = [f"{i:032x}" for i in range(kept + 4)]  # oldest first
+    for i, ns in enumerate(empties):
+        for j in range(256):
+            os.makedirs(os.path.join(root, ns, f"{j:02x}"))
+        os.utime(os.path.join(root, ns), (1000 + i, 1000 + i))
+    expected = {live, *empties[-kept:]}
+    for restart in range(2):
+        t = DiskTier(root=root, capacity_bytes=1 << 20)
+        try:
+            on_disk = {n for n in os.listdir(root) if not n.startswith(".")}
+            assert on_disk == expected, f"{len(on_disk) - 1} empty namespace directories"
+            assert not os.path.exists(deeper)
+            out = [buf(), buf()]
+            assert t.get_many(live, ["a", "b"], out) == [True, False] and torch.equal(out[0], pl(1))
+            if restart == 0:
+                assert t.put_many(empties[0], ["c"], [pl(3)]) == [True]  # a removed one comes back
+                out = [buf()]
+                assert t.get_many(empties[0], ["c"], out) == [True] and torch.equal(out[0], pl(3))
+                assert t.delete_many(empties[0], ["c"]) == 1  # emptied again: the oldest kept goes
+                expected = {live, empties[0], *empties[-kept + 1:]}
+            t.check_integrity()
+        finally:
+            t.close()
 
 
 def test_a_namespace_whose_last_file_left_keeps_no_directories(root):
