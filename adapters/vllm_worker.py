@@ -488,6 +488,14 @@ class WorkerSide:
                 prep = prepare_scatter(grp.layout, page_ids, bufs)
                 jobs = [lambda prep=prep, i=i: prep.run(layers=i)
                         for i in range(grp.layout.num_layers)]
+                if grp.pipeline.loads_pending:
+                    # Async loads polled while this step's layer-wise load still holds unissued
+                    # layers: under speculative decoding vLLM defers wait_for_save past the
+                    # drafter, so get_finished runs before the drafter's layers call their hooks.
+                    # Finish that batch first (the compute stream waits for every layer now,
+                    # before the drafter reads them); start_loads refuses a new batch otherwise.
+                    for i in range(grp.layout.num_layers):
+                        grp.pipeline.wait_layer(i)
                 grp.pipeline.start_loads(jobs)
                 if not layerwise:
                     # Whole-step load: the compute stream waits for every layer now, so the result

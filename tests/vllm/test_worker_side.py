@@ -757,3 +757,76 @@ def test_a_load_that_fails_before_the_forward_leaves_nothing_to_later_steps(
     assert not [c for c in calls if not c[0]], f"a failed step's loads ran later: {calls}"
     assert not w._staged and w._staged_bytes == 0, (list(w._staged), w._staged_bytes)
     w.check_integrity()
+
+
+def test_layerwise_load_with_a_deferred_finalize_keeps_the_drafter_layers(model_dir, tmp_path):
+    """With a speculative config, vLLM 0.33's model runners defer wait_for_save until after the
+    drafter's forward (``defer_finalize``): the transfer results (``get_finished``, which runs the
+    async loads whose reads finished) come before the drafter's layers call their hooks. A layer-wise
+    load of this step then still holds the drafter's layers unissued. An async load becoming ready
+    in that step must neither raise (``start_loads`` refuses a new batch while one is pending: the
+    worker's step failed) nor drop those layers: every layer, the drafter's too, holds the loaded
+    KV of both requests."""
+    from vllm_harness import GatedStore, _GatedHandle
+
+    from radixkv.adapters.vllm_options import chunk_keys_from_block_hashes
+
+    class KeyGated(GatedStore):
+        """Only the reads of ``held`` keys wait for the gate (an async load); the others are done
+        at once (a sync load)."""
+
+        held: set = set()
+
+        def prefetch(self, ns: Any, keys: Any, buffers: Any) -> Any:
+            handle = _GatedHandle(self, ns, list(keys), list(buffers))
+            if not set(keys) & self.held:
+                handle.result = self.store.get(ns, list(keys), list(buffers))
+            return handle
+
+    extra = {
+        "chunk_tokens": CHUNK,
+        "store": {"tiers": [{"url": f"file://{tmp_path / 'kv'}", "capacity_bytes": 1 << 26}]},
+        "layerwise": True,
+        "sync_load_wait_s": 0.0,
+    }
+    # layers.0-1: the target model; layers.2-3: the drafter's (an MTP head of two layers), more
+    # than the pipeline's look-ahead past the target's last layer.
+    eng = Engine(make_vllm_config(model_dir, extra), make_kv_cache_config(layers=4))
+    w = eng.worker._worker
+    toks_a, toks_b = tokens(100, 1), tokens(100, 2)
+    req_a = eng.add("a0", toks_a)
+    eng.add("b0", toks_b)
+    eng.run_until_idle()
+    assert w.stats["saved_chunks"] == 6
+    assert eng.sched.reset_prefix_cache()
+    eng.clear_kv()
+    gated = KeyGated(w.store)
+    gated.held = set(chunk_keys_from_block_hashes(req_a.block_hashes, BLOCK, CHUNK, 3))
+    w.store = gated
+    eng.add("a1", toks_a[:96] + tokens(10, 3))
+    eng.step()  # a1's lookup (its reads held: an async load)
+    eng.step()  # a1 waits for its KV
+    eng.add("b1", toks_b[:96] + tokens(10, 4))
+    eng.step()  # b1's lookup (read at once: a sync load next step)
+    gated.open()
+
+    out = eng.sched.schedule()  # b1 loads layer by layer; a1's read ends at this step's poll
+    assert out.has_sync_kv_loads and set(out.num_scheduled_tokens) == {"b1"}
+    wk = eng.worker
+    wk.bind_connector_metadata(pickle.loads(pickle.dumps(out.kv_connector_metadata)))
+    wk.start_load_kv(None)
+    for name in ("layers.0", "layers.1"):  # the target model's forward
+        wk.wait_for_layer_load(name)
+        wk.save_kv_layer(name, eng.kv[name], None)
+    results = wk.get_transfer_results(out.finished_req_ids)  # before the drafter (deferred)
+    assert results.finished_recving == {"a1"}
+    assert not wk.get_block_ids_with_load_errors()
+    wk.build_connector_worker_meta()
+    for name in ("layers.2", "layers.3"):  # the drafter's forward
+        wk.wait_for_layer_load(name)
+        wk.save_kv_layer(name, eng.kv[name], None)
+    wk.wait_for_save()  # finalize_kv_connector
+    wk.clear_connector_metadata()
+    for req_id, toks in (("a1", toks_a), ("b1", toks_b)):
+        assert_loaded_as_written(eng, req_id, toks, 96)
+    w.check_integrity()
