@@ -22,6 +22,9 @@ prefix tree at page granularity. Contract (docs/sglang.md):
   share (Redis or a ``shared`` disk tier; a ConfigError at attach otherwise), and cannot store an
   MHA draft model's KV, whose shard differs per rank (a ConfigError when the draft pool registers);
 * a non-shared disk tier is one directory per rank under the configured root (capacity per rank);
+* a host pool radixkv cannot store (SGLang's MXFP8 KV pool) is a ConfigError when it registers, and
+  so is a pool without a flat data page (asymmetric K/V, ``page_first_kv_split``) with
+  ``interface_v1`` off; with it on, such pools are stored as parts of unequal sizes;
 * ``interface_v1`` is read as SGLang reads it (``bool(value)``), so ``batch_exists`` answers from
   the namespace of the path SGLang's controller actually uses;
 * the namespaces follow the weight version SGLang serves (``get_serving().weight_version``): after
@@ -62,7 +65,7 @@ from radixkv.adapters.sglang_config import (
 )
 from radixkv.adapters.sglang_pages import PagePlan, flat_format, plan_for
 from radixkv.config import metrics_port_for_rank
-from radixkv.errors import InputError
+from radixkv.errors import ConfigError, InputError
 from radixkv.keys import Namespace
 from radixkv.store import HierarchicalStore
 
@@ -86,7 +89,10 @@ class _PoolBinding:
         self.name = name
         self.pool = pool
         self.plan: PagePlan = plan_for(pool, flat=name != str(PoolName.KV))
-        self.flat: PagePlan = self.plan if self.plan.mode != "parts" else plan_for(pool, flat=True)
+        # A pool without a flat page (asymmetric K/V, page_first_kv_split) keeps its parts plan
+        # here, which refuses the copying path's calls (interface_v1 off is refused in _bind).
+        self.flat: PagePlan = (self.plan if self.plan.mode != "parts" or not self.plan.has_flat
+                               else plan_for(pool, flat=True))
         self.ns: Namespace = namespace_for(config, opts, pool, name, self.plan.tag, model_digest=model_digest)
         # Flat pages are in the layout's own byte order (page_first: token-major): a flat chunk
         # written from one order must never be read into a pool of another (wrong KV, same size).
@@ -172,8 +178,16 @@ class RadixKVStore(HiCacheStorage):
 
     def _bind(self, name: str, pool: Any) -> None:
         with self._lock:
-            b = self._bindings[name] = _PoolBinding(name, pool, self.storage_config, self.options,
-                                                    self.model_digest)
+            b = _PoolBinding(name, pool, self.storage_config, self.options, self.model_digest)
+            if not self.interface_v1 and not b.flat.has_flat:
+                # SGLang's copying path (interface_v1 off) moves the KV pool's flat data pages, which
+                # this pool does not have: every backup would fail in SGLang's own get_data_page.
+                raise ConfigError(
+                    f"SGLang's host pool {type(pool).__name__} (layout {getattr(pool, 'layout', None)!r}) has "
+                    f"no flat data page, so SGLang's copying interface (interface_v1={self.options.interface_v1!r}) "
+                    "cannot store it; set \"interface_v1\": 1 in --hicache-storage-backend-extra-config "
+                    "(radixkv then stores its buffers' segments directly)")
+            self._bindings[name] = b
         if not self.is_writer and b.replicated:
             # The writer rank stores and evicts these pages; this rank only reads them, so making
             # room in its own books must forget them, never delete them from the shared tier.
