@@ -270,6 +270,8 @@ def _main(args: argparse.Namespace) -> int:
         f"{source}: {len(trace):,} requests, {trace.block_references:,} block references, "
         f"{unique:,} unique blocks of {trace.block_tokens} tokens; infinite cache {infinite * 100:.2f}%"
         + (f"; model {model.name}" if model else "")
+        + (f"; tiers {', '.join([top.name] + [t.name for t in lower])}, {args.write_policy or 'write_through'}"
+           if lower else "")
     )
     print(format_table(recs, title))
     print("block/token hit: share of referenced blocks/tokens found cached (infinite cache: block hits, "

@@ -882,9 +882,16 @@ class DiskTier:
                 # that kept them all before namespaces were retired, or holding only files of an
                 # earlier layout the loop above removed) join the emptied ones, oldest first, so the
                 # same bound applies across restarts: otherwise each start's namespaces (a new one per
-                # weight version or upgrade) left 257 directories behind for good.
-                for _mtime, ns in sorted(self._layout.namespace_dirs()):
-                    if not self._ns_files[ns] and ns not in self._emptied:
+                # weight version or upgrade) left 257 directories behind for good. Only directories
+                # of the layout's shape: one holding anything else is not this tier's to remove.
+                # They go before those _make_room(0) just emptied: they are older.
+                stale = [ns for _mtime, ns in sorted(self._layout.namespace_dirs())
+                         if not self._ns_files[ns] and ns not in self._emptied
+                         and self._layout.holds_only_layout_dirs(ns)]
+                if stale:
+                    just_emptied = list(self._emptied)
+                    self._emptied.clear()
+                    for ns in stale + just_emptied:
                         self._emptied[ns] = None
                 self._retire_emptied_locked()
         if foreign_dirs:  # an earlier layout's deeper directories, emptied by the loop above

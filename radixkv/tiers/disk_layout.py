@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -34,6 +35,8 @@ logger = logging.getLogger(__name__)
 _SUFFIX = ".kv"
 _TMP_SUFFIX = ".tmp"
 SPARE_DIR = ".spare"  # recycled files (not an identifier: never walked as a namespace)
+# A directory level the layout makes below a namespace (``<h[0:2]>``; the older layout one more).
+_HASH_DIR_RE = re.compile(r"[0-9a-f]{2}")
 RETIRED_PREFIX = ".retired."  # emptied namespaces' directories being removed (never walked either)
 
 
@@ -217,7 +220,9 @@ class DiskLayout:
                 continue
             top = os.path.join(self.root, ns)
             for dirpath, _dirs, files in os.walk(top):
-                if foreign_dirs is not None and dirpath.count(os.sep) > top.count(os.sep) + 1:
+                if foreign_dirs is not None and dirpath.count(os.sep) > top.count(os.sep) + 1 and all(
+                    _HASH_DIR_RE.fullmatch(part) for part in os.path.relpath(dirpath, top).split(os.sep)
+                ):  # only levels of the layout's shape: others are not the tier's to remove
                     foreign_dirs.append(dirpath)
                 for f in files:
                     if f.endswith(_SUFFIX) and not f.startswith("."):
@@ -240,6 +245,24 @@ class DiskLayout:
             if stat.S_ISDIR(st.st_mode):
                 out.append((st.st_mtime, ns))
         return out
+
+    def holds_only_layout_dirs(self, ns: str) -> bool:
+        """Whether namespace directory ``ns`` holds nothing but empty directories of the layout's
+        shape (two hex digits, at any depth): no file, no other name. Only such a directory without
+        a valid file is an emptied namespace a start may retire (``rmtree``): a private root may also
+        hold directories that are no namespace of this tier (a user's, named as a namespace could
+        be), whose files must never be removed. False if it cannot be read."""
+
+        def unreadable(exc: OSError) -> None:
+            raise exc
+
+        try:
+            for _dirpath, dirs, files in os.walk(os.path.join(self.root, ns), onerror=unreadable):
+                if files or not all(_HASH_DIR_RE.fullmatch(d) for d in dirs):
+                    return False
+        except OSError:
+            return False
+        return True
 
     @staticmethod
     def remove_empty_dirs(paths: list[str]) -> int:

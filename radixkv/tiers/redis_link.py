@@ -62,6 +62,7 @@ class RedisLink:
         self._down_until = 0.0
         self._closed = False
         self._warned_moved = False
+        self._warned_unexpected = False  # the first non-medium exception is logged with its traceback
         # Cluster clients dropped for rediscovery: other threads may still be inside them (a
         # pipeline, a SCAN), so they are closed only after a grace period, or at close().
         self._retired: list[tuple[float, Any]] = []
@@ -102,7 +103,13 @@ class RedisLink:
             # no [cursor, keys]: TypeError, which left a clear neither done nor pending; an array
             # header claiming billions of elements: MemoryError), and the cluster client while its
             # topology changes under another thread (a node's connection gone mid-pipeline, a reply
-            # read out of step). A fault of the medium too, never an exception into the engine.
+            # read out of step). A fault of the medium too, never an exception into the engine;
+            # the first one is logged with its traceback, since a bug of ours would look the same.
+            if not self._warned_unexpected:
+                self._warned_unexpected = True
+                log.warning("redis tier %s: unexpected %s, treated as a fault of the server (first "
+                            "occurrence; traceback follows)", self.url.redacted(), type(exc).__name__,
+                            exc_info=True)
             self.mark_down(exc)
             return None
 

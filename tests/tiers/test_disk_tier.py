@@ -1016,6 +1016,45 @@ def test_namespace_directories_an_earlier_process_left_are_bounded_at_start(root
             t.close()
 
 
+def test_a_start_never_retires_a_directory_the_layout_did_not_make(root):
+    """Found by the change review: the start-time bound above took every directory under the root
+    whose name a namespace could have (``models``, ``hub``) and no valid chunk file for an emptied
+    namespace, and removed the oldest past the 16 kept with ``shutil.rmtree``, or later, once 16 of
+    the tier's own namespaces emptied: a directory of someone's files under a private root was
+    deleted. Only a directory holding nothing but empty directories of the layout's shape (two hex
+    digits, one or two levels) is the tier's emptied namespace."""
+    kept = disk_mod._EMPTY_NAMESPACES_KEPT
+    foreign = {"models": "weights.bin", "hub": os.path.join("models--x", "config.json")}
+    for name, rel in foreign.items():
+        os.makedirs(os.path.join(root, name, os.path.dirname(rel)), exist_ok=True)
+        with open(os.path.join(root, name, rel), "w") as f:
+            f.write("not a chunk")
+        os.utime(os.path.join(root, name), (10, 10))  # older than every namespace below
+    os.makedirs(os.path.join(root, "odd", "zz"))  # no file, but no directory the layout makes
+    os.utime(os.path.join(root, "odd"), (10, 10))
+    empties = [f"{i:032x}" for i in range(kept + 2)]
+    for i, ns in enumerate(empties):
+        for j in range(256):
+            os.makedirs(os.path.join(root, ns, f"{j:02x}"))
+        os.utime(os.path.join(root, ns), (1000 + i, 1000 + i))
+    t = DiskTier(root=root, capacity_bytes=1 << 20)
+    try:
+        on_disk = {n for n in os.listdir(root) if not n.startswith(".")}
+        assert on_disk == {"models", "hub", "odd", *empties[-kept:]}
+        # Namespaces of the tier's own that empty later retire the oldest emptied: never these.
+        for i in range(kept + 2):
+            ns = f"{i + 100:032x}"
+            assert t.put_many(ns, ["c"], [pl(i)]) == [True]
+            assert t.delete_many(ns, ["c"]) == 1
+        for name, rel in foreign.items():
+            with open(os.path.join(root, name, rel)) as f:
+                assert f.read() == "not a chunk"
+        assert os.path.isdir(os.path.join(root, "odd", "zz"))
+        t.check_integrity()
+    finally:
+        t.close()
+
+
 def test_a_namespace_whose_last_file_left_keeps_no_directories(root):
     """A long-lived engine moves to fresh namespaces (vLLM's reset_cache after every weight update
     draws a new cache generation; SGLang's weight versions), and the old ones' files age out. A
