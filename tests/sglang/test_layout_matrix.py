@@ -32,6 +32,20 @@ def _spec(kind: str, layout: str) -> PoolSpec:
     return PoolSpec(kind=kind, layout=layout, page_size=4, layers=3, host_tokens=256)
 
 
+def _backup(kind: str, layout: str, cfg: dict, toks: list[int], seed: int) -> torch.Tensor:
+    """Back up 16 tokens of random KV from a server of ``layout`` and close it; its per-token KV."""
+    h = ControllerHarness(_spec(kind, layout), extra_config=cfg)
+    try:
+        src = h.alloc(16)
+        h.fill_random(src, seed=seed)
+        want = h.token_kv(src)
+        assert h.backup(toks, src) == 16
+        assert unwrap(h.backend).store.flush(timeout_s=30)
+    finally:
+        h.close()
+    return want
+
+
 @pytest.mark.parametrize("interface_v1", [1, 0], ids=["v1", "copy"])
 @pytest.mark.parametrize("kind,written,read", _LAYOUT_CHANGES)
 def test_pages_of_one_layout_never_load_as_another_layouts_kv(tmp_path, kind, written, read, interface_v1):
@@ -43,15 +57,7 @@ def test_pages_of_one_layout_never_load_as_another_layouts_kv(tmp_path, kind, wr
     all wrong)."""
     toks = tokens(16, seed=3)
     cfg = extra_config([disk_tier(tmp_path)], interface_v1)
-    h = ControllerHarness(_spec(kind, written), extra_config=cfg)
-    try:
-        src = h.alloc(16)
-        h.fill_random(src, seed=1)
-        want = h.token_kv(src)
-        assert h.backup(toks, src) == 16
-        assert unwrap(h.backend).store.flush(timeout_s=30)
-    finally:
-        h.close()
+    want = _backup(kind, written, cfg, toks, seed=1)
     h2 = ControllerHarness(_spec(kind, read), extra_config=cfg)
     try:
         res = h2.prefetch(toks)
@@ -69,15 +75,7 @@ def test_layer_major_layouts_still_share_flat_pages(tmp_path, kind):
     copying path a page written under one is a hit, with the same KV, under the other."""
     toks = tokens(16, seed=4)
     cfg = extra_config([disk_tier(tmp_path)], 0)
-    h = ControllerHarness(_spec(kind, "layer_first"), extra_config=cfg)
-    try:
-        src = h.alloc(16)
-        h.fill_random(src, seed=2)
-        want = h.token_kv(src)
-        assert h.backup(toks, src) == 16
-        assert unwrap(h.backend).store.flush(timeout_s=30)
-    finally:
-        h.close()
+    want = _backup(kind, "layer_first", cfg, toks, seed=2)
     h2 = ControllerHarness(_spec(kind, "page_first_direct"), extra_config=cfg)
     try:
         res = h2.prefetch(toks)
@@ -106,15 +104,7 @@ def test_flat_pages_of_earlier_releases_never_load_into_a_canonical_layout(tmp_p
     cfg = extra_config([disk_tier(tmp_path)], 0)
     with monkeypatch.context() as m:
         m.setattr(sglang_adapter, "flat_format", lambda pool: "flat")  # what earlier releases named them
-        h = ControllerHarness(_spec(kind, written), extra_config=cfg)
-        try:
-            src = h.alloc(16)
-            h.fill_random(src, seed=1)
-            want = h.token_kv(src)
-            assert h.backup(toks, src) == 16
-            assert unwrap(h.backend).store.flush(timeout_s=30)
-        finally:
-            h.close()
+        want = _backup(kind, written, cfg, toks, seed=1)
     h2 = ControllerHarness(_spec(kind, read), extra_config=cfg)
     try:
         res = h2.prefetch(toks)
