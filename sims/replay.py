@@ -19,7 +19,8 @@ Semantics (fixed, so results are comparable and checkable):
   request: ``write_policy`` is the store's (``write_through``, its default: each new block is
   also written to every lower tier, each tier making room first; ``write_back``: a block reaches
   a lower tier only as a victim); a tier makes room before each block arrives (a demotion first
-  makes room below, which may cascade); the hit blocks the top tier lacks (which the insert
+  makes room below, which may cascade, with the victim pinned meanwhile; a demotion the tier below
+  has no room for fails as the store's does); the hit blocks the top tier lacks (which the insert
   promotes) are pinned while the top tier makes room for them, then the new blocks get room; and
   the lower tiers' copies of the hit path hear the touch a store's ``get`` gives them
   (``tree.touch(..., tiers=...)``, which leaves the top tier's clock as a single tier has it);
@@ -179,7 +180,7 @@ def replay(
     bounded0, cap0 = bounded[0], caps[0]
     match, insert, tier_chunks, lookup = tree.match, tree.insert, tree.tier_chunks, tree.lookup
     evict_candidates, clear_resident, set_resident = tree.evict_candidates, tree.clear_resident, tree.set_resident
-    node_tier_mask = tree.node_tier_mask
+    node_tier_mask, node_children_alive = tree.node_tier_mask, tree.node_children_alive
     lower_bits = [1 << (t + 1) for t in range(n_tiers)]  # residency bit of the tier below each tier
     tree_evict = tree.evict
     block_refs = block_hits = token_hits = input_tokens = evictions = demotions = 0
@@ -205,23 +206,56 @@ def replay(
                     break
                 evictions += len(clear_resident(victims, name).removed_node_ids)
             return
-        lower, bit = names[t + 1], lower_bits[t]
-        for _ in range(n):
-            victims = evict_candidates(name, 1)
-            if not victims:
-                break  # only pinned or interior chunks left (cannot happen in a replay)
-            # A victim the lower tier already holds (a hit promoted from it keeps its copy there, and
-            # with write_through every block written since it left) is released, not copied: no
-            # demotion, as the store counts it ("release", not "demote").
-            if not node_tier_mask(victims[0]) & bit:
-                if bounded[t + 1]:
-                    over = tier_chunks(lower) + 1 - caps[t + 1]
-                    if over > 0:
-                        room(t + 1, over)
-                demotions += 1
-                set_resident(victims, lower)
-            clear_resident(victims, name)
-            evictions += 1
+        lower, bit, own = names[t + 1], lower_bits[t], 1 << t
+        kept: list[int] = []  # victims whose demotion failed and that must stay (pinned meanwhile)
+        progress = False  # a chunk left the tier since the chunks in `kept` were kept
+        left = 0
+        try:
+            while left < n:
+                victims = evict_candidates(name, 1)
+                if not victims:
+                    if kept and progress:
+                        # As the store's room-making: what kept them may be gone (a child the
+                        # cascade below dropped), so they are offered again.
+                        unpin(kept, "keep")
+                        kept, progress = [], False
+                        continue
+                    break  # only pinned or interior chunks left
+                # A victim the lower tier already holds (a hit promoted from it keeps its copy there,
+                # and with write_through every block written since it left) is released, not copied:
+                # no demotion, as the store counts it ("release", not "demote").
+                mask = node_tier_mask(victims[0])
+                if not mask & bit:
+                    if bounded[t + 1]:
+                        over = tier_chunks(lower) + 1 - caps[t + 1]
+                        if over > 0:
+                            # The victim is pinned while the tiers below make room for it, as the
+                            # store pins a chunk it demotes: the cascade cannot drop its copy in a
+                            # tier further down (before, a victim memory held and Redis held too
+                            # could lose its Redis copy to the room its own demotion to disk made).
+                            pin(victims, "demote", _PIN_S)
+                            room(t + 1, over)
+                            unpin(victims, "demote")
+                    if bounded[t + 1] and tier_chunks(lower) >= caps[t + 1]:
+                        # The tier below could not make room (all it holds is pinned: hit blocks
+                        # being promoted). The demotion fails, as the store's copy does: a victim
+                        # no other tier holds that chunks hang from stays (the next candidate is
+                        # tried), any other victim is dropped from this tier. Before, it was copied
+                        # down anyway and the tier below held more than its capacity.
+                        if mask == own and node_children_alive(victims[0]):
+                            pin(victims, "keep", _PIN_S)
+                            kept.extend(victims)
+                            continue
+                    else:
+                        demotions += 1
+                        set_resident(victims, lower)
+                clear_resident(victims, name)
+                evictions += 1
+                left += 1
+                progress = progress or bool(kept)
+        finally:
+            if kept:
+                unpin(kept, "keep")
     set_next_use = (
         opt_policy.set_next_use if opt_policy is not None else None  # type: ignore[union-attr,attr-defined]
     )

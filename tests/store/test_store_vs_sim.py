@@ -241,3 +241,33 @@ def test_a_lower_tiers_policy_hears_what_the_store_tells_it(monkeypatch, tmp_pat
     sim = _sim(monkeypatch, mix_trace, "lru", caps, "write_through", lower_policy)
     store = _store(tmp_path, mix_trace, "lru", caps, "write_through", lower_policy)
     _check_same(sim, store)
+
+
+@pytest.mark.parametrize("caps", [[3, 1], [3, 1, 1]], ids=["mem+disk", "mem+disk+disk"])
+def test_a_victim_the_full_tier_below_cannot_take_leaves_as_in_the_store(monkeypatch, tmp_path, caps) -> None:
+    """A hit promoted from a full one-chunk disk is pinned there while memory makes room for it, so
+    memory's victim cannot be copied down: the store's demotion fails and drops the victim (a leaf),
+    and no tier ever holds more than its capacity. Before, the simulator copied the victim down
+    anyway: the disk held 2 chunks of 1 (the next request would have hit k3 there)."""
+    reqs = [["k0"], ["k1", "k1k2", "k1k2k3"], ["k0"]]  # keys name their whole prefix
+    trace = Trace("by-hand", 256, [Request(float(i), len(k) * 256, 1, k) for i, k in enumerate(reqs)])
+    sim = _sim(monkeypatch, trace, "lru", caps)
+    store = _store(tmp_path, trace, "lru", caps)
+    _check_same(sim, store)
+    assert sim[2][-1] == {"k0": 0b11, "k1": 1, "k1k2": 1}  # k3 dropped: memory 3 of 3, disk 1 of 1
+
+
+def test_a_victim_keeps_its_copy_further_down_while_the_tiers_below_make_room_for_it(monkeypatch, tmp_path) -> None:
+    """Memory demotes b5, which the third tier also holds, to a full disk; the disk's victim (b11)
+    goes to the full third tier, whose least recently used chunk is b5's own copy. The store pins a
+    chunk it demotes, so the third tier drops the next one (a0) and b5 ends on disk and in the third
+    tier. Before, the simulator left the victim unpinned: the cascade dropped b5's third-tier copy
+    (b5 on disk only, a0 kept), and the tiers differed from the last request on."""
+    a, b, c = ["a0"], [f"b{i}" for i in range(1, 6)], [f"c{i}" for i in range(6, 10)]
+    reqs = [a, b, c, a, c + ["c10"], b + ["b11"], c]
+    trace = Trace("by-hand", 256, [Request(float(i), len(k) * 256, 1, k) for i, k in enumerate(reqs)])
+    caps = [8, 3, 5]
+    sim = _sim(monkeypatch, trace, "lru", caps)
+    store = _store(tmp_path, trace, "lru", caps)
+    _check_same(sim, store)
+    assert sim[2][-1]["b5"] == 0b110 and "a0" not in sim[2][-1]
