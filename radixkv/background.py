@@ -138,6 +138,9 @@ class WorkerPool:
         self._n_threads = n_threads
         self._on_depth = on_depth
         self._closed = False
+        # Jobs the parent had queued or running when this process forked (summed over forks): none
+        # of them runs or ends here, so what they took is never given back in this process.
+        self.inherited_jobs = 0
         self._start(max_queue)
 
     def _start(self, max_queue: int) -> None:
@@ -163,6 +166,7 @@ class WorkerPool:
         """In a forked child, start over: the parent's threads do not exist here, its queued jobs are
         the parent's to run, and its locks may have been copied mid-use."""
         if os.getpid() != self._pid:
+            self.inherited_jobs += self._inflight
             self._start(self._queue.maxsize)
 
     @property

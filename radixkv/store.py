@@ -39,6 +39,7 @@ cannot hold one chunk raises :class:`~radixkv.errors.CapacityError` at the first
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -58,7 +59,7 @@ from radixkv.keys import Namespace
 from radixkv.metrics import StoreMetrics
 from radixkv.tiers.base import ChunkBytes, chunk_nbytes
 from radixkv.tiers.memory import MemoryTier
-from radixkv.transfer import ChunkRef, TierStack
+from radixkv.transfer import Calls, ChunkRef, TierStack
 from radixkv.tree import RadixTree
 
 __all__ = ["HierarchicalStore", "PrefetchHandle", "open_tier"]
@@ -96,8 +97,11 @@ class PrefetchHandle:
     """A background read: :meth:`wait` -> chunks read (leading run), :meth:`cancel`, :meth:`done`.
     After a cancel, :meth:`wait` returns 0 unless the read had already finished."""
 
-    def __init__(self, job: Job[int] | None, on_cancel: Any = None, result: int = 0) -> None:
+    def __init__(
+        self, job: Job[int] | None, on_cancel: Any = None, result: int = 0, calls: Calls | None = None
+    ) -> None:
         self._job, self._on_cancel, self._result = job, on_cancel, result
+        self._calls = calls
 
     def wait(self, timeout_s: float | None = None) -> int:
         return self._result if self._job is None else self._job.wait(timeout_s)
@@ -105,11 +109,15 @@ class PrefetchHandle:
     def cancel(self) -> bool:
         if self._job is None:
             return False
-        if self._job.cancel():
-            if self._on_cancel is not None:
-                self._on_cancel()
-            return True
-        return False
+        # Counted as a store call (TierStack.calls): a cancel that wins the job runs its unpin here,
+        # after the reader thread may already have counted the cancelled job done. Uncounted, a
+        # check_integrity in between found the store idle and the read's get-* pins leaked.
+        with self._calls if self._calls is not None else contextlib.nullcontext():
+            if self._job.cancel():
+                if self._on_cancel is not None:
+                    self._on_cancel()
+                return True
+            return False
 
     def done(self) -> bool:
         return self._job is None or self._job.done()
@@ -466,7 +474,7 @@ class HierarchicalStore:
         except RuntimeError:  # close() overtook us
             self._unpin(refs, owner)
             raise RuntimeError("the store is closed; create a new HierarchicalStore") from None
-        return PrefetchHandle(job)
+        return PrefetchHandle(job, calls=self._stack.calls)
 
     def _match_and_pin(
         self,

@@ -180,7 +180,11 @@ def check_store(store: HierarchicalStore, deep: bool = True) -> None:
         assert s.transfers_inflight >= 0, f"negative background copies in flight {s.transfers_inflight}"
         # The calls first: one that ends after this read queued its background job before ending,
         # and a job gives back what it holds (under this lock, held now) before it counts as done.
-        idle = not len(s.calls) and not store._writer._inflight and not store._reader._inflight
+        # A forked child is never idle if the parent had a call or a job in flight: what those took
+        # was copied into the child and nothing in the child ever gives it back.
+        idle = not len(s.calls) and not any(
+            pool._inflight or pool.inherited_jobs for pool in (store._writer, store._reader)
+        )
         if idle:
             _check_idle_locked(store)
         quiet = not (

@@ -50,3 +50,39 @@ def test_fork_while_a_thread_holds_the_store_lock(make_store):
         release.set()
         t.join(10)
     store.check_integrity()
+
+
+def test_a_child_forked_while_a_write_job_runs_is_never_idle(make_store):
+    """Found by the idle check (huntS2): a child forked while the parent's write-through job held a
+    disk reservation inherits that reservation, and no job in the child ever gives it back. The
+    child counted as busy only until its first writer call (flush here) restarted its pool and
+    zeroed the count of jobs in flight; the check then reported the parent's reservation as a leak
+    of the child's. Like the calls a child inherits, inherited jobs keep the child from being idle."""
+    store = make_store("mem-disk", write_policy="write_through")
+    ns = new_namespace()
+    disk = store.tiers[1]
+    parent, inside, release = os.getpid(), threading.Event(), threading.Event()
+    put_many = disk.put_many
+
+    def held_put_many(*args, **kwargs):
+        if os.getpid() == parent:
+            inside.set()
+            release.wait(10)
+        return put_many(*args, **kwargs)
+
+    disk.put_many = held_put_many
+    data = [payload_for("a0")]
+    assert store.put(ns, ["a0"], data) == [True]
+    assert inside.wait(10)  # the write-through job holds its disk reservation now
+
+    def child() -> bool:
+        assert store.flush(5)  # the child's writer starts over: none of the parent's jobs runs here
+        store.check_integrity(deep=False)
+        return True
+
+    try:
+        in_child(child, deadline_s=20.0)
+    finally:
+        release.set()
+    assert store.flush(10)
+    store.check_integrity()

@@ -11,6 +11,8 @@ none of them."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -232,6 +234,47 @@ def test_a_put_a_clear_overtook_before_it_wrote_fixes_the_chunk_size_again(tmp_p
         with pytest.raises(InputError, match=f"stores {CHUNK_BYTES}-byte chunks"):
             store.put(ns, ["b0"], [torch.zeros(2 * CHUNK_BYTES, dtype=torch.uint8)])
         assert store.get(ns, keys, buffers(len(keys))) == len(keys)
+        store.check_integrity()
+    finally:
+        store.close()
+
+
+def test_a_prefetch_cancel_still_unpinning_is_a_call_running(tmp_path):
+    """Found by the idle check in a concurrent prefetch/cancel fuzz: a cancel that wins a queued
+    prefetch unpins its chunks in the cancelling thread, and the reader thread that then takes the
+    cancelled job counts it done at once. A check in between found no call and no job running and
+    took the read's get-* pins for a leak. The handle's cancel() now counts as a store call."""
+    store = HierarchicalStore(StoreConfig(
+        tiers=[TierConfig(url="mem://", capacity_bytes=8 * CHUNK_BYTES, name="mem")],
+        metrics=False, probe_tiers=False, prefetch_threads=1))
+    ns, keys = new_namespace(), ["a0", "a1"]
+    try:
+        assert store.put(ns, keys, [payload_for(k) for k in keys]) == [True, True]
+        busy = threading.Event()
+        store._reader.submit(lambda job: busy.wait(10.0), None)  # the prefetch below stays queued
+        handle = store.prefetch(ns, keys, buffers(len(keys)))
+        unpinning, resume = threading.Event(), threading.Event()
+        unpin = store._unpin
+
+        def slow_unpin(refs, owner):
+            unpinning.set()
+            resume.wait(10.0)
+            unpin(refs, owner)
+
+        store._unpin = slow_unpin
+        cancel = threading.Thread(target=handle.cancel)
+        cancel.start()
+        try:
+            assert unpinning.wait(10.0)
+            busy.set()
+            assert store._reader.drain(10.0)  # the cancelled job is done, its unpin still running
+            store.check_integrity()
+        finally:
+            resume.set()
+            cancel.join(10.0)
+        assert handle.wait(1.0) == 0
+        with store.lock:
+            assert not store.tree.pinned_count()
         store.check_integrity()
     finally:
         store.close()
