@@ -144,7 +144,10 @@ class WorkerPool:
         self._start(max_queue)
 
     def _start(self, max_queue: int) -> None:
-        self._pid = os.getpid()
+        """Start the threads over a fresh queue (at construction, and in a forked child). A thread
+        that cannot start (the process is at its thread limit) stops those already started and
+        raises: a pool never runs short of the threads it was sized for, and a child retries on
+        its next call."""
         self._queue: queue.Queue[Job[Any] | None] = queue.Queue(maxsize=max_queue)
         self._close_lock = threading.Lock()
         self._swept = False  # close() cancelled what was queued after its threads stopped
@@ -159,8 +162,18 @@ class WorkerPool:
             for i in range(self._n_threads)
         ]
         if not self._closed:
-            for t in self._threads:
-                t.start()
+            started = 0
+            try:
+                for t in self._threads:
+                    t.start()
+                    started += 1
+            except BaseException:
+                for _ in range(started):  # one stop marker each; they take them as they come
+                    self._queue.put(None)
+                for t in self._threads[:started]:
+                    t.join()
+                raise
+        self._pid = os.getpid()
 
     def _fork_check(self) -> None:
         """In a forked child, start over: the parent's threads do not exist here, its queued jobs are

@@ -36,7 +36,29 @@ class ForkSafeExecutor:
         self._shut = False
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
-        return self._executor().submit(fn, *args, **kwargs)
+        """Run ``fn(*args, **kwargs)`` on a pool thread; its Future. When the pool cannot start the
+        thread it needs (``RuntimeError: can't start new thread``: a process at its thread limit),
+        the call runs on the calling thread instead and the Future returned is already done: the
+        work happens exactly once either way. RuntimeError once :meth:`shutdown` ran.
+
+        Why not let the pool's error through: ``ThreadPoolExecutor.submit`` queues the call *before*
+        starting a thread for it, so when the start fails it raises with the call still queued, and
+        the first thread started later runs it, long after its caller gave up on it: a read into a
+        buffer the caller was told is a miss (and reuses), a write through a file descriptor number
+        the caller closed (by then another file's, or a socket's), a copy into a freed slot."""
+        pool = self._executor()
+        call = _Once(fn, args, kwargs)
+        try:
+            pool.submit(call.run)
+        except Exception:  # RuntimeError (thread limit) or MemoryError (no room for its stack)
+            if not call.claim():
+                return call.future  # a pool thread took it meanwhile: it runs there
+            with self._lock:
+                shut = self._shut or pool is not self._pool
+            if shut:  # the pool shut down (a racing close): nothing will run, as before
+                raise
+            call.run_claimed()  # no thread to run it (the pool still queues a husk that does nothing)
+        return call.future
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop this process's pool (a no-op for one inherited across fork); later submits raise."""
@@ -66,6 +88,41 @@ class ForkSafeExecutor:
             self._pool = None
             self._lock = threading.Lock()
             self._pid = pid
+
+
+class _Once:
+    """One call that runs at most once: in whichever of a pool thread (``run``) and the submitter
+    (``claim`` then ``run_claimed``) takes it first; the other finds nothing to do. A claimed call
+    drops its function and arguments, so a husk left in a pool's queue holds no payload."""
+
+    __slots__ = ("_call", "_claimed", "_lock", "future")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None = (fn, args, kwargs)
+        self._lock = threading.Lock()
+        self.future: Future = Future()
+        self.future.set_running_or_notify_cancel()
+
+    def claim(self) -> bool:
+        with self._lock:
+            if self._call is None:
+                return False
+            self._claimed, self._call = self._call, None
+            return True
+
+    def run(self) -> None:
+        if self.claim():
+            self.run_claimed()
+
+    def run_claimed(self) -> None:
+        fn, args, kwargs = self._claimed
+        del self._claimed
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
+            self.future.set_exception(e)
+        else:
+            self.future.set_result(result)
 
 
 # Objects whose lock os.fork() must not copy mid-use: object -> (lock attribute, child callback).

@@ -160,6 +160,16 @@ class HierarchicalStore:
                 for t in opened:
                     t.close()
             raise
+        try:
+            self._start(config, names, tree, opened)
+        except BaseException:
+            # Out of threads (a pool's or the metrics server's did not start) or memory: give back
+            # what started, or the tiers' threads, buffers and connections outlived the failed call
+            # (and a pool's threads kept waiting until the garbage collector found it).
+            self._abandon(opened if tiers is None else [])
+            raise
+
+    def _start(self, config: StoreConfig, names: Sequence[str], tree: RadixTree, opened: list[Any]) -> None:
         # No callback below refers back to the store: a closed, dropped store (an engine detaching
         # its backend) is freed at once with its memory tier's buffer, not at the next cycle
         # collection.
@@ -196,6 +206,21 @@ class HierarchicalStore:
                 self, StoreMetrics.stop_serving, self._metrics_server
             )
             self._stop_serving.atexit = False
+
+    def _abandon(self, tiers: Sequence[Any]) -> None:
+        """Undo a construction that failed after its tiers opened: stop the pools (and the metrics
+        server) that started, close ``tiers`` (those the store opened itself)."""
+        for pool in (getattr(self, "_reader", None), getattr(self, "_writer", None)):
+            if pool is not None:
+                pool.close(flush=False, timeout_s=self.config.close_timeout_s)
+        stop = getattr(self, "_stop_serving", None)
+        if stop is not None:
+            stop()
+        for tier in reversed(tiers):
+            try:
+                tier.close()
+            except Exception:  # the construction's own error is the one to report
+                logger.exception("radixkv: closing tier %r of a store that failed to start", tier.name)
 
     # ------------------------------------------------------------------ properties
     @property
