@@ -149,7 +149,14 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
             model = self.options.model_name or str(vllm_config.model_config.model)
             # The name alone does not fix the KV (revision, quantization, RoPE overrides...): the digest
             # of the rest goes into every namespace, with an explicit model_name too.
-            model_digest = model_identity_digest(vllm_config.model_config, cache)
+            # With speculative decoding the drafter's layers are among the KV caches stored, so the
+            # drafter's identity counts too (the draft path only without an explicit model_name).
+            model_digest = model_identity_digest(
+                vllm_config.model_config,
+                cache,
+                getattr(vllm_config, "speculative_config", None),
+                draft_path=not self.options.model_name,
+            )
             layout = str(getattr(cache, "kv_cache_layout", None) or "default")
             self._worker = WorkerSide(
                 self.options,

@@ -320,7 +320,13 @@ def _longrope_factors(hf: Any, max_model_len: Any) -> list[str] | None:
     return sorted(set(found)) or None
 
 
-def model_identity_digest(model_config: Any, cache_config: Any = None) -> str:
+def model_identity_digest(
+    model_config: Any,
+    cache_config: Any = None,
+    speculative_config: Any = None,
+    *,
+    draft_path: bool = True,
+) -> str:
     """A 16-hex digest of what, beside the model name, decides the values of the KV this deployment
     computes (duck-typed over vLLM's ``ModelConfig`` / ``CacheConfig``: no vLLM import).
 
@@ -337,7 +343,56 @@ def model_identity_digest(model_config: Any, cache_config: Any = None) -> str:
     every position with the long factors when ``max_model_len`` exceeds the original context
     (:func:`_longrope_factors`), so that choice is covered.
 
+    ``speculative_config`` (vLLM's ``SpeculativeConfig``, or None): with a drafter that has KV
+    (:func:`_drafter_identity`: EAGLE, EAGLE3, MTP, DFlash, a draft model, ...) vLLM registers the
+    drafter's attention layers beside the target's, so the chunks hold the drafter's KV too and the
+    drafter's identity counts; ``draft_path=False`` (an explicit ``model_name``) leaves the draft's
+    path out, as the target's is. Without one (None, or ngram / suffix decoding: no drafter KV) the
+    digest is what it was before drafters counted, so those deployments keep their stored chunks.
+
     SHA-256 of canonical JSON: the same in every process, rank and machine given equal configs."""
+    identity = _model_identity(model_config, cache_config)
+    drafter = _drafter_identity(speculative_config, draft_path=draft_path)
+    if drafter is not None:  # a key only with a drafter that has KV: every other digest stays
+        identity["drafter"] = drafter
+    text = json.dumps(
+        [_MODEL_DIGEST_TAG, _canonical(identity)], sort_keys=True, separators=(",", ":")
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:_MODEL_DIGEST_HEX]
+
+
+def _drafter_identity(speculative_config: Any, *, draft_path: bool) -> dict[str, Any] | None:
+    """What decides the values of the drafter's KV, or None where the drafter has none.
+
+    vLLM 0.33 allocates drafter KV exactly when ``SpeculativeConfig.uses_draft_kv_cache()`` (EAGLE,
+    EAGLE3, MTP, DFlash, DSpark, ``draft_model``, ``extract_hidden_states``); ngram, ngram_gpu,
+    suffix and custom-class proposers have none. The drafter's KV depends on its method (EAGLE3
+    feeds it other hidden states than EAGLE), its weights and architecture (the draft
+    ``ModelConfig``: for MTP that is the target's path under the MTP architecture), the draft
+    path, the load format (``draft_load_config``), its KV dtype where set apart from the target's
+    (``kv_cache_dtype``; None inherits the target's, already covered) and the draft TP size."""
+    if speculative_config is None:
+        return None
+    uses_kv = getattr(speculative_config, "uses_draft_kv_cache", None)
+    if callable(uses_kv):
+        if not uses_kv():
+            return None
+    elif getattr(speculative_config, "method", None) in ("ngram", "ngram_gpu", "suffix", "custom_class"):
+        return None  # a config without vLLM's predicate: the proposers known to keep no KV
+    draft = getattr(speculative_config, "draft_model_config", None)
+    load = getattr(speculative_config, "draft_load_config", None)
+    return {
+        "method": getattr(speculative_config, "method", None),
+        "model": getattr(speculative_config, "model", None) if draft_path else None,
+        "draft": _model_identity(draft, None) if draft is not None else None,
+        "load_format": getattr(load, "load_format", None) if load is not None else None,
+        "kv_cache_dtype": getattr(speculative_config, "kv_cache_dtype", None),
+        "draft_tensor_parallel_size": getattr(speculative_config, "draft_tensor_parallel_size", None),
+    }
+
+
+def _model_identity(model_config: Any, cache_config: Any) -> dict[str, Any]:
+    """The fields of :func:`model_identity_digest` for one model (the target, or a drafter)."""
     hf_config = getattr(model_config, "hf_config", None)
     try:
         hf = hf_config.to_dict() if hf_config is not None else None
@@ -365,10 +420,7 @@ def model_identity_digest(model_config: Any, cache_config: Any = None) -> str:
     longrope = _longrope_factors(hf, getattr(model_config, "max_model_len", None))
     if longrope is not None:  # a key only for LongRoPE models: every other digest stays as it was
         identity["longrope_factors"] = longrope
-    text = json.dumps(
-        [_MODEL_DIGEST_TAG, _canonical(identity)], sort_keys=True, separators=(",", ":")
-    )
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:_MODEL_DIGEST_HEX]
+    return identity
 
 
 def group_namespace(

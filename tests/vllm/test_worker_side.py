@@ -629,6 +629,63 @@ def test_longrope_context_length_is_part_of_the_namespace(tmp_path):
                 for n in (512, 2048)}) == 1
 
 
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2, "intermediate_size": 128,
+    "vocab_size": 1000, "max_position_embeddings": 2048, "torch_dtype": "float16", "rms_norm_eps": 1e-5,
+}
+
+
+def test_the_drafter_is_part_of_the_namespace(tmp_path):
+    """Found by the drafter hunt: vLLM 0.33 registers an EAGLE/EAGLE3/MTP drafter's attention layers
+    among the KV caches the connector stores, but the namespace digest named the target model only,
+    so a server with another drafter (another EAGLE3 head of the same shape, another draft revision
+    or draft KV dtype) loaded the first server's drafter KV: drafts computed from wrong KV (outputs
+    stay right, since the target verifies them, but acceptance drops). With a drafter that has KV
+    the digest covers it; without speculative decoding, or with ngram (no drafter KV), the namespace
+    is what it was."""
+    import json
+
+    from vllm.config import SpeculativeConfig
+
+    def model_dir(name: str, config: dict) -> Any:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps(config))
+        return path
+
+    target = model_dir("llama", LLAMA_CONFIG)
+    eagle3 = {**LLAMA_CONFIG, "num_hidden_layers": 1, "architectures": ["LlamaForCausalLMEagle3"]}
+    head_a, head_b = model_dir("eagle3-a", eagle3), model_dir("eagle3-b", eagle3)  # other weights
+    store = {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24}]}
+
+    def namespace(extra: dict | None = None, **spec: Any) -> Any:
+        cfg = make_vllm_config(target, {"chunk_tokens": CHUNK, "store": store, **(extra or {})})
+        if spec:
+            cfg.speculative_config = SpeculativeConfig(
+                num_speculative_tokens=2, target_model_config=cfg.model_config,
+                target_parallel_config=cfg.parallel_config, **spec)
+        return _namespace_of(cfg)
+
+    plain = namespace()
+    a = namespace(method="eagle3", model=str(head_a))
+    assert a == namespace(method="eagle3", model=str(head_a))  # the same drafter shares
+    for other in ({"model": str(head_b)},  # another head of the same architecture
+                  {"revision": "other-rev"}, {"kv_cache_dtype": "fp8_e5m2"}):
+        b = namespace(**{"method": "eagle3", "model": str(head_a), **other})
+        assert b.model == a.model and b.dtype == a.dtype and b.layout == a.layout  # what it had
+        assert b != a, other
+    assert a != plain
+    # No drafter KV (ngram): the namespace of a server without speculative decoding, chunks kept.
+    assert namespace(method="ngram", prompt_lookup_max=3) == plain
+    # With model_name the draft path is left out (as the target's), its revision still counts.
+    named = {"model_name": "my-model"}
+    n = namespace(named, method="eagle3", model=str(head_a))
+    assert n == namespace(named, method="eagle3", model=str(head_b))
+    assert n != namespace(named, method="eagle3", model=str(head_a), revision="other-rev")
+    assert n != namespace(named)
+
+
 def test_a_lookup_one_worker_did_not_answer_is_a_miss():
     """Found by review: a lookup only one worker reported passed through aggregation as that worker's
     hit, in either merge order, though the other worker cannot serve its shard of it."""
