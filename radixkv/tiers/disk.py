@@ -90,7 +90,8 @@ class DiskTierConfig:
     also hashes what it moves, so threads beyond the cores only contend: on 2 cores, 4 threads made
     page-cache reads of a 128 MiB batch ~25% slower than 2); fsync: fsync each file before its commit rename;
     shared: other processes use the same directory; stale_temp_s (shared mode only): age after which
-    a leftover temp file (a crashed writer's) is removed by the startup scan; a directory the tier
+    a leftover temp file (a crashed writer's) is removed by the startup scan, on the clock that
+    stamps the directory's files (a network filesystem's server), not this host's; a directory the tier
     owns alone has no live writer at its start, so the scan removes all of them there.
     recycle: keep the files of removed chunks (evicted, deleted, cleared) aside in ``root/.spare``
     within the capacity, and let later puts overwrite them in place instead of creating new files: no

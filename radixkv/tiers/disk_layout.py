@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import re
 import secrets
@@ -297,8 +298,9 @@ class DiskLayout:
         return removed
 
     def remove_stale_temps(self, older_than_s: float) -> int:
-        """Remove temp files (crashed writers') older than ``older_than_s``; returns how many."""
-        now = time.time()
+        """Remove temp files (crashed writers') older than ``older_than_s``; returns how many. Ages
+        are measured on the clock that stamped the files (:meth:`filesystem_now`), not this host's."""
+        now = self.filesystem_now() if older_than_s > -math.inf else math.inf
         removed = 0
         for dirpath, _dirs, files in os.walk(self.root):
             for f in files:
@@ -311,6 +313,32 @@ class DiskLayout:
                     except OSError:
                         pass
         return removed
+
+    def filesystem_now(self) -> float:
+        """The current time on the clock that stamps the root's file times: the mtime of a byte
+        written to a probe file there (removed at once; named as a temp file, so a later scan removes
+        one a crash left). A network filesystem stamps writes with its server's clock: compared with
+        this host's clock, a host ahead of the server by more than ``stale_temp_s`` took other
+        hosts' live temp files for crashed writers' and removed them mid-write (their puts failed),
+        and one behind it kept crashed writers' files that much longer. On a local filesystem this
+        is ``time.time()``, which it falls back to if the probe cannot be written."""
+        tag = f"{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}"
+        probe = os.path.join(self.root, f".clock.{tag}{_TMP_SUFFIX}")
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return time.time()
+        try:
+            os.write(fd, b"\0")  # a write, as the temp files had: stamped by whoever stamps theirs
+            return os.fstat(fd).st_mtime
+        except OSError:
+            return time.time()
+        finally:
+            os.close(fd)
+            try:
+                os.unlink(probe)
+            except OSError:
+                pass
 
     def read_entry(self, ns: str, key: str, path: str) -> tuple[float, int, int] | None:
         """``(mtime, frame bytes, payload bytes)`` of a committed file whose name, place, header

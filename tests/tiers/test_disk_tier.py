@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import stat
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 from radixkv.errors import CapacityError, ConfigError, InputError
 from radixkv.tiers import disk as disk_mod
 from radixkv.tiers import disk_io
+from radixkv.tiers import disk_layout as disk_layout_mod
 from radixkv.tiers.disk import DiskTier
 from radixkv.tiers.disk_layout import DiskLayout
 from radixkv.tiers.framing import HEADER_BYTES, decode_header, payload_checksum
@@ -373,6 +375,44 @@ class TestRestart:
         assert all(torch.equal(o, pl(i)) for i, o in enumerate(out))
         t2.check_integrity()
         t2.close()
+
+    @pytest.mark.parametrize("host_ahead_s", [3600.0, -3 * 3600.0])
+    def test_temp_ages_are_measured_on_the_filesystems_clock(self, root, monkeypatch, host_ahead_s):
+        # Found by a clock hunt: a shared tier's start compared temp files' mtimes (stamped by the
+        # file server's clock on a network filesystem) with its own host's clock. A host an hour
+        # ahead removed another host's live temp mid-write (its put failed); one three hours
+        # behind kept a crashed writer's temp. The local filesystem plays the server here.
+        writer = DiskTier(root=root, capacity_bytes=1 << 20, shared=True)
+        writer.put_many(NS, ["k0"], [pl(0)])
+        d = os.path.dirname(writer._layout.path(NS, "k0"))
+        dead = os.path.join(d, ".k0.999.1.dead.tmp")
+        open(dead, "wb").write(b"partial")
+        os.utime(dead, (time.time() - 7200, time.time() - 7200))  # crashed two hours ago
+        real_write_frame, started, release = disk_mod.write_frame, threading.Event(), threading.Event()
+
+        def slow_write_frame(*args, **kwargs):  # another host's put, between its write and commit
+            real_write_frame(*args, **kwargs)
+            started.set()
+            release.wait(10)
+
+        monkeypatch.setattr(disk_mod, "write_frame", slow_write_frame)
+        result: list = []
+        put = threading.Thread(target=lambda: result.append(writer.put_many(NS, ["k1"], [pl(1)])))
+        put.start()
+        assert started.wait(10)
+        now = time.time
+        monkeypatch.setattr(disk_layout_mod.time, "time", lambda: now() + host_ahead_s)
+        other = DiskTier(root=root, capacity_bytes=1 << 20, shared=True)  # this host's clock is off
+        release.set()
+        put.join(10)
+        assert result == [[True]], "a live writer's temp file was taken for a crashed one's"
+        assert not os.path.exists(dead), "a crashed writer's temp file was kept"
+        assert other.stats().extra["temp_removed"] == 1
+        out = buf()
+        assert other.get_many(NS, ["k1"], [out]) == [True] and torch.equal(out, pl(1))
+        assert not [f for _d, _s, fs in os.walk(root) for f in fs if f.endswith(".tmp")]  # no probe left
+        other.close()
+        writer.close()
 
     def test_a_killed_writers_temp_files_go_at_the_next_start(self, root):
         # Found by a review: a writer killed mid-put leaves its temp file; a restart within
