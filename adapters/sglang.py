@@ -151,7 +151,6 @@ class RadixKVStore(HiCacheStorage):
         self.model_digest = sglang_model_digest(self.options, weight_version=self.weight_version)
         # Namespaces of earlier weight versions, which clear() drops as well.
         self._retired: list[Namespace] = []
-        self.registered_pools: dict[str, Any] = {}
         self._bindings: dict[str, _PoolBinding] = {}
         self._lock = threading.Lock()
         self._metrics_lock = threading.Lock()

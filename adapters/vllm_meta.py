@@ -67,9 +67,6 @@ class RadixKVMetadata(KVConnectorMetadata):
     # namespace with it from the first step that carries it (docs/vllm.md §5).
     generation: str = ""
 
-    def is_empty(self) -> bool:
-        return not (self.lookups or self.loads or self.saves or self.releases)
-
 
 @dataclass(slots=True)
 class LookupReport:

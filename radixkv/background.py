@@ -43,7 +43,6 @@ class Job(Generic[T]):
 
     __slots__ = (
         "_fn",
-        "_cancel_result",
         "_state",
         "_result",
         "_error",
@@ -63,7 +62,6 @@ class Job(Generic[T]):
     ) -> None:
         self._fn = fn
         self._on_cancel = on_cancel  # runs once if the job is cancelled before it ran
-        self._cancel_result = cancel_result
         self._state = _PENDING
         self._result: T = cancel_result
         self._error: BaseException | None = None

@@ -450,7 +450,6 @@ class AgedRefPolicy(_HeapPolicy):
             raise ConfigError(f"{self.name}: ghost_factor={ghost_factor!r} must be >= 0")
         if not initial_half_life > 0:
             raise ConfigError(f"{self.name}: initial_half_life={initial_half_life!r} must be > 0 requests")
-        self._q = gap_quantile
         self._up = 1.0 + gap_step * gap_quantile  # H's step per gap above it, and below it
         self._down = 1.0 - gap_step * (1.0 - gap_quantile)
         self._w = float(count_weight)

@@ -47,8 +47,6 @@ import time
 import weakref
 from typing import Any, Callable, Sequence, TypeVar, cast
 
-import torch
-
 from radixkv import adoption, writeback
 from radixkv import store_checks as checks
 from radixkv import store_jobs as jobs

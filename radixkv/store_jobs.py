@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Sequence
 
-import torch
-
 from radixkv.background import WorkerPool
 from radixkv.keys import Namespace
 from radixkv.tiers.base import ChunkBytes, chunk_copy

@@ -32,8 +32,6 @@ import time
 from collections import Counter, defaultdict
 from typing import Any, Callable, NamedTuple, Sequence
 
-import torch
-
 from radixkv import eviction, reads
 from radixkv.intents import WriteDeleteIntents
 from radixkv.errors import CapacityError, InputError, PinError

@@ -39,7 +39,7 @@ import lzma
 import math
 import os
 from dataclasses import dataclass, field
-from typing import IO, Iterable, Iterator, Protocol, Sequence
+from typing import IO, Iterable, Iterator, Protocol
 
 from radixkv.errors import InputError
 from radixkv.keys import chunk_keys
@@ -358,7 +358,3 @@ def read_trace(path: str, *, block_tokens: int | None = None, limit: int | None 
             "Mooncake ('hash_ids') or radixkv ('block_keys' / 'token_ids', optional 'radixkv_trace' header)"
         )
     raise InputError(f"{path}: the trace is empty")
-
-
-def block_references_of(requests: Sequence[Request]) -> int:
-    return sum(len(r.block_keys) for r in requests)

@@ -11,7 +11,7 @@ import torch
 
 from radixkv import hostcopy
 from radixkv.errors import ConfigError, InputError
-from radixkv.hostcopy import HostCopier, default_copy_threads, streaming_copy_available
+from radixkv.hostcopy import HostCopier, default_copy_threads
 
 MiB = 1 << 20
 

@@ -1,7 +1,6 @@
 """Builders of ``views[layer][component]`` (see `PagedLayout`) from engine KV tensors. No copies.
 
-Shapes follow docs/kernels.md §3 and the research notes (vllm-integration.md §8,
-sglang-integration.md §3.5): vLLM 0.33 per-layer ``[blocks, kv_heads, block_size, C]`` views with
+Shapes follow docs/kernels.md §3: vLLM 0.33 per-layer ``[blocks, kv_heads, block_size, C]`` views with
 K||V in the last dim (any physical order, e.g. LBNHC or LBHNC), SGLang device pools (per-layer
 ``[tokens, heads, dim]``) and SGLang host pools (layer_first, page_first, page_first_direct for MHA
 and MLA; page_head for MHA).

@@ -91,7 +91,7 @@ from radixkv.tiers.framing import HEADER_BYTES, encode_header
 from radixkv.tiers.redis_accounting import ByteLedger
 from radixkv.tiers.redis_client import NAME_RE, FramedValue, RedisTierConfig, RedisUrl, build_config
 from radixkv.tiers.redis_direct import BadValue, Reply, get_frames_into
-from radixkv.tiers.redis_link import DOWN_ERRORS, RedisLink
+from radixkv.tiers.redis_link import RedisLink
 
 __all__ = ["RedisTier", "RedisTierConfig", "UNBOUNDED_BYTES"]
 

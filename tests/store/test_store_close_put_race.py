@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import threading
 
-import pytest
-
 from store_helpers import chain, new_namespace, payload_for
 
 

@@ -173,7 +173,7 @@ def test_a_request_preempted_by_the_reset_stores_its_chunks_again(model_dir):
     assert w.stats["saved_chunks"] == 2 + 2
     assert eng.sched.reset_prefix_cache()
     eng.clear_kv()
-    r3 = eng.add("r3", toks)
+    eng.add("r3", toks)
     eng.run_until_idle()
     assert conn.stats["hit_tokens"] == 64
 
