@@ -1,17 +1,20 @@
 """Counters and Prometheus metrics of one hierarchical store.
 
 Every store owns a private :class:`prometheus_client.CollectorRegistry` (never the global one), so
-tests and several stores in one process do not collide. Serve it with
+tests and several stores in one process do not collide; its series are rendered from the store's
+own numbers at scrape time, so an engine's ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's
+multiprocess mode) neither mixes them with another store's nor carries them to the engine's
+``/metrics``. Serve it with
 ``prometheus_client.start_http_server(port, registry=store.metrics.registry)`` or render it with
 ``prometheus_client.generate_latest(store.metrics.registry)``. All names start with ``radixkv_``.
 
-The same numbers are kept as plain integers for :meth:`StoreMetrics.snapshot` (``store.stats()``),
-so nothing depends on prometheus internals. Tier-reported counters (checksum failures, usage) are
+The same numbers are kept as plain integers for :meth:`StoreMetrics.snapshot` (``store.stats()``). Tier-reported counters (checksum failures, usage) are
 read from each tier's :class:`~radixkv.tiers.base.TierStats` at scrape time by a custom collector.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -19,8 +22,9 @@ from collections import defaultdict
 from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from radixkv.tiers.base import capacity_limit
 
@@ -99,8 +103,104 @@ class _TierStatsCollector:
         yield from (checks, errors, usage, spare, cap)
 
 
+# name -> (kind, help, label names) of the series a store records; the registry renders them from
+# the store's own numbers (_StoreCollector), never from prometheus_client's Counter/Gauge/Histogram:
+# under PROMETHEUS_MULTIPROC_DIR (set by SGLang with --enable-metrics, by vLLM with several API
+# servers) those keep their values in the engine's per-process files, keyed by name and labels only,
+# so two stores of one process shared (and overwrote) each other's counts, and a directory that was
+# gone made the store's construction fail.
+_FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "radixkv_hit_chunks": ("counter", "Chunks read from a tier", ("tier",)),
+    "radixkv_miss_chunks": (
+        "counter",
+        "Chunks asked for and not served by the tier (cascading: a chunk served by a slower "
+        "tier, or by none, is a miss in every faster one)",
+        ("tier",),
+    ),
+    "radixkv_hit_tokens": ("counter", "Tokens in chunks read from a tier", ("tier",)),
+    "radixkv_miss_tokens": ("counter", "Tokens in chunks not served", ("tier",)),
+    "radixkv_written_bytes": ("counter", "Payload bytes written into a tier", ("tier",)),
+    "radixkv_read_bytes": ("counter", "Payload bytes read out of a tier", ("tier",)),
+    "radixkv_evicted_chunks": ("counter", "Chunks evicted from a tier", ("tier", "action")),
+    "radixkv_promoted_chunks": ("counter", "Chunks promoted into a tier", ("tier",)),
+    "radixkv_lookup_chunks": (
+        "counter",
+        "Chunks asked for by lookups (engines' existence checks), by result: hit (held by some "
+        "tier, in the leading run) or miss",
+        ("result",),
+    ),
+    "radixkv_lookup_tokens": (
+        "counter", "Tokens in the chunks asked for by lookups, by result", ("result",)
+    ),
+    "radixkv_adopted_chunks": (
+        "counter",
+        "Chunks a tier held that the tree did not know (restart, shared tier), added on a probe",
+        ("tier",),
+    ),
+    "radixkv_read_failed_chunks": (
+        "counter", "Reads where the tree said present and the tier could not deliver", ("tier",)
+    ),
+    "radixkv_write_failed_chunks": ("counter", "Chunks a tier refused to store", ("tier",)),
+    "radixkv_orphan_dropped_chunks": (
+        "counter", "Chunks dropped because their prefix became unrecoverable", ()
+    ),
+    "radixkv_dropped_jobs": (
+        "counter", "Background jobs skipped, in jobs (promotions on a full queue)", ("queue",)
+    ),
+    "radixkv_queue_depth_jobs": ("gauge", "Background jobs waiting", ("queue",)),
+}
+_LATENCY = ("radixkv_latency_seconds", "Latency of store operations and tier batches", ("op", "tier"))
+
+
+class _StoreCollector:
+    """Renders a :class:`StoreMetrics`' series and latency histograms when the registry is scraped."""
+
+    def __init__(self, metrics: StoreMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterator[object]:
+        return self._families({}, {})
+
+    def collect(self) -> Iterator[object]:
+        m = self._metrics
+        with m._lock:
+            series = {name: dict(values) for name, values in m._series.items()}
+            hists = {labels: (list(h[0]), h[1]) for labels, h in m._hists.items()}
+        return self._families(series, hists)
+
+    @staticmethod
+    def _families(
+        series: dict[str, dict[tuple[str, ...], float]],
+        hists: dict[tuple[str, ...], tuple[list[int], float]],
+    ) -> Iterator[object]:
+        for name, (kind, doc, labels) in _FAMILIES.items():
+            family_type = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            fam = family_type(name, doc, labels=list(labels))
+            values = series.get(name, {})
+            if not labels and not values:
+                values = {(): 0}  # an unlabelled series exists from the start, as with a Counter
+            for label_values, v in values.items():
+                fam.add_metric(list(label_values), v)
+            yield fam
+        name, doc, labels = _LATENCY
+        fam = HistogramMetricFamily(name, doc, labels=list(labels))
+        for label_values, (counts, total_s) in hists.items():
+            cumulative, buckets = 0, []
+            for bound, n in zip((*_LATENCY_BUCKETS_S, float("inf")), counts):
+                cumulative += n
+                buckets.append((floatToGoString(bound), cumulative))
+            fam.add_metric(list(label_values), buckets, total_s)
+        yield fam
+
+
 class StoreMetrics:
-    """Thread-safe counters of one store, mirrored into a private Prometheus registry."""
+    """Thread-safe counters of one store, rendered into a private Prometheus registry.
+
+    The values live in this object only (not in prometheus_client's value classes), so they stay
+    the store's own in every process: two stores, or a store reopened in one process, never share
+    or overwrite counts, and an engine's ``PROMETHEUS_MULTIPROC_DIR`` is neither written nor
+    needed. Serve the registry on ``metrics_port`` (:meth:`serve`); the engine's own ``/metrics``
+    does not carry these series."""
 
     def __init__(
         self,
@@ -112,84 +212,15 @@ class StoreMetrics:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = defaultdict(int)
         self._gauges: dict[str, int] = {}
+        # Prometheus series: family name -> label values -> value; latency: (op, tier) -> [counts
+        # per bucket (+Inf last), sum of seconds].
+        self._series: dict[str, dict[tuple[str, ...], float]] = defaultdict(lambda: defaultdict(float))
+        self._hists: dict[tuple[str, str], list] = {}
         self.registry: CollectorRegistry | None = None
         if not prometheus:
             return
         r = self.registry = CollectorRegistry(auto_describe=True)
-        t = ["tier"]
-        self._p_hit_chunks = Counter("radixkv_hit_chunks", "Chunks read from a tier", t, registry=r)
-        self._p_miss_chunks = Counter(
-            "radixkv_miss_chunks",
-            "Chunks asked for and not served by the tier (cascading: a chunk served by a slower "
-            "tier, or by none, is a miss in every faster one)",
-            t,
-            registry=r,
-        )
-        self._p_hit_tokens = Counter(
-            "radixkv_hit_tokens", "Tokens in chunks read from a tier", t, registry=r
-        )
-        self._p_miss_tokens = Counter(
-            "radixkv_miss_tokens", "Tokens in chunks not served", t, registry=r
-        )
-        self._p_bytes_in = Counter(
-            "radixkv_written_bytes", "Payload bytes written into a tier", t, registry=r
-        )
-        self._p_bytes_out = Counter(
-            "radixkv_read_bytes", "Payload bytes read out of a tier", t, registry=r
-        )
-        self._p_evictions = Counter(
-            "radixkv_evicted_chunks", "Chunks evicted from a tier", ["tier", "action"], registry=r
-        )
-        self._p_promotions = Counter(
-            "radixkv_promoted_chunks", "Chunks promoted into a tier", t, registry=r
-        )
-        self._p_lookup_chunks = Counter(
-            "radixkv_lookup_chunks",
-            "Chunks asked for by lookups (engines' existence checks), by result: hit (held by some "
-            "tier, in the leading run) or miss",
-            ["result"],
-            registry=r,
-        )
-        self._p_lookup_tokens = Counter(
-            "radixkv_lookup_tokens", "Tokens in the chunks asked for by lookups, by result", ["result"],
-            registry=r,
-        )
-        self._p_adopted = Counter(
-            "radixkv_adopted_chunks",
-            "Chunks a tier held that the tree did not know (restart, shared tier), added on a probe",
-            t,
-            registry=r,
-        )
-        self._p_read_failures = Counter(
-            "radixkv_read_failed_chunks",
-            "Reads where the tree said present and the tier could not deliver",
-            t,
-            registry=r,
-        )
-        self._p_write_failures = Counter(
-            "radixkv_write_failed_chunks", "Chunks a tier refused to store", t, registry=r
-        )
-        self._p_orphans = Counter(
-            "radixkv_orphan_dropped_chunks",
-            "Chunks dropped because their prefix became unrecoverable",
-            registry=r,
-        )
-        self._p_dropped_jobs = Counter(
-            "radixkv_dropped_jobs",
-            "Background jobs skipped, in jobs (promotions on a full queue)",
-            ["queue"],
-            registry=r,
-        )
-        self._p_queue = Gauge(
-            "radixkv_queue_depth_jobs", "Background jobs waiting", ["queue"], registry=r
-        )
-        self._p_latency = Histogram(
-            "radixkv_latency_seconds",
-            "Latency of store operations and tier batches",
-            ["op", "tier"],
-            buckets=_LATENCY_BUCKETS_S,
-            registry=r,
-        )
+        r.register(_StoreCollector(self))  # type: ignore[arg-type]
         if tiers is not None:
             r.register(_TierStatsCollector(tiers))  # type: ignore[arg-type]
 
@@ -198,83 +229,81 @@ class StoreMetrics:
         with self._lock:
             self._counts[key] += n
 
+    def _record(self, counts: Sequence[tuple[str, int]], series: Sequence[tuple[str, tuple[str, ...], int]]) -> None:
+        """Add plain counts (``stats()``) and Prometheus series values under one lock."""
+        with self._lock:
+            for key, n in counts:
+                self._counts[key] += n
+            if self.registry is not None:
+                for name, labels, n in series:
+                    self._series[name][labels] += n
+
     def hits(self, tier: str, chunks: int, tokens: int, nbytes: int) -> None:
         if chunks <= 0:
             return
-        self._add(f"{tier}.hit_chunks", chunks)
-        self._add(f"{tier}.hit_tokens", tokens)
-        self._add(f"{tier}.bytes_out", nbytes)
-        if self.registry is not None:
-            self._p_hit_chunks.labels(tier).inc(chunks)
-            self._p_hit_tokens.labels(tier).inc(tokens)
-            self._p_bytes_out.labels(tier).inc(nbytes)
+        self._record(
+            ((f"{tier}.hit_chunks", chunks), (f"{tier}.hit_tokens", tokens), (f"{tier}.bytes_out", nbytes)),
+            (("radixkv_hit_chunks", (tier,), chunks), ("radixkv_hit_tokens", (tier,), tokens),
+             ("radixkv_read_bytes", (tier,), nbytes)),
+        )
 
     def misses(self, tier: str, chunks: int, tokens: int) -> None:
         if chunks <= 0:
             return
-        self._add(f"{tier}.miss_chunks", chunks)
-        self._add(f"{tier}.miss_tokens", tokens)
-        if self.registry is not None:
-            self._p_miss_chunks.labels(tier).inc(chunks)
-            self._p_miss_tokens.labels(tier).inc(tokens)
+        self._record(
+            ((f"{tier}.miss_chunks", chunks), (f"{tier}.miss_tokens", tokens)),
+            (("radixkv_miss_chunks", (tier,), chunks), ("radixkv_miss_tokens", (tier,), tokens)),
+        )
 
     def lookups(self, hit_chunks: int, miss_chunks: int, hit_tokens: int, miss_tokens: int) -> None:
         """One lookup (an engine's existence check): the leading run held by some tier, and the rest."""
-        self._add("lookup_hit_chunks", hit_chunks)
-        self._add("lookup_miss_chunks", miss_chunks)
-        self._add("lookup_hit_tokens", hit_tokens)
-        self._add("lookup_miss_tokens", miss_tokens)
-        if self.registry is not None:
-            self._p_lookup_chunks.labels("hit").inc(hit_chunks)
-            self._p_lookup_chunks.labels("miss").inc(miss_chunks)
-            self._p_lookup_tokens.labels("hit").inc(hit_tokens)
-            self._p_lookup_tokens.labels("miss").inc(miss_tokens)
+        self._record(
+            (("lookup_hit_chunks", hit_chunks), ("lookup_miss_chunks", miss_chunks),
+             ("lookup_hit_tokens", hit_tokens), ("lookup_miss_tokens", miss_tokens)),
+            (("radixkv_lookup_chunks", ("hit",), hit_chunks), ("radixkv_lookup_chunks", ("miss",), miss_chunks),
+             ("radixkv_lookup_tokens", ("hit",), hit_tokens), ("radixkv_lookup_tokens", ("miss",), miss_tokens)),
+        )
 
     def written(self, tier: str, chunks: int, nbytes: int) -> None:
         if chunks <= 0:
             return
-        self._add(f"{tier}.put_chunks", chunks)
-        self._add(f"{tier}.bytes_in", nbytes)
-        if self.registry is not None:
-            self._p_bytes_in.labels(tier).inc(nbytes)
+        self._record(
+            ((f"{tier}.put_chunks", chunks), (f"{tier}.bytes_in", nbytes)),
+            (("radixkv_written_bytes", (tier,), nbytes),),
+        )
 
     def write_failures(self, tier: str, chunks: int) -> None:
-        self._count1(f"{tier}.write_failures", chunks, "_p_write_failures", tier)
+        self._count1(f"{tier}.write_failures", chunks, "radixkv_write_failed_chunks", tier)
 
     def read_failures(self, tier: str, chunks: int) -> None:
-        self._count1(f"{tier}.read_failures", chunks, "_p_read_failures", tier)
+        self._count1(f"{tier}.read_failures", chunks, "radixkv_read_failed_chunks", tier)
 
     def adopted(self, tier: str, chunks: int) -> None:
         """Chunks found in ``tier`` by a probe and added to the tree (see :mod:`radixkv.adoption`)."""
-        self._count1(f"{tier}.adopted_chunks", chunks, "_p_adopted", tier)
+        self._count1(f"{tier}.adopted_chunks", chunks, "radixkv_adopted_chunks", tier)
 
     def promotions(self, tier: str, chunks: int) -> None:
-        self._count1(f"{tier}.promotions", chunks, "_p_promotions", tier)
+        self._count1(f"{tier}.promotions", chunks, "radixkv_promoted_chunks", tier)
 
     def evictions(self, tier: str, action: str, chunks: int) -> None:
         if chunks <= 0:
             return
-        self._add(f"{tier}.evicted_{action}", chunks)
-        if self.registry is not None:
-            self._p_evictions.labels(tier, action).inc(chunks)
+        self._record(((f"{tier}.evicted_{action}", chunks),),
+                     (("radixkv_evicted_chunks", (tier, action), chunks),))
 
     def orphans(self, chunks: int) -> None:
         if chunks <= 0:
             return
-        self._add("orphan_drops", chunks)
-        if self.registry is not None:
-            self._p_orphans.inc(chunks)
+        self._record((("orphan_drops", chunks),), (("radixkv_orphan_dropped_chunks", (), chunks),))
 
     def dropped_job(self, queue: str) -> None:
-        self._add(f"{queue}.dropped_jobs", 1)
-        if self.registry is not None:
-            self._p_dropped_jobs.labels(queue).inc()
+        self._record(((f"{queue}.dropped_jobs", 1),), (("radixkv_dropped_jobs", (queue,), 1),))
 
     def queue_depth(self, queue: str, depth: int) -> None:
         with self._lock:
             self._gauges[f"{queue}.queue_depth"] = depth
-        if self.registry is not None:
-            self._p_queue.labels(queue).set(depth)
+            if self.registry is not None:
+                self._series["radixkv_queue_depth_jobs"][(queue,)] = depth
 
     @contextmanager
     def timed(self, op: str, tier: str = "") -> Iterator[None]:
@@ -284,14 +313,21 @@ class StoreMetrics:
             yield
         finally:
             if self.registry is not None:
-                self._p_latency.labels(op, tier).observe(time.perf_counter() - t0)
+                self._observe(op, tier, time.perf_counter() - t0)
 
-    def _count1(self, key: str, n: int, attr: str, tier: str) -> None:
+    def _observe(self, op: str, tier: str, seconds: float) -> None:
+        i = bisect.bisect_left(_LATENCY_BUCKETS_S, seconds)  # a bucket counts values <= its bound
+        with self._lock:
+            h = self._hists.get((op, tier))
+            if h is None:
+                h = self._hists[(op, tier)] = [[0] * (len(_LATENCY_BUCKETS_S) + 1), 0.0]
+            h[0][i] += 1
+            h[1] += seconds
+
+    def _count1(self, key: str, n: int, family: str, tier: str) -> None:
         if n <= 0:
             return
-        self._add(key, n)
-        if self.registry is not None:
-            getattr(self, attr).labels(tier).inc(n)
+        self._record(((key, n),), ((family, (tier,), n),))
 
     # ------------------------------------------------------------------ serving
     def serve(self, port: int, addr: str = "0.0.0.0") -> object | None:

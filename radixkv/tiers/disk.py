@@ -37,8 +37,11 @@ skipped, not deleted (they may belong to another format version).
 from __future__ import annotations
 
 import collections
+import errno
 import itertools
+import logging
 import math
+import time
 import os
 import stat
 import threading
@@ -73,6 +76,13 @@ from radixkv.tiers.disk_io import (
 from radixkv.tiers.disk_layout import DiskLayout, check_ident
 from radixkv.tiers.disk_spares import SpareFiles, unlink_quietly
 from radixkv.tiers.framing import HEADER_BYTES, Hasher, decode_header, encode_header, payload_checksum
+
+logger = logging.getLogger("radixkv.tiers.disk")
+
+# A fault of the medium (disk full, I/O error, a corrupt file) is logged at once, then at most once
+# per this long per tier and kind, with the count in between: a full disk fails every put, and a
+# line per put buried the engine's log while saying nothing new (stats count every one).
+_FAULT_LOG_EVERY_S = 60.0
 
 __all__ = ["DiskTier", "DiskTierConfig"]
 
@@ -171,6 +181,8 @@ class DiskTier:
         self._spares = SpareFiles(self._layout.spare_dir, config.recycle and not config.shared)
         self._borrowed: set[str] = set()  # namespaces whose files another process owns (borrow)
         self._stats = TierStats()
+        self._fault_logged_at: dict[str, float] = {}  # kind -> monotonic time of its last line
+        self._faults_unlogged: collections.Counter[str] = collections.Counter()
         self._stats.extra.update(evictions=0, evicted_bytes=0, evictions_unreported=0, scan_indexed=0, scan_skipped=0,
                                  temp_removed=0, size_mismatches=0, adopted=0, recycled_puts=0, forgotten=0)
         self._layout.prepare_root()
@@ -539,6 +551,8 @@ class DiskTier:
             if tmp is not None and not committed:
                 unlink_quietly(tmp)
             if isinstance(e, OSError):  # disk full, I/O error, directory removed: not an exception
+                self._log_fault("put", "writing a chunk failed (%s); the put fails, the chunk is not kept in "
+                                "this tier", _describe_os_error(e))
                 return False
             raise
 
@@ -625,6 +639,7 @@ class DiskTier:
         except OSError as e:
             with self._lock:
                 self._stats.errors += 1
+            self._log_fault("get", "reading a chunk failed (%s); served as a miss", _describe_os_error(e))
             if isinstance(e, IsADirectoryError) and indexed:
                 self._forget(ident, path)  # no longer our file: a miss from now on
             return False
@@ -676,6 +691,22 @@ class DiskTier:
                 self._usage -= frame
                 self._unindexed_locked(ident[0])
             unlink_quietly(path)
+        self._log_fault("corrupt", "a chunk file failed its checksum or header check (%s); served as a "
+                        "miss and removed", path)
+
+    def _log_fault(self, kind: str, fmt: str, *args: object) -> None:
+        """Warn about a fault of the medium: the first of each ``kind`` at once, then at most one line
+        per ``_FAULT_LOG_EVERY_S``, saying how many came in between (stats count each one)."""
+        now = time.monotonic()
+        with self._lock:
+            last = self._fault_logged_at.get(kind)
+            if last is not None and now - last < _FAULT_LOG_EVERY_S:
+                self._faults_unlogged[kind] += 1
+                return
+            self._fault_logged_at[kind] = now
+            since = self._faults_unlogged.pop(kind, 0)
+        more = f" ({since} more since the last such line)" if since else ""
+        logger.warning("radixkv: disk tier %r (%s): " + fmt + "%s", self.name, self.root, *args, more)
 
     def _forget(self, ident: tuple[str, str], path: str) -> None:
         """Unindex a chunk whose file a read found gone or replaced by a non-file, unless a regular
@@ -899,3 +930,10 @@ class DiskTier:
             self._layout.remove_empty_dirs(foreign_dirs)
         self._remove_detached()
 
+
+
+def _describe_os_error(e: OSError) -> str:
+    """``ENOSPC: No space left on device: '/path'`` (the errno's name first: what operators grep)."""
+    name = errno.errorcode.get(e.errno or 0, type(e).__name__)
+    where = f": {e.filename!r}" if e.filename else ""
+    return f"{name}: {e.strerror or e}{where}"

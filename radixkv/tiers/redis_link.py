@@ -60,6 +60,11 @@ class RedisLink:
         self._lock = threading.Lock()
         self._client: Any = None
         self._down_until = 0.0
+        # The outage in progress (from its first fault to the next call that works): logged once at
+        # its start and once at its end, however long it lasts and however short the window is.
+        self._down_since: float | None = None
+        self._down_faults = 0
+        self._down_fast_fails = 0
         self._closed = False
         self._warned_moved = False
         self._warned_unexpected = False  # the first non-medium exception is logged with its traceback
@@ -90,8 +95,9 @@ class RedisLink:
             with self._lock:
                 self.fast_fail_calls += 1
             return None
+        faults = self.errors
         try:
-            return action(self.client())
+            result = action(self.client())
         except DOWN_ERRORS as exc:
             self.mark_down(exc)
             return None
@@ -112,6 +118,22 @@ class RedisLink:
                             exc_info=True)
             self.mark_down(exc)
             return None
+        if self._down_since is not None:
+            self._note_up(faults)
+        return result
+
+    def _note_up(self, faults_before: int) -> None:
+        """A call got through: end the outage in progress, unless the call itself faulted (a cluster
+        node it reached was down) or another thread's fault came since."""
+        with self._lock:
+            if self._down_since is None or self.errors != faults_before:
+                return
+            down_s = time.monotonic() - self._down_since
+            faults = self.errors - self._down_faults
+            fast_fails = self.fast_fail_calls - self._down_fast_fails
+            self._down_since = None
+        log.info("redis tier %s reachable again after %.1f s (%d faults, %d calls answered as misses "
+                 "without trying)", self.url.redacted(), down_s, faults, fast_fails)
 
     def fan_out(self, rkeys: Sequence[str], call: Callable[[Any, list[int]], list[Any]]) -> list[Any] | None:
         """``call(node_client, indices)`` once per server holding some of ``rkeys`` (a single call for
@@ -145,13 +167,20 @@ class RedisLink:
         """Count a fault and open the fail-fast window (a cluster client is dropped for rediscovery)."""
         backoff_s = self.config.down_backoff_s
         with self._lock:
-            was_up = time.monotonic() >= self._down_until
+            # Logged at an outage's start only: each retry after the window that fails again is
+            # counted, not logged (that was a line per down_backoff_s, per call with 0, while down).
+            starts = self._down_since is None
+            if starts:
+                self._down_since = time.monotonic()
+                self._down_faults = self.errors
+                self._down_fast_fails = self.fast_fail_calls
             self._down_until = time.monotonic() + backoff_s
             self.errors += 1
             if self.url.cluster:
                 self._retire_locked()
-        if was_up:
-            log.warning("redis tier %s unreachable (%s: %s); serving misses, retrying in %.1f s",
+        if starts:
+            log.warning("redis tier %s unreachable (%s: %s); serving misses, retrying every %.1f s "
+                        "(logged again when it answers; stats: errors, fast_fail_calls)",
                         self.url.redacted(), type(exc).__name__, exc, backoff_s)
 
     def note_error_replies(self, replies: Sequence[object]) -> int:

@@ -179,3 +179,64 @@ def test_a_store_dropped_without_close_stops_serving_its_metrics(tmp_path, reque
     while threading.active_count() > threads_before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert threading.active_count() <= threads_before
+
+
+# Run in a fresh interpreter: prometheus_client picks its multiprocess mode when first imported.
+_MULTIPROC_SCRIPT = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])  # this checkout's radixkv
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = sys.argv[2]
+import torch
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from radixkv.config import StoreConfig
+from radixkv.keys import Namespace, chunk_keys
+from radixkv.store import HierarchicalStore
+
+def hit_chunks(store):
+    for fam in text_string_to_metric_families(generate_latest(store.metrics.registry).decode()):
+        for s in fam.samples:
+            if s.name == "radixkv_hit_chunks_total":
+                return s.value
+    return 0
+
+ns = Namespace(model="multiproc", dtype="bfloat16", layout="page_first", chunk_tokens=16)
+keys = chunk_keys(list(range(16 * 3)), 16)
+payload = torch.zeros(64, dtype=torch.uint8)
+stores = [HierarchicalStore(StoreConfig(tiers=[{"url": "mem://", "capacity": "4MiB"}])) for _ in range(2)]
+for s in stores:
+    s.put(ns, keys, [payload] * 3)
+stores[0].get(ns, keys, [torch.empty(64, dtype=torch.uint8) for _ in keys])  # 3 hits
+stores[1].get(ns, keys[:1], [torch.empty(64, dtype=torch.uint8)])  # 1 hit
+stores[0].get(ns, keys[:1], [torch.empty(64, dtype=torch.uint8)])  # 1 more: 4
+print(json.dumps({"hits": [hit_chunks(s) for s in stores],
+                  "stats": [s.stats()["store"]["mem.hit_chunks"] for s in stores]}))
+for s in stores:
+    s.close()
+"""
+
+
+@pytest.mark.parametrize("dir_exists", [True, False])
+def test_stores_keep_their_own_metrics_under_prometheus_multiproc_dir(tmp_path, dir_exists):
+    # SGLang (--enable-metrics) and vLLM (several API servers) export PROMETHEUS_MULTIPROC_DIR to
+    # their worker processes. prometheus_client's Counter then kept its values in that directory's
+    # per-process file, keyed by name and labels: two stores of one process read and overwrote each
+    # other's counts (the second reported 4 hits for its 1), the engine's /metrics summed them, and a
+    # directory that was not there made the store's construction raise FileNotFoundError.
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    mp_dir = tmp_path / "prom"
+    if dir_exists:
+        mp_dir.mkdir()
+    out = subprocess.run([sys.executable, "-c", _MULTIPROC_SCRIPT, str(root), str(mp_dir)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["stats"] == [4, 1]
+    assert got["hits"] == got["stats"]  # each registry shows its own store's numbers
+    if dir_exists:
+        assert not list(mp_dir.iterdir())  # nothing of radixkv in the engine's shared files

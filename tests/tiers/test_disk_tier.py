@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import multiprocessing as mp
 import os
 import stat
@@ -723,6 +724,39 @@ class TestDiskFull:
             assert not [f for f in files if f.endswith(".tmp")], files
         monkeypatch.setattr(disk_mod.os, "pwritev", real)
         assert tier.put_many(NS, ["a"], [pl(1)]) == [True]
+
+    def test_sustained_faults_are_logged_at_once_then_once_a_minute(self, tier, monkeypatch, caplog):
+        """A disk that fills mid-run and files that fail their checksum: a warning naming the tier,
+        the fault and its outcome at the first, then at most one a minute with the count between
+        (stats count each). Both were silent: only counters, which nobody may scrape."""
+        caplog.set_level(logging.DEBUG, logger="radixkv")
+        real = os.pwritev
+
+        def full(fd, bufs, offset):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(disk_mod.os, "pwritev", full)
+        for i in range(300):
+            assert tier.put_many(NS, [f"f{i}"], [pl(i)]) == [False]
+        monkeypatch.setattr(disk_mod.os, "pwritev", real)
+        for i in range(20):  # a file corrupted again after each put
+            assert tier.put_many(NS, ["c"], [pl(i)]) == [True]
+            (path,) = [os.path.join(d, f) for d, _s, fs in os.walk(tier.root) for f in fs if f.endswith(".kv")]
+            with open(path, "r+b") as f:
+                f.seek(-4, os.SEEK_END)
+                f.write(b"\xff\xfe\xfd\xfc")
+            assert tier.get_many(NS, ["c"], [buf()]) == [False]
+        assert tier.stats().put_failures == 300 and tier.stats().checksum_failures == 20
+        lines = [r for r in caplog.records if r.name.startswith("radixkv")]
+        assert len(lines) == 2, [r.getMessage() for r in lines]
+        full_msg, corrupt_msg = lines[0].getMessage(), lines[1].getMessage()
+        assert all(r.levelno == logging.WARNING and r.name == "radixkv.tiers.disk" for r in lines)
+        assert "'disk'" in full_msg and "ENOSPC" in full_msg and "put fails" in full_msg
+        assert "'disk'" in corrupt_msg and "checksum" in corrupt_msg and "miss" in corrupt_msg
+        monkeypatch.setattr(disk_mod, "_FAULT_LOG_EVERY_S", 0.0)  # a minute later
+        monkeypatch.setattr(disk_mod.os, "pwritev", full)
+        assert tier.put_many(NS, ["late"], [pl(1)]) == [False]
+        assert "(299 more since the last such line)" in caplog.records[-1].getMessage()
 
     def test_a_write_that_moves_no_bytes_fails_the_put_never_spins(self, tier, monkeypatch):
         """A pwritev that returns 0 (a FUSE or network filesystem can) makes no progress: retried, it

@@ -8,6 +8,7 @@ TLS, server OOM and URL parsing. Every test isolates itself with a fresh namespa
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import threading
 import time
@@ -312,6 +313,38 @@ def test_killed_server_degrades_to_fast_misses_then_recovers(make, redis_server)
     outs = empty(2)
     assert tier.get_many(ns, keys, outs) == [True, True]
     assert torch.equal(outs[0], payload("a")) and torch.equal(outs[1], payload("b"))
+
+
+def test_a_long_outage_is_logged_once_then_its_end(make, redis_server_factory, caplog):
+    """A server down for 2,000 calls (as for hours at the default 1 s window): one warning naming the
+    tier, the fault and the misses, with the password hidden, then one line when it answers again.
+    The warning came at every retry after the window: a line per second per tier and process for
+    an outage's whole length, a line per call with down_backoff_s=0."""
+    server = redis_server_factory(password="kv-Secret-pw")
+    tier = make(server.url, socket_timeout_s=0.3, socket_connect_timeout_s=0.3, down_backoff_s=0.0)
+    ns = fresh_ns()
+    assert tier.put_many(ns, ["k"], [payload("k")]) == [True]
+    server.stop()
+    caplog.set_level(logging.INFO, logger="radixkv")
+    for i in range(1000):
+        assert tier.get_many(ns, ["k"], empty(1)) == [False]
+        assert tier.put_many(ns, [f"p{i}"], [payload("p")]) == [False]
+    lines = [r for r in caplog.records if r.name.startswith("radixkv")]
+    assert len(lines) == 1, [r.getMessage() for r in lines[:5]]
+    msg = lines[0].getMessage()
+    assert lines[0].levelno == logging.WARNING and lines[0].name == "radixkv.tiers.redis"
+    assert f"127.0.0.1:{server.port}" in msg and "unreachable" in msg and "misses" in msg
+    assert "kv-Secret-pw" not in msg and not lines[0].exc_info
+    assert tier.stats().errors == 2000
+    server.start()
+    assert tier.put_many(ns, ["k"], [payload("k")]) == [True]
+    assert tier.put_many(ns, ["k2"], [payload("k2")]) == [True]
+    lines = [r for r in caplog.records if r.name.startswith("radixkv")]
+    assert len(lines) == 2 and "reachable again" in lines[1].getMessage(), [r.getMessage() for r in lines]
+    assert "2000 faults" in lines[1].getMessage() and "kv-Secret-pw" not in lines[1].getMessage()
+    server.stop()  # a new outage is a new warning
+    assert tier.get_many(ns, ["k"], empty(1)) == [False]
+    assert len([r for r in caplog.records if r.name.startswith("radixkv")]) == 3
 
 
 def test_unresponsive_server_times_out_into_misses(make, redis_server):
