@@ -18,6 +18,7 @@ import bisect
 import logging
 import threading
 import time
+import weakref
 from collections import defaultdict
 from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence
@@ -156,13 +157,18 @@ class _StoreCollector:
     """Renders a :class:`StoreMetrics`' series and latency histograms when the registry is scraped."""
 
     def __init__(self, metrics: StoreMetrics) -> None:
-        self._metrics = metrics
+        # A weak reference: the metrics own the registry that holds this collector, and a strong
+        # one closed a cycle that kept a closed store's tiers (their GBs of buffers) alive until
+        # the next cycle collection.
+        self._metrics = weakref.ref(metrics)
 
     def describe(self) -> Iterator[object]:
         return self._families({}, {})
 
     def collect(self) -> Iterator[object]:
-        m = self._metrics
+        m = self._metrics()
+        if m is None:  # the store is gone: its families, empty
+            return self._families({}, {})
         with m._lock:
             series = {name: dict(values) for name, values in m._series.items()}
             hists = {labels: (list(h[0]), h[1]) for labels, h in m._hists.items()}
