@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import inspect
 from collections import OrderedDict
-from itertools import compress
-from operator import not_
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generator, Protocol, Sequence
 
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
 
 if TYPE_CHECKING:
-    from radixkv.tree import RadixTree
+    from radixkv.tree import RadixTree, TreeColumns
 
 __all__ = ["EvictionPolicy", "POLICIES", "register_policy", "make_policy", "LRUPolicy"]
 
@@ -180,18 +178,20 @@ class LRUPolicy:
     """
 
     name: ClassVar[str] = "lru"
+    _cols: TreeColumns  # set by bind: the tree's columns (not the tree: no reference cycle)
 
     def __init__(self) -> None:
         self._order: OrderedDict[int, None] = OrderedDict()
         self._aside: list[int] = []  # skipped candidates, only during one candidates() run
         self._resident = 0  # nodes in the tier: ordered + parked + aside
-        self._tchild: list[int] = []
-        self._mask: list[int] = []
+        self._t = 0
         self._bit = 1
 
     def bind(self, tree: RadixTree, tier_index: int) -> None:
-        self._tchild = tree._tchild[tier_index]  # read-only view: children resident in the tier
-        self._mask, self._bit = tree._mask, 1 << tier_index  # read-only: residency, for integrity
+        # Read-only: the tree's columns (children resident in the tier, residency masks), read
+        # through the tree's column holder (tree._views) at each use: a column is replaced when it
+        # grows, so no view is kept.
+        self._cols, self._t, self._bit = tree._views, tier_index, 1 << tier_index
 
     def __len__(self) -> int:
         return self._resident
@@ -199,9 +199,11 @@ class LRUPolicy:
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         self._resident += len(node_ids)
         # Only tier leaves are ordered; a chain arrives root->leaf, so that is usually just its last
-        # node, and the rest are parked until on_leaf (or a touch) brings them in. C-level filter:
-        # no Python call per node.
-        self._order.update(dict.fromkeys(compress(node_ids, map(not_, map(self._tchild.__getitem__, node_ids)))))
+        # node, and the rest are parked until on_leaf (or a touch) brings them in.
+        order, tchild = self._order, self._cols.tchild[self._t]
+        for n in node_ids:
+            if not tchild[n]:
+                order[n] = None
 
     def on_access(self, node_id: int, now: int) -> None:
         order = self._order
@@ -244,7 +246,8 @@ class LRUPolicy:
         # popitem, no iterator per step): a yielded node the tree did not evict (still resident in
         # the tier: pinned, or the caller stopped before evicting it) is set aside and put back in
         # front when iteration ends, in the order it was yielded.
-        order, tchild, mask, bit = self._order, self._tchild, self._mask, self._bit
+        # The tree creates no node while a candidates() iterator is open: these views stay current.
+        order, tchild, mask, bit = self._order, self._cols.tchild[self._t], self._cols.mask, self._bit
         aside = self._aside
         popitem = order.popitem
         try:
@@ -270,7 +273,7 @@ class LRUPolicy:
         assert len(self._order) + len(self._aside) <= self._resident, (
             f"lru: {len(self._order)} ordered + {len(self._aside)} aside > {self._resident} resident"
         )
-        mask, bit, tchild, order = self._mask, self._bit, self._tchild, self._order
+        mask, bit, tchild, order = self._cols.mask, self._bit, self._cols.tchild[self._t], self._order
         stale = [n for n in order if not mask[n] & bit]
         assert not stale, f"lru: {len(stale)} ordered nodes not resident in the tier, e.g. {stale[:5]}"
         # Implicit parking must never hide a leaf: every tier leaf is ordered (or set aside).

@@ -7,11 +7,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING, ClassVar, Generator, Sequence
 
+from librt.vecs import extend, vec
+from mypy_extensions import i64
+
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
 
 if TYPE_CHECKING:
-    from radixkv.tree import RadixTree
+    from radixkv.tree import RadixTree, TreeColumns
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
@@ -36,25 +39,43 @@ class S3FIFOPolicy:
         self._small: OrderedDict[int, None] = OrderedDict()
         self._main: OrderedDict[int, None] = OrderedDict()
         self._parked: dict[int, bool] = {}  # node -> was in main
-        # 2-bit frequency by node id (a list slot is cheaper than an int-keyed dict probe, and it is
-        # read on every touch and every queue step); -1: not resident in the tier.
-        self._freq: list[int] = []
+        # 2-bit frequency by node id (a vec slot is cheaper than an int-keyed dict probe, and it is
+        # read on every touch and every queue step); -1: not resident in the tier. It grows by
+        # assignment (extend may move it): no alias of it outlives a call.
+        self._freq: vec[i64] = vec[i64]()
         self._inserted_at = -1  # clock of the last insert: its own path touch is not a reuse
         self._ghost: OrderedDict[tuple[str | None, str | None], None] = OrderedDict()
         self._aside: list[tuple[int, bool]] = []
         self._resident = 0  # small + main + parked + aside, kept as a count (asked once per step)
-        self._tchild: list[int] = []  # read-only view: children resident in the tier
-        self._parent: list[int] = []
         self._keys: list[str | None] = []
         self._ns: list[str | None] = []
-        self._mask: list[int] = []  # read-only view: residency masks
+        self._t = 0
         self._bit = 1
         self._took_small = False  # the queue of the node candidates() yielded last
 
+    _cols: TreeColumns  # set by bind: the tree's columns (not the tree: no reference cycle)
+
     def bind(self, tree: RadixTree, tier_index: int) -> None:
-        self._tchild = tree._tchild[tier_index]
-        self._parent, self._keys, self._ns = tree._parent, tree._key, tree._ns
-        self._mask, self._bit = tree._mask, 1 << tier_index
+        # The tree's vec columns are read through its column holder (tree._views: one is replaced when
+        # it grows; the tree itself is not kept, which would make a reference cycle); its key
+        # and namespace lists are kept as views.
+        self._cols, self._t, self._bit = tree._views, tier_index, 1 << tier_index
+        self._keys, self._ns = tree._key, tree._ns
+
+    @property
+    def _tchild(self) -> vec[i64]:
+        # The tree's column of children resident in the tier (read-only), from tree._views at each use.
+        return self._cols.tchild[self._t]
+
+    @property
+    def _parent(self) -> vec[i64]:
+        # The tree's column of parents (read-only), from tree._views at each use.
+        return self._cols.parent
+
+    @property
+    def _mask(self) -> vec[i64]:
+        # The tree's column of residency masks (read-only), from tree._views at each use.
+        return self._cols.mask
 
     def __len__(self) -> int:
         return self._resident
@@ -62,9 +83,9 @@ class S3FIFOPolicy:
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         self._inserted_at = now
         self._resident += len(node_ids)
+        if len(self._freq) < len(self._parent):
+            self._freq = extend(self._freq, vec[i64]([-1] * (len(self._parent) - len(self._freq))))
         ghost, freq, small, ns, keys = self._ghost, self._freq, self._small, self._ns, self._keys
-        if len(freq) < len(self._parent):
-            freq.extend([-1] * (len(self._parent) - len(freq)))
         for n in node_ids:
             freq[n] = 0
         if ghost.keys().isdisjoint(zip(map(ns.__getitem__, node_ids), map(keys.__getitem__, node_ids))):
@@ -85,7 +106,7 @@ class S3FIFOPolicy:
         # but the new parent may be newer than this tier's last insert, and on_remove folds a
         # frequency into it: the column grows to the tree's.
         if len(self._freq) < len(self._parent):
-            self._freq.extend([-1] * (len(self._parent) - len(self._freq)))
+            self._freq = extend(self._freq, vec[i64]([-1] * (len(self._parent) - len(self._freq))))
 
     def on_access(self, node_id: int, now: int) -> None:
         if now == self._inserted_at:
@@ -234,35 +255,47 @@ class SIEVEPolicy:
     live_candidates: ClassVar[bool] = True
 
     def __init__(self) -> None:
-        # The FIFO as links in lists indexed by node id (cheaper than int-keyed dicts): the next
-        # newer and older node, -1 at either end; _OUT in both for a node not in the tier.
-        self._newer: list[int] = []
-        self._older: list[int] = []
+        # The FIFO as links in vecs indexed by node id (cheaper than int-keyed dicts): the next
+        # newer and older node, -1 at either end; _OUT in both for a node not in the tier. They
+        # grow by assignment (extend may move them): no alias of them outlives a call.
+        self._newer: vec[i64] = vec[i64]()
+        self._older: vec[i64] = vec[i64]()
         self._resident = 0
         self._head = -1  # newest
         self._tail = -1  # oldest
         self._hand = -1
         self._visited: set[int] = set()
         self._inserted_at = -1  # clock of the last insert: its own path touch is not a reuse
-        self._tchild: list[int] = []  # read-only view: children resident in the tier
-        self._parent: list[int] = []
-        self._mask: list[int] = []  # read-only view: residency masks, for check_integrity
+        self._t = 0
         self._bit = 1
 
+    _cols: TreeColumns  # set by bind: the tree's columns (not the tree: no reference cycle)
+
     def bind(self, tree: RadixTree, tier_index: int) -> None:
-        self._tchild = tree._tchild[tier_index]
-        self._parent = tree._parent
-        self._mask, self._bit = tree._mask, 1 << tier_index
+        self._cols, self._t, self._bit = tree._views, tier_index, 1 << tier_index
+
+    @property
+    def _tchild(self) -> vec[i64]:
+        # The tree's column of children resident in the tier (read-only), from tree._views at each use.
+        return self._cols.tchild[self._t]
+
+    @property
+    def _parent(self) -> vec[i64]:
+        # The tree's column of parents (read-only), from tree._views at each use.
+        return self._cols.parent
+
+    @property
+    def _mask(self) -> vec[i64]:
+        # The tree's column of residency masks (read-only), from tree._views at each use.
+        return self._cols.mask
 
     def __len__(self) -> int:
         return self._resident
 
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         self._inserted_at = now
+        self._grow()
         newer, older = self._newer, self._older
-        if len(newer) < len(self._parent):
-            newer.extend([_OUT] * (len(self._parent) - len(newer)))
-            older.extend([_OUT] * (len(self._parent) - len(older)))
         for n in node_ids:
             if newer[n] != _OUT:
                 continue  # already in the FIFO: keeps its place
@@ -278,10 +311,14 @@ class SIEVEPolicy:
     def on_graft(self, node_ids: Sequence[int]) -> None:
         # As S3FIFOPolicy.on_graft: on_remove reads the new parent's link, which may be newer than
         # this tier's last insert.
-        newer, older = self._newer, self._older
-        if len(newer) < len(self._parent):
-            newer.extend([_OUT] * (len(self._parent) - len(newer)))
-            older.extend([_OUT] * (len(self._parent) - len(older)))
+        self._grow()
+
+    def _grow(self) -> None:
+        """Extend the links to the tree's column length (new slots _OUT)."""
+        n_slots = len(self._parent)
+        if len(self._newer) < n_slots:
+            self._newer = extend(self._newer, vec[i64]([_OUT] * (n_slots - len(self._newer))))
+            self._older = extend(self._older, vec[i64]([_OUT] * (n_slots - len(self._older))))
 
     def on_access(self, node_id: int, now: int) -> None:
         if now != self._inserted_at:  # not the touch of the insert that just created it

@@ -10,11 +10,14 @@ from heapq import heappush
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, ClassVar, Generator, Sequence
 
+from librt.vecs import extend, vec
+from mypy_extensions import i64
+
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
 
 if TYPE_CHECKING:
-    from radixkv.tree import RadixTree
+    from radixkv.tree import RadixTree, TreeColumns
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -52,21 +55,40 @@ class _HeapPolicy:
         self._entry: list[HeapEntry | None] = []
         self._resident = 0  # slots of _entry that are not None
         self._aside: list[HeapEntry] = []
-        self._tchild: list[int] = []
-        self._depth: list[int] = []
-        self._parent: list[int] = []
         self._tokens: list[int] = []
         self._keys: list[str | None] = []
         self._ns: list[str | None] = []
-        self._mask: list[int] = []  # read-only view: residency masks, for check_integrity
+        self._t = 0
         self._bit = 1
 
+    _cols: TreeColumns  # set by bind: the tree's columns (not the tree: no reference cycle)
+
     def bind(self, tree: RadixTree, tier_index: int) -> None:
-        self._tchild = tree._tchild[tier_index]  # read-only: children resident in the tier
-        self._mask, self._bit = tree._mask, 1 << tier_index
-        # Read-only views of the tree's node columns (struct of arrays, indexed by node id).
-        self._depth, self._parent, self._tokens = tree._depth, tree._parent, tree._tokens
-        self._keys, self._ns = tree._key, tree._ns
+        self._cols, self._t, self._bit = tree._views, tier_index, 1 << tier_index
+        # Read-only views of the tree's node columns (struct of arrays, indexed by node id): its
+        # lists are kept, its vec columns read through its column holder, tree._views (one is replaced
+        # when it grows; the tree itself is not kept: a reference cycle).
+        self._tokens, self._keys, self._ns = tree._tokens, tree._key, tree._ns
+
+    @property
+    def _tchild(self) -> vec[i64]:
+        # The tree's column of children resident in the tier (read-only), from tree._views at each use.
+        return self._cols.tchild[self._t]
+
+    @property
+    def _mask(self) -> vec[i64]:
+        # The tree's column of residency masks (read-only), from tree._views at each use.
+        return self._cols.mask
+
+    @property
+    def _depth(self) -> vec[i64]:
+        # The tree's column of depths (read-only), from tree._views at each use.
+        return self._cols.depth
+
+    @property
+    def _parent(self) -> vec[i64]:
+        # The tree's column of parents (read-only), from tree._views at each use.
+        return self._cols.parent
 
     def __len__(self) -> int:
         return self._resident
@@ -270,11 +292,12 @@ class CostPolicy(LFUPolicy):
         if not isinstance(attention_tokens, int) or attention_tokens <= 0:
             raise ConfigError(f"cost policy: attention_tokens={attention_tokens!r} must be a positive int")
         self._attn = float(attention_tokens)
-        self._unit: list[float] = []  # by node id: recompute cost per byte (static while resident)
+        # by node id: recompute cost per byte (static while resident); grows by assignment in _grow
+        self._unit: vec[float] = vec[float]()
         self._size: list[int] = []
 
     def _grow(self, n_slots: int) -> None:
-        self._unit.extend([0.0] * (n_slots - len(self._unit)))
+        self._unit = extend(self._unit, vec[float]([0.0] * (n_slots - len(self._unit))))
         super()._grow(n_slots)
 
     def bind(self, tree: RadixTree, tier_index: int) -> None:
@@ -367,7 +390,7 @@ class CostPolicy(LFUPolicy):
         tokens, depth, size, attn, unit = self._tokens, self._depth, self._size, self._attn, self._unit
         for n in node_ids:
             t = tokens[n]
-            unit[n] = t * (1.0 + (depth[n] - 1) * t / attn) / max(size[n], 1)
+            unit[n] = t * (1.0 + (int(depth[n]) - 1) * t / attn) / max(size[n], 1)
 
     def on_graft(self, node_ids: Sequence[int]) -> None:
         # A deeper chunk costs more to recompute: its unit cost follows its new depth, and a live
@@ -382,7 +405,7 @@ class CostPolicy(LFUPolicy):
                 continue
             t = tokens[n]
             old = unit[n]
-            new = unit[n] = t * (1.0 + (depth[n] - 1) * t / attn) / max(size[n], 1)
+            new = unit[n] = t * (1.0 + (int(depth[n]) - 1) * t / attn) / max(size[n], 1)
             e = entry[n]
             if e is _PARKED:
                 continue
@@ -394,7 +417,7 @@ class CostPolicy(LFUPolicy):
         super().check_integrity()
         tokens, depth, size, attn, unit = self._tokens, self._depth, self._size, self._attn, self._unit
         wrong = [n for n, e in enumerate(self._entry) if e is not None
-                 and unit[n] != tokens[n] * (1.0 + (depth[n] - 1) * tokens[n] / attn) / max(size[n], 1)]
+                 and unit[n] != tokens[n] * (1.0 + (int(depth[n]) - 1) * tokens[n] / attn) / max(size[n], 1)]
         assert not wrong, f"cost: {len(wrong)} unit costs not of the chunk's depth, e.g. {wrong[:5]}"
         assert len(self._unit) == len(self._count) == len(self._entry), (
             f"cost: {len(self._unit)} unit costs, {len(self._count)} counts, {len(self._entry)} slots"
@@ -457,7 +480,8 @@ class AgedRefPolicy(_HeapPolicy):
         self._ghost_factor = float(ghost_factor)
         self._partial_penalty = float(self._PARTIAL_PENALTY)
         # By node id, meaningful while the node is resident:
-        self._score: list[float] = []  # H * log2(aged reference count) + time, in requests
+        # H * log2(aged reference count) + time, in requests; grows by assignment in _grow
+        self._score: vec[float] = vec[float]()
         self._last: list[int] = []  # clock of the node's last direct touch (_NEVER: none)
         self._restored: dict[int, float] = {}  # score a node came back with from the ghost history
         self._ghost: OrderedDict[tuple[str | None, str | None], tuple[float, int]] = OrderedDict()
@@ -465,7 +489,7 @@ class AgedRefPolicy(_HeapPolicy):
         self._clock = 0
 
     def _grow(self, n_slots: int) -> None:
-        self._score.extend([-math.inf] * (n_slots - len(self._score)))
+        self._score = extend(self._score, vec[float]([-math.inf] * (n_slots - len(self._score))))
         self._last.extend([_NEVER] * (n_slots - len(self._last)))
         super()._grow(n_slots)
 

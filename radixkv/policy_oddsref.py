@@ -71,11 +71,6 @@ class OddsRefPolicy(AgedRefPolicy):
         self._used_all = 0.0
         self._requests = 0
         self._new: Sequence[int] = ()  # fresh chunks of the request being inserted
-        self._children = lambda _n: 0
-
-    def bind(self, tree: RadixTree, tier_index: int) -> None:
-        super().bind(tree, tier_index)
-        self._children = tree.node_children_alive
 
     def class_odds(self) -> dict[_Class, float]:
         """Learned reuse probability of fresh chunks per class (for tests and inspection)."""
@@ -95,7 +90,9 @@ class OddsRefPolicy(AgedRefPolicy):
         self._used_all += 1.0
 
     def _classify(self, boundary: int, fresh: Sequence[int]) -> _Class:
-        fan_out = self._children(boundary) if boundary >= 0 else 0
+        # live children of the boundary node, read from the tree's column (a bound method of the
+        # tree kept here made every tree with this policy a reference cycle)
+        fan_out = int(self._cols.nchild[boundary]) if boundary >= 0 else 0
         return (
             int(math.log2(fan_out + 1)),
             int(math.log2(len(fresh) + 1)),

@@ -9,8 +9,12 @@ Invariant (prefix-closed): a node exists only while it is resident in at least o
 exists. So a chunk is never reported while part of its prefix is unrecoverable. Removing a node whose
 descendants are still resident elsewhere *orphans* them: they are dropped and counted, never served.
 
-Layout: node fields live in parallel Python lists indexed by an int node id (struct of arrays) and
-``_index[namespace][key] -> id``. Because the tree is prefix-closed and keys name whole prefixes, the
+Layout: node fields live in parallel columns indexed by an int node id (struct of arrays) and
+``_index[namespace][key] -> id``. The integer fields are ``vec[i64]`` (:mod:`librt.vecs`: unboxed
+machine integers when compiled, so reading or writing one allocates nothing); key and namespace
+(strings) and tokens and bytes (ints of any size) are lists. A vec grows by assignment (``extend``
+returns it, possibly moved), so nothing keeps a view of one across the creation of a node: policies
+read them through :class:`TreeColumns`. Because the tree is prefix-closed and keys name whole prefixes, the
 longest present prefix of a key chain is found by binary search: a match costs O(log n) dict lookups,
 not a walk over every chunk.
 
@@ -26,6 +30,9 @@ import operator
 import time
 from typing import Callable, Generator, Iterable, Mapping, Sequence, SupportsIndex, cast
 
+from librt.vecs import extend, vec
+from mypy_extensions import i64
+
 from radixkv.errors import ConfigError, InputError
 from radixkv.pins import PinTable
 from radixkv.policies import EvictionPolicy, make_policy
@@ -37,6 +44,22 @@ __all__ = ["RadixTree", "MatchResult", "InsertResult", "DropResult"]
 _NO_PARENT = -1
 _MAX_TIERS = 16
 _MAX_AWAITING_RUNS = 4096
+
+
+class TreeColumns:
+    """The node columns a tree's policies read (read-only for them): children resident per tier,
+    residency masks, parents, depths, live children. The tree replaces a vec column when it grows
+    (``extend`` may move it) and updates this holder then, so a policy reads the current one here.
+    Policies hold this, not the tree: a policy holding its tree made every tree a reference cycle
+    (tree -> policy -> tree), freed only by the cycle collector."""
+
+    def __init__(self, tchild: list[vec[i64]], mask: vec[i64], parent: vec[i64], depth: vec[i64],
+                 nchild: vec[i64]) -> None:
+        self.tchild = tchild  # one column per tier, replaced in place in this same list
+        self.mask = mask
+        self.parent = parent
+        self.depth = depth
+        self.nchild = nchild
 
 
 class RadixTree:
@@ -74,21 +97,23 @@ class RadixTree:
         # Node fields (struct of arrays). A free slot has _key None.
         self._key: list[str | None] = []
         self._ns: list[str | None] = []
-        self._parent: list[int] = []
-        self._depth: list[int] = []
-        self._nchild: list[int] = []  # children alive in any tier
+        self._parent: vec[i64] = vec[i64]()
+        self._depth: vec[i64] = vec[i64]()
+        self._nchild: vec[i64] = vec[i64]()  # children alive in any tier
         # Each node's live children as a doubly linked list (first child, next and previous sibling;
         # -1: none), so a subtree is walked in O(its size) (a failed read, a delete or a clear of one
         # chunk with descendants, by the store, under its lock), not by a scan of every node.
         # Namespace-root nodes are in no list (no parent to walk from).
-        self._kid: list[int] = []
-        self._next: list[int] = []
-        self._prev: list[int] = []
-        self._tchild: list[list[int]] = [[] for _ in tiers]  # children resident per tier
-        self._mask: list[int] = []
+        self._kid: vec[i64] = vec[i64]()
+        self._next: vec[i64] = vec[i64]()
+        self._prev: vec[i64] = vec[i64]()
+        self._tchild: list[vec[i64]] = [vec[i64]() for _ in tiers]  # children resident per tier
+        self._mask: vec[i64] = vec[i64]()
         self._tokens: list[int] = []
         self._size: list[int] = []
         self._free: list[int] = []
+        # The columns its policies read (they hold this, not the tree: no reference cycle).
+        self._views = TreeColumns(self._tchild, self._mask, self._parent, self._depth, self._nchild)
         self._index: dict[str, dict[str, int]] = {}
         self._pins = PinTable(clock)
         # Runs stored at a namespace root although their caller named a parent key the tree lacked
@@ -198,8 +223,8 @@ class RadixTree:
 
     def tier_leaf_predicate(self, tier_index: int) -> Callable[[int], bool]:
         """``f(node_id) -> True`` when the node has no child resident in the tier (for policies)."""
-        tchild = self._tchild[tier_index]
-        return lambda n: tchild[n] == 0
+        tchild = self._tchild  # read at each call: a column is replaced when it grows
+        return lambda n: tchild[tier_index][n] == 0
 
     def items(self, namespace: str) -> list[tuple[str, int]]:
         """``(key, node id)`` of every chunk of a namespace (a snapshot)."""
@@ -530,6 +555,7 @@ class RadixTree:
             else:
                 self._graft(r, cur)
                 new = [idx[k] for k in keys[a:b]]
+                mask = self._mask  # again: a _create above may have replaced the column
                 missing = [x for x in new if not mask[x] & bit]
                 if missing:  # the grafted run's matched chunks gain the tier, like a matched prefix
                     self._add_residency(missing, t)
@@ -537,7 +563,7 @@ class RadixTree:
             cur = new[-1]
         if self._awaiting and created:
             self._join_awaiting(ns, created)
-        if mask[cur] == 1:
+        if self._mask[cur] == 1:
             self._policies[0].on_access(cur, self._now)
         else:
             self._touch(cur)
@@ -689,27 +715,37 @@ class RadixTree:
                         for n in ids[:n_reuse]:
                             tc[n] = 0
         if n_new:
-            # Fresh slots are contiguous at the end: one C-level extend per column (from the values
-            # themselves when no slot was reused, the common case while a tree grows).
+            # Fresh slots are contiguous at the end: one extend per column. A vec column grows by
+            # assignment (extend may move it): no alias of one outlives this. Each extends from a
+            # vec built in one pass (compiled: a loop of native appends, no list): extend from a
+            # list would ask it for a buffer (raising and clearing a TypeError), then box by box.
             r, k = n_reuse, n_new
-            parents = [parent] + ids[:-1]
-            children = [1] * (k - 1) + [0]
             self._key.extend(keys[r:] if r else keys)
             self._ns.extend([ns] * k)
-            self._parent.extend(parents[r:] if r else parents)
-            self._depth.extend(range(depth + 1 + r, depth + m + 1))
-            self._nchild.extend(children)
-            self._mask.extend([1 << t] * k)
             self._tokens.extend([chunk_tokens] * k)
             self._size.extend([size_bytes] * k)
-            zeros = [0] * k
-            for i, tc in enumerate(self._tchild):
-                tc.extend(children if i == t else zeros)
-            nones = [_NO_PARENT] * k
-            self._kid.extend(ids[r + 1 :])  # each new node's only child is the next one...
-            self._kid.append(_NO_PARENT)  # ...but the chain's last node has none yet
-            self._next.extend(nones)
-            self._prev.extend(nones)
+            # node ids[j]'s parent is the node before it (the chain's first: `parent`)
+            parents = vec[i64]([ids[j - 1] if j else parent for j in range(r, m)])
+            self._parent = extend(self._parent, parents)
+            depths = vec[i64]([d for d in range(depth + 1 + r, depth + m + 1)])
+            self._depth = extend(self._depth, depths)
+            children = vec[i64]([1] * k)  # each new node is the next one's parent...
+            children[k - 1] = 0  # ...but the chain's last node has no child yet
+            self._nchild = extend(self._nchild, children)
+            self._mask = extend(self._mask, vec[i64]([1 << t] * k))
+            zeros = vec[i64]([0] * k)
+            tcs = self._tchild
+            for i in range(len(tcs)):
+                tcs[i] = extend(tcs[i], children if i == t else zeros)
+            # each new node's only child is the next one (the last one's: none)
+            kids = vec[i64]([ids[j + 1] if j + 1 < m else _NO_PARENT for j in range(r, m)])
+            self._kid = extend(self._kid, kids)
+            nones = vec[i64]([_NO_PARENT] * k)
+            self._next = extend(self._next, nones)
+            self._prev = extend(self._prev, nones)
+            views = self._views  # the policies' columns: the grown ones
+            views.mask, views.parent, views.depth = self._mask, self._parent, self._depth
+            views.nchild = self._nchild
             if r:
                 self._kid[ids[r - 1]] = ids[r]  # the last reused slot's child is the first fresh one
         if parent != _NO_PARENT:
@@ -1073,7 +1109,8 @@ class RadixTree:
         # Deepest first, and every tier of a node before the next node, so every removal is a leaf
         # removal and nothing is counted as an orphan (tier by tier, a parent only the first tier
         # held would leave before its child another tier holds, which would count as orphaned).
-        targets.sort(key=self._depth.__getitem__, reverse=True)
+        depth = self._depth
+        targets.sort(key=lambda n: depth[n], reverse=True)
         for n in targets:
             for t in tiers:
                 if self._key[n] is not None and self._mask[n] & (1 << t):
@@ -1089,7 +1126,7 @@ class RadixTree:
         check_tree(self)
 
 
-def _unlink(kid: list[int], nxt: list[int], prv: list[int], n: int, p: int) -> None:
+def _unlink(kid: vec[i64], nxt: vec[i64], prv: vec[i64], n: int, p: int) -> None:
     """Take node ``n`` out of its parent ``p``'s child list."""
     nx, pv = nxt[n], prv[n]
     if pv != _NO_PARENT:

@@ -25,8 +25,11 @@ from typing import TYPE_CHECKING, Generator, Sequence
 from radixkv.policies import register_policy
 
 if TYPE_CHECKING:
+    from librt.vecs import vec
+    from mypy_extensions import i64
+
     from radixkv.sims.traces import Trace
-    from radixkv.tree import RadixTree
+    from radixkv.tree import RadixTree, TreeColumns
 
 __all__ = ["OPTPolicy", "NEVER", "next_use_table"]
 
@@ -77,15 +80,26 @@ class OPTPolicy:
         self._cur: list[int | None] = []
         self._resident = 0
         self._unknown: set[int] = set()  # inserted, next use not yet told
-        self._depth: list[int] = []
-        self._tchild: list[int] = []
-        self._mask: list[int] = []
+        self._t = 0
         self._bit = 1
 
+    _cols: TreeColumns  # set by bind: the tree's columns (not the tree: no reference cycle)
+
     def bind(self, tree: RadixTree, tier_index: int) -> None:
-        self._depth = tree._depth  # read-only views of the tree's depth column
-        self._tchild = tree._tchild[tier_index]  # and of the children resident in the tier
-        self._mask, self._bit = tree._mask, 1 << tier_index  # and residency (check_integrity)
+        # The tree's columns are read through it at each use: one is replaced when it grows.
+        self._cols, self._t, self._bit = tree._views, tier_index, 1 << tier_index
+
+    @property
+    def _depth(self) -> vec[i64]:  # read-only: the tree's depth column
+        return self._cols.depth
+
+    @property
+    def _tchild(self) -> vec[i64]:  # read-only: children resident in the tier
+        return self._cols.tchild[self._t]
+
+    @property
+    def _mask(self) -> vec[i64]:  # read-only: residency masks (check_integrity)
+        return self._cols.mask
 
     def __len__(self) -> int:
         return self._resident
