@@ -435,6 +435,8 @@ class RadixTree:
             p = idx.get(parent_key)
             if p is None:
                 if not root_if_missing:
+                    if not idx:
+                        del self._index[namespace]  # no empty index left behind (see _remove_nodes)
                     return InsertResult()
                 r = self.insert(namespace, keys, tier, tokens_per_chunk, bytes_per_chunk)
                 self._await_parent(namespace, idx, keys[0], parent_key)
@@ -663,7 +665,12 @@ class RadixTree:
         m = len(keys)
         if not m:
             return []
-        _check_keys(keys)
+        try:
+            _check_keys(keys)
+        except InputError:
+            if not idx:
+                del self._index[ns]  # a refused first insert of a namespace leaves no empty index
+            raise
         # Index first: if the index does not grow by m, a key repeats or is already in the tree under
         # another prefix; undo and refuse before any column changes. (Cheaper than probing every key
         # twice: the big index is the expensive part of an insert.)
@@ -678,6 +685,8 @@ class RadixTree:
         idx.update(zip(keys, ids))
         if len(idx) != n_before + m:
             self._undo_index(idx, keys, ids)
+            if not idx:
+                del self._index[ns]
             raise InputError(
                 "keys are not one chain: a key repeats, or a key after the matched prefix is already "
                 "in the tree under another prefix"
@@ -851,7 +860,13 @@ class RadixTree:
                 _unlink(kid, nxt, prv, n, p)
             elif awaits and n in awaits:  # a run awaiting its parent key leaves: so does its wait
                 self._forget_await(n)
-            del self._index[self._ns[n]][self._key[n]]  # type: ignore[index,arg-type]
+            space = self._ns[n]
+            idx = self._index[space]  # type: ignore[index]
+            del idx[self._key[n]]  # type: ignore[arg-type]
+            if not idx:
+                # A dict never shrinks as keys leave: a namespace that once held 10^5 chunks kept a
+                # 3.8 MB table after its last chunk left (every weight version an engine served).
+                del self._index[space]  # type: ignore[arg-type]
             self._pins.forget(n)
             self._key[n] = None
             self._ns[n] = None
@@ -1008,7 +1023,10 @@ class RadixTree:
                             on_evict(n, -1)
                             if awaits and n in awaits:
                                 self._forget_await(n)
-                        del index[ns[n]][key[n]]  # type: ignore[index,arg-type]
+                        idx = index[ns[n]]  # type: ignore[index]
+                        del idx[key[n]]  # type: ignore[arg-type]
+                        if p < 0 and not idx:  # its namespace's last chunk (a root: leaf first)
+                            del index[ns[n]]  # type: ignore[arg-type]
                         if held:
                             pins.forget(n)
                         key[n] = None
@@ -1038,7 +1056,10 @@ class RadixTree:
                     if m == 0:
                         if p < 0 and awaits and n in awaits:
                             self._forget_await(n)
-                        del index[ns[n]][key[n]]  # type: ignore[index,arg-type]
+                        idx = index[ns[n]]  # type: ignore[index]
+                        del idx[key[n]]  # type: ignore[arg-type]
+                        if p < 0 and not idx:  # its namespace's last chunk (a root: leaf first)
+                            del index[ns[n]]  # type: ignore[arg-type]
                         if held:
                             pins.forget(n)
                         key[n] = None

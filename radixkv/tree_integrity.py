@@ -31,6 +31,8 @@ def check_tree(tree: RadixTree) -> None:
     tier_chunks = [0] * len(tree.tiers)
     indexed = 0
     for ns, idx in tree._index.items():
+        # An emptied namespace's dict keeps its table at its peak size: it must leave the index.
+        assert idx, f"namespace {ns!r} has an empty index left after its last chunk left the tree"
         for k, n in idx.items():
             assert tree._key[n] == k and tree._ns[n] == ns, f"index entry {k!r} -> {n} is stale"
             indexed += 1

@@ -833,3 +833,36 @@ def test_a_touch_for_some_tiers_tells_only_them_and_keeps_the_clock():
     _HEARD.clear()
     t.match("n", ["a", "ab", "abc"])  # the full touch: every tier, at the tick the touches used
     assert sorted(_HEARD) == [(0, "ab", now), (1, "ab", now), (2, "abc", now)]
+
+
+@pytest.mark.parametrize("how", ["evict-lru", "evict-lfu", "evict-s3fifo", "evict-agedref", "clear",
+                                 "clear_resident", "refused"])
+def test_a_namespace_whose_last_chunk_left_leaves_no_index_behind(how):
+    """A namespace's key index leaves the tree with its last chunk. A dict keeps its table at its
+    peak size as keys leave: an engine serving a namespace per weight version kept, per version
+    whose chunks were evicted or cleared, an empty index as large as its peak (3.8 MB for 10^5
+    chunks), for the life of the process. A refused first insert of a namespace (a missing parent
+    key, a bad key) leaves none either."""
+    tree = RadixTree(("mem", "disk"), policy=how[6:] if how.startswith("evict") else "lru")
+    keys = chain("old", 300)
+    tree.insert("v1", keys, "mem", 16, 1024)
+    tree.insert("v2", chain("new", 2), "mem", 16, 1024)
+    if how.startswith("evict"):  # each policy's eviction loop (the fused ones included)
+        assert len(tree.evict("mem", 1000).removed_node_ids) == 302
+        assert "v2" not in tree._index
+    elif how == "clear":
+        tree.clear(namespace="v1")
+    elif how == "clear_resident":
+        tree.clear_resident([tree.lookup("v1", keys[0])], "mem")  # the rest: orphans
+    else:
+        tree.clear(namespace="v1")
+        assert tree.insert("v1", ["a"], "mem", 16, 1024, parent_key="gone").new_node_ids == ()
+        with pytest.raises(InputError):
+            tree.insert("v1", ["a", ""], "mem", 16, 1024)
+        with pytest.raises(InputError):
+            tree.insert("v1", ["a", "a"], "mem", 16, 1024)
+    assert "v1" not in tree._index, f"{how}: namespace v1 left an empty index of {len(tree._index.get('v1', ()))} keys"
+    assert "v1" not in tree.namespaces()
+    tree.insert("v1", keys[:2], "mem", 16, 1024)  # the namespace comes back as new
+    assert tree.match("v1", keys).hit_chunks == 2
+    tree.check_integrity()

@@ -818,14 +818,14 @@ class DiskTier:
         emptied that have no put running (lock held): their fixed payload size (as
         ``_release_size_locked``) and their directories, moved aside while the lock keeps their puts
         out (a later put makes fresh ones, as for a new namespace) and removed by
-        :meth:`_remove_detached` after the lock. Private directories only: a shared one's namespaces
-        hold other processes' files. The namespaces kept empty spare one that empties and refills (a
-        small tier, or a namespace idle for one turnover of it) a round of 257 ``rmdir`` s and 256
-        ``mkdir`` s per cycle."""
+        :meth:`_remove_detached` after the lock. A shared directory's namespaces hold other
+        processes' files: there only this process's records of them are forgotten (its 257 known
+        directories, its payload size), the directories stay. Before, a shared tier kept those
+        records for every namespace it ever wrote, ~42 KB each (an engine moving to a namespace per
+        weight version grew by that much per version). The namespaces kept empty spare one that
+        empties and refills (a small tier, or a namespace idle for one turnover of it) a round of
+        257 ``rmdir`` s and 256 ``mkdir`` s per cycle."""
         if len(self._emptied) <= _EMPTY_NAMESPACES_KEPT:
-            return
-        if self.config.shared:
-            self._emptied.clear()
             return
         for ns in [ns for ns in self._emptied if self._ns_files[ns]]:
             del self._emptied[ns]  # refilled since it emptied
@@ -837,6 +837,9 @@ class DiskTier:
             self._ns_dirs.discard(ns)
             self._ns_payload_bytes.pop(ns, None)
             self._scanned_sizes.discard(ns)
+            if self.config.shared:
+                self._layout.forget_ns_dirs(ns)  # a later put makes (finds) them again
+                continue
             moved = self._layout.detach_ns_dirs(ns)
             if moved is not None:
                 self._detached.append(moved)

@@ -89,16 +89,22 @@ class DiskLayout:
         lock, where 257 ``rmdir`` s can take a loaded journal half a second) and forget its
         directories: a later put of the namespace makes fresh ones. Returns the moved path, for
         :meth:`remove_detached` outside the lock; None if there was none to move."""
+        self.forget_ns_dirs(ns)
         base = f"{self._prefix}{ns}"
-        for i in range(256):
-            self._dirs.discard(f"{base}{os.sep}{i:02x}")
-        self._dirs.discard(base)
         dest = f"{self._prefix}{RETIRED_PREFIX}{ns}.{secrets.token_hex(4)}"
         try:
             os.rename(base, dest)
         except OSError:
             return None
         return dest
+
+    def forget_ns_dirs(self, ns: str) -> None:
+        """Forget that a namespace's directories exist (they stay): the next put of it checks them
+        again with ``mkdir``. Keeps :attr:`_dirs` to the namespaces in use, not every one ever written."""
+        base = f"{self._prefix}{ns}"
+        for i in range(256):
+            self._dirs.discard(f"{base}{os.sep}{i:02x}")
+        self._dirs.discard(base)
 
     def remove_detached(self, path: str | None = None) -> int:
         """Remove a tree :meth:`detach_ns_dirs` moved aside (None: every one left under the root,

@@ -1162,3 +1162,30 @@ def test_a_namespace_whose_last_file_left_keeps_no_directories(root):
         t.check_integrity()
     finally:
         t.close()
+
+
+def test_a_shared_tier_forgets_its_records_of_namespaces_it_no_longer_holds(root):
+    """A shared directory's namespaces hold other processes' files, so a shared tier removes no
+    namespace directory; but its own records of one (257 known directories, the payload size) go
+    once it holds no file of it and ``_EMPTY_NAMESPACES_KEPT`` newer ones emptied too. Before, a
+    shared tier kept them for every namespace it ever wrote: ~42 KB per namespace (one per weight
+    version an engine served), however few chunks it held."""
+    kept = disk_mod._EMPTY_NAMESPACES_KEPT
+    t = DiskTier(root=root, capacity_bytes=4 * frame_bytes("k0", 1 * KiB), shared=True)
+    try:
+        namespaces = [f"{i:032x}" for i in range(kept + 40)]
+        for ns in namespaces:  # each namespace's files evict the oldest ones (LRU across namespaces)
+            assert all(t.put_many(ns, ["k0", "k1"], [pl(j, 1 * KiB) for j in range(2)]))
+        live = {ns for ns, _key in t._index}
+        assert live == set(namespaces[-2:])
+        assert len(t._layout._dirs) <= 257 * (len(live) + kept), (
+            f"{len(t._layout._dirs)} directories remembered for {len(live)} live namespaces")
+        assert len(t._ns_dirs) == len(t._ns_payload_bytes) == len(live) + kept
+        assert {n for n in os.listdir(root) if not n.startswith(".")} == set(namespaces)  # all stay
+        for ns in (namespaces[0], namespaces[-1]):  # a forgotten one and a live one, written again
+            assert t.put_many(ns, ["k2"], [pl(2, 1 * KiB)]) == [True]
+            out = buf(1 * KiB)
+            assert t.get_many(ns, ["k2"], [out]) == [True] and torch.equal(out, pl(2, 1 * KiB))
+        t.check_integrity()
+    finally:
+        t.close()
