@@ -7,17 +7,28 @@ for room (backpressure) or gets ``None`` back and decides what to do (skip a pro
 then joins every thread, so a closed pool leaves no thread behind. A pool dropped without
 :meth:`WorkerPool.close` is collected like any object (its threads hold it only while they run a
 job); its threads then run what was queued and exit within ``_ORPHAN_POLL_S`` seconds.
+
+At interpreter exit (an engine that never closes its store: ``sys.exit``, the end of ``main``) an
+``atexit`` hook waits until every job submitted to a pool of this process (closed, open or dropped)
+has run or been cancelled, up to the longest ``exit_timeout_s`` of those pools: a pool thread still
+inside a job when the interpreter finalizes is ended by a forced unwind as it re-takes the GIL, and
+when that unwind passes through C++ frames (torch's calls release the GIL) the whole process aborts
+(``terminate called without an active exception``, exit status 134, a core dump). Nothing is
+cancelled, so an engine's own exit hook that runs after this one can still close its store and flush.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import atexit
 import queue
 import threading
 import time
 import weakref
 from typing import Any, Callable, Generic, TypeVar
+
+from radixkv.forksafe import SignalSafeCondition
 
 __all__ = ["Job", "WorkerPool"]
 
@@ -31,6 +42,54 @@ _SUBMIT_POLL_S = 0.05  # how often a submit waiting for room checks whether the 
 # weakref callback: a callback runs inside the garbage collector, in whatever thread triggered it,
 # possibly while that thread holds the queue's lock (queue.Queue is not reentrant).
 _ORPHAN_POLL_S = 1.0
+
+
+class _Outstanding:
+    """Jobs submitted to this process's pools and not yet run to their end or cancelled, over every
+    pool (closed, open, or dropped with jobs queued); the exit hook waits for none to be left."""
+
+    def __init__(self) -> None:
+        self.cond = SignalSafeCondition()
+        self.jobs = 0
+        self.exit_wait_s = 0.0  # the longest exit_timeout_s of the pools created here
+
+    def add(self, n: int) -> None:
+        with self.cond:
+            self.jobs += n
+            if self.jobs == 0:
+                self.cond.notify_all()
+
+
+_outstanding = _Outstanding()
+
+
+def _forget_outstanding_in_child() -> None:
+    # A forked child runs none of the parent's jobs (its pools start over), and may have copied the
+    # lock mid-use.
+    global _outstanding
+    wait_s = _outstanding.exit_wait_s
+    _outstanding = _Outstanding()
+    _outstanding.exit_wait_s = wait_s
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_outstanding_in_child)
+
+
+def _wait_at_exit() -> None:
+    """The ``atexit`` hook (see the module docstring): wait until no job is queued or running in any
+    pool of this process, at most the longest ``exit_timeout_s`` of its pools. Registered when this
+    module is first imported; atexit runs hooks in reverse, so an engine's hook registered later (which
+    may close its store) runs before this one, and one registered earlier runs after it."""
+    o = _outstanding
+    with o.cond:
+        if not o.cond.wait_for(lambda: o.jobs == 0, o.exit_wait_s):
+            log.warning("radixkv: the interpreter exits with %d background jobs of stores never closed "
+                        "still queued or running after %.1f s (close_timeout_s); close() stores "
+                        "before exiting", o.jobs, o.exit_wait_s)
+
+
+atexit.register(_wait_at_exit)
 
 
 class Job(Generic[T]):
@@ -122,6 +181,18 @@ class Job(Generic[T]):
             self._on_cancel = None
 
 
+class _Queue(queue.Queue):  # type: ignore[type-arg]
+    """``queue.Queue`` whose conditions are :class:`SignalSafeCondition`: ``submit`` puts from the
+    caller's thread, and an interrupt there must not leave the queue's lock held (the pool's threads
+    and every later submit would block on it for good)."""
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__(maxsize)
+        self.not_empty = SignalSafeCondition(self.mutex)
+        self.not_full = SignalSafeCondition(self.mutex)
+        self.all_tasks_done = SignalSafeCondition(self.mutex)
+
+
 class WorkerPool:
     """``n_threads`` daemon threads named ``radixkv-<name>-<i>`` over a queue of ``max_queue`` jobs."""
 
@@ -131,9 +202,12 @@ class WorkerPool:
         n_threads: int,
         max_queue: int,
         on_depth: Callable[[int], None] | None = None,
+        exit_timeout_s: float = 30.0,
     ) -> None:
         self.name = name
         self._n_threads = n_threads
+        with _outstanding.cond:  # how long interpreter exit waits for this pool's jobs (_wait_at_exit)
+            _outstanding.exit_wait_s = max(_outstanding.exit_wait_s, exit_timeout_s)
         self._on_depth = on_depth
         self._closed = False
         # Jobs the parent had queued or running when this process forked (summed over forks): none
@@ -146,11 +220,11 @@ class WorkerPool:
         that cannot start (the process is at its thread limit) stops those already started and
         raises: a pool never runs short of the threads it was sized for, and a child retries on
         its next call."""
-        self._queue: queue.Queue[Job[Any] | None] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[Job[Any] | None] = _Queue(maxsize=max_queue)
         self._close_lock = threading.Lock()
         self._swept = False  # close() cancelled what was queued after its threads stopped
         self._inflight = 0
-        self._idle = threading.Condition()
+        self._idle = SignalSafeCondition()  # submit() takes it in the caller's (main) thread
         self._depth_lock = threading.Lock()  # see _report_depth
         # The threads hold the pool weakly (a bound method would keep it, and through on_depth
         # the store's metrics and tiers, alive for as long as they wait).
@@ -202,6 +276,7 @@ class WorkerPool:
         job: Job[T] = Job(fn, cancel_result, name, on_cancel)
         with self._idle:
             self._inflight += 1
+        _outstanding.add(1)
         # Wait for room in slices, so a close() while we wait rejects us instead of leaving us
         # blocked forever behind a queue no thread serves any more.
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -290,6 +365,7 @@ class WorkerPool:
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.notify_all()
+        _outstanding.add(-1)
 
     def _report_depth(self) -> None:
         # The size is read and reported under one lock, so the last report always carries the size
@@ -314,12 +390,21 @@ def _serve(pool_ref: weakref.ref[WorkerPool], jobs: queue.Queue[Job[Any] | None]
         if job is None:
             return
         pool = pool_ref()
+        # The job is let go before it is counted done: what it holds (a copy's tensors) is freed in
+        # this thread, inside torch's C++ code. Counted done first, the exit hook could let the
+        # interpreter finalize meanwhile, and the forced unwind of this thread there aborted the
+        # process ("terminate called without an active exception").
         if pool is None:  # dropped with jobs queued: run them, as close(flush=True) would
-            job._run()
+            try:
+                job._run()
+            finally:
+                del job
+                _outstanding.add(-1)
             continue
         pool._report_depth()
         try:
             job._run()
         finally:
+            del job
             pool._finish_one()
-            del pool, job  # hold neither while waiting for the next job
+            del pool  # not held while waiting for the next job

@@ -16,9 +16,29 @@ import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
-__all__ = ["ForkSafeExecutor", "hold_across_fork", "run_shared"]
+__all__ = ["ForkSafeExecutor", "SignalSafeCondition", "hold_across_fork", "run_shared"]
 
 T = TypeVar("T")
+
+
+class SignalSafeCondition(threading.Condition):
+    """A ``threading.Condition`` whose ``with`` takes and gives back the lock in the lock's own C
+    methods, with no Python frame around them.
+
+    ``Condition.__enter__`` and ``__exit__`` are Python functions, and a signal handler runs in the
+    main thread between bytecodes: a ``KeyboardInterrupt`` (Ctrl-C) or an engine's ``SystemExit`` on
+    SIGTERM raised on the return from ``__enter__``, the lock already taken but the ``with`` block not
+    yet begun, left the lock held for good (every later call and background job blocked on it); one
+    raised on entering ``__exit__`` never released it. The ``with`` statement looks both up before
+    it calls ``__enter__``, so the properties' own frames run before the lock is taken."""
+
+    @property
+    def __enter__(self) -> Callable[[], bool]:  # type: ignore[override]
+        return self._lock.__enter__  # type: ignore[attr-defined, no-any-return]
+
+    @property
+    def __exit__(self) -> Callable[..., None]:  # type: ignore[override]
+        return self._lock.__exit__  # type: ignore[attr-defined, no-any-return]
 
 
 class ForkSafeExecutor:

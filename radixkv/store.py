@@ -184,12 +184,14 @@ class HierarchicalStore:
             config.io_threads,
             config.queue_depth,
             on_depth=lambda d: metrics.queue_depth("write", d),
+            exit_timeout_s=config.close_timeout_s,
         )
         self._reader = WorkerPool(
             "prefetch",
             config.prefetch_threads,
             config.queue_depth,
             on_depth=lambda d: metrics.queue_depth("prefetch", d),
+            exit_timeout_s=config.close_timeout_s,
         )
         self._promoter = jobs.Promoter(self._stack, self._writer, config.promote_after_hits)
         for q in ("write", "prefetch"):

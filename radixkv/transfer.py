@@ -35,7 +35,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from radixkv import eviction, reads
 from radixkv.intents import WriteDeleteIntents
 from radixkv.errors import CapacityError, InputError, PinError
-from radixkv.forksafe import hold_across_fork
+from radixkv.forksafe import SignalSafeCondition, hold_across_fork
 from radixkv.metrics import StoreMetrics
 from radixkv.tiers.base import ChunkBytes, capacity_limit, chunk_nbytes
 from radixkv.tiers.framing import HEADER_BYTES
@@ -92,7 +92,7 @@ class TierStack(WriteDeleteIntents):
         self.tree = tree
         self.metrics = metrics
         self.lease_s = lease_s
-        self.cond = threading.Condition(threading.Lock())
+        self.cond = SignalSafeCondition(threading.Lock())  # an interrupt never leaves it held
         hold_across_fork(self, "cond")  # registered after the tiers: a fork takes it before theirs
         n = len(self.tiers)
         self.reserved = [0] * n
