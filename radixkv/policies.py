@@ -26,8 +26,10 @@ one iterator for a whole batch while staying exact.
 from __future__ import annotations
 
 import inspect
-from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Final, Generator, Protocol, Sequence
+
+from librt.vecs import extend, vec
+from mypy_extensions import i64
 
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
@@ -74,6 +76,12 @@ class EvictionPolicy(Protocol):
     # (a split chain joined: see ``RadixTree.insert``); their parents changed too, the first one's
     # from none. A policy that derived state from depth re-derives it (the heap policies re-key
     # their entries, whose tie-break is -depth; cost re-prices). Without it nothing is called.
+
+    # Optional: ``on_cleared()``, called by ``RadixTree.clear`` (a namespace or everything: the
+    # store's ``clear``) once it removed the chunks it dropped from this tier, after their
+    # ``on_remove`` calls: state sized by the tier's past may shrink to what stays (agedref trims
+    # its ghost history, which one removal at a time never shrinks). Eviction and
+    # ``clear_resident`` (the simulator's demotions) never call it.
 
     def candidates(self) -> Generator[int, None, None]:
         """Resident node ids, best victim first. May include ineligible nodes; must be lazy.
@@ -159,29 +167,44 @@ def _check_option_types(name: str, cls: type, options: dict[str, Any]) -> None:
                               f"(default {p.default!r})")
 
 
+_OUT: Final = -2  # LRUPolicy's link of a node not in its order (-1 ends the order); Final: a C
+# constant when compiled (a plain module global is a dict lookup at each use)
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
 class LRUPolicy:
     """Least recently used *leaf* first; ties (one request's path) deepest first.
 
     This is SGLang's and LMCache's default, and vLLM APC's order. It is exact with lazy path touches:
-    leaves sit in an ordered dict by the time of their own last touch. An interior node is *parked*
-    (kept out of the order): its effective time is the newest touch in its subtree, which is known only
-    when its last child leaves. When that happens (:meth:`on_leaf`) every remaining child was evicted
-    from the old end, so the parent's effective time is no newer than anything left and it enters at
-    the old end. A parked node that is touched again enters at the new end. (A last child that left by
+    leaves sit in a list by the time of their own last touch. An interior node is *parked* (kept out
+    of the order): its effective time is the newest touch in its subtree, which is known only when
+    its last child leaves. When that happens (:meth:`on_leaf`) every remaining child was evicted from
+    the old end, so the parent's effective time is no newer than anything left and it enters at the
+    old end. A parked node that is touched again enters at the new end. (A last child that left by
     ``clear_resident`` instead, e.g. a delete, may have been recent: its parent still enters at the
     old end, the one departure from exact LRU; see docs/design.md.)
 
     Parking is implicit: a resident node that is not in the order is parked. So inserting a chain
-    costs one ordered-dict entry (its leaf), not one per chunk; an ordered node that gains a child
+    costs one entry in the order (its leaf), not one per chunk; an ordered node that gains a child
     is parked when the scan reaches it.
+
+    The order is a doubly linked list through two vec columns indexed by node id (the next newer
+    and next older node, -1 at either end, ``_OUT`` in both for a node not in the order): a touch,
+    an insert or an eviction is a few machine-integer writes (it was an OrderedDict: a hash probe,
+    a boxed int and a method call each).
     """
 
     name: ClassVar[str] = "lru"
     _cols: TreeColumns  # set by bind: the tree's columns (not the tree: no reference cycle)
 
     def __init__(self) -> None:
-        self._order: OrderedDict[int, None] = OrderedDict()
+        # Grown to the tree's column length by on_insert (new slots _OUT). They grow by assignment
+        # (extend may move them): no alias of them outlives a call.
+        self._newer: vec[i64] = vec[i64]()
+        self._older: vec[i64] = vec[i64]()
+        self._oldest = -1  # the next victim's end (-1: the order is empty)
+        self._newest = -1
+        self._ordered = 0  # nodes in the order
         self._aside: list[int] = []  # skipped candidates, only during one candidates() run
         self._resident = 0  # nodes in the tier: ordered + parked + aside
         self._t = 0
@@ -196,44 +219,86 @@ class LRUPolicy:
     def __len__(self) -> int:
         return self._resident
 
+    def _append_newest(self, n: int) -> None:
+        """Put ``n`` (not in the order) at the new end."""
+        h = self._newest
+        self._older[n] = h
+        self._newer[n] = -1
+        if h >= 0:
+            self._newer[h] = n
+        else:
+            self._oldest = n
+        self._newest = n
+        self._ordered += 1
+
+    def _push_oldest(self, n: int) -> None:
+        """Put ``n`` (not in the order) at the old end: the next victim."""
+        o = self._oldest
+        self._newer[n] = o
+        self._older[n] = -1
+        if o >= 0:
+            self._older[o] = n
+        else:
+            self._newest = n
+        self._oldest = n
+        self._ordered += 1
+
+    def _unlink(self, n: int) -> None:
+        """Take ``n`` (in the order) out of it."""
+        newer, older = self._newer, self._older
+        nw, od = newer[n], older[n]
+        newer[n] = _OUT
+        older[n] = _OUT
+        if nw >= 0:
+            older[nw] = od
+        else:
+            self._newest = od
+        if od >= 0:
+            newer[od] = nw
+        else:
+            self._oldest = nw
+        self._ordered -= 1
+
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         self._resident += len(node_ids)
+        n_slots = len(self._cols.mask)
+        if len(self._newer) < n_slots:  # the tree created nodes: their links, not in the order
+            outs = vec[i64]([_OUT] * (n_slots - len(self._newer)))
+            self._newer = extend(self._newer, outs)
+            self._older = extend(self._older, outs)
         # Only tier leaves are ordered; a chain arrives root->leaf, so that is usually just its last
-        # node, and the rest are parked until on_leaf (or a touch) brings them in.
-        order, tchild = self._order, self._cols.tchild[self._t]
+        # node, and the rest are parked until on_leaf (or a touch) brings them in. A node already in
+        # the order keeps its place.
+        tchild = self._cols.tchild[self._t]
         for n in node_ids:
-            if not tchild[n]:
-                order[n] = None
+            if not tchild[n] and self._newer[n] == _OUT:
+                self._append_newest(n)
 
     def on_access(self, node_id: int, now: int) -> None:
-        order = self._order
-        if node_id in order:
-            order.move_to_end(node_id)
-        else:
-            order[node_id] = None
+        if self._newer[node_id] != _OUT:
+            if node_id == self._newest:
+                return  # already the newest
+            self._unlink(node_id)
+        self._append_newest(node_id)
 
     def on_leaf(self, node_id: int) -> None:
-        order = self._order
-        if node_id not in order:
-            order[node_id] = None
-            order.move_to_end(node_id, False)  # last=False, passed by position: no keyword parsing
+        if self._newer[node_id] == _OUT:
+            self._push_oldest(node_id)
 
     def on_evict(self, node_id: int, leaf_parent: int) -> None:
         # on_remove((node_id,)) then on_leaf(leaf_parent), in one call (see EvictionPolicy). node_id
         # is the node candidates() just yielded, which it already took out of the order (and never
         # set aside): only the count and the parent are left to update.
         self._resident -= 1
-        if leaf_parent >= 0:
-            order = self._order
-            if leaf_parent not in order:
-                order[leaf_parent] = None
-                order.move_to_end(leaf_parent, False)
+        if leaf_parent >= 0 and self._newer[leaf_parent] == _OUT:
+            self._push_oldest(leaf_parent)
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
         self._resident -= len(node_ids)
-        pop = self._order.pop
+        n_slots = len(self._newer)
         for n in node_ids:
-            pop(n, None)
+            if 0 <= n < n_slots and self._newer[n] != _OUT:
+                self._unlink(n)
         if self._aside:
             gone = set(node_ids)
             self._aside[:] = [n for n in self._aside if n not in gone]
@@ -242,42 +307,80 @@ class LRUPolicy:
 
     def candidates(self) -> Generator[int, None, None]:
         # Always take the current oldest entry, so the tree may evict what we yield (and on_leaf may
-        # put a parent in front) between steps. The entry is taken out before it is yielded (one
-        # popitem, no iterator per step): a yielded node the tree did not evict (still resident in
-        # the tier: pinned, or the caller stopped before evicting it) is set aside and put back in
-        # front when iteration ends, in the order it was yielded.
-        # The tree creates no node while a candidates() iterator is open: these views stay current.
-        order, tchild, mask, bit = self._order, self._cols.tchild[self._t], self._cols.mask, self._bit
-        aside = self._aside
-        popitem = order.popitem
+        # put a parent in front) between steps. The entry is taken out before it is yielded: a
+        # yielded node the tree did not evict (still resident in the tier: pinned, or the caller
+        # stopped before evicting it) is set aside and put back in front when iteration ends, in
+        # the order it was yielded. RadixTree.evict runs these same steps (_take, _end) itself,
+        # without a generator.
+        n = -1
         try:
-            while order:
-                n = popitem(False)[0]  # last=False, by position: the oldest entry
-                if tchild[n]:
-                    continue  # parked: it gained a child since it was ordered
-                try:
-                    yield n
-                except GeneratorExit:
-                    if mask[n] & bit:
-                        aside.append(n)  # closed at the yield before the caller evicted it
-                    raise
-                if mask[n] & bit:
-                    aside.append(n)  # skipped by the tree (pinned)
+            while True:
+                n = self._take(n)
+                if n < 0:
+                    break
+                yield n
         finally:
-            while aside:
-                n = aside.pop()
-                order[n] = None
-                order.move_to_end(n, False)
+            self._end(n)  # also when closed at the yield: n is set aside unless it was evicted
+
+    def _take(self, prev: int) -> int:
+        """One step of :meth:`candidates`: set ``prev`` (the node it yielded last, -1: none) aside if
+        it is still in the tier, then take the oldest ordered tier leaf out of the order and return
+        it (-1: none left). Nodes passed over (parked: they gained a child since they were ordered)
+        leave the order. The tree creates no node during a run, so the columns read here stay current."""
+        mask, tchild = self._cols.mask, self._cols.tchild[self._t]
+        if prev >= 0 and mask[prev] & self._bit:
+            self._aside.append(prev)  # skipped by the tree (pinned), or the run stopped before it
+        while self._oldest >= 0:
+            n = self._oldest
+            self._unlink(n)
+            if not tchild[n]:
+                return n
+        return -1
+
+    def _end(self, last: int) -> None:
+        """End a :meth:`candidates` run whose last yielded node is ``last`` (-1: none): set it aside if
+        it is still in the tier, then put every set-aside node back in front, the first yielded
+        first."""
+        aside = self._aside
+        if last >= 0 and self._cols.mask[last] & self._bit:
+            aside.append(last)
+        while aside:
+            n = aside.pop()
+            if self._newer[n] != _OUT:  # touched again while set aside: it still goes in front
+                self._unlink(n)
+            self._push_oldest(n)
 
     def check_integrity(self) -> None:
-        assert len(self._order) + len(self._aside) <= self._resident, (
-            f"lru: {len(self._order)} ordered + {len(self._aside)} aside > {self._resident} resident"
+        newer, older, mask, bit = self._newer, self._older, self._cols.mask, self._bit
+        tchild = self._cols.tchild[self._t]
+        assert len(newer) == len(older) <= len(mask), (
+            f"lru: link columns of {len(newer)} and {len(older)} slots for a tree of {len(mask)}"
         )
-        mask, bit, tchild, order = self._cols.mask, self._bit, self._cols.tchild[self._t], self._order
-        stale = [n for n in order if not mask[n] & bit]
+        # Walked from the old end: each node's older link names the node before it (_unlink splices
+        # by both links), and the walk ends at the newest end.
+        n, prev, seen = self._oldest, -1, 0
+        while n >= 0:
+            seen += 1
+            assert seen <= self._ordered, f"lru: the order holds more than its {self._ordered} nodes (a cycle)"
+            assert older[n] == prev, f"lru: node {n}'s older link {older[n]} != {prev}"
+            prev, n = n, newer[n]
+        assert n == -1, f"lru: the order ends in link {n} after node {prev}"
+        assert prev == self._newest, f"lru: newest end {self._newest} is not the newest node {prev}"
+        linked = [n for n in range(len(newer)) if newer[n] != _OUT]
+        assert seen == self._ordered == len(linked), (
+            f"lru: {seen} nodes walked, {self._ordered} counted, {len(linked)} linked"
+        )
+        assert all(older[n] != _OUT for n in linked) and sum(o != _OUT for o in older) == len(linked), (
+            "lru: the newer and older links disagree on which nodes are ordered"
+        )
+        assert len(linked) + len(self._aside) <= self._resident, (
+            f"lru: {len(linked)} ordered + {len(self._aside)} aside > {self._resident} resident"
+        )
+        stale = [n for n in linked if not mask[n] & bit]
         assert not stale, f"lru: {len(stale)} ordered nodes not resident in the tier, e.g. {stale[:5]}"
         # Implicit parking must never hide a leaf: every tier leaf is ordered (or set aside).
-        lost = [n for n in range(len(mask)) if mask[n] & bit and not tchild[n] and n not in order
+        ordered = set(linked)
+        lost = [n for n in range(len(mask)) if mask[n] & bit and not tchild[n] and n not in ordered
                 and n not in self._aside]
         assert not lost, f"lru: {len(lost)} tier leaves neither ordered nor set aside, e.g. {lost[:5]}"
 

@@ -5,7 +5,7 @@ Imported by :mod:`radixkv.policies`, which registers them; see its docstring for
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, ClassVar, Generator, Sequence
+from typing import TYPE_CHECKING, ClassVar, Final, Generator, Sequence
 
 from librt.vecs import extend, vec
 from mypy_extensions import i64
@@ -240,7 +240,8 @@ class S3FIFOPolicy:
         assert not lost, f"s3fifo: {len(lost)} tier leaves parked (never candidates), e.g. {lost[:5]}"
 
 
-_OUT = -2  # SIEVEPolicy's link of a node not in the tier (-1 ends the FIFO)
+_OUT: Final = -2  # SIEVEPolicy's link of a node not in the tier (-1 ends the FIFO); Final: a C constant
+# when compiled (a plain module global is a dict lookup at each use)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy

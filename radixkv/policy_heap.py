@@ -572,6 +572,19 @@ class AgedRefPolicy(_HeapPolicy):
             if len(ghost) > self._ghost_factor * self._resident + 64:
                 ghost.popitem(last=False)  # O(1); deleting a plain dict's first key is not
 
+    def on_cleared(self) -> None:
+        # One removal trims at most one entry while adding its own: after a clear of many chunks the
+        # history would keep the old tier's size (nothing shrinks it until the tier holds as many
+        # chunks again). Trimmed here rather than in _forget: a loop there moves the simulator's
+        # hit rates (Mooncake at 1 %: agedref +0.06, oddsref +0.14 points, past the pinned 0.05).
+        _trim_ghost(self._ghost, self._ghost_factor * self._resident + 64)
+
+
+def _trim_ghost(ghost: OrderedDict[Any, Any], bound: float) -> None:
+    """Drop a ghost history's oldest entries until it holds at most ``bound``."""
+    while len(ghost) > bound:
+        ghost.popitem(last=False)
+
 
 def _log2_add(a: float, b: float) -> float:
     """log2(2^a + 2^b) without overflow."""

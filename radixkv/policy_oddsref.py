@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
-from radixkv.policy_heap import AgedRefPolicy, HeapEntry
+from radixkv.policy_heap import AgedRefPolicy, HeapEntry, _trim_ghost
 
 if TYPE_CHECKING:
     from radixkv.tree import RadixTree
@@ -165,6 +165,11 @@ class OddsRefPolicy(AgedRefPolicy):
             if len(ghost) > self._ghost_factor * self._resident + 64:
                 ghost.popitem(last=False)
         super()._forget(n, entry)
+
+    def on_cleared(self) -> None:
+        # The classes' history, as the scores' one (AgedRefPolicy.on_cleared).
+        _trim_ghost(self._ghost_cls, self._ghost_factor * self._resident + 64)
+        super().on_cleared()
 
     def check_integrity(self) -> None:
         super().check_integrity()

@@ -28,20 +28,22 @@ from __future__ import annotations
 
 import operator
 import time
-from typing import Callable, Generator, Iterable, Mapping, Sequence, SupportsIndex, cast
+from typing import Callable, Final, Generator, Iterable, Mapping, Sequence, SupportsIndex, cast
 
 from librt.vecs import extend, vec
 from mypy_extensions import i64
 
 from radixkv.errors import ConfigError, InputError
 from radixkv.pins import PinTable
-from radixkv.policies import EvictionPolicy, make_policy
+from radixkv.policies import EvictionPolicy, LRUPolicy, make_policy
 from radixkv.tree_integrity import check_tree
 from radixkv.tree_results import DropResult, InsertResult, MatchResult, TreeStats
 
 __all__ = ["RadixTree", "MatchResult", "InsertResult", "DropResult"]
 
-_NO_PARENT = -1
+# Final: a C constant when compiled (a plain module global is a dict lookup at each use, and
+# _create writes it per chunk).
+_NO_PARENT: Final = -1
 _MAX_TIERS = 16
 _MAX_AWAITING_RUNS = 4096
 
@@ -983,14 +985,30 @@ class RadixTree:
         # in one call (leaf_parent -1: none), made after the tree's own updates: one Python call per
         # evicted chunk instead of two, and no 1-tuple.
         on_evict = getattr(pol, "on_evict", None)
+        # The built-in lru (its exact class: a subclass may override any hook) is driven natively:
+        # its candidates() steps (_take, _end) and on_evict are direct calls, not a generator's
+        # resumption and close and a Python-level call per eviction (~25% of an lru replay).
+        lru: LRUPolicy | None = None
+        if type(pol) is LRUPolicy:
+            lru = cast(LRUPolicy, pol)
         evicted = freed_bytes = 0
-        gen = pol.candidates()
+        gen = pol.candidates() if lru is None else None
+        n = -1  # lru: the node _take returned last (_take or _end sets it aside if it stays)
         try:
             if on_evict is not None:
                 # The same steps as the loop below, with on_evict(n, leaf_parent) as its last policy
-                # call and the branches laid out so a chunk no other tier holds (every chunk of a
-                # one-tier tree) takes the fewest steps.
-                for n in gen:
+                # call before the key is cleared, and the branches laid out so a chunk no other tier
+                # holds (every chunk of a one-tier tree) takes the fewest steps.
+                while True:
+                    if lru is not None:
+                        n = lru._take(n)
+                        if n < 0:
+                            break
+                    else:
+                        x = next(gen, None)  # type: ignore[arg-type]
+                        if x is None:
+                            break
+                        n = x
                     m = mask[n]
                     if not m & bit or tchild[n] or (nchild[n] and m == bit):
                         continue
@@ -999,16 +1017,10 @@ class RadixTree:
                     m = mask[n] = m ^ bit  # the bit is set (checked above)
                     freed_bytes += size[n]
                     p = parent[n]
-                    if m:  # another tier holds it: it stays in the tree
-                        if p >= 0:  # != _NO_PARENT
-                            c = tchild[p] = tchild[p] - 1
-                            on_evict(n, p if c == 0 and mask[p] & bit else -1)
-                        else:
-                            on_evict(n, -1)
-                    else:
-                        if p >= 0:
+                    leaf_parent = -1
+                    if p >= 0:  # != _NO_PARENT
+                        if not m:  # no tier holds it: out of the parent's child list (_unlink, inlined)
                             nchild[p] -= 1
-                            # out of the parent's child list (_unlink, inlined: once per eviction)
                             nx, pv = nxt[n], prv[n]
                             if pv >= 0:
                                 nxt[pv] = nx
@@ -1016,13 +1028,17 @@ class RadixTree:
                                 kid[p] = nx
                             if nx >= 0:
                                 prv[nx] = pv
-                            c = tchild[p] = tchild[p] - 1
-                            # before the key is cleared: a policy may remember it
-                            on_evict(n, p if c == 0 and mask[p] & bit else -1)
-                        else:
-                            on_evict(n, -1)
-                            if awaits and n in awaits:
-                                self._forget_await(n)
+                        c = tchild[p] = tchild[p] - 1
+                        if c == 0 and mask[p] & bit:
+                            leaf_parent = p
+                    # before the key is cleared: a policy may remember it
+                    if lru is not None:
+                        lru.on_evict(n, leaf_parent)
+                    else:
+                        on_evict(n, leaf_parent)
+                    if not m:  # no tier holds it: it leaves the tree
+                        if p < 0 and awaits and n in awaits:
+                            self._forget_await(n)
                         idx = index[ns[n]]  # type: ignore[index]
                         del idx[key[n]]  # type: ignore[arg-type]
                         if p < 0 and not idx:  # its namespace's last chunk (a root: leaf first)
@@ -1036,7 +1052,7 @@ class RadixTree:
                     if evicted >= n_evict:
                         break
             else:
-                for n in gen:
+                for n in gen:  # type: ignore[union-attr]
                     m = mask[n]
                     if not m & bit or tchild[n] or (nchild[n] and m == bit):
                         continue
@@ -1069,7 +1085,10 @@ class RadixTree:
                     if evicted >= n_evict:
                         break
         finally:
-            gen.close()
+            if lru is not None:
+                lru._end(n)
+            else:
+                gen.close()  # type: ignore[union-attr]
             free.extend(removed)  # nothing takes a slot during the loop: one extend, same order
             self._tier_bytes[t] -= freed_bytes
             self._tier_chunks[t] -= evicted
@@ -1138,6 +1157,10 @@ class RadixTree:
                     r = self.clear_resident([n], self.tiers[t])
                     removed.extend(r.removed_node_ids)
                     orphans.extend(r.orphaned_node_ids)
+        for t in tiers:
+            on_cleared = getattr(self._policies[t], "on_cleared", None)
+            if on_cleared is not None:
+                on_cleared()
         return DropResult(tuple(removed), tuple(orphans))
 
     # ------------------------------------------------------------------ integrity

@@ -153,7 +153,7 @@ def test_memory_tier_two_keys_on_one_slot():
     try:
         # k2's slot leaks (still used, held by no one) and k2 now reads and overwrites k3's bytes:
         # every count still agrees.
-        tier._index[("ns", "k2")] = tier._index[("ns", "k3")]
+        tier._index["ns"]["k2"] = tier._index["ns"]["k3"]
         with pytest.raises(RuntimeError, match="held twice|slots used"):
             tier.check_integrity()
     finally:
@@ -207,5 +207,25 @@ def test_tree_node_without_tokens_or_with_a_negative_size(column, value, match):
     if column == "_size":
         t._tier_bytes[0] += value - t._size[n]  # type: ignore[attr-defined]
     getattr(t, column)[n] = value
+    with pytest.raises(AssertionError, match=match):
+        t.check_integrity()
+
+
+@pytest.mark.parametrize("corruption", ["lost_leaf", "dead_node_ordered", "broken_older_link", "miscount"])
+def test_lru_order_links_are_checked(corruption):
+    # LRU's order is a doubly linked list in vec columns (it was an OrderedDict): a leaf dropped from
+    # it, a dead node spliced in, a one-sided link or a wrong count must each be caught
+    t = _tree("lru")
+    pol, leaf, dead = t._policies[0], _mem_leaf(t), t._free[0]
+    match = {"lost_leaf": "neither ordered nor set aside", "dead_node_ordered": "not resident in the tier",
+             "broken_older_link": "older link", "miscount": "counted"}[corruption]
+    if corruption == "lost_leaf":
+        pol._unlink(leaf)  # type: ignore[attr-defined]
+    elif corruption == "dead_node_ordered":
+        pol._append_newest(dead)  # type: ignore[attr-defined]
+    elif corruption == "broken_older_link":
+        pol._older[pol._newest] = -1  # type: ignore[attr-defined]
+    else:
+        pol._ordered += 1  # type: ignore[attr-defined]
     with pytest.raises(AssertionError, match=match):
         t.check_integrity()

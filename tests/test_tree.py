@@ -866,3 +866,23 @@ def test_a_namespace_whose_last_chunk_left_leaves_no_index_behind(how):
     tree.insert("v1", keys[:2], "mem", 16, 1024)  # the namespace comes back as new
     assert tree.match("v1", keys).hit_chunks == 2
     tree.check_integrity()
+
+
+@pytest.mark.parametrize("policy", ["agedref", "oddsref"])
+def test_a_clear_leaves_the_ghost_history_within_its_bound(policy):
+    """agedref/oddsref remember evicted (and cleared) chunks, up to ghost_factor x resident. Each
+    removal trims at most one entry while adding its own, so a clear of many chunks left the whole
+    tier's history behind (20k chunks cleared: ~19k entries, ~450 B each, kept until the tier held
+    as many chunks again); a clear trims it to the bound of what stays."""
+    tree = RadixTree(("mem",), policy=policy)
+    for c in range(200):  # an insert touches its chunks: each cleared one enters the history
+        tree.insert("v1", chain(f"c{c}-", 10), "mem", 16, 1024)
+    tree.insert("v2", chain("keep", 3), "mem", 16, 1024)
+    pol = tree.policy("mem")
+    tree.clear(namespace="v1")
+    bound = pol._ghost_factor * len(pol) + 64
+    ghosts = [pol._ghost] + ([pol._ghost_cls] if policy == "oddsref" else [])
+    assert [len(g) for g in ghosts] == [bound] * len(ghosts), f"bound {bound} with {len(pol)} resident"
+    tree.clear()
+    assert [len(g) for g in ghosts] == [64] * len(ghosts)
+    tree.check_integrity()

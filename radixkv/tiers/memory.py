@@ -139,6 +139,10 @@ class MemoryLease:
         self.release()
 
 
+# The key index of a namespace the tier holds nothing of (read only).
+_NONE: dict[str, _Slot] = {}
+
+
 def _check_ident(namespace: object, keys: object) -> None:
     if not isinstance(namespace, str) or not namespace:
         raise InputError(f"namespace={namespace!r} must be a non-empty str (Namespace.digest)")
@@ -180,13 +184,18 @@ class MemoryTier:
         # quadratic: O(units) per slab, and per refused chunk once the tier is full).
         self._free_from = 0
         self._next_slab = 0
-        self._index: dict[tuple[str, str], _Slot] = {}
+        # Namespace -> key -> slot: clear(ns) visits that namespace's chunks only, and a namespace
+        # leaves with its last chunk (an emptied dict keeps its peak table).
+        self._index: dict[str, dict[str, _Slot]] = {}
         self._ns_slot_bytes: dict[str, int] = {}
         # Per namespace: chunks indexed or being written. The namespace's slot size is released when
         # it drops to 0, so a size fixed by a put that lost a race with clear() cannot outlive it.
         self._ns_live: dict[str, int] = {}
         # clear() generations (per namespace, and of clear(None)): a put that a clear overtook
         # while it copied frees its slots instead of publishing them under the cleared namespace.
+        # Only puts copying compare them, and each keeps its namespace in _ns_live meanwhile: a
+        # namespace's generation leaves with its last live chunk (not one kept per namespace ever
+        # cleared), so none drops back to 0 under a put that read it.
         self._ns_gen: dict[str, int] = {}
         self._all_gen = 0
         # Slots reserved by puts copying now -> their namespace (a forked child frees them).
@@ -228,8 +237,9 @@ class MemoryTier:
                     del self._ns_slot_bytes[namespace]
                 raise
             refused: set[int] = set()  # sizes no slot was found for: nothing frees one meanwhile
+            held = self._index.get(namespace, _NONE)
             for i, key in enumerate(keys):
-                if (namespace, key) in self._index:
+                if key in held:
                     ok[i] = True  # keys name content: present means the same bytes
                     continue
                 slot = None if sizes[i] in refused else self._alloc(sizes[i])
@@ -262,15 +272,18 @@ class MemoryTier:
         with self._lock:
             cleared = gen != (self._all_gen, self._ns_gen.get(namespace, 0))
             dropped = 0
+            index = self._index.get(namespace)
             for i, slot in todo:
                 del self._writing[slot]
-                ident = (namespace, keys[i])
-                if cleared or ident in self._index:  # a clear overtook us, or a concurrent put won
+                # A clear overtook us, or a concurrent put won:
+                if cleared or (index is not None and keys[i] in index):
                     self._free(slot)
                     dropped += 1
                     ok[i] = not cleared
                 else:
-                    self._index[ident] = slot
+                    if index is None:
+                        index = self._index[namespace] = {}
+                    index[keys[i]] = slot
                     self._stats.puts += 1
                     self._stats.bytes_in += slot.nbytes
                     ok[i] = True
@@ -285,6 +298,7 @@ class MemoryTier:
         else:
             self._ns_live.pop(namespace, None)
             self._ns_slot_bytes.pop(namespace, None)
+            self._ns_gen.pop(namespace, None)  # no put of it is copying: none compares it
 
     def get_many(self, namespace: str, keys: Sequence[str], buffers: Sequence[ChunkBytes]) -> list[bool]:
         _check_ident(namespace, keys)
@@ -315,15 +329,17 @@ class MemoryTier:
         _check_ident(namespace, keys)
         with self._lock:
             self._check_open()
-            slots = [self._index.get((namespace, k)) for k in keys]
+            held = self._index.get(namespace, _NONE)
+            slots = [held.get(k) for k in keys]
             return [None if s is None else s.view for s in slots]
 
     def contains_many(self, namespace: str, keys: Sequence[str]) -> int:
         _check_ident(namespace, keys)
         with self._lock:
+            held = self._index.get(namespace, _NONE)
             n = 0
             for k in keys:
-                if (namespace, k) not in self._index:
+                if k not in held:
                     break
                 n += 1
             return n
@@ -332,7 +348,7 @@ class MemoryTier:
         _check_ident(namespace, keys)
         with self._lock:
             self._check_open()  # like every tier: a closed one refuses changes (a persistent one must)
-            n = sum(self._delete_locked((namespace, k)) for k in keys)
+            n = sum(self._delete_locked(namespace, k) for k in keys)
             self._stats.deletes += n
             return n
 
@@ -341,13 +357,15 @@ class MemoryTier:
         publish nothing (their slots are freed when they end), so no chunk of the old size returns."""
         with self._lock:
             self._check_open()
-            for ident in [i for i in self._index if namespace is None or i[0] == namespace]:
-                self._delete_locked(ident)
+            for ns in list(self._index) if namespace is None else [namespace]:
+                for key in list(self._index.get(ns, _NONE)):
+                    self._delete_locked(ns, key)
             if namespace is None:
                 self._all_gen += 1
                 self._ns_slot_bytes.clear()
             else:
-                self._ns_gen[namespace] = self._ns_gen.get(namespace, 0) + 1
+                if namespace in self._ns_live:  # puts of it are copying: they must see this clear
+                    self._ns_gen[namespace] = self._ns_gen.get(namespace, 0) + 1
                 self._ns_slot_bytes.pop(namespace, None)
 
     @property
@@ -364,7 +382,7 @@ class MemoryTier:
         with self._lock:
             st = TierStats(**{k: getattr(self._stats, k) for k in TierStats.__slots__ if k != "extra"})
             st.extra = dict(self._stats.extra)
-            st.extra["chunks"] = len(self._index)
+            st.extra["chunks"] = self._indexed_locked()
             st.extra["slabs"] = len(self._slabs)
             st.extra["slab_bytes"] = sum(s.n_units for s in self._slabs.values()) * self._unit
             st.extra["huge_pages"] = int(self.huge_pages)
@@ -383,7 +401,10 @@ class MemoryTier:
                 if sid >= 0:
                     owned[sid] = owned.get(sid, 0) + 1
             live: dict[int, int] = {}
-            for (ns, _k), slot in self._index.items():
+            empty = [ns for ns, held in self._index.items() if not held]
+            if empty:
+                raise RuntimeError(f"empty key index kept for namespaces {sorted(empty)[:5]}")
+            for ns, slot in [(ns, v) for ns, held in self._index.items() for v in held.values()]:
                 if slot.dead:
                     raise RuntimeError(f"slot {slot} is in the index but marked dead")
                 if self._ns_slot_bytes.get(ns) is not None and self._ns_slot_bytes[ns] != slot.nbytes:
@@ -400,7 +421,8 @@ class MemoryTier:
             # the second key had is leaked (still used, held by no one).
             taken: dict[tuple[int, int], object] = {}
             free = {sid: set(slab.free) for sid, slab in self._slabs.items()}
-            for slot in [*self._index.values(), *self._dead, *self._writing]:
+            indexed = [slot for held in self._index.values() for slot in held.values()]
+            for slot in [*indexed, *self._dead, *self._writing]:
                 where = (slot.slab_id, slot.index)
                 if where in taken:
                     raise RuntimeError(f"slot {where[1]} of slab {where[0]} is held twice (by {slot} "
@@ -434,20 +456,21 @@ class MemoryTier:
                                        f"the heap {sorted(self._partial_heap.get(size, ()))}")
             if set(owned) != set(self._slabs):
                 raise RuntimeError(f"units owned by unknown slabs {set(owned) - set(self._slabs)}")
-            per_ns: dict[str, int] = {}
-            for ns, _k in self._index:
-                per_ns[ns] = per_ns.get(ns, 0) + 1
+            per_ns = {ns: len(held) for ns, held in self._index.items()}
             if any(per_ns.get(ns, 0) > n for ns, n in self._ns_live.items()) or any(
                 n > self._ns_live.get(ns, 0) for ns, n in per_ns.items()
-            ) or sum(self._ns_live.values()) != len(self._index) + len(self._writing):
+            ) or sum(self._ns_live.values()) != len(indexed) + len(self._writing):
                 raise RuntimeError(f"live chunks per namespace {self._ns_live} disagree with "
                                    f"{per_ns} indexed + {len(self._writing)} being written")
+            if set(self._ns_gen) - set(self._ns_live):
+                raise RuntimeError(f"clear generations kept for namespaces without chunks: "
+                                   f"{sorted(set(self._ns_gen) - set(self._ns_live))}")
             if set(self._ns_slot_bytes) - set(self._ns_live):
                 raise RuntimeError(f"slot sizes kept for namespaces without chunks: "
                                    f"{sorted(set(self._ns_slot_bytes) - set(self._ns_live))}")
-            if total_used != len(self._index) + len(self._dead) + len(self._writing):
+            if total_used != len(indexed) + len(self._dead) + len(self._writing):
                 raise RuntimeError(
-                    f"{total_used} used slots != {len(self._index)} indexed + {len(self._dead)} leased-dead "
+                    f"{total_used} used slots != {len(indexed)} indexed + {len(self._dead)} leased-dead "
                     f"+ {len(self._writing)} being written"
                 )
             used_bytes = sum(s.used * s.slot_bytes for s in self._slabs.values())
@@ -503,7 +526,8 @@ class MemoryTier:
         an InputError leaves no reader count behind."""
         with self._lock:
             self._check_open()
-            slots = [self._index.get((namespace, k)) for k in keys]
+            held = self._index.get(namespace, _NONE)
+            slots = [held.get(k) for k in keys]
             if sizes is not None:
                 fixed = self._ns_slot_bytes.get(namespace)
                 for i, slot in enumerate(slots):
@@ -536,11 +560,18 @@ class MemoryTier:
                     self._free(slot)
                     self._stats.extra["deferred_frees"] += 1
 
-    def _delete_locked(self, ident: tuple[str, str]) -> bool:
-        slot = self._index.pop(ident, None)
+    def _indexed_locked(self) -> int:
+        """Chunks in the index, all namespaces."""
+        return sum(len(held) for held in self._index.values())
+
+    def _delete_locked(self, namespace: str, key: str) -> bool:
+        held = self._index.get(namespace)
+        slot = None if held is None else held.pop(key, None)
         if slot is None:
             return False
-        self._drop_live_locked(ident[0], 1)
+        if not held:
+            del self._index[namespace]
+        self._drop_live_locked(namespace, 1)
         if slot.readers > 0:
             slot.dead = True
             self._dead.add(slot)

@@ -91,6 +91,8 @@ class ByteLedger:
                     self._used_bytes += size - old
                     if self._ttl_s is not None:
                         self._expiry.append((deadline, namespace, key))
+                        if len(self._expiry) > 2 * len(self._held) + 1024:
+                            self._compact_expiry()
                     if ident in self._unlinked_while_putting:
                         recheck.append(key)
                 self._putting[ident] -= 1
@@ -158,6 +160,16 @@ class ByteLedger:
         with self._lock:
             self._purge(time.monotonic())
             return self._used_bytes
+
+    def _compact_expiry(self) -> None:
+        # Deadlines stay queued for chunks forgotten, deleted or stored again (a new deadline)
+        # before them: without this the queue holds every put of the last ttl_s, not the chunks
+        # held. Kept in order; rebuilt once it doubled past the entries held (amortized O(1)).
+        held = self._held
+        self._expiry = deque(
+            e for e in self._expiry
+            if (entry := held.get((e[1], e[2]))) is not None and entry[1] == e[0]
+        )
 
     def _purge(self, now: float) -> None:
         while self._expiry and self._expiry[0][0] <= now:

@@ -51,3 +51,20 @@ def test_clear_of_one_namespace_keeps_its_disk_bytes_counted_until_the_disk_clea
     b = buffers(1)
     assert store.get(Y, [y], b) == 1, "the tree placed y on the disk, which had evicted it"
     store.check_integrity()
+
+
+def test_cleared_namespaces_leave_no_clear_in_progress_behind(make_store):
+    """A clear's in-progress count leaves with the clear: a Counter keeps a key decremented to 0,
+    so every namespace ever cleared stayed in ``clearing`` (an engine clears one per weight
+    version), and the memory tier kept a clear generation per namespace too."""
+    store = make_store(("mem",), chunks={"mem": 8})
+    for _ in range(20):
+        ns = new_namespace()
+        keys = chain(4, 2)[1]
+        assert store.put(ns, keys, [payload_for(k) for k in keys]) == [True, True]
+        store.clear(ns)
+    store.clear()
+    s = store._stack
+    assert dict(s.clearing) == {}, f"{len(s.clearing)} namespaces left in clearing"
+    assert store.tiers[0]._ns_gen == {}
+    store.check_integrity()

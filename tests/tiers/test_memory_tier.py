@@ -68,6 +68,27 @@ class TestSizes:
         small.clear("ns")
         assert small.put_many("ns", ["a"], [pl(1, 2 * KiB)]) == [True]
 
+    def test_clear_of_a_namespace_does_not_scan_the_others(self, small):
+        """clear(ns) visits that namespace's chunks only: it scanned the whole index, under the
+        tier's lock (every get and put of every namespace waits), per namespace cleared (an engine
+        clears each weight version's, SGLang's clear() every retired one)."""
+        small.put_many("keep", [f"k{i}" for i in range(8)], [pl(1, KiB)] * 8)
+        small.put_many("ns", ["a", "b"], [pl(1, KiB)] * 2)
+
+        class NoScan(dict):
+            def __iter__(self):
+                raise AssertionError("clear(ns) iterated the whole index")
+
+            keys = values = items = __iter__
+
+        small._index = NoScan(small._index)
+        small.clear("ns")
+        small.clear("never-held")
+        small._index = dict(dict.items(small._index))
+        assert small.contains_many("ns", ["a"]) == 0 and small.contains_many("keep", ["k0", "k7"]) == 2
+        assert small.stats().extra["chunks"] == 8
+        small.check_integrity()
+
     def test_capacity_smaller_than_one_chunk(self):
         """A chunk larger than the whole buffer is a CapacityError with the numbers."""
         t = MemoryTier(capacity_bytes=16 * KiB)
@@ -320,6 +341,40 @@ class TestClearRaces:
         tier.check_integrity()
         tier.close()
 
+    def test_a_cleared_namespace_leaves_no_generation_behind(self, monkeypatch):
+        """A clear's generation is kept only while puts of the namespace are copying: one entry per
+        namespace ever cleared was kept for the life of the tier (an engine clearing a namespace
+        per weight version). A put that a clear overtook still publishes nothing."""
+        import threading
+
+        tier = MemoryTier(capacity_bytes=1 << 20, unit_bytes=64 << 10, prefault=False, copy_threads=1)
+        for v in range(50):
+            assert tier.put_many(f"v{v}", ["a"], [torch.ones(4096, dtype=torch.uint8)]) == [True]
+            tier.clear(f"v{v}")
+            tier.clear(f"never-held-{v}")
+        assert tier._ns_gen == {}
+        real = tier._copier.copy_spans
+        entered, go = threading.Event(), threading.Event()
+
+        def slow(spans, checked=False):
+            entered.set()
+            go.wait(5)
+            return real(spans, checked)
+
+        monkeypatch.setattr(tier._copier, "copy_spans", slow)
+        out: list[list[bool]] = []
+        th = threading.Thread(target=lambda: out.append(tier.put_many("ns", ["old"], [torch.ones(4096, dtype=torch.uint8)])))
+        th.start()
+        entered.wait(5)
+        tier.clear("ns")
+        assert tier._ns_gen == {"ns": 1}  # the put copying must see it
+        go.set()
+        th.join()
+        assert out == [[False]] and tier.contains_many("ns", ["old"]) == 0
+        assert tier._ns_gen == {}
+        tier.check_integrity()
+        tier.close()
+
     def test_a_namespace_without_chunks_takes_a_new_size(self):
         tier = MemoryTier(capacity_bytes=1 << 20, unit_bytes=64 << 10, prefault=False)
         assert tier.put_many("ns", ["a"], [torch.ones(4096, dtype=torch.uint8)]) == [True]
@@ -438,5 +493,5 @@ class TestScaling:
             assert t.put_many("ns", ["a", "b"], [p, p]) == [True, True]
         finally:
             t._partial[KiB] = set(t._partial[KiB] | set())
-        assert t._index[("ns", "a")].slab_id == lowest  # the lowest slab first, as before
+        assert t._index["ns"]["a"].slab_id == lowest  # the lowest slab first, as before
         t.check_integrity()

@@ -692,6 +692,28 @@ def test_ledger_ttl_expiry():
     ledger.check_integrity()
 
 
+def test_ledger_expiry_queue_stays_within_the_chunks_held():
+    """With a TTL, each stored chunk queues its deadline. A chunk forgotten, deleted, cleared or
+    stored again before it left its deadline queued until then: the queue grew with every put of
+    the last ``ttl_s`` (configuration.md's 86400), not with the chunks held: ~72 B each, so a full
+    tier storing 500 chunks/s queued 43 M deadlines, ~3 GB, whatever its capacity)."""
+    ledger = ByteLedger(capacity_bytes=1 << 30, ttl_s=3600)
+    for i in range(6000):
+        key = f"k{i}"
+        ledger.settle("ns", [key], [60], ledger.reserve("ns", [key], [60]), [True])
+        if i >= 50:
+            ledger.forget("ns", [f"k{i - 50}"], seen_at=time.monotonic())  # evicted by the server
+        if i % 3 == 0:  # stored again
+            ledger.settle("ns", [key], [60], ledger.reserve("ns", [key], [60]), [True])
+    assert len(ledger._held) == 50
+    assert len(ledger._expiry) <= 2 * 50 + 1024, f"{len(ledger._expiry)} deadlines queued for 50 chunks"
+    ledger.forget_all(None, seen_at=time.monotonic())
+    for i in range(1100):  # the queue is compacted as it grows again
+        ledger.settle("ns", ["x"], [60], ledger.reserve("ns", ["x"], [60]), [True])
+    assert len(ledger._expiry) <= 2 + 1024
+    ledger.check_integrity()
+
+
 ORDERS = {  # a put and a delete of one key; which step runs inside the other call, and the outcome
     "set-unlink-forget-settle": ("put", "after", False),
     "unlink-set-forget-settle": ("put", "before", True),
