@@ -17,6 +17,13 @@ if TYPE_CHECKING:
     from radixkv.tree import RadixTree, TreeColumns
 
 
+_OUT: Final = -2  # a link of a node in no queue (-1 ends a queue); Final: a C constant when compiled
+# (a plain module global is a dict lookup at each use)
+_NONE: Final = 0  # S3FIFOPolicy._queue of a node in neither FIFO (parked, aside, or not in the tier)
+_SMALL: Final = 1
+_MAIN: Final = 2
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
 class S3FIFOPolicy:
     """S3-FIFO (SOSP'23) on leaves: a small FIFO for new chunks (``small_fraction`` of the tier), a main
@@ -26,7 +33,12 @@ class S3FIFOPolicy:
     queue's old end a chunk touched since insertion moves to main, otherwise it is the victim (its key
     goes to the ghost); at the main queue's old end a touched chunk is reinserted with its frequency
     decremented. Interior chunks are parked until their last child leaves (lazy path touches: a
-    parent's frequency is folded from its children as they leave)."""
+    parent's frequency is folded from its children as they leave).
+
+    Both FIFOs are doubly linked lists through two vec columns indexed by node id (the next newer
+    and next older node in its queue, -1 at either end, ``_OUT`` in both for a node in neither),
+    and a third column names the queue: a step, an insert or an eviction is a few machine-integer
+    writes (they were OrderedDicts: a hash probe, a boxed int and a method call each)."""
 
     name: ClassVar[str] = "s3fifo"
 
@@ -36,12 +48,18 @@ class S3FIFOPolicy:
         if not 0.0 < small_fraction < 1.0:
             raise ConfigError(f"s3fifo: small_fraction={small_fraction!r} must be in (0, 1)")
         self._small_fraction = small_fraction
-        self._small: OrderedDict[int, None] = OrderedDict()
-        self._main: OrderedDict[int, None] = OrderedDict()
+        # Grown to the tree's column length with _freq (new slots _OUT / _NONE). They grow by
+        # assignment (extend may move them): no alias of them outlives a call.
+        self._newer: vec[i64] = vec[i64]()
+        self._older: vec[i64] = vec[i64]()
+        self._queue: vec[i64] = vec[i64]()  # _SMALL, _MAIN or _NONE by node id
+        self._small_old = self._small_new = -1  # the small FIFO's ends (-1: empty)
+        self._main_old = self._main_new = -1
+        self._n_small = 0
+        self._n_main = 0
         self._parked: dict[int, bool] = {}  # node -> was in main
         # 2-bit frequency by node id (a vec slot is cheaper than an int-keyed dict probe, and it is
-        # read on every touch and every queue step); -1: not resident in the tier. It grows by
-        # assignment (extend may move it): no alias of it outlives a call.
+        # read on every touch and every queue step); -1: not resident in the tier.
         self._freq: vec[i64] = vec[i64]()
         self._inserted_at = -1  # clock of the last insert: its own path touch is not a reuse
         self._ghost: OrderedDict[tuple[str | None, str | None], None] = OrderedDict()
@@ -80,33 +98,125 @@ class S3FIFOPolicy:
     def __len__(self) -> int:
         return self._resident
 
+    def _grow(self) -> None:
+        """Extend the per-node columns to the tree's column length (new slots out of the tier)."""
+        n_slots = len(self._cols.parent)
+        if len(self._freq) < n_slots:
+            more = n_slots - len(self._freq)
+            self._freq = extend(self._freq, vec[i64]([-1] * more))
+            outs = vec[i64]([_OUT] * more)
+            self._newer = extend(self._newer, outs)
+            self._older = extend(self._older, outs)
+            self._queue = extend(self._queue, vec[i64]([_NONE] * more))
+
+    def _append(self, n: int, main: bool) -> None:
+        """Put ``n`` (in no queue) at the new end of the main or the small FIFO."""
+        if main:
+            h = self._main_new
+            self._main_new = n
+            self._n_main += 1
+            if h < 0:
+                self._main_old = n
+            self._queue[n] = _MAIN
+        else:
+            h = self._small_new
+            self._small_new = n
+            self._n_small += 1
+            if h < 0:
+                self._small_old = n
+            self._queue[n] = _SMALL
+        self._older[n] = h
+        self._newer[n] = -1
+        if h >= 0:
+            self._newer[h] = n
+
+    def _push_oldest(self, n: int, main: bool) -> None:
+        """Put ``n`` (in no queue) at the old end of the main or the small FIFO: its next step."""
+        if main:
+            o = self._main_old
+            self._main_old = n
+            self._n_main += 1
+            if o < 0:
+                self._main_new = n
+            self._queue[n] = _MAIN
+        else:
+            o = self._small_old
+            self._small_old = n
+            self._n_small += 1
+            if o < 0:
+                self._small_new = n
+            self._queue[n] = _SMALL
+        self._newer[n] = o
+        self._older[n] = -1
+        if o >= 0:
+            self._older[o] = n
+
+    def _unlink(self, n: int) -> None:
+        """Take ``n`` out of its queue (it is in one)."""
+        newer, older = self._newer, self._older
+        nw, od = newer[n], older[n]
+        newer[n] = _OUT
+        older[n] = _OUT
+        if self._queue[n] == _MAIN:
+            self._n_main -= 1
+            if nw >= 0:
+                older[nw] = od
+            else:
+                self._main_new = od
+            if od >= 0:
+                newer[od] = nw
+            else:
+                self._main_old = nw
+        else:
+            self._n_small -= 1
+            if nw >= 0:
+                older[nw] = od
+            else:
+                self._small_new = od
+            if od >= 0:
+                newer[od] = nw
+            else:
+                self._small_old = nw
+        self._queue[n] = _NONE
+
+    def _fifo(self, main: bool) -> list[int]:
+        """The main or the small FIFO's nodes, oldest first (for tests and debugging)."""
+        out: list[int] = []
+        n = self._main_old if main else self._small_old
+        while n >= 0 and len(out) <= len(self._newer):
+            out.append(n)
+            n = self._newer[n]
+        return out
+
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
+        # The nodes are new to the tier (the tree reports each once): none is queued yet.
         self._inserted_at = now
         self._resident += len(node_ids)
-        if len(self._freq) < len(self._parent):
-            self._freq = extend(self._freq, vec[i64]([-1] * (len(self._parent) - len(self._freq))))
-        ghost, freq, small, ns, keys = self._ghost, self._freq, self._small, self._ns, self._keys
+        self._grow()
+        ghost, freq, ns, keys = self._ghost, self._freq, self._ns, self._keys
         for n in node_ids:
             freq[n] = 0
-        if ghost.keys().isdisjoint(zip(map(ns.__getitem__, node_ids), map(keys.__getitem__, node_ids))):
-            # The usual case, none of the keys is a ghost: the whole chain enters the small queue
-            # in one C-level pass (the key tuples are built and probed in C too).
-            small.update(dict.fromkeys(node_ids))
+        if not ghost or ghost.keys().isdisjoint(
+            zip(map(ns.__getitem__, node_ids), map(keys.__getitem__, node_ids))
+        ):
+            # The usual case, none of the keys is a ghost (probed in one C-level pass): the whole
+            # chain enters the small queue.
+            for n in node_ids:
+                self._append(n, False)
             return
         for n in node_ids:
             k = (ns[n], keys[n])
             if k in ghost:
                 del ghost[k]
-                self._main[n] = None
+                self._append(n, True)
             else:
-                small[n] = None
+                self._append(n, False)
 
     def on_graft(self, node_ids: Sequence[int]) -> None:
         # The nodes' run was grafted under a chain (RadixTree._graft): no state depends on depth,
         # but the new parent may be newer than this tier's last insert, and on_remove folds a
-        # frequency into it: the column grows to the tree's.
-        if len(self._freq) < len(self._parent):
-            self._freq = extend(self._freq, vec[i64]([-1] * (len(self._parent) - len(self._freq))))
+        # frequency into it: the columns grow to the tree's.
+        self._grow()
 
     def on_access(self, node_id: int, now: int) -> None:
         if now == self._inserted_at:
@@ -116,11 +226,10 @@ class S3FIFOPolicy:
             f[node_id] += 1
 
     def on_leaf(self, node_id: int) -> None:
-        in_main = self._parked.pop(node_id, None)
-        if in_main is not None:
-            q = self._main if in_main else self._small
-            q[node_id] = None
-            q.move_to_end(node_id, False)  # last=False: its FIFO position is as old as it gets
+        if self._parked:
+            in_main = self._parked.pop(node_id, None)
+            if in_main is not None:
+                self._push_oldest(node_id, in_main)  # its FIFO position is as old as it gets
 
     def on_evict(self, node_id: int, leaf_parent: int) -> None:
         # on_remove((node_id,)) then on_leaf(leaf_parent), written out for one node: the replay's
@@ -128,37 +237,35 @@ class S3FIFOPolicy:
         # candidates() just yielded: it already took it out of its queue (never set aside) and
         # noted the queue, and its frequency is 0 (a touched chunk is moved, not yielded), so
         # there is no count to fold into the parent.
-        n, small, main = node_id, self._small, self._main
+        n = node_id
         self._resident -= 1
         self._freq[n] = -1
         ghost = self._ghost
         if self._took_small:
             ghost[(self._ns[n], self._keys[n])] = None
         if len(ghost) > 16:
-            limit = len(main)
+            limit = self._n_main
             if limit < 16:
                 limit = 16
             while len(ghost) > limit:
                 ghost.popitem(False)
-        if leaf_parent >= 0:
+        if leaf_parent >= 0 and self._parked:
             in_main = self._parked.pop(leaf_parent, None)
             if in_main is not None:
-                q = main if in_main else small
-                q[leaf_parent] = None
-                q.move_to_end(leaf_parent, False)
+                self._push_oldest(leaf_parent, in_main)
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
-        # Columns and queues are locals, no builtin calls (on_evict is this for one node).
-        freq, parent, small, main, parked = self._freq, self._parent, self._small, self._main, self._parked
+        freq, parent, parked, queue = self._freq, self._parent, self._parked, self._queue
         ghost = self._ghost
         self._resident -= len(node_ids)
         for n in node_ids:
-            if n in small:
-                del small[n]
+            q = queue[n]
+            if q == _SMALL:
+                self._unlink(n)
                 if freq[n] == 0:
                     ghost[(self._ns[n], self._keys[n])] = None
-            elif n in main:
-                del main[n]
+            elif q == _MAIN:
+                self._unlink(n)
             elif n in parked:
                 del parked[n]
             else:
@@ -172,59 +279,107 @@ class S3FIFOPolicy:
             if p >= 0 and f > 0 and freq[p] >= 0 and freq[p] < f:  # f == 0 never raises a parent's
                 freq[p] = f  # count; freq[p] < 0: the parent is not resident in the tier
         if len(ghost) > 16:
-            limit = len(main)
+            limit = self._n_main
             if limit < 16:
                 limit = 16
             while len(ghost) > limit:
                 ghost.popitem(False)  # last=False, by position: no keyword parsing per eviction
 
     def candidates(self) -> Generator[int, None, None]:
-        # The queue's oldest entry is taken out before it is looked at (one popitem, no iterator
-        # per step); one the tree did not evict (still resident in the tier: pinned, or the run
-        # was closed before the caller evicted it) is set aside and put back in front of its queue
-        # when iteration ends, in the order it was yielded. _took_small tells on_evict which queue
-        # the yielded node came from.
-        small, main, freq, tchild, parked, aside = (
-            self._small, self._main, self._freq, self._tchild, self._parked, self._aside,
-        )
-        mask, bit = self._mask, self._bit
-        frac = self._small_fraction
+        # The queue's oldest entry is taken out before it is looked at; one the tree did not evict
+        # (still resident in the tier: pinned, or the run was closed before the caller evicted it)
+        # is set aside and put back in front of its queue when iteration ends, in the order it was
+        # yielded. RadixTree.evict runs these same steps (_take, _end) itself, without a generator.
+        n = -1
         try:
-            while small or main:
-                if small and (not main or len(small) >= frac * self._resident):
-                    use_small, q = True, small
-                else:
-                    use_small, q = False, main
-                n = q.popitem(False)[0]  # last=False, by position: the oldest entry
-                if tchild[n]:
-                    parked[n] = not use_small
-                    continue
-                if freq[n] > 0:
-                    if use_small:
-                        freq[n] = 0
-                    else:
-                        freq[n] -= 1
-                    main[n] = None
-                    continue
-                self._took_small = use_small
-                try:
-                    yield n
-                except GeneratorExit:
-                    if mask[n] & bit:
-                        aside.append((n, not use_small))  # closed before the caller evicted it
-                    raise
-                if mask[n] & bit:
-                    aside.append((n, not use_small))  # skipped by the tree (pinned)
+            while True:
+                n = self._take(n)
+                if n < 0:
+                    break
+                yield n
         finally:
-            while aside:
-                n, in_main = aside.pop()
-                q = main if in_main else small
-                q[n] = None
-                q.move_to_end(n, False)
+            self._end(n)  # also when closed at the yield: n is set aside unless it was evicted
+
+    def _take(self, prev: int) -> int:
+        """One step of :meth:`candidates`: set ``prev`` (the node it yielded last, -1: none) aside if
+        it is still in the tier, then return the next victim, taken out of its queue (-1: none
+        left). On the way, interior nodes are parked and touched ones move to main. _took_small
+        tells on_evict (and the next step) which queue the returned node came from. The tree
+        creates no node during a run, so the columns read here stay current."""
+        if prev >= 0 and self._cols.mask[prev] & self._bit:
+            # skipped by the tree (pinned), or the run stopped before it
+            self._aside.append((prev, not self._took_small))
+        tchild, freq, frac = self._cols.tchild[self._t], self._freq, self._small_fraction
+        while self._n_small or self._n_main:
+            if self._n_small and (not self._n_main or self._n_small >= frac * self._resident):
+                use_small = True
+                n = self._small_old
+            else:
+                use_small = False
+                n = self._main_old
+            self._unlink(n)
+            if tchild[n]:
+                self._parked[n] = not use_small
+                continue
+            f = freq[n]
+            if f > 0:
+                freq[n] = 0 if use_small else f - 1
+                self._append(n, True)
+                continue
+            self._took_small = use_small
+            return n
+        return -1
+
+    def _end(self, last: int) -> None:
+        """End a :meth:`candidates` run whose last returned node is ``last`` (-1: none): set it aside
+        if it is still in the tier, then put every set-aside node back in front of its queue, the
+        first yielded first."""
+        aside = self._aside
+        if last >= 0 and self._cols.mask[last] & self._bit:
+            aside.append((last, not self._took_small))
+        while aside:
+            n, in_main = aside.pop()
+            self._push_oldest(n, in_main)
 
     def check_integrity(self) -> None:
-        s, m, p = set(self._small), set(self._main), set(self._parked)
+        newer, older, queue = self._newer, self._older, self._queue
+        assert len(newer) == len(older) == len(queue) == len(self._freq) <= len(self._mask), (
+            f"s3fifo: columns of {len(newer)}, {len(older)}, {len(queue)} and {len(self._freq)} slots "
+            f"for a tree of {len(self._mask)}"
+        )
+        walked: list[set[int]] = []
+        fifos = (("small", _SMALL, self._small_old, self._small_new, self._n_small),
+                 ("main", _MAIN, self._main_old, self._main_new, self._n_main))
+        for label, q, oldest, newest, count in fifos:
+            # Walked from the old end: each node's older link names the node before it (_unlink
+            # splices by both links), and the walk ends at the newest end.
+            n, prev = oldest, -1
+            seen: set[int] = set()
+            while n >= 0:
+                assert n not in seen and len(seen) < count, (
+                    f"s3fifo: the {label} FIFO holds more than its {count} nodes (a cycle)"
+                )
+                assert queue[n] == q, (
+                    f"s3fifo: node {n} in the {label} FIFO is marked as queue {queue[n]}"
+                )
+                assert older[n] == prev, f"s3fifo: node {n}'s older link {older[n]} != {prev}"
+                seen.add(n)
+                prev, n = n, newer[n]
+            assert n == -1, f"s3fifo: the {label} FIFO ends in link {n} after node {prev}"
+            assert prev == newest, (
+                f"s3fifo: the {label} FIFO's newest end {newest} is not its newest node {prev}"
+            )
+            assert len(seen) == count, (
+                f"s3fifo: {len(seen)} nodes walked in the {label} FIFO, {count} counted"
+            )
+            walked.append(seen)
+        s, m, p = walked[0], walked[1], set(self._parked)
         assert not (s & m or s & p or m & p), "s3fifo: a node is in two queues"
+        marked = {n for n, q in enumerate(queue) if q != _NONE}
+        linked = {n for n, nw in enumerate(newer) if nw != _OUT}
+        assert marked == linked == {n for n, od in enumerate(older) if od != _OUT} == s | m, (
+            "s3fifo: queue marks and links disagree with the FIFOs"
+        )
         assert self._resident == len(s) + len(m) + len(p) + len(self._aside), "s3fifo: resident count drifted"
         resident = {n for n, f in enumerate(self._freq) if f >= 0}
         assert resident == s | m | p, "s3fifo: frequency table out of step with the queues"
@@ -238,10 +393,6 @@ class S3FIFOPolicy:
         # would never be a candidate again.
         lost = [n for n in p if not self._tchild[n]]
         assert not lost, f"s3fifo: {len(lost)} tier leaves parked (never candidates), e.g. {lost[:5]}"
-
-
-_OUT: Final = -2  # SIEVEPolicy's link of a node not in the tier (-1 ends the FIFO); Final: a C constant
-# when compiled (a plain module global is a dict lookup at each use)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
@@ -265,7 +416,8 @@ class SIEVEPolicy:
         self._head = -1  # newest
         self._tail = -1  # oldest
         self._hand = -1
-        self._visited: set[int] = set()
+        self._idle = 0  # candidates(): steps since its last eviction (see _take)
+        self._visited: vec[i64] = vec[i64]()  # 1: touched since the hand last passed (by node id)
         self._inserted_at = -1  # clock of the last insert: its own path touch is not a reuse
         self._t = 0
         self._bit = 1
@@ -318,12 +470,14 @@ class SIEVEPolicy:
         """Extend the links to the tree's column length (new slots _OUT)."""
         n_slots = len(self._parent)
         if len(self._newer) < n_slots:
-            self._newer = extend(self._newer, vec[i64]([_OUT] * (n_slots - len(self._newer))))
-            self._older = extend(self._older, vec[i64]([_OUT] * (n_slots - len(self._older))))
+            more = n_slots - len(self._newer)
+            self._newer = extend(self._newer, vec[i64]([_OUT] * more))
+            self._older = extend(self._older, vec[i64]([_OUT] * more))
+            self._visited = extend(self._visited, vec[i64]([0] * more))
 
     def on_access(self, node_id: int, now: int) -> None:
         if now != self._inserted_at:  # not the touch of the insert that just created it
-            self._visited.add(node_id)
+            self._visited[node_id] = 1
 
     def on_leaf(self, node_id: int) -> None:
         pass
@@ -347,27 +501,69 @@ class SIEVEPolicy:
                 newer[od] = nw
             else:
                 self._tail = nw
-            if n in visited:
-                visited.discard(n)
+            if visited[n]:
+                visited[n] = 0
                 p = parent[n]
                 if p >= 0 and newer[p] != _OUT:
-                    visited.add(p)
+                    visited[p] = 1
+
+    def _evict(self, node_id: int) -> None:
+        """on_remove((node_id,)) (on_leaf does nothing) for the node _take returned last, which is in
+        the FIFO: RadixTree.evict calls it once per evicted chunk of the exact class (a subclass
+        may override on_remove, so it is not an on_evict hook)."""
+        newer, older, visited = self._newer, self._older, self._visited
+        n = node_id
+        nw, od = newer[n], older[n]
+        newer[n] = older[n] = _OUT
+        self._resident -= 1
+        if self._hand == n:
+            self._hand = nw
+        if nw >= 0:
+            older[nw] = od
+        else:
+            self._head = od
+        if od >= 0:
+            newer[od] = nw
+        else:
+            self._tail = nw
+        if visited[n]:  # as on_remove (the hand cleared it before _take returned the node)
+            visited[n] = 0
+            p = self._cols.parent[n]
+            if p >= 0 and newer[p] != _OUT:
+                visited[p] = 1
 
     def candidates(self) -> Generator[int, None, None]:
-        newer, visited, tchild = self._newer, self._visited, self._tchild
-        idle = 0  # steps since the last eviction; two full sweeps without one means none is possible
-        while self._resident and idle <= 2 * self._resident + 2:
+        # The hand's steps are _take's, which RadixTree.evict runs itself, without a generator. A
+        # yielded node stays in the FIFO until it is removed: nothing is set aside. The idle count
+        # is this iterator's own (kept in a local between steps, as another run may interleave).
+        n, idle = -1, 0
+        while True:
+            self._idle = idle
+            n = self._take(n)
+            idle = self._idle
+            if n < 0:
+                break
+            yield n
+
+    def _take(self, prev: int) -> int:
+        """One step of :meth:`candidates`: the next unvisited tier leaf under the hand, which moves
+        past it (-1: none left, after two full sweeps without an eviction). ``prev`` is the node
+        returned last in this run (-1: the run starts): if it left the FIFO the idle count restarts."""
+        newer, visited, tchild = self._newer, self._visited, self._cols.tchild[self._t]
+        if prev < 0 or newer[prev] == _OUT:
+            # steps since the last eviction; two full sweeps without one: none is possible
+            self._idle = 0
+        while self._resident and self._idle <= 2 * self._resident + 2:
             n = self._hand if self._hand >= 0 else self._tail
             self._hand = newer[n]
-            idle += 1
-            if n in visited:
-                visited.discard(n)
+            self._idle += 1
+            if visited[n]:
+                visited[n] = 0
                 continue
             if tchild[n]:
                 continue
-            yield n
-            if newer[n] == _OUT:
-                idle = 0
+            return n
+        return -1
 
     def check_integrity(self) -> None:
         # Walked from the old end: each node's older link names the node before it (on_remove
@@ -382,7 +578,13 @@ class SIEVEPolicy:
         linked = {n for n, nw in enumerate(self._newer) if nw != _OUT}
         assert seen == self._resident == len(linked), "sieve: FIFO links broken"
         assert linked == {n for n, od in enumerate(self._older) if od != _OUT}, "sieve: FIFO links broken"
-        assert self._visited <= linked, "sieve: visited bit on a node not in the tier"
+        assert len(self._visited) == len(self._newer), (
+            f"sieve: visited column of {len(self._visited)} slots, links of {len(self._newer)}"
+        )
+        assert all(v in (0, 1) for v in self._visited), "sieve: a visited bit other than 0/1"
+        assert {n for n, v in enumerate(self._visited) if v} <= linked, (
+            "sieve: visited bit on a node not in the tier"
+        )
         assert self._hand == -1 or self._hand in linked, f"sieve: hand {self._hand} is not in the FIFO"
         tier = {n for n, m in enumerate(self._mask) if m & self._bit}
         assert linked == tier, (

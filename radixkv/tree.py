@@ -36,6 +36,7 @@ from mypy_extensions import i64
 from radixkv.errors import ConfigError, InputError
 from radixkv.pins import PinTable
 from radixkv.policies import EvictionPolicy, LRUPolicy, make_policy
+from radixkv.policy_fifo import S3FIFOPolicy, SIEVEPolicy
 from radixkv.tree_integrity import check_tree
 from radixkv.tree_results import DropResult, InsertResult, MatchResult, TreeStats
 
@@ -985,23 +986,39 @@ class RadixTree:
         # in one call (leaf_parent -1: none), made after the tree's own updates: one Python call per
         # evicted chunk instead of two, and no 1-tuple.
         on_evict = getattr(pol, "on_evict", None)
-        # The built-in lru (its exact class: a subclass may override any hook) is driven natively:
-        # its candidates() steps (_take, _end) and on_evict are direct calls, not a generator's
-        # resumption and close and a Python-level call per eviction (~25% of an lru replay).
+        # The built-in lru, s3fifo and sieve (their exact classes: a subclass may override any hook)
+        # are driven natively: their candidates() steps (_take, _end) and on_evict (sieve: _evict)
+        # are direct calls, not a generator's resumption and close and a Python-level call per
+        # eviction (~25% of an lru replay).
         lru: LRUPolicy | None = None
+        s3: S3FIFOPolicy | None = None
+        sv: SIEVEPolicy | None = None
         if type(pol) is LRUPolicy:
             lru = cast(LRUPolicy, pol)
+        elif type(pol) is S3FIFOPolicy:
+            s3 = cast(S3FIFOPolicy, pol)
+        elif type(pol) is SIEVEPolicy:
+            sv = cast(SIEVEPolicy, pol)
         evicted = freed_bytes = 0
-        gen = pol.candidates() if lru is None else None
-        n = -1  # lru: the node _take returned last (_take or _end sets it aside if it stays)
+        gen = pol.candidates() if lru is None and s3 is None and sv is None else None
+        n = -1  # lru, s3fifo, sieve: the node _take returned last (_take or _end sets it aside
+        # if it stays)
         try:
-            if on_evict is not None:
+            if on_evict is not None or sv is not None:
                 # The same steps as the loop below, with on_evict(n, leaf_parent) as its last policy
                 # call before the key is cleared, and the branches laid out so a chunk no other tier
                 # holds (every chunk of a one-tier tree) takes the fewest steps.
                 while True:
                     if lru is not None:
                         n = lru._take(n)
+                        if n < 0:
+                            break
+                    elif s3 is not None:
+                        n = s3._take(n)
+                        if n < 0:
+                            break
+                    elif sv is not None:
+                        n = sv._take(n)
                         if n < 0:
                             break
                     else:
@@ -1034,8 +1051,12 @@ class RadixTree:
                     # before the key is cleared: a policy may remember it
                     if lru is not None:
                         lru.on_evict(n, leaf_parent)
+                    elif s3 is not None:
+                        s3.on_evict(n, leaf_parent)
+                    elif sv is not None:
+                        sv._evict(n)  # its on_leaf does nothing
                     else:
-                        on_evict(n, leaf_parent)
+                        on_evict(n, leaf_parent)  # type: ignore[misc]  # not None: sv is
                     if not m:  # no tier holds it: it leaves the tree
                         if p < 0 and awaits and n in awaits:
                             self._forget_await(n)
@@ -1087,6 +1108,10 @@ class RadixTree:
         finally:
             if lru is not None:
                 lru._end(n)
+            elif s3 is not None:
+                s3._end(n)
+            elif sv is not None:
+                pass  # a sieve run sets nothing aside
             else:
                 gen.close()  # type: ignore[union-attr]
             free.extend(removed)  # nothing takes a slot during the loop: one extend, same order

@@ -69,9 +69,23 @@ def test_heap_policy_parked_leaf(policy):
 def test_s3fifo_queue_entry_of_a_dead_node_instead_of_a_live_one():
     t = _tree("s3fifo")
     pol, dead, leaf = t._policies[0], t._free[0], _mem_leaf(t)
-    q = pol._small if leaf in pol._small else pol._main  # type: ignore[attr-defined]
-    del q[leaf]
-    q[dead] = None
+    nw, od = pol._newer[leaf], pol._older[leaf]  # type: ignore[attr-defined]
+    main = pol._queue[leaf] == 2  # type: ignore[attr-defined]  # _MAIN
+    pol._newer[dead], pol._older[dead], pol._queue[dead] = nw, od, pol._queue[leaf]  # type: ignore[attr-defined]
+    pol._newer[leaf] = pol._older[leaf] = -2  # type: ignore[attr-defined]
+    pol._queue[leaf] = 0  # type: ignore[attr-defined]
+    if nw >= 0:
+        pol._older[nw] = dead  # type: ignore[attr-defined]
+    elif main:
+        pol._main_new = dead  # type: ignore[attr-defined]
+    else:
+        pol._small_new = dead  # type: ignore[attr-defined]
+    if od >= 0:
+        pol._newer[od] = dead  # type: ignore[attr-defined]
+    elif main:
+        pol._main_old = dead  # type: ignore[attr-defined]
+    else:
+        pol._small_old = dead  # type: ignore[attr-defined]
     pol._freq[dead], pol._freq[leaf] = pol._freq[leaf], -1  # type: ignore[attr-defined]
     with pytest.raises(AssertionError, match="not in the tier"):
         t.check_integrity()
@@ -80,10 +94,38 @@ def test_s3fifo_queue_entry_of_a_dead_node_instead_of_a_live_one():
 def test_s3fifo_parked_leaf():
     t = _tree("s3fifo")
     pol, leaf = t._policies[0], _mem_leaf(t)
-    q = pol._small if leaf in pol._small else pol._main  # type: ignore[attr-defined]
-    del q[leaf]
+    pol._unlink(leaf)  # type: ignore[attr-defined]
     pol._parked[leaf] = False  # type: ignore[attr-defined]
     with pytest.raises(AssertionError, match="leaves parked"):
+        t.check_integrity()
+
+
+@pytest.mark.parametrize("fault", ["older", "mark", "count", "end"])
+def test_s3fifo_broken_fifo(fault):
+    t = _tree("s3fifo")
+    pol = t._policies[0]
+    queue = pol._fifo(False) or pol._fifo(True)  # type: ignore[attr-defined]
+    assert len(queue) >= 3
+    a, c = queue[0], queue[2]
+    if fault == "older":
+        pol._older[c] = a  # type: ignore[attr-defined]  # skips the node between them
+        match = "older link"
+    elif fault == "mark":
+        pol._queue[c] = 2 if pol._queue[c] == 1 else 1  # type: ignore[attr-defined]
+        match = "marked as queue"
+    elif fault == "count":
+        if pol._queue[a] == 1:  # type: ignore[attr-defined]
+            pol._n_small += 1  # type: ignore[attr-defined]
+        else:
+            pol._n_main += 1  # type: ignore[attr-defined]
+        match = "counted"
+    else:
+        if pol._queue[a] == 1:  # type: ignore[attr-defined]
+            pol._small_new = a  # type: ignore[attr-defined]
+        else:
+            pol._main_new = a  # type: ignore[attr-defined]
+        match = "newest end"
+    with pytest.raises(AssertionError, match=match):
         t.check_integrity()
 
 

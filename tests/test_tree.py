@@ -835,7 +835,7 @@ def test_a_touch_for_some_tiers_tells_only_them_and_keeps_the_clock():
     assert sorted(_HEARD) == [(0, "ab", now), (1, "ab", now), (2, "abc", now)]
 
 
-@pytest.mark.parametrize("how", ["evict-lru", "evict-lfu", "evict-s3fifo", "evict-agedref", "clear",
+@pytest.mark.parametrize("how", ["evict-lru", "evict-lfu", "evict-s3fifo", "evict-sieve", "evict-agedref", "clear",
                                  "clear_resident", "refused"])
 def test_a_namespace_whose_last_chunk_left_leaves_no_index_behind(how):
     """A namespace's key index leaves the tree with its last chunk. A dict keeps its table at its

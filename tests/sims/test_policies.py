@@ -82,7 +82,8 @@ def test_s3fifo_one_hit_chunks_leave_first_and_ghost_readmits_to_main():
     assert len(pol._ghost) > 0  # one-hit chunks went to the ghost FIFO
     ghost_key = next(iter(pol._ghost))
     use(tree, ghost_key[1].lstrip("/"))
-    assert pol._main and tree.lookup(NS, ghost_key[1]) in pol._main
+    main = pol._fifo(True)  # the main FIFO, oldest first
+    assert main and tree.lookup(NS, ghost_key[1]) in main
 
 
 def test_sieve_visited_chunk_survives_a_sweep():
