@@ -1,41 +1,38 @@
-"""Priority-ordered eviction policies (lfu, cost, agedref) on a lazily invalidated heap.
+"""Priority-ordered eviction policies (lfu, cost, agedref) on an indexed heap.
 
 Imported by :mod:`radixkv.policies`, which registers them; see its docstring for the protocol."""
 
 from __future__ import annotations
 
-import heapq
 import math
-from heapq import heappush
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, ClassVar, Generator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generator, Sequence
 
 from librt.vecs import extend, vec
 from mypy_extensions import i64
 
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
+from radixkv.prio_heap import PrioHeap
 
 if TYPE_CHECKING:
     from radixkv.tree import RadixTree, TreeColumns
 
 
 # ---------------------------------------------------------------------------------------------------
-# Priority-ordered policies. Each keeps a static priority per node in a lazily invalidated heap
-# (smallest first; ties deepest first), parks interior nodes until on_leaf, and folds a removed node's
+# Priority-ordered policies. Each keeps a static priority per node in an indexed heap (smallest
+# first; ties deepest first), parks interior nodes until on_leaf, and folds a removed node's
 # statistics into its parent, which is how lazy path touches reach ancestors.
 
 # ``AgedRefPolicy._last`` of a node never touched directly (clock values are >= 0).
 _NEVER = -(1 << 60)
 
-# The slot of a resident interior node in ``_entry``: ordered only once it becomes a leaf. (Any
-# empty tuple is this object, and no heap entry is empty.)
-_PARKED: tuple[Any, ...] = ()
-
-# A heap entry: (priority, -depth, node id). Entries are told apart by identity (the live one is the
-# object in _entry, older ones are stale), so the type is a variable-length tuple on purpose: mypyc
-# unboxes fixed-length tuples into C structs, which would make each use a new object.
-HeapEntry = tuple[Any, ...]
+# A node's state in ``_HeapPolicy._st``: not resident in the tier; resident interior node (ordered
+# only once it becomes a leaf); ordered (in the heap, or taken out of it by a candidates() run that
+# has not ended).
+_OUT: Final = 0
+_PARKED: Final = 1
+_ORDERED: Final = 2
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
@@ -47,14 +44,14 @@ class _HeapPolicy:
     live_candidates: ClassVar[bool] = True
 
     def __init__(self) -> None:
-        self._heap: list[HeapEntry] = []
-        # Per-node state lives in lists indexed by node id, like the tree's own columns: a list slot
-        # costs a fraction of an int-keyed dict probe, and these are read on every touch, insert and
-        # eviction. ``_entry[n]``: None if n is not resident in the tier, _PARKED if it is an
-        # interior node, else its live heap entry. Subclasses keep their columns in step (_grow).
-        self._entry: list[HeapEntry | None] = []
-        self._resident = 0  # slots of _entry that are not None
-        self._aside: list[HeapEntry] = []
+        # Per-node state lives in columns indexed by node id, like the tree's own: ``_st[n]`` is
+        # _OUT, _PARKED or _ORDERED, and the ordered nodes are in ``_order`` keyed by (priority,
+        # -depth, node), each with the priority it was last pushed with. Subclasses keep their
+        # columns in step (_grow).
+        self._order = PrioHeap()
+        self._st: vec[i64] = vec[i64]()
+        self._resident = 0  # nodes whose _st is not _OUT
+        self._aside: list[int] = []  # yielded by a candidates() run and not evicted: back at its end
         self._tokens: list[int] = []
         self._keys: list[str | None] = []
         self._ns: list[str | None] = []
@@ -96,7 +93,8 @@ class _HeapPolicy:
     def _grow(self, n_slots: int) -> None:
         """Extend the per-node columns to ``n_slots`` (the tree's column length; new slots are
         empty). Subclasses with columns of their own extend them too."""
-        self._entry.extend([None] * (n_slots - len(self._entry)))
+        self._st = extend(self._st, vec[i64]([_OUT] * (n_slots - len(self._st))))
+        self._order.grow(n_slots)
 
     # subclass hooks --------------------------------------------------------------------------
     def _prio(self, n: int) -> float:
@@ -111,130 +109,151 @@ class _HeapPolicy:
     def _fold(self, child: int, parent: int) -> None:
         pass
 
-    def _forget(self, n: int, entry: HeapEntry | None) -> None:
-        pass
+    def _forget(self, n: int, ordered: bool) -> None:
+        """``n`` left the tier; ``ordered``: it was a leaf in the order (its last priority is
+        ``self._order.prio_of(n)``), else an interior node."""
 
     # protocol ---------------------------------------------------------------------------------
     def _push(self, n: int) -> None:
-        e: HeapEntry = (self._prio(n), -self._depth[n], n)
-        self._entry[n] = e
-        heapq.heappush(self._heap, e)
+        self._st[n] = _ORDERED
+        self._order.push(n, self._prio(n), self._cols.depth[n])
 
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
-        if len(self._entry) < len(self._depth):
-            self._grow(len(self._depth))
+        if len(self._st) < len(self._cols.depth):
+            self._grow(len(self._cols.depth))
         self._admit(node_ids, now)
-        tchild, entry, push = self._tchild, self._entry, self._push
+        tchild, st = self._tchild, self._st
         for n in node_ids:
-            if entry[n] is None:
+            s = st[n]
+            if s == _OUT:
                 self._resident += 1
             if tchild[n]:
-                entry[n] = _PARKED  # interior: ordered when it becomes a leaf
+                if s == _ORDERED:
+                    self._order.remove(n)
+                st[n] = _PARKED  # interior: ordered when it becomes a leaf
             else:
-                push(n)
+                self._push(n)
 
     def on_access(self, node_id: int, now: int) -> None:
         self._touch(node_id, now)
         self._push(node_id)
 
     def on_leaf(self, node_id: int) -> None:
-        if self._entry[node_id] is not None:
+        if self._st[node_id] != _OUT:
             self._push(node_id)
 
+    def _drop(self, n: int) -> None:
+        # n leaves the tier (it is resident): out of the order, its statistics folded into its parent.
+        st = self._st
+        ordered = st[n] == _ORDERED
+        st[n] = _OUT
+        if ordered:
+            self._order.remove(n)
+        self._resident -= 1
+        p = self._cols.parent[n]
+        if p >= 0 and st[p] != _OUT:
+            self._fold(n, p)
+        self._forget(n, ordered)
+
     def on_remove(self, node_ids: Sequence[int]) -> None:
-        entry, parent = self._entry, self._parent
-        n_slots = len(entry)
+        st = self._st
+        n_slots = len(st)
         for n in node_ids:
-            e = entry[n] if n < n_slots else None
-            if e is None:
-                continue  # not resident in the tier
-            entry[n] = None
-            self._resident -= 1
-            p = parent[n]
-            if p >= 0 and entry[p] is not None:
-                self._fold(n, p)
-            self._forget(n, e)
-        if len(self._heap) > 2 * self._resident + 1024:
-            self._compact()
+            if 0 <= n < n_slots and st[n] != _OUT:
+                self._drop(n)
+
+    def on_evict(self, node_id: int, leaf_parent: int) -> None:
+        # on_remove((node_id,)) then on_leaf(leaf_parent), in one call (see EvictionPolicy)
+        if self._st[node_id] != _OUT:
+            self._drop(node_id)
+        if leaf_parent >= 0 and self._st[leaf_parent] != _OUT:
+            self._push(leaf_parent)
 
     def on_graft(self, node_ids: Sequence[int]) -> None:
         """The nodes' depths grew: their run was grafted under a chain (``RadixTree._graft``, optional
-        hook). Re-key their heap entries, whose tie-break is -depth; a priority is kept as pushed.
-        The columns grow to the tree's: the new parent may be newer than this tier's last insert
-        (on_remove folds into it)."""
-        if len(self._entry) < len(self._depth):
-            self._grow(len(self._depth))
-        entry, depth, heap = self._entry, self._depth, self._heap
+        hook). Re-key their places in the order, whose tie-break is -depth; a priority is kept as
+        pushed. The columns grow to the tree's: the new parent may be newer than this tier's last
+        insert (on_remove folds into it)."""
+        if len(self._st) < len(self._cols.depth):
+            self._grow(len(self._cols.depth))
+        st, depth, order = self._st, self._cols.depth, self._order
         for n in node_ids:
-            e = entry[n]
-            if e is None or e is _PARKED:
-                continue  # not in the tier, or parked: pushed with its depth when it becomes a leaf
-            ne: HeapEntry = (e[0], -depth[n], n)
-            entry[n] = ne
-            heappush(heap, ne)
-
-    def _compact(self) -> None:
-        # Drop the stale entries once they outnumber the live ones (rare: amortized O(1)). In place:
-        # a candidates() run in progress (the tree evicts between its steps, and on_remove or
-        # on_evict lands here) reads this very list; a new one would hide every later push from it.
-        heap = self._heap
-        heap[:] = [e for e in self._entry if e is not None and e is not _PARKED]
-        heapq.heapify(heap)
+            if st[n] == _ORDERED:  # a parked node is pushed with its depth when it becomes a leaf
+                order.push(n, order.prio_of(n), depth[n])
 
     def candidates(self) -> Generator[int, None, None]:
-        heap, entry, tchild, aside = self._heap, self._entry, self._tchild, self._aside
-        pop = heapq.heappop
-        # The top entry is popped before it is looked at: a yielded node the tree did not evict (its
-        # entry is still its live one: pinned, or the run was closed before the caller evicted it) is
-        # set aside and pushed back when iteration ends. An evicted node's entry leaves the heap here
-        # rather than as a stale entry at the next step; the heap's live entries, and so the order of
-        # candidates, are the same.
+        # Always take the current smallest node, so the tree may evict what we yield (and on_leaf
+        # may order a parent) between steps. The node is taken out before it is yielded: a yielded
+        # node the tree did not evict (still ordered and out of the heap: pinned, or the caller
+        # stopped before evicting it) is set aside and put back when iteration ends. RadixTree.evict
+        # runs these same steps (_take, _end) itself, without a generator.
+        n = -1
         try:
-            while heap:
-                e = pop(heap)
-                n = e[2]
-                if entry[n] is not e:
-                    continue  # stale
-                if tchild[n]:  # interior in the tier
-                    entry[n] = _PARKED  # park until on_leaf
-                    continue
-                try:
-                    yield n
-                except GeneratorExit:
-                    if entry[n] is e:
-                        aside.append(e)  # closed before the caller evicted it
-                    raise
-                if entry[n] is e:
-                    aside.append(e)  # the tree skipped it (pinned): keep it for later
+            while True:
+                n = self._take(n)
+                if n < 0:
+                    break
+                yield n
         finally:
-            while aside:
-                e = aside.pop()
-                if entry[e[2]] is e:
-                    heapq.heappush(heap, e)
+            self._end(n)  # also when closed at the yield: n is set aside unless it was evicted
+
+    def _take(self, prev: int) -> int:
+        """One step of :meth:`candidates`: set ``prev`` (the node it yielded last, -1: none) aside if
+        it is still ordered and out of the heap, then take the smallest ordered tier leaf out of the
+        heap and return it (-1: none left). Nodes passed over (they gained a child in the tier since
+        they were ordered) are parked."""
+        st, order, tchild = self._st, self._order, self._cols.tchild[self._t]
+        if prev >= 0 and st[prev] == _ORDERED and not order.contains(prev):
+            self._aside.append(prev)
+        while True:
+            n = order.pop()
+            if n < 0:
+                return -1
+            if not tchild[n]:
+                return n
+            st[n] = _PARKED  # interior in the tier: ordered when it becomes a leaf
+
+    def _end(self, last: int) -> None:
+        """End a :meth:`candidates` run whose last yielded node is ``last`` (-1: none): put it and
+        every node set aside back in the heap, with their priorities, if they are still ordered."""
+        st, order, aside = self._st, self._order, self._aside
+        if last >= 0 and st[last] == _ORDERED:
+            order.restore(last)  # no-op if pushed again meanwhile
+        while aside:
+            n = aside.pop()
+            if st[n] == _ORDERED:
+                order.restore(n)
 
     def check_integrity(self) -> None:
-        entry = self._entry
-        live = {e[2] for e in self._heap if entry[e[2]] is e}
-        ordered = {n for n, e in enumerate(entry) if e is not None and e is not _PARKED}
-        assert live == ordered, f"{self.name}: {len(ordered - live)} ordered nodes missing from the heap"
+        st, order = self._st, self._order
+        order.check_integrity()
         assert not self._aside, f"{self.name}: {len(self._aside)} candidates left aside"
-        resident = sum(1 for e in entry if e is not None)
+        assert order.capacity == len(st) <= len(self._cols.depth), (
+            f"{self.name}: {len(st)} slots and a heap of {order.capacity} for {len(self._cols.depth)} nodes"
+        )
+        in_heap = set(order.nodes())
+        ordered = {n for n in range(len(st)) if st[n] == _ORDERED}
+        assert in_heap == ordered, (
+            f"{self.name}: ordered nodes missing from the heap {sorted(ordered - in_heap)[:5]}, "
+            f"nodes in the heap not ordered {sorted(in_heap - ordered)[:5]}"
+        )
+        assert all(0 <= st[n] <= _ORDERED for n in range(len(st))), f"{self.name}: a node state out of range"
+        resident = sum(1 for n in range(len(st)) if st[n] != _OUT)
         assert resident == self._resident, f"{self.name}: {resident} resident slots, counted {self._resident}"
-        assert len(entry) <= len(self._depth), f"{self.name}: {len(entry)} slots for {len(self._depth)} nodes"
-        depth = self._depth
-        stale = [n for n in ordered if entry[n][1] != -depth[n]]  # type: ignore[index]
-        assert not stale, f"{self.name}: {len(stale)} heap entries keyed with an old depth, e.g. {stale[:5]}"
+        depth = self._cols.depth
+        stale = [n for n in ordered if order.depth_of(n) != depth[n]]
+        assert not stale, f"{self.name}: {len(stale)} nodes ordered with an old depth, e.g. {stale[:5]}"
         # The slots held are exactly the tier's nodes (a count alone misses a dead node's slot kept
         # in place of a live one's), and a parked node has a child in the tier: on_leaf orders it
         # when the last one leaves, so a parked leaf would never be a candidate again.
-        mask, bit, tchild = self._mask, self._bit, self._tchild
-        held = {n for n, e in enumerate(entry) if e is not None}
+        mask, bit, tchild = self._cols.mask, self._bit, self._tchild
+        held = {n for n in range(len(st)) if st[n] != _OUT}
         tier = {n for n, m in enumerate(mask) if m & bit}
         assert held == tier, (
             f"{self.name}: slots of nodes not in the tier {sorted(held - tier)[:5]}, tier nodes without "
             f"a slot {sorted(tier - held)[:5]}"
         )
-        lost = [n for n, e in enumerate(entry) if e is _PARKED and not tchild[n]]
+        lost = [n for n in range(len(st)) if st[n] == _PARKED and not tchild[n]]
         assert not lost, f"{self.name}: {len(lost)} tier leaves parked (never candidates), e.g. {lost[:5]}"
 
 
@@ -248,20 +267,20 @@ class LFUPolicy(_HeapPolicy):
 
     def __init__(self) -> None:
         super().__init__()
-        self._count: list[int] = []  # by node id; meaningful while the node is resident
+        self._count: vec[i64] = vec[i64]()  # by node id; meaningful while the node is resident
         self._age = 0.0
 
     def _grow(self, n_slots: int) -> None:
-        self._count.extend([0] * (n_slots - len(self._count)))
+        self._count = extend(self._count, vec[i64]([0] * (n_slots - len(self._count))))
         super()._grow(n_slots)
 
     def _prio(self, n: int) -> float:
-        return self._age + self._count[n]
+        return self._age + float(self._count[n])
 
     def _admit(self, node_ids: Sequence[int], now: int) -> None:
-        count, entry = self._count, self._entry
+        count, st = self._count, self._st
         for n in node_ids:
-            if entry[n] is None:  # new to the tier (a resident node keeps its count)
+            if st[n] == _OUT:  # new to the tier (a resident node keeps its count)
                 count[n] = 0
 
     def _touch(self, n: int, now: int) -> None:
@@ -270,9 +289,11 @@ class LFUPolicy(_HeapPolicy):
     def _fold(self, child: int, parent: int) -> None:
         self._count[parent] += self._count[child]
 
-    def _forget(self, n: int, entry: HeapEntry | None) -> None:
-        if entry is not None and entry is not _PARKED and entry[0] > self._age:
-            self._age = entry[0]
+    def _forget(self, n: int, ordered: bool) -> None:
+        if ordered:
+            p = self._order.prio_of(n)
+            if p > self._age:
+                self._age = p
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
@@ -305,122 +326,41 @@ class CostPolicy(LFUPolicy):
         self._size = tree._size
 
     def _prio(self, n: int) -> float:
-        return self._age + self._count[n] * self._unit[n]
+        return self._age + float(self._count[n]) * self._unit[n]
 
-    def _push(self, n: int) -> None:
-        # _prio written out: this is the cost policy's hottest line (every touch and every new leaf).
-        e: HeapEntry = (self._age + self._count[n] * self._unit[n], -self._depth[n], n)
-        self._entry[n] = e
-        heapq.heappush(self._heap, e)
-
-    # The four hooks below are _HeapPolicy's with _push, _fold and _forget written out: cost is the
-    # slowest policy of the simulator's sweep, and each hook runs once per eviction, touch or new leaf
-    # (4-6 Python calls per evicted chunk otherwise). Same effects in the same order as the base's.
-    def on_insert(self, node_ids: Sequence[int], now: int) -> None:
-        if len(self._entry) < len(self._depth):
-            self._grow(len(self._depth))
-        self._admit(node_ids, now)
-        tchild, entry, count, unit, depth = self._tchild, self._entry, self._count, self._unit, self._depth
-        heap, age = self._heap, self._age
-        for n in node_ids:
-            if entry[n] is None:
-                self._resident += 1
-            if tchild[n]:
-                entry[n] = _PARKED  # interior: ordered when it becomes a leaf
-            else:
-                e: HeapEntry = (age + count[n] * unit[n], -depth[n], n)
-                entry[n] = e
-                heappush(heap, e)
-
-    def on_access(self, node_id: int, now: int) -> None:
-        count = self._count
-        c = count[node_id] = count[node_id] + 1
-        e: HeapEntry = (self._age + c * self._unit[node_id], -self._depth[node_id], node_id)
-        self._entry[node_id] = e
-        heappush(self._heap, e)
-
-    def on_leaf(self, node_id: int) -> None:
-        entry = self._entry
-        if entry[node_id] is not None:
-            e: HeapEntry = (self._age + self._count[node_id] * self._unit[node_id],
-                            -self._depth[node_id], node_id)
-            entry[node_id] = e
-            heappush(self._heap, e)
-
-    def on_evict(self, node_id: int, leaf_parent: int) -> None:
-        # on_remove((node_id,)) then on_leaf(leaf_parent), in one call (see EvictionPolicy). node_id
-        # is the node candidates() just yielded, so it has a live (not parked) entry.
-        entry, count = self._entry, self._count
-        e: HeapEntry | None = entry[node_id]
-        entry[node_id] = None
-        self._resident -= 1
-        p = self._parent[node_id]
-        if p >= 0 and entry[p] is not None:
-            count[p] += count[node_id]
-        if e[0] > self._age:  # type: ignore[index]
-            self._age = e[0]  # type: ignore[index]
-        if len(self._heap) > 2 * self._resident + 1024:
-            self._compact()
-        if leaf_parent >= 0 and entry[leaf_parent] is not None:
-            pe: HeapEntry = (self._age + count[leaf_parent] * self._unit[leaf_parent],
-                             -self._depth[leaf_parent], leaf_parent)
-            entry[leaf_parent] = pe
-            heappush(self._heap, pe)
-
-    def on_remove(self, node_ids: Sequence[int]) -> None:
-        entry, parent, count = self._entry, self._parent, self._count
-        n_slots = len(entry)
-        for n in node_ids:
-            e = entry[n] if n < n_slots else None
-            if e is None:
-                continue  # not resident in the tier
-            entry[n] = None
-            self._resident -= 1
-            p = parent[n]
-            if p >= 0 and entry[p] is not None:
-                count[p] += count[n]  # _fold: the parent's count includes every access below it
-            if e is not _PARKED and e[0] > self._age:
-                self._age = e[0]
-        if len(self._heap) > 2 * self._resident + 1024:
-            self._compact()
+    def _unit_cost(self, n: int) -> float:
+        # Recompute cost per byte: static for a node while its depth is (its tokens and size never change).
+        t = self._tokens[n]
+        return t * (1.0 + (int(self._cols.depth[n]) - 1) * t / self._attn) / max(self._size[n], 1)
 
     def _admit(self, node_ids: Sequence[int], now: int) -> None:
         super()._admit(node_ids, now)
-        # Recompute cost per byte is static for a node (its tokens, depth and size never change).
-        tokens, depth, size, attn, unit = self._tokens, self._depth, self._size, self._attn, self._unit
+        unit = self._unit
         for n in node_ids:
-            t = tokens[n]
-            unit[n] = t * (1.0 + (int(depth[n]) - 1) * t / attn) / max(size[n], 1)
+            unit[n] = self._unit_cost(n)
 
     def on_graft(self, node_ids: Sequence[int]) -> None:
-        # A deeper chunk costs more to recompute: its unit cost follows its new depth, and a live
-        # entry's priority moves by the count times the change (the value a push now would have,
+        # A deeper chunk costs more to recompute: its unit cost follows its new depth, and an ordered
+        # node's priority moves by the count times the change (the value a push now would have,
         # with the age of its own push).
-        if len(self._entry) < len(self._depth):
-            self._grow(len(self._depth))  # as in _HeapPolicy.on_graft
-        tokens, depth, size, attn, unit = self._tokens, self._depth, self._size, self._attn, self._unit
-        entry, count, heap = self._entry, self._count, self._heap
+        if len(self._st) < len(self._cols.depth):
+            self._grow(len(self._cols.depth))  # as in _HeapPolicy.on_graft
+        st, unit, count, order, depth = self._st, self._unit, self._count, self._order, self._cols.depth
         for n in node_ids:
-            if entry[n] is None:
+            if st[n] == _OUT:
                 continue
-            t = tokens[n]
             old = unit[n]
-            new = unit[n] = t * (1.0 + (int(depth[n]) - 1) * t / attn) / max(size[n], 1)
-            e = entry[n]
-            if e is _PARKED:
-                continue
-            ne: HeapEntry = (e[0] + count[n] * (new - old), -depth[n], n)  # type: ignore[index]
-            entry[n] = ne
-            heappush(heap, ne)
+            new = unit[n] = self._unit_cost(n)
+            if st[n] == _ORDERED:
+                order.push(n, order.prio_of(n) + float(count[n]) * (new - old), depth[n])
 
     def check_integrity(self) -> None:
         super().check_integrity()
-        tokens, depth, size, attn, unit = self._tokens, self._depth, self._size, self._attn, self._unit
-        wrong = [n for n, e in enumerate(self._entry) if e is not None
-                 and unit[n] != tokens[n] * (1.0 + (int(depth[n]) - 1) * tokens[n] / attn) / max(size[n], 1)]
+        st, unit = self._st, self._unit
+        wrong = [n for n in range(len(st)) if st[n] != _OUT and unit[n] != self._unit_cost(n)]
         assert not wrong, f"cost: {len(wrong)} unit costs not of the chunk's depth, e.g. {wrong[:5]}"
-        assert len(self._unit) == len(self._count) == len(self._entry), (
-            f"cost: {len(self._unit)} unit costs, {len(self._count)} counts, {len(self._entry)} slots"
+        assert len(self._unit) == len(self._count) == len(self._st), (
+            f"cost: {len(self._unit)} unit costs, {len(self._count)} counts, {len(self._st)} slots"
         )
 
 
@@ -482,7 +422,7 @@ class AgedRefPolicy(_HeapPolicy):
         # By node id, meaningful while the node is resident:
         # H * log2(aged reference count) + time, in requests; grows by assignment in _grow
         self._score: vec[float] = vec[float]()
-        self._last: list[int] = []  # clock of the node's last direct touch (_NEVER: none)
+        self._last: vec[i64] = vec[i64]()  # clock of the node's last direct touch (_NEVER: none)
         self._restored: dict[int, float] = {}  # score a node came back with from the ghost history
         self._ghost: OrderedDict[tuple[str | None, str | None], tuple[float, int]] = OrderedDict()
         self._full_tokens = 0
@@ -490,7 +430,7 @@ class AgedRefPolicy(_HeapPolicy):
 
     def _grow(self, n_slots: int) -> None:
         self._score = extend(self._score, vec[float]([-math.inf] * (n_slots - len(self._score))))
-        self._last.extend([_NEVER] * (n_slots - len(self._last)))
+        self._last = extend(self._last, vec[i64]([_NEVER] * (n_slots - len(self._last))))
         super()._grow(n_slots)
 
     @property
@@ -511,7 +451,7 @@ class AgedRefPolicy(_HeapPolicy):
 
     def _prio(self, n: int) -> float:
         s = self._score[n]
-        last = self._last[n]
+        last = float(self._last[n])
         if last != _NEVER and s > -math.inf:
             # last use + count_weight * H * log2(aged references): the count's bonus is scaled down
             # without shortening the memory H of the count itself.
@@ -561,7 +501,7 @@ class AgedRefPolicy(_HeapPolicy):
         if lc > self._last[parent]:  # _NEVER is below every clock value
             self._last[parent] = lc
 
-    def _forget(self, n: int, entry: HeapEntry | None) -> None:
+    def _forget(self, n: int, ordered: bool) -> None:
         s = self._score[n]
         self._restored.pop(n, None)
         last = self._last[n]

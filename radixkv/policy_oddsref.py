@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
-from radixkv.policy_heap import AgedRefPolicy, HeapEntry, _trim_ghost
+from radixkv.policy_heap import _OUT, AgedRefPolicy, _trim_ghost
 
 if TYPE_CHECKING:
     from radixkv.tree import RadixTree
@@ -157,14 +157,14 @@ class OddsRefPolicy(AgedRefPolicy):
             self._made_all *= d
             self._used_all *= d
 
-    def _forget(self, n: int, entry: HeapEntry | None) -> None:
+    def _forget(self, n: int, ordered: bool) -> None:
         c = self._cls.pop(n, None)
         if c is not None and self._ghost_factor:
             ghost = self._ghost_cls
             ghost[(self._ns[n], self._keys[n])] = c
             if len(ghost) > self._ghost_factor * self._resident + 64:
                 ghost.popitem(last=False)
-        super()._forget(n, entry)
+        super()._forget(n, ordered)
 
     def on_cleared(self) -> None:
         # The classes' history, as the scores' one (AgedRefPolicy.on_cleared).
@@ -173,8 +173,8 @@ class OddsRefPolicy(AgedRefPolicy):
 
     def check_integrity(self) -> None:
         super().check_integrity()
-        entry = self._entry
-        stray = {n for n in self._cls if n >= len(entry) or entry[n] is None}
+        st = self._st
+        stray = {n for n in self._cls if n >= len(st) or st[n] == _OUT}
         assert not stray, (
             f"oddsref: {len(stray)} classed chunks not resident, e.g. {sorted(stray)[:5]}"
         )

@@ -37,6 +37,8 @@ from radixkv.errors import ConfigError, InputError
 from radixkv.pins import PinTable
 from radixkv.policies import EvictionPolicy, LRUPolicy, make_policy
 from radixkv.policy_fifo import S3FIFOPolicy, SIEVEPolicy
+from radixkv.policy_heap import AgedRefPolicy, CostPolicy, LFUPolicy, _HeapPolicy
+from radixkv.policy_oddsref import OddsRefPolicy
 from radixkv.tree_integrity import check_tree
 from radixkv.tree_results import DropResult, InsertResult, MatchResult, TreeStats
 
@@ -986,21 +988,25 @@ class RadixTree:
         # in one call (leaf_parent -1: none), made after the tree's own updates: one Python call per
         # evicted chunk instead of two, and no 1-tuple.
         on_evict = getattr(pol, "on_evict", None)
-        # The built-in lru, s3fifo and sieve (their exact classes: a subclass may override any hook)
-        # are driven natively: their candidates() steps (_take, _end) and on_evict (sieve: _evict)
-        # are direct calls, not a generator's resumption and close and a Python-level call per
-        # eviction (~25% of an lru replay).
+        # The built-in lru, s3fifo, sieve and priority policies (their exact classes: a subclass may
+        # override any hook) are driven natively: their candidates() steps (_take, _end) and
+        # on_evict (sieve: _evict) are direct calls, not a generator's resumption and close and a
+        # Python-level call per eviction (~25% of an lru replay).
         lru: LRUPolicy | None = None
         s3: S3FIFOPolicy | None = None
         sv: SIEVEPolicy | None = None
-        if type(pol) is LRUPolicy:
+        hp: _HeapPolicy | None = None
+        kind = type(pol)
+        if kind is LRUPolicy:
             lru = cast(LRUPolicy, pol)
-        elif type(pol) is S3FIFOPolicy:
+        elif kind is S3FIFOPolicy:
             s3 = cast(S3FIFOPolicy, pol)
-        elif type(pol) is SIEVEPolicy:
+        elif kind is SIEVEPolicy:
             sv = cast(SIEVEPolicy, pol)
+        elif kind is CostPolicy or kind is AgedRefPolicy or kind is OddsRefPolicy or kind is LFUPolicy:
+            hp = cast(_HeapPolicy, pol)
         evicted = freed_bytes = 0
-        gen = pol.candidates() if lru is None and s3 is None and sv is None else None
+        gen = pol.candidates() if lru is None and s3 is None and sv is None and hp is None else None
         n = -1  # lru, s3fifo, sieve: the node _take returned last (_take or _end sets it aside
         # if it stays)
         try:
@@ -1019,6 +1025,10 @@ class RadixTree:
                             break
                     elif sv is not None:
                         n = sv._take(n)
+                        if n < 0:
+                            break
+                    elif hp is not None:
+                        n = hp._take(n)
                         if n < 0:
                             break
                     else:
@@ -1055,6 +1065,8 @@ class RadixTree:
                         s3.on_evict(n, leaf_parent)
                     elif sv is not None:
                         sv._evict(n)  # its on_leaf does nothing
+                    elif hp is not None:
+                        hp.on_evict(n, leaf_parent)
                     else:
                         on_evict(n, leaf_parent)  # type: ignore[misc]  # not None: sv is
                     if not m:  # no tier holds it: it leaves the tree
@@ -1112,6 +1124,8 @@ class RadixTree:
                 s3._end(n)
             elif sv is not None:
                 pass  # a sieve run sets nothing aside
+            elif hp is not None:
+                hp._end(n)
             else:
                 gen.close()  # type: ignore[union-attr]
             free.extend(removed)  # nothing takes a slot during the loop: one extend, same order

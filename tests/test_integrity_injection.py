@@ -5,12 +5,11 @@ a kind of corruption makes all of them weaker than they look.)"""
 
 from __future__ import annotations
 
-import heapq
-
 import pytest
 import torch
 
 import radixkv.sims.opt  # noqa: F401  (registers "opt")
+from radixkv.policy_heap import _ORDERED, _OUT, _PARKED
 from radixkv.tiers.disk import DiskTier, DiskTierConfig
 from radixkv.tiers.memory import MemoryTier, MemoryTierConfig
 from radixkv.tiers.redis_accounting import ByteLedger
@@ -48,11 +47,12 @@ def _mem_leaf(t: RadixTree) -> int:
 def test_heap_policy_slot_of_a_dead_node_instead_of_a_live_one(policy):
     t = _tree(policy)
     pol, dead, leaf = t._policies[0], t._free[0], _mem_leaf(t)
-    e = pol._entry[leaf]  # type: ignore[attr-defined]
-    pol._entry[leaf] = None  # type: ignore[attr-defined]
-    ne = (e[0], -t._depth[dead], dead)
-    pol._entry[dead] = ne  # type: ignore[attr-defined]
-    heapq.heappush(pol._heap, ne)  # type: ignore[attr-defined]
+    order = pol._order  # type: ignore[attr-defined]
+    prio = order.prio_of(leaf)
+    pol._st[leaf] = _OUT  # type: ignore[attr-defined]
+    order.remove(leaf)
+    pol._st[dead] = _ORDERED  # type: ignore[attr-defined]
+    order.push(dead, prio, t._depth[dead])
     pol._cls.pop(leaf, None) if policy == "oddsref" else None  # type: ignore[attr-defined]
     with pytest.raises(AssertionError, match="not in the tier"):
         t.check_integrity()
@@ -61,8 +61,32 @@ def test_heap_policy_slot_of_a_dead_node_instead_of_a_live_one(policy):
 @pytest.mark.parametrize("policy", HEAP_POLICIES)
 def test_heap_policy_parked_leaf(policy):
     t = _tree(policy)
-    t._policies[0]._entry[_mem_leaf(t)] = ()  # type: ignore[attr-defined]  # _PARKED
+    pol, leaf = t._policies[0], _mem_leaf(t)
+    pol._st[leaf] = _PARKED  # type: ignore[attr-defined]
+    pol._order.remove(leaf)  # type: ignore[attr-defined]
     with pytest.raises(AssertionError, match="leaves parked"):
+        t.check_integrity()
+
+
+@pytest.mark.parametrize("policy", HEAP_POLICIES)
+def test_heap_policy_ordered_leaf_missing_from_the_heap(policy):
+    t = _tree(policy)
+    t._policies[0]._order.remove(_mem_leaf(t))  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError, match="missing from the heap"):
+        t.check_integrity()
+
+
+@pytest.mark.parametrize("policy", HEAP_POLICIES)
+def test_heap_policy_priority_changed_without_reordering(policy):
+    # A priority written behind the heap's back (not through push): the heap order no longer holds.
+    t = _tree(policy)
+    for _ in range(3):
+        t.insert("ns", [f"z{len(t._key)}"], "mem", 16, 100)  # more leaves: a heap with levels
+    order = t._policies[0]._order  # type: ignore[attr-defined]
+    nodes = order.nodes()
+    assert len(nodes) >= 3
+    order._prio[order.top()] = max(order.prio_of(n) for n in nodes) + 1.0
+    with pytest.raises(AssertionError, match="below its parent"):
         t.check_integrity()
 
 
