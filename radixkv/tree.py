@@ -39,6 +39,7 @@ from radixkv.policies import EvictionPolicy, LRUPolicy, make_policy
 from radixkv.policy_fifo import S3FIFOPolicy, SIEVEPolicy
 from radixkv.policy_heap import AgedRefPolicy, CostPolicy, LFUPolicy, _HeapPolicy
 from radixkv.policy_oddsref import OddsRefPolicy
+from radixkv.policy_opt import OPTPolicy
 from radixkv.tree_integrity import check_tree
 from radixkv.tree_results import DropResult, InsertResult, MatchResult, TreeStats
 
@@ -1003,7 +1004,8 @@ class RadixTree:
             s3 = cast(S3FIFOPolicy, pol)
         elif kind is SIEVEPolicy:
             sv = cast(SIEVEPolicy, pol)
-        elif kind is CostPolicy or kind is AgedRefPolicy or kind is OddsRefPolicy or kind is LFUPolicy:
+        elif (kind is CostPolicy or kind is AgedRefPolicy or kind is OddsRefPolicy or kind is LFUPolicy
+              or kind is OPTPolicy):
             hp = cast(_HeapPolicy, pol)
         evicted = freed_bytes = 0
         gen = pol.candidates() if lru is None and s3 is None and sv is None and hp is None else None

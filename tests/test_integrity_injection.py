@@ -15,7 +15,7 @@ from radixkv.tiers.memory import MemoryTier, MemoryTierConfig
 from radixkv.tiers.redis_accounting import ByteLedger
 from radixkv.tree import RadixTree
 
-HEAP_POLICIES = ["lfu", "cost", "agedref", "oddsref"]
+HEAP_POLICIES = ["lfu", "cost", "agedref", "oddsref", "opt"]
 
 
 def _tree(policy: str) -> RadixTree:
@@ -195,13 +195,10 @@ def test_sieve_hand_outside_the_fifo():
         t.check_integrity()
 
 
-def test_opt_tracks_a_dead_node_instead_of_a_live_one():
+def test_opt_next_use_out_of_range():
     t = _tree("opt")
-    pol, dead, leaf = t._policies[0], t._free[0], _mem_leaf(t)
-    pol._cur[leaf] = -1  # type: ignore[attr-defined]  # out of the tier
-    pol._cur[dead] = None  # type: ignore[attr-defined]  # "next use not told yet"
-    pol._unknown.add(dead)  # type: ignore[attr-defined]
-    with pytest.raises(AssertionError, match="not in the tier"):
+    t._policies[0]._next[_mem_leaf(t)] = -5  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError, match="next uses out of range"):
         t.check_integrity()
 
 

@@ -134,12 +134,33 @@ def test_no_online_policy_beats_opt(policy, reqs, capacity, partial):
     assert online.block_hits <= best.block_hits <= trace.infinite_hit_blocks()
 
 
-@given(st.lists(st.tuples(st.sampled_from([0, 1, 7, 12_030, _opt.NEVER - 1, _opt.NEVER]),
-                          st.integers(1, 5_000), st.integers(0, (1 << 40) - 1)), min_size=2, max_size=30))
-def test_opt_heap_entries_sort_like_the_tuples(fields):
-    # OPT's heap holds one int per node (cheaper comparisons); its order must be exactly that of
-    # (-next_use, -depth, node): farthest next use first, then deepest, then lowest node id.
-    by_int = sorted(fields, key=lambda f: _opt._entry(*f))
-    by_tuple = sorted(fields, key=lambda f: (-f[0], -f[1], f[2]))
-    assert by_int == by_tuple
-    assert all(_opt._entry(*f) & _opt._NODE_MASK == f[2] for f in fields)
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 1, 7, 12_030, (1 << 53) - 1, _opt.NEVER]), st.integers(1, 4)),
+                min_size=2, max_size=30))
+def test_opt_orders_farthest_next_use_first_then_deepest_then_lowest_id(fields):
+    # OPT's heap keys a node by (-next_use as a float, -depth, node): exact for every next use the
+    # simulator gives (request indexes, and NEVER = 2^62, a power of two).
+    from radixkv.tree import RadixTree
+
+    t = RadixTree(("mem",), policy="opt")
+    leaves = []
+    for i, (_, depth) in enumerate(fields):
+        keys = [f"c{i}.{d}" for d in range(depth)]
+        ids = t.insert("ns", keys, "mem", 16, 1).node_ids
+        t.policy("mem").set_next_use(ids, [0] * (depth - 1) + [fields[i][0]])
+        leaves.append(ids[-1])
+    t.check_integrity()
+    want = sorted(range(len(fields)), key=lambda i: (-fields[i][0], -fields[i][1], leaves[i]))
+    got = [leaves.index(n) for n in t.evict_candidates("mem", len(fields)) if n in leaves]
+    assert got == want[: len(got)] and len(got) == len(fields)
+
+
+@pytest.mark.parametrize("bad", [-1, 1 << 53, _opt.NEVER - 1, _opt.NEVER + 1])
+def test_opt_refuses_a_next_use_its_order_cannot_hold_exactly(bad):
+    from radixkv.errors import InputError
+    from radixkv.tree import RadixTree
+
+    t = RadixTree(("mem",), policy="opt")
+    ids = t.insert("ns", ["a"], "mem", 16, 1).node_ids
+    with pytest.raises(InputError, match="must be a request index"):
+        t.policy("mem").set_next_use(ids, [bad])

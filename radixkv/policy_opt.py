@@ -1,0 +1,93 @@
+"""Belady's OPT under prefix semantics: the ordering behind the simulator's offline ``opt`` policy.
+
+OPT needs the future, which no live cache has, so it is never a runtime policy: the simulator
+(:mod:`radixkv.sims.opt`, which registers it as ``opt`` and computes the future) tells it each node's
+next use through one explicit oracle hook, :meth:`OPTPolicy.set_next_use`. It lives here, beside the
+other priority policies, so that it is compiled with them and the tree drives it the same way; see
+:mod:`radixkv.sims.opt` for the semantics (farthest next use first, ties deepest first, bypass).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Final, Sequence
+
+from librt.vecs import extend, vec
+from mypy_extensions import i64
+
+from radixkv.errors import InputError
+from radixkv.policy_heap import _ORDERED, _OUT, _PARKED, _HeapPolicy
+
+__all__ = ["NEVER", "OPTPolicy"]
+
+NEVER: Final = 1 << 62  # next-use index of a block no later request references
+
+_EXACT: Final = 1 << 53  # next uses below this (and NEVER, a power of two) are exact as floats
+_UNKNOWN: Final = -1  # OPTPolicy._next of a node inserted whose next use was not told yet
+
+
+class OPTPolicy(_HeapPolicy):
+    """Belady's MIN with bypass under prefix semantics; offline only (needs :meth:`set_next_use`).
+
+    The priority of a node is minus its next use (a later next use is a better victim; a next use
+    must be below 2^53 or :data:`NEVER`, so the float is exact), and the heap breaks ties deepest
+    first. A node inserted but not told its next use yet has priority -inf: it goes first, as a
+    block never used again would."""
+
+    name: ClassVar[str] = "opt"
+    offline: ClassVar[bool] = True  # needs the future: never a runtime policy (the contract suite skips it)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._next: vec[i64] = vec[i64]()  # by node id: its next use (_UNKNOWN: not told yet)
+
+    def _grow(self, n_slots: int) -> None:
+        self._next = extend(self._next, vec[i64]([_UNKNOWN] * (n_slots - len(self._next))))
+        super()._grow(n_slots)
+
+    def _prio(self, n: int) -> float:
+        t = self._next[n]
+        return -math.inf if t == _UNKNOWN else -float(t)
+
+    def _admit(self, node_ids: Sequence[int], now: int) -> None:
+        nxt = self._next
+        for n in node_ids:
+            nxt[n] = _UNKNOWN  # until set_next_use: treated as never used again (evicted first)
+
+    def on_access(self, node_id: int, now: int) -> None:
+        pass  # the order depends on the future only
+
+    def set_next_use(self, node_ids: Sequence[int], next_use: Sequence[int]) -> None:
+        """Oracle hook: the index of the next request using each node (root->leaf path order; a node
+        not in the tier is skipped). Only tier leaves are ordered: an interior node cannot be a
+        victim, and it is ordered when its last child leaves."""
+        st, nxt, order = self._st, self._next, self._order
+        tchild, depth = self._cols.tchild[self._t], self._cols.depth
+        for n, t in zip(node_ids, next_use):
+            s = st[n]
+            if s == _OUT:
+                continue
+            if not 0 <= t < _EXACT and t != NEVER:
+                raise InputError(
+                    f"opt: next_use={t!r} of node {n} must be a request index in [0, 2**53) or NEVER (2**62)"
+                )
+            nxt[n] = t
+            if tchild[n]:
+                if s == _ORDERED:
+                    order.remove(n)
+                    st[n] = _PARKED
+            else:
+                st[n] = _ORDERED
+                order.push(n, -float(t), depth[n])
+
+    def unknown(self) -> list[int]:
+        """Nodes in the tier whose next use was not told yet (for tests and checks)."""
+        st, nxt = self._st, self._next
+        return [n for n in range(len(st)) if st[n] != _OUT and nxt[n] == _UNKNOWN]
+
+    def check_integrity(self) -> None:
+        super().check_integrity()
+        assert len(self._next) == len(self._st), f"opt: {len(self._next)} next uses for {len(self._st)} slots"
+        st, nxt = self._st, self._next
+        bad = [n for n in range(len(st)) if st[n] != _OUT and not (_UNKNOWN <= nxt[n] < _EXACT or nxt[n] == NEVER)]
+        assert not bad, f"opt: next uses out of range at nodes {bad[:5]}"
