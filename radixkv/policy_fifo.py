@@ -12,6 +12,7 @@ from mypy_extensions import i64
 
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
+from radixkv.ghost_keys import GhostKeys
 
 if TYPE_CHECKING:
     from radixkv.tree import RadixTree, TreeColumns
@@ -62,7 +63,8 @@ class S3FIFOPolicy:
         # read on every touch and every queue step); -1: not resident in the tier.
         self._freq: vec[i64] = vec[i64]()
         self._inserted_at = -1  # clock of the last insert: its own path touch is not a reuse
-        self._ghost: OrderedDict[tuple[str | None, str | None], None] = OrderedDict()
+        self._ghost: OrderedDict[object, None] = OrderedDict()  # entries named by _gk
+        self._gk = GhostKeys()
         self._aside: list[tuple[int, bool]] = []
         self._resident = 0  # small + main + parked + aside, kept as a count (asked once per step)
         self._keys: list[str | None] = []
@@ -193,19 +195,22 @@ class S3FIFOPolicy:
         self._inserted_at = now
         self._resident += len(node_ids)
         self._grow()
-        ghost, freq, ns, keys = self._ghost, self._freq, self._ns, self._keys
+        ghost, freq, ns, keys, gk = self._ghost, self._freq, self._ns, self._keys, self._gk
         for n in node_ids:
             freq[n] = 0
-        if not ghost or ghost.keys().isdisjoint(
-            zip(map(ns.__getitem__, node_ids), map(keys.__getitem__, node_ids))
-        ):
-            # The usual case, none of the keys is a ghost (probed in one C-level pass): the whole
-            # chain enters the small queue.
+        returning = False
+        if ghost:
+            for n in node_ids:
+                if gk.of(ns[n], keys[n]) in ghost:
+                    returning = True
+                    break
+        if not returning:
+            # The usual case, none of the keys is a ghost: the whole chain enters the small queue.
             for n in node_ids:
                 self._append(n, False)
             return
         for n in node_ids:
-            k = (ns[n], keys[n])
+            k = gk.of(ns[n], keys[n])
             if k in ghost:
                 del ghost[k]
                 self._append(n, True)
@@ -242,7 +247,7 @@ class S3FIFOPolicy:
         self._freq[n] = -1
         ghost = self._ghost
         if self._took_small:
-            ghost[(self._ns[n], self._keys[n])] = None
+            ghost[self._gk.of(self._ns[n], self._keys[n])] = None
         if len(ghost) > 16:
             limit = self._n_main
             if limit < 16:
@@ -263,7 +268,7 @@ class S3FIFOPolicy:
             if q == _SMALL:
                 self._unlink(n)
                 if freq[n] == 0:
-                    ghost[(self._ns[n], self._keys[n])] = None
+                    ghost[self._gk.of(self._ns[n], self._keys[n])] = None
             elif q == _MAIN:
                 self._unlink(n)
             elif n in parked:
@@ -553,16 +558,23 @@ class SIEVEPolicy:
         if prev < 0 or newer[prev] == _OUT:
             # steps since the last eviction; two full sweeps without one: none is possible
             self._idle = 0
-        while self._resident and self._idle <= 2 * self._resident + 2:
-            n = self._hand if self._hand >= 0 else self._tail
-            self._hand = newer[n]
-            self._idle += 1
+        if not self._resident:
+            return -1
+        # The sweep runs on locals (the hand passes many interior and visited nodes per victim),
+        # stored back on every exit.
+        hand, idle, limit, tail = self._hand, self._idle, 2 * self._resident + 2, self._tail
+        while idle <= limit:
+            n = hand if hand >= 0 else tail
+            hand = newer[n]
+            idle += 1
             if visited[n]:
                 visited[n] = 0
                 continue
             if tchild[n]:
                 continue
+            self._hand, self._idle = hand, idle
             return n
+        self._hand, self._idle = hand, idle
         return -1
 
     def check_integrity(self) -> None:

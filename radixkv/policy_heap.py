@@ -13,6 +13,7 @@ from mypy_extensions import i64
 
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
+from radixkv.ghost_keys import GhostKeys
 from radixkv.prio_heap import PrioHeap
 
 if TYPE_CHECKING:
@@ -423,14 +424,17 @@ class AgedRefPolicy(_HeapPolicy):
         # H * log2(aged reference count) + time, in requests; grows by assignment in _grow
         self._score: vec[float] = vec[float]()
         self._last: vec[i64] = vec[i64]()  # clock of the node's last direct touch (_NEVER: none)
-        self._restored: dict[int, float] = {}  # score a node came back with from the ghost history
-        self._ghost: OrderedDict[tuple[str | None, str | None], tuple[float, int]] = OrderedDict()
+        # score a node came back with from the ghost history (NaN: it did not); grows in _grow
+        self._restored: vec[float] = vec[float]()
+        self._ghost: OrderedDict[object, tuple[float, int]] = OrderedDict()  # entries named by _gk
+        self._gk = GhostKeys()
         self._full_tokens = 0
         self._clock = 0
 
     def _grow(self, n_slots: int) -> None:
         self._score = extend(self._score, vec[float]([-math.inf] * (n_slots - len(self._score))))
         self._last = extend(self._last, vec[i64]([_NEVER] * (n_slots - len(self._last))))
+        self._restored = extend(self._restored, vec[float]([math.nan] * (n_slots - len(self._restored))))
         super()._grow(n_slots)
 
     @property
@@ -468,7 +472,7 @@ class AgedRefPolicy(_HeapPolicy):
         for n in node_ids:
             if tokens[n] > self._full_tokens:
                 self._full_tokens = tokens[n]
-            g = ghost.pop((ns[n], keys[n]), None) if ghost else None
+            g = ghost.pop(self._gk.of(ns[n], keys[n]), None) if ghost else None
             if g is None:
                 score[n] = -math.inf
             else:
@@ -485,8 +489,8 @@ class AgedRefPolicy(_HeapPolicy):
         if self._tokens[child] < self._full_tokens:
             return  # a partial tail's touch repeats its parent's (same request)
         s = self._score[child]
-        base = self._restored.get(child)
-        if base is not None:
+        base = self._restored[child]
+        if not math.isnan(base):
             # The restored part was folded into the parent when the child left before: add only
             # the references since it came back.
             if s <= base:
@@ -503,12 +507,12 @@ class AgedRefPolicy(_HeapPolicy):
 
     def _forget(self, n: int, ordered: bool) -> None:
         s = self._score[n]
-        self._restored.pop(n, None)
+        self._restored[n] = math.nan
         last = self._last[n]
         self._last[n] = _NEVER  # the slot may be reused by another node
         if self._ghost_factor and s > -math.inf and self._tokens[n] >= self._full_tokens:
             ghost = self._ghost
-            ghost[(self._ns[n], self._keys[n])] = (s, self._clock if last == _NEVER else last)
+            ghost[self._gk.of(self._ns[n], self._keys[n])] = (s, self._clock if last == _NEVER else last)
             if len(ghost) > self._ghost_factor * self._resident + 64:
                 ghost.popitem(last=False)  # O(1); deleting a plain dict's first key is not
 

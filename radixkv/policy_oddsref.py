@@ -64,7 +64,7 @@ class OddsRefPolicy(AgedRefPolicy):
         self._decay = float(class_decay)
         # fresh resident chunk -> class of the request that made it
         self._cls: dict[int, _Class] = {}
-        self._ghost_cls: OrderedDict[tuple[str | None, str | None], _Class] = OrderedDict()
+        self._ghost_cls: OrderedDict[object, _Class] = OrderedDict()  # entries named by _gk
         self._made: dict[_Class, float] = {}  # fresh chunks created per class (decayed)
         self._used: dict[_Class, float] = {}  # of those, reused later (decayed)
         self._made_all = 0.0
@@ -126,8 +126,8 @@ class OddsRefPolicy(AgedRefPolicy):
         for n in node_ids:
             if tokens[n] < full:
                 continue
-            if n in self._restored:  # back from the ghost history: reused, credit its class once
-                c = self._ghost_cls.pop((ns[n], keys[n]), None)
+            if not math.isnan(self._restored[n]):  # back from the ghost history: reused, credit its class once
+                c = self._ghost_cls.pop(self._gk.of(ns[n], keys[n]), None)
                 if c is not None:
                     self._credit(c)
             else:
@@ -161,7 +161,7 @@ class OddsRefPolicy(AgedRefPolicy):
         c = self._cls.pop(n, None)
         if c is not None and self._ghost_factor:
             ghost = self._ghost_cls
-            ghost[(self._ns[n], self._keys[n])] = c
+            ghost[self._gk.of(self._ns[n], self._keys[n])] = c
             if len(ghost) > self._ghost_factor * self._resident + 64:
                 ghost.popitem(last=False)
         super()._forget(n, ordered)

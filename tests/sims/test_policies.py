@@ -80,10 +80,10 @@ def test_s3fifo_one_hit_chunks_leave_first_and_ghost_readmits_to_main():
     assert "keep" in resident(tree)
     pol = tree.policy("mem")
     assert len(pol._ghost) > 0  # one-hit chunks went to the ghost FIFO
-    ghost_key = next(iter(pol._ghost))
-    use(tree, ghost_key[1].lstrip("/"))
+    ghost_key = next(iter(pol._ghost))  # the chunk's key (its namespace is the tree's only one)
+    use(tree, ghost_key.lstrip("/"))
     main = pol._fifo(True)  # the main FIFO, oldest first
-    assert main and tree.lookup(NS, ghost_key[1]) in main
+    assert main and tree.lookup(NS, ghost_key) in main
 
 
 def test_sieve_visited_chunk_survives_a_sweep():
@@ -150,3 +150,42 @@ def test_restored_chunk_folded_twice_never_hits_a_math_domain_error(policy):
     tr.clear_resident([tr.lookup("ns", "c")], "mem")
     tr.clear_resident([tr.lookup("ns", "p")], "mem")
     tr.check_integrity()
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+def test_s3fifo_ghost_tells_namespaces_apart(first):
+    # Ghost entries of the history's first namespace are named by key alone, others by (namespace,
+    # key): the same key evicted from one namespace must not readmit the other's chunk to main.
+    from radixkv.policy_fifo import _MAIN, _SMALL
+
+    other = "b" if first == "a" else "a"
+    t = RadixTree(("mem",), policy="s3fifo")
+    pol = t.policy("mem")
+    t.insert(first, ["seed"], "mem", 16, 1)  # the first namespace the policy sees
+    t.insert(other, ["k"], "mem", 16, 1)
+    t.evict("mem", 2)  # both one-hit chunks of the small queue: ghosts
+    assert len(pol._ghost) == 2
+    n = t.insert(first, ["k"], "mem", 16, 1).node_ids[0]
+    assert pol._queue[n] == _SMALL  # "k" of the other namespace is the ghost, not this one
+    m = t.insert(other, ["k"], "mem", 16, 1).node_ids[0]
+    assert pol._queue[m] == _MAIN
+    t.check_integrity()
+
+
+@pytest.mark.parametrize("policy", ["agedref", "oddsref"])
+@pytest.mark.parametrize("first", ["a", "b"])
+def test_aged_ghost_tells_namespaces_apart(policy, first):
+    import math
+
+    other = "b" if first == "a" else "a"
+    t = RadixTree(("mem",), policy=policy)
+    pol = t.policy("mem")
+    t.insert(first, ["seed"], "mem", 16, 1)
+    for _ in range(3):
+        t.match(other, ["k"]) if t.lookup(other, "k") is not None else t.insert(other, ["k"], "mem", 16, 1)
+    t.evict("mem", 2)
+    n = t.insert(first, ["k"], "mem", 16, 1).node_ids[0]
+    assert math.isnan(pol._restored[n])  # not the other namespace's history
+    m = t.insert(other, ["k"], "mem", 16, 1).node_ids[0]
+    assert not math.isnan(pol._restored[m])
+    t.check_integrity()
