@@ -3,8 +3,9 @@
 This module holds the protocol, the registry and ``lru``; ``lfu``, ``cost`` and ``agedref`` live in
 :mod:`radixkv.policy_heap`, ``oddsref`` (agedref plus a learned bypass of fresh chunks) in
 :mod:`radixkv.policy_oddsref`, ``s3fifo`` and ``sieve`` in :mod:`radixkv.policy_fifo` (imported and
-registered at the end of this module), and the offline ``opt`` in :mod:`radixkv.sims.opt`. The tree
-and these modules are compiled with mypyc when radixkv is installed (:mod:`radixkv.compiled`).
+registered at the end of this module), and the offline ``opt`` in :mod:`radixkv.policy_opt`
+(registered by :mod:`radixkv.sims.opt`, which tells it the future). The tree and these modules are
+compiled with mypyc when radixkv is installed (:mod:`radixkv.compiled`).
 
 One policy instance serves one tier of one :class:`~radixkv.tree.RadixTree` (the runtime store and the
 offline simulator use the very same objects). The tree tells the policy what happens to the nodes

@@ -53,7 +53,6 @@ class _HeapPolicy:
         self._st: vec[i64] = vec[i64]()
         self._resident = 0  # nodes whose _st is not _OUT
         self._aside: list[int] = []  # yielded by a candidates() run and not evicted: back at its end
-        self._tokens: list[int] = []
         self._keys: list[str | None] = []
         self._ns: list[str | None] = []
         self._t = 0
@@ -66,7 +65,7 @@ class _HeapPolicy:
         # Read-only views of the tree's node columns (struct of arrays, indexed by node id): its
         # lists are kept, its vec columns read through its column holder, tree._views (one is replaced
         # when it grows; the tree itself is not kept: a reference cycle).
-        self._tokens, self._keys, self._ns = tree._tokens, tree._key, tree._ns
+        self._keys, self._ns = tree._key, tree._ns
 
     @property
     def _tchild(self) -> vec[i64]:
@@ -87,6 +86,11 @@ class _HeapPolicy:
     def _parent(self) -> vec[i64]:
         # The tree's column of parents (read-only), from tree._views at each use.
         return self._cols.parent
+
+    @property
+    def _tokens(self) -> vec[i64]:
+        # The tree's column of tokens per chunk (read-only), from tree._views at each use.
+        return self._cols.tokens
 
     def __len__(self) -> int:
         return self._resident
@@ -316,23 +320,18 @@ class CostPolicy(LFUPolicy):
         self._attn = float(attention_tokens)
         # by node id: recompute cost per byte (static while resident); grows by assignment in _grow
         self._unit: vec[float] = vec[float]()
-        self._size: list[int] = []
 
     def _grow(self, n_slots: int) -> None:
         self._unit = extend(self._unit, vec[float]([0.0] * (n_slots - len(self._unit))))
         super()._grow(n_slots)
-
-    def bind(self, tree: RadixTree, tier_index: int) -> None:
-        super().bind(tree, tier_index)
-        self._size = tree._size
 
     def _prio(self, n: int) -> float:
         return self._age + float(self._count[n]) * self._unit[n]
 
     def _unit_cost(self, n: int) -> float:
         # Recompute cost per byte: static for a node while its depth is (its tokens and size never change).
-        t = self._tokens[n]
-        return t * (1.0 + (int(self._cols.depth[n]) - 1) * t / self._attn) / max(self._size[n], 1)
+        t = int(self._cols.tokens[n])
+        return t * (1.0 + (int(self._cols.depth[n]) - 1) * t / self._attn) / max(int(self._cols.size[n]), 1)
 
     def _admit(self, node_ids: Sequence[int], now: int) -> None:
         super()._admit(node_ids, now)

@@ -49,23 +49,28 @@ __all__ = ["RadixTree", "MatchResult", "InsertResult", "DropResult"]
 # _create writes it per chunk).
 _NO_PARENT: Final = -1
 _MAX_TIERS = 16
+# Bound of a chunk's tokens and bytes (the columns are 64-bit; 2**48 bytes is 256 TiB per chunk, and a
+# tier's byte count sums chunks well below 2**63).
+_MAX_FIELD: Final = 1 << 48
 _MAX_AWAITING_RUNS = 4096
 
 
 class TreeColumns:
     """The node columns a tree's policies read (read-only for them): children resident per tier,
-    residency masks, parents, depths, live children. The tree replaces a vec column when it grows
+    residency masks, parents, depths, live children, tokens and bytes per chunk. The tree replaces a vec column when it grows
     (``extend`` may move it) and updates this holder then, so a policy reads the current one here.
     Policies hold this, not the tree: a policy holding its tree made every tree a reference cycle
     (tree -> policy -> tree), freed only by the cycle collector."""
 
     def __init__(self, tchild: list[vec[i64]], mask: vec[i64], parent: vec[i64], depth: vec[i64],
-                 nchild: vec[i64]) -> None:
+                 nchild: vec[i64], tokens: vec[i64], size: vec[i64]) -> None:
         self.tchild = tchild  # one column per tier, replaced in place in this same list
         self.mask = mask
         self.parent = parent
         self.depth = depth
         self.nchild = nchild
+        self.tokens = tokens
+        self.size = size
 
 
 class RadixTree:
@@ -115,11 +120,14 @@ class RadixTree:
         self._prev: vec[i64] = vec[i64]()
         self._tchild: list[vec[i64]] = [vec[i64]() for _ in tiers]  # children resident per tier
         self._mask: vec[i64] = vec[i64]()
-        self._tokens: list[int] = []
-        self._size: list[int] = []
+        # Unboxed (vec) like the links: an eviction reads the victim's size, and a boxed int there
+        # was a cache miss of its own per evicted chunk.
+        self._tokens: vec[i64] = vec[i64]()
+        self._size: vec[i64] = vec[i64]()
         self._free: list[int] = []
         # The columns its policies read (they hold this, not the tree: no reference cycle).
-        self._views = TreeColumns(self._tchild, self._mask, self._parent, self._depth, self._nchild)
+        self._views = TreeColumns(self._tchild, self._mask, self._parent, self._depth, self._nchild,
+                                  self._tokens, self._size)
         self._index: dict[str, dict[str, int]] = {}
         self._pins = PinTable(clock)
         # Runs stored at a namespace root although their caller named a parent key the tree lacked
@@ -187,12 +195,13 @@ class RadixTree:
 
     def node_size_bytes(self, node_id: int) -> int:
         self._alive(node_id)
-        return self._size[node_id]
+        return int(self._size[node_id])
 
     def node_fields(self, node_id: int) -> tuple[str, str, int, int]:
         """``(namespace, key, size_bytes, tokens)`` of a live node: one check for the four."""
         self._alive(node_id)
-        return self._ns[node_id], self._key[node_id], self._size[node_id], self._tokens[node_id]  # type: ignore[return-value]
+        return (self._ns[node_id], self._key[node_id], int(self._size[node_id]),  # type: ignore[return-value]
+                int(self._tokens[node_id]))
 
     def nodes_fields(self, node_ids: Sequence[int]) -> list[tuple[int, str, str, int, int]]:
         """``(node_id, namespace, key, size_bytes, tokens)`` of each live node, in one call (a read
@@ -204,12 +213,12 @@ class RadixTree:
             k = key[n] if 0 <= n < n_slots else None
             if k is None:
                 self._alive(n)  # raises
-            out.append((n, ns[n], k, size[n], tokens[n]))
+            out.append((n, ns[n], k, int(size[n]), int(tokens[n])))
         return out  # type: ignore[return-value]
 
     def node_tokens(self, node_id: int) -> int:
         self._alive(node_id)
-        return self._tokens[node_id]
+        return int(self._tokens[node_id])
 
     def node_children_alive(self, node_id: int) -> int:
         self._alive(node_id)
@@ -424,10 +433,12 @@ class RadixTree:
         t = self._tier_pos.get(tier)  # tier_index inlined: the replay inserts twice per request
         if t is None:
             t = self.tier_index(tier)  # raises: unknown tier
-        if not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens <= 0:
-            raise InputError(f"chunk_tokens={chunk_tokens!r} must be a positive integer")
-        if not isinstance(size_bytes, int) or isinstance(size_bytes, bool) or size_bytes < 0:
-            raise InputError(f"size_bytes={size_bytes!r} must be a non-negative integer")
+        if (not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens <= 0
+                or chunk_tokens >= _MAX_FIELD):
+            raise InputError(f"chunk_tokens={chunk_tokens!r} must be a positive integer below 2**48")
+        if (not isinstance(size_bytes, int) or isinstance(size_bytes, bool) or size_bytes < 0
+                or size_bytes >= _MAX_FIELD):
+            raise InputError(f"size_bytes={size_bytes!r} must be a non-negative integer below 2**48")
         tokens_per_chunk: int = chunk_tokens
         bytes_per_chunk: int = size_bytes
         if isinstance(keys, (str, bytes)):
@@ -737,8 +748,8 @@ class RadixTree:
             r, k = n_reuse, n_new
             self._key.extend(keys[r:] if r else keys)
             self._ns.extend([ns] * k)
-            self._tokens.extend([chunk_tokens] * k)
-            self._size.extend([size_bytes] * k)
+            self._tokens = extend(self._tokens, vec[i64]([chunk_tokens] * k))
+            self._size = extend(self._size, vec[i64]([size_bytes] * k))
             # node ids[j]'s parent is the node before it (the chain's first: `parent`)
             parents = vec[i64]([ids[j - 1] if j else parent for j in range(r, m)])
             self._parent = extend(self._parent, parents)
@@ -760,7 +771,7 @@ class RadixTree:
             self._prev = extend(self._prev, nones)
             views = self._views  # the policies' columns: the grown ones
             views.mask, views.parent, views.depth = self._mask, self._parent, self._depth
-            views.nchild = self._nchild
+            views.nchild, views.tokens, views.size = self._nchild, self._tokens, self._size
             if r:
                 self._kid[ids[r - 1]] = ids[r]  # the last reused slot's child is the first fresh one
         if parent != _NO_PARENT:

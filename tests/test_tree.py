@@ -154,6 +154,10 @@ class TestMatchInsert:
             (dict(tier="ssd"), InputError, "unknown tier 'ssd'"),
             (dict(chunk_tokens=0), InputError, "chunk_tokens"),
             (dict(size_bytes=-1), InputError, "size_bytes"),
+            # the columns are 64-bit: a value past the bound is refused, not wrapped or an OverflowError
+            (dict(size_bytes=1 << 48), InputError, r"size_bytes=281474976710656 must be .* below 2\*\*48"),
+            (dict(size_bytes=1 << 64), InputError, "size_bytes"),
+            (dict(chunk_tokens=1 << 70), InputError, r"chunk_tokens=.* below 2\*\*48"),
         ],
     )
     def test_bad_insert_arguments(self, tree, kwargs, err, match):
