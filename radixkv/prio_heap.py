@@ -29,7 +29,12 @@ class PrioHeap:
     node taken out with :meth:`pop` can be put back as it was with :meth:`restore`."""
 
     def __init__(self) -> None:
-        self._heap: vec[i64] = vec[i64]()  # node ids in heap order; slots past _n are unused
+        # By heap position (slots past _n unused): the node there and its key. The key is kept beside
+        # the node, not only by node id, so a sift compares neighbouring slots instead of reading two
+        # random nodes' entries (a cache miss each in a large heap).
+        self._heap: vec[i64] = vec[i64]()
+        self._hprio: vec[float] = vec[float]()
+        self._hdepth: vec[i64] = vec[i64]()
         self._n: i64 = 0
         self._pos: vec[i64] = vec[i64]()  # by node id: its index in _heap, -1 if not in the heap
         self._prio: vec[float] = vec[float]()  # by node id: its priority as last pushed
@@ -48,10 +53,13 @@ class PrioHeap:
         k = n_slots - len(self._pos)
         if k <= 0:
             return
-        self._heap = extend(self._heap, vec[i64]([0] * k))
+        zeros, floats = vec[i64]([0] * k), vec[float]([0.0] * k)
+        self._heap = extend(self._heap, zeros)
+        self._hprio = extend(self._hprio, floats)
+        self._hdepth = extend(self._hdepth, zeros)
         self._pos = extend(self._pos, vec[i64]([-1] * k))
-        self._prio = extend(self._prio, vec[float]([0.0] * k))
-        self._depth = extend(self._depth, vec[i64]([0] * k))
+        self._prio = extend(self._prio, floats)
+        self._depth = extend(self._depth, zeros)
 
     def contains(self, n: i64) -> bool:
         return self._pos[n] >= 0
@@ -76,37 +84,30 @@ class PrioHeap:
         if i < 0:
             i = self._n
             self._n = i + 1
-            self._heap[i] = n
-            self._pos[n] = i
-            self._up(i)
+            self._up(i, n, prio, depth)
         else:
-            self._up(i)
-            self._down(self._pos[n])
+            i = self._up(i, n, prio, depth)
+            self._down(i, n, prio, depth)
 
     def restore(self, n: i64) -> None:
         """Put ``n`` back with the priority and depth it was last pushed with (no-op if it is in)."""
         if self._pos[n] < 0:
             i = self._n
             self._n = i + 1
-            self._heap[i] = n
-            self._pos[n] = i
-            self._up(i)
+            self._up(i, n, self._prio[n], self._depth[n])
 
     def pop(self) -> i64:
         """Take the smallest node out and return it (-1: empty)."""
-        n = self._n
-        if n <= 0:
+        k = self._n
+        if k <= 0:
             return -1
         heap = self._heap
         first = heap[0]
         self._pos[first] = -1
-        n -= 1
-        self._n = n
-        if n > 0:
-            last = heap[n]
-            heap[0] = last
-            self._pos[last] = 0
-            self._down(0)
+        k -= 1
+        self._n = k
+        if k > 0:
+            self._down(0, heap[k], self._hprio[k], self._hdepth[k])
         return first
 
     def remove(self, n: i64) -> bool:
@@ -118,11 +119,10 @@ class PrioHeap:
         k = self._n - 1
         self._n = k
         if i < k:
-            last = self._heap[k]
-            self._heap[i] = last
-            self._pos[last] = i
-            self._up(i)
-            self._down(self._pos[last])
+            # the last entry fills the hole, moving up or down from there
+            last, lp, ld = self._heap[k], self._hprio[k], self._hdepth[k]
+            i = self._up(i, last, lp, ld)
+            self._down(i, last, lp, ld)
         return True
 
     def clear(self) -> None:
@@ -137,74 +137,84 @@ class PrioHeap:
         heap = self._heap
         return [int(heap[i]) for i in range(self._n)]
 
-    def _less(self, a: i64, b: i64) -> bool:
-        pa, pb = self._prio[a], self._prio[b]
-        if pa != pb:
-            return pa < pb
-        da, db = self._depth[a], self._depth[b]
-        if da != db:
-            return da > db  # deeper first
-        return a < b
-
-    # _up and _down compare with _less written out (with the node's own key in locals): they are the
-    # heap's inner loops, one comparison per level.
-    def _up(self, i: i64) -> None:
-        heap, pos, prio, depth = self._heap, self._pos, self._prio, self._depth
-        n = heap[i]
-        pn, dn = prio[n], depth[n]
+    # _up and _down place node n with key (p, d) at slot i or wherever the order takes it from there,
+    # moving the entries it passes; they compare with the key written out (one comparison per level:
+    # the heap's inner loops). Both return the slot where n ends.
+    def _up(self, i: i64, n: i64, p: float, d: i64) -> i64:
+        heap, hprio, hdepth, pos = self._heap, self._hprio, self._hdepth, self._pos
         while i > 0:
             j = (i - 1) >> 1
-            q = heap[j]
-            pq = prio[q]
-            if pq < pn:
+            pq = hprio[j]
+            if pq < p:
                 break
-            if pq == pn:
-                dq = depth[q]
-                if dq > dn or (dq == dn and q < n):
+            q = heap[j]
+            if pq == p:
+                dq = hdepth[j]
+                if dq > d or (dq == d and q < n):
                     break
             heap[i] = q
+            hprio[i] = pq
+            hdepth[i] = hdepth[j]
             pos[q] = i
             i = j
         heap[i] = n
+        hprio[i] = p
+        hdepth[i] = d
         pos[n] = i
+        return i
 
-    def _down(self, i: i64) -> None:
-        heap, pos, prio, depth, size = self._heap, self._pos, self._prio, self._depth, self._n
-        n = heap[i]
-        pn, dn = prio[n], depth[n]
+    def _down(self, i: i64, n: i64, p: float, d: i64) -> i64:
+        heap, hprio, hdepth, pos, size = self._heap, self._hprio, self._hdepth, self._pos, self._n
         while True:
             c = 2 * i + 1
             if c >= size:
                 break
-            q = heap[c]
-            pq = prio[q]
+            pc = hprio[c]
             if c + 1 < size:
-                r = heap[c + 1]
-                pr = prio[r]
-                if pr < pq or (pr == pq and self._less(r, q)):
+                pr = hprio[c + 1]
+                if pr < pc or (pr == pc and self._slot_less(c + 1, c)):
                     c += 1
-                    q, pq = r, pr
-            if pn < pq:
+                    pc = pr
+            if p < pc:
                 break
-            if pn == pq:
-                dq = depth[q]
-                if dn > dq or (dn == dq and n < q):
+            q = heap[c]
+            if p == pc:
+                dq = hdepth[c]
+                if d > dq or (d == dq and n < q):
                     break
             heap[i] = q
+            hprio[i] = pc
+            hdepth[i] = hdepth[c]
             pos[q] = i
             i = c
         heap[i] = n
+        hprio[i] = p
+        hdepth[i] = d
         pos[n] = i
+        return i
+
+    def _slot_less(self, a: i64, b: i64) -> bool:
+        """Whether the entry at slot ``a`` orders before the one at slot ``b``."""
+        pa, pb = self._hprio[a], self._hprio[b]
+        if pa != pb:
+            return pa < pb
+        da, db = self._hdepth[a], self._hdepth[b]
+        if da != db:
+            return da > db  # deeper first
+        return self._heap[a] < self._heap[b]
 
     def check_integrity(self) -> None:
         heap, pos, size = self._heap, self._pos, self._n
-        assert 0 <= size <= len(heap) == len(pos) == len(self._prio) == len(self._depth), (
-            f"prio heap: {size} entries, columns of {len(heap)}/{len(pos)}/{len(self._prio)}/{len(self._depth)}"
-        )
+        cols = (len(heap), len(self._hprio), len(self._hdepth), len(pos), len(self._prio), len(self._depth))
+        assert 0 <= size <= len(heap) and len(set(cols)) == 1, f"prio heap: {size} entries, columns of {cols}"
         for i in range(size):
             n = heap[i]
             assert 0 <= n < len(pos) and pos[n] == i, f"prio heap: slot {i} holds {n}, whose position is not {i}"
+            assert self._hprio[i] == self._prio[n] and self._hdepth[i] == self._depth[n], (
+                f"prio heap: slot {i} keys {n} as ({self._hprio[i]}, {self._hdepth[i]}), its own key is "
+                f"({self._prio[n]}, {self._depth[n]})"
+            )
             if i > 0:
-                assert not self._less(n, heap[(i - 1) >> 1]), f"prio heap: {n} at {i} is below its parent"
+                assert not self._slot_less(i, (i - 1) >> 1), f"prio heap: {n} at {i} is below its parent"
         held = sum(1 for p in pos if p >= 0)
         assert held == size, f"prio heap: {held} nodes with a position, {size} entries"

@@ -85,7 +85,8 @@ def test_heap_policy_priority_changed_without_reordering(policy):
     order = t._policies[0]._order  # type: ignore[attr-defined]
     nodes = order.nodes()
     assert len(nodes) >= 3
-    order._prio[order.top()] = max(order.prio_of(n) for n in nodes) + 1.0
+    top, worst = order.top(), max(order.prio_of(n) for n in nodes) + 1.0
+    order._prio[top] = order._hprio[0] = worst  # the node's key and its slot's copy agree
     with pytest.raises(AssertionError, match="below its parent"):
         t.check_integrity()
 

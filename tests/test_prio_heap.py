@@ -85,3 +85,13 @@ def test_check_integrity_catches_a_broken_position():
     h._pos[3] = 0
     with pytest.raises(AssertionError, match="position"):
         h.check_integrity()
+
+
+def test_check_integrity_catches_a_slot_key_that_is_not_its_nodes():
+    h = PrioHeap()
+    h.grow(4)
+    for n in range(4):
+        h.push(n, float(n), 1)
+    h._prio[2] = 7.0  # the node's own key changed, its slot's copy did not
+    with pytest.raises(AssertionError, match="keys 2 as"):
+        h.check_integrity()
