@@ -69,8 +69,9 @@ class EvictionPolicy(Protocol):
     # instead of two; a policy defines it when that saves work on the simulator's hot path.
     # ``node_id`` is always the node the running ``candidates()`` iterator yielded last (the tree
     # calls on_evict only from its loop over that iterator), so a policy may rely on what its
-    # iterator did to that node before yielding it (lru, s3fifo and the heap policies take it out of
-    # their order first).
+    # iterator did to that node before yielding it. A subclass inherits it, so it replaces the
+    # subclass's on_remove and on_leaf overrides too: the built-in policies keep their per-eviction
+    # step private (``_evict``, which the tree calls for their exact classes) instead.
 
     # Optional: ``on_graft(node_ids)``: the nodes (resident in this tier, parents first) got deeper,
     # their run having been grafted from the namespace root under a chain that reached its first key
@@ -286,10 +287,11 @@ class LRUPolicy:
         if self._newer[node_id] == _OUT:
             self._push_oldest(node_id)
 
-    def on_evict(self, node_id: int, leaf_parent: int) -> None:
-        # on_remove((node_id,)) then on_leaf(leaf_parent), in one call (see EvictionPolicy). node_id
-        # is the node candidates() just yielded, which it already took out of the order (and never
-        # set aside): only the count and the parent are left to update.
+    def _evict(self, node_id: int, leaf_parent: int) -> None:
+        # on_remove((node_id,)) then on_leaf(leaf_parent), in one call: RadixTree.evict's step for
+        # this exact class (private, not on_evict: see EvictionPolicy). node_id is the node
+        # candidates() just yielded, which it already took out of the order (and never set aside):
+        # only the count and the parent are left to update.
         self._resident -= 1
         if leaf_parent >= 0 and self._newer[leaf_parent] == _OUT:
             self._push_oldest(leaf_parent)

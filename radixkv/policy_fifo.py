@@ -236,9 +236,10 @@ class S3FIFOPolicy:
             if in_main is not None:
                 self._push_oldest(node_id, in_main)  # its FIFO position is as old as it gets
 
-    def on_evict(self, node_id: int, leaf_parent: int) -> None:
+    def _evict(self, node_id: int, leaf_parent: int) -> None:
         # on_remove((node_id,)) then on_leaf(leaf_parent), written out for one node: the replay's
-        # eviction loop calls this once per evicted chunk (see EvictionPolicy). node_id is the node
+        # eviction loop calls this once per evicted chunk of this exact class (private, not
+        # on_evict: see EvictionPolicy). node_id is the node
         # candidates() just yielded: it already took it out of its queue (never set aside) and
         # noted the queue, and its frequency is 0 (a touched chunk is moved, not yielded), so
         # there is no count to fold into the parent.
@@ -274,10 +275,19 @@ class S3FIFOPolicy:
             elif n in parked:
                 del parked[n]
             else:
-                for i, (m, _) in enumerate(self._aside):
+                # Out of every queue: taken by a live candidates() run, either set aside (yielded and
+                # skipped) or the node it yielded last, which a caller evicting through on_remove (a
+                # Python subclass's path through RadixTree.evict) removes now. A one-hit chunk taken
+                # from the small queue becomes a ghost, as _evict makes it.
+                for i, (m, in_main) in enumerate(self._aside):
                     if m == n:
                         del self._aside[i]
+                        small = not in_main
                         break
+                else:
+                    small = self._took_small
+                if small and freq[n] == 0:
+                    ghost[self._gk.of(self._ns[n], self._keys[n])] = None
             p = parent[n]
             f = freq[n]
             freq[n] = -1

@@ -167,8 +167,10 @@ class _HeapPolicy:
             if 0 <= n < n_slots and st[n] != _OUT:
                 self._drop(n)
 
-    def on_evict(self, node_id: int, leaf_parent: int) -> None:
-        # on_remove((node_id,)) then on_leaf(leaf_parent), in one call (see EvictionPolicy)
+    def _evict(self, node_id: int, leaf_parent: int) -> None:
+        """on_remove((node_id,)) then on_leaf(leaf_parent) (-1: none), in one call: RadixTree.evict
+        calls it once per evicted chunk of the exact built-in classes. Not an on_evict hook: that
+        would replace on_remove and on_leaf for a Python subclass too, which may override them."""
         if self._st[node_id] != _OUT:
             self._drop(node_id)
         if leaf_parent >= 0 and self._st[leaf_parent] != _OUT:

@@ -1002,8 +1002,9 @@ class RadixTree:
         on_evict = getattr(pol, "on_evict", None)
         # The built-in lru, s3fifo, sieve and priority policies (their exact classes: a subclass may
         # override any hook) are driven natively: their candidates() steps (_take, _end) and
-        # on_evict (sieve: _evict) are direct calls, not a generator's resumption and close and a
-        # Python-level call per eviction (~25% of an lru replay).
+        # per-eviction steps (_evict, private: a subclass takes the generic path, where its own
+        # on_remove and on_leaf are called) are direct calls, not a generator's resumption and close
+        # and a Python-level call per eviction (~25% of an lru replay).
         lru: LRUPolicy | None = None
         s3: S3FIFOPolicy | None = None
         sv: SIEVEPolicy | None = None
@@ -1023,7 +1024,7 @@ class RadixTree:
         n = -1  # lru, s3fifo, sieve: the node _take returned last (_take or _end sets it aside
         # if it stays)
         try:
-            if on_evict is not None or sv is not None:
+            if on_evict is not None or gen is None:  # gen is None: a built-in policy, driven natively
                 # The same steps as the loop below, with on_evict(n, leaf_parent) as its last policy
                 # call before the key is cleared, and the branches laid out so a chunk no other tier
                 # holds (every chunk of a one-tier tree) takes the fewest steps.
@@ -1073,15 +1074,15 @@ class RadixTree:
                             leaf_parent = p
                     # before the key is cleared: a policy may remember it
                     if lru is not None:
-                        lru.on_evict(n, leaf_parent)
+                        lru._evict(n, leaf_parent)
                     elif s3 is not None:
-                        s3.on_evict(n, leaf_parent)
+                        s3._evict(n, leaf_parent)
                     elif sv is not None:
                         sv._evict(n)  # its on_leaf does nothing
                     elif hp is not None:
-                        hp.on_evict(n, leaf_parent)
+                        hp._evict(n, leaf_parent)  # private: a subclass takes the generic path
                     else:
-                        on_evict(n, leaf_parent)  # type: ignore[misc]  # not None: sv is
+                        on_evict(n, leaf_parent)  # type: ignore[misc]  # not None (else a built-in is)
                     if not m:  # no tier holds it: it leaves the tree
                         if p < 0 and awaits and n in awaits:
                             self._forget_await(n)

@@ -873,6 +873,40 @@ def test_a_namespace_whose_last_chunk_left_leaves_no_index_behind(how):
     tree.check_integrity()
 
 
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "sieve", "lfu", "cost", "agedref", "oddsref"])
+def test_a_python_subclass_of_a_builtin_policy_hears_each_eviction_through_its_hooks(policy):
+    """The tree drives a built-in policy's exact class through direct calls (its candidates() steps
+    and a private per-eviction hook); a Python subclass takes the generic path, on which each evicted
+    chunk reaches ``on_remove`` and a parent it leaves a leaf reaches ``on_leaf``. A public
+    ``on_evict`` inherited from the base replaces both there too: lfu, agedref and oddsref gained one
+    with their indexed heap (cost had one), and a subclass overriding on_remove or on_leaf no longer
+    heard evictions (one whose on_leaf kept interior chunks out of the order had them evicted);
+    lru's and s3fifo's public on_evict did the same before."""
+    from radixkv.policies import POLICIES, register_policy
+
+    base = POLICIES[policy]
+    removed: list[int] = []
+    leaves: list[int] = []
+
+    def on_remove(self, node_ids, _b=base):
+        removed.extend(node_ids)
+        _b.on_remove(self, node_ids)
+
+    def on_leaf(self, node_id, _b=base):
+        leaves.append(node_id)
+        _b.on_leaf(self, node_id)
+
+    register_policy(f"{policy}-heard")(type("Heard", (base,), {"on_remove": on_remove, "on_leaf": on_leaf}))
+    try:
+        tree = RadixTree(("mem",), policy=f"{policy}-heard")
+    finally:
+        del POLICIES[f"{policy}-heard"]
+    a, ab, abc = tree.insert(NS, ["a", "ab", "abc"], "mem", 16, 1).node_ids
+    assert tree.evict("mem", 3).removed_node_ids == (abc, ab, a)
+    assert (removed, leaves) == ([abc, ab, a], [ab, a])
+    tree.check_integrity()
+
+
 @pytest.mark.parametrize("policy", ["agedref", "oddsref"])
 def test_a_clear_leaves_the_ghost_history_within_its_bound(policy):
     """agedref/oddsref remember evicted (and cleared) chunks, up to ghost_factor x resident. Each
