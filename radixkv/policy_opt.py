@@ -20,9 +20,10 @@ from radixkv.policy_heap import _ORDERED, _OUT, _PARKED, _HeapPolicy
 
 __all__ = ["NEVER", "OPTPolicy"]
 
-NEVER: Final = 1 << 62  # next-use index of a block no later request references
-
-_EXACT: Final = 1 << 53  # next uses below this (and NEVER, a power of two) are exact as floats
+# Next-use index of a block no later request references: above every request index (a trace of 2^53
+# requests is out of reach), exact as a float (so is every index below it), and a short int in the
+# compiled build (2^62 was not: every comparison with it and its float conversion took a slow path).
+NEVER: Final = 1 << 53
 _UNKNOWN: Final = -1  # OPTPolicy._next of a node inserted whose next use was not told yet
 
 
@@ -30,9 +31,9 @@ class OPTPolicy(_HeapPolicy):
     """Belady's MIN with bypass under prefix semantics; offline only (needs :meth:`set_next_use`).
 
     The priority of a node is minus its next use (a later next use is a better victim; a next use
-    must be below 2^53 or :data:`NEVER`, so the float is exact), and the heap breaks ties deepest
-    first. A node inserted but not told its next use yet has priority -inf: it goes first, as a
-    block never used again would."""
+    is a request index below 2^53 or :data:`NEVER`, 2^53: exact as floats), and the heap breaks
+    ties deepest first. A node inserted but not told its next use yet has priority -inf: it goes
+    first, as a block never used again would."""
 
     name: ClassVar[str] = "opt"
     offline: ClassVar[bool] = True  # needs the future: never a runtime policy (the contract suite skips it)
@@ -67,9 +68,9 @@ class OPTPolicy(_HeapPolicy):
             s = st[n]
             if s == _OUT:
                 continue
-            if not 0 <= t < _EXACT and t != NEVER:
+            if not 0 <= t <= NEVER:
                 raise InputError(
-                    f"opt: next_use={t!r} of node {n} must be a request index in [0, 2**53) or NEVER (2**62)"
+                    f"opt: next_use={t!r} of node {n} must be a request index in [0, 2**53) or NEVER (2**53)"
                 )
             nxt[n] = t
             if tchild[n]:
@@ -89,5 +90,5 @@ class OPTPolicy(_HeapPolicy):
         super().check_integrity()
         assert len(self._next) == len(self._st), f"opt: {len(self._next)} next uses for {len(self._st)} slots"
         st, nxt = self._st, self._next
-        bad = [n for n in range(len(st)) if st[n] != _OUT and not (_UNKNOWN <= nxt[n] < _EXACT or nxt[n] == NEVER)]
+        bad = [n for n in range(len(st)) if st[n] != _OUT and not _UNKNOWN <= nxt[n] <= NEVER]
         assert not bad, f"opt: next uses out of range at nodes {bad[:5]}"
