@@ -39,7 +39,7 @@ COMPILED = [
     "radixkv/policy_heap.py",
     "radixkv/policy_oddsref.py",
     "radixkv/policy_opt.py",
-    "radixkv/ghost_keys.py",
+    "radixkv/ghosts.py",
     "radixkv/prio_heap.py",
 ]
 _MODULES = {path[:-3].replace("/", "."): path for path in COMPILED}  # module name -> source

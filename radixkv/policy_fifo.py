@@ -4,7 +4,6 @@ Imported by :mod:`radixkv.policies`, which registers them; see its docstring for
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import TYPE_CHECKING, ClassVar, Final, Generator, Sequence
 
 from librt.vecs import extend, vec
@@ -12,7 +11,7 @@ from mypy_extensions import i64
 
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
-from radixkv.ghost_keys import GhostKeys
+from radixkv.ghosts import GhostHistory
 
 if TYPE_CHECKING:
     from radixkv.tree import RadixTree, TreeColumns
@@ -63,8 +62,7 @@ class S3FIFOPolicy:
         # read on every touch and every queue step); -1: not resident in the tier.
         self._freq: vec[i64] = vec[i64]()
         self._inserted_at = -1  # clock of the last insert: its own path touch is not a reuse
-        self._ghost: OrderedDict[object, None] = OrderedDict()  # entries named by _gk
-        self._gk = GhostKeys()
+        self._ghost = GhostHistory()  # keys recently evicted from the small queue
         self._aside: list[tuple[int, bool]] = []
         self._resident = 0  # small + main + parked + aside, kept as a count (asked once per step)
         self._keys: list[str | None] = []
@@ -195,13 +193,13 @@ class S3FIFOPolicy:
         self._inserted_at = now
         self._resident += len(node_ids)
         self._grow()
-        ghost, freq, ns, keys, gk = self._ghost, self._freq, self._ns, self._keys, self._gk
+        ghost, freq, ns, keys = self._ghost, self._freq, self._ns, self._keys
         for n in node_ids:
             freq[n] = 0
         returning = False
-        if ghost:
+        if len(ghost):
             for n in node_ids:
-                if gk.of(ns[n], keys[n]) in ghost:
+                if ghost.contains(ns[n], keys[n]):
                     returning = True
                     break
         if not returning:
@@ -210,9 +208,7 @@ class S3FIFOPolicy:
                 self._append(n, False)
             return
         for n in node_ids:
-            k = gk.of(ns[n], keys[n])
-            if k in ghost:
-                del ghost[k]
+            if ghost.take(ns[n], keys[n]):
                 self._append(n, True)
             else:
                 self._append(n, False)
@@ -248,13 +244,10 @@ class S3FIFOPolicy:
         self._freq[n] = -1
         ghost = self._ghost
         if self._took_small:
-            ghost[self._gk.of(self._ns[n], self._keys[n])] = None
+            ghost.put(self._ns[n], self._keys[n])
         if len(ghost) > 16:
             limit = self._n_main
-            if limit < 16:
-                limit = 16
-            while len(ghost) > limit:
-                ghost.popitem(False)
+            ghost.trim(limit if limit > 16 else 16)
         if leaf_parent >= 0 and self._parked:
             in_main = self._parked.pop(leaf_parent, None)
             if in_main is not None:
@@ -269,7 +262,7 @@ class S3FIFOPolicy:
             if q == _SMALL:
                 self._unlink(n)
                 if freq[n] == 0:
-                    ghost[self._gk.of(self._ns[n], self._keys[n])] = None
+                    ghost.put(self._ns[n], self._keys[n])
             elif q == _MAIN:
                 self._unlink(n)
             elif n in parked:
@@ -287,7 +280,7 @@ class S3FIFOPolicy:
                 else:
                     small = self._took_small
                 if small and freq[n] == 0:
-                    ghost[self._gk.of(self._ns[n], self._keys[n])] = None
+                    ghost.put(self._ns[n], self._keys[n])
             p = parent[n]
             f = freq[n]
             freq[n] = -1
@@ -295,10 +288,7 @@ class S3FIFOPolicy:
                 freq[p] = f  # count; freq[p] < 0: the parent is not resident in the tier
         if len(ghost) > 16:
             limit = self._n_main
-            if limit < 16:
-                limit = 16
-            while len(ghost) > limit:
-                ghost.popitem(False)  # last=False, by position: no keyword parsing per eviction
+            ghost.trim(limit if limit > 16 else 16)
 
     def candidates(self) -> Generator[int, None, None]:
         # The queue's oldest entry is taken out before it is looked at; one the tree did not evict
@@ -357,6 +347,7 @@ class S3FIFOPolicy:
             self._push_oldest(n, in_main)
 
     def check_integrity(self) -> None:
+        self._ghost.check_integrity()
         newer, older, queue = self._newer, self._older, self._queue
         assert len(newer) == len(older) == len(queue) == len(self._freq) <= len(self._mask), (
             f"s3fifo: columns of {len(newer)}, {len(older)}, {len(queue)} and {len(self._freq)} slots "

@@ -5,7 +5,6 @@ Imported by :mod:`radixkv.policies`, which registers them; see its docstring for
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generator, Sequence
 
 from librt.vecs import extend, vec
@@ -13,7 +12,7 @@ from mypy_extensions import i64
 
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
-from radixkv.ghost_keys import GhostKeys
+from radixkv.ghosts import GhostHistory
 from radixkv.prio_heap import PrioHeap
 
 if TYPE_CHECKING:
@@ -427,8 +426,7 @@ class AgedRefPolicy(_HeapPolicy):
         self._last: vec[i64] = vec[i64]()  # clock of the node's last direct touch (_NEVER: none)
         # score a node came back with from the ghost history (NaN: it did not); grows in _grow
         self._restored: vec[float] = vec[float]()
-        self._ghost: OrderedDict[object, tuple[float, int]] = OrderedDict()  # entries named by _gk
-        self._gk = GhostKeys()
+        self._ghost = GhostHistory()  # evicted chunks: score and last touch (aux)
         self._full_tokens = 0
         self._clock = 0
 
@@ -473,12 +471,11 @@ class AgedRefPolicy(_HeapPolicy):
         for n in node_ids:
             if tokens[n] > self._full_tokens:
                 self._full_tokens = tokens[n]
-            g = ghost.pop(self._gk.of(ns[n], keys[n]), None) if ghost else None
-            if g is None:
+            if not (len(ghost) and ghost.take(ns[n], keys[n])):
                 score[n] = -math.inf
             else:
-                score[n] = self._restored[n] = g[0]
-                self._observe_gap(self._clock + 1 - g[1])
+                score[n] = self._restored[n] = ghost.last_score
+                self._observe_gap(self._clock + 1 - ghost.last_aux)
 
     def _touch(self, n: int, now: int) -> None:
         if self._tokens[n] >= self._full_tokens:
@@ -513,22 +510,20 @@ class AgedRefPolicy(_HeapPolicy):
         self._last[n] = _NEVER  # the slot may be reused by another node
         if self._ghost_factor and s > -math.inf and self._tokens[n] >= self._full_tokens:
             ghost = self._ghost
-            ghost[self._gk.of(self._ns[n], self._keys[n])] = (s, self._clock if last == _NEVER else last)
+            ghost.put(self._ns[n], self._keys[n], s, self._clock if last == _NEVER else last)
             if len(ghost) > self._ghost_factor * self._resident + 64:
-                ghost.popitem(last=False)  # O(1); deleting a plain dict's first key is not
+                ghost.pop_oldest()
+
+    def check_integrity(self) -> None:
+        super().check_integrity()
+        self._ghost.check_integrity()
 
     def on_cleared(self) -> None:
         # One removal trims at most one entry while adding its own: after a clear of many chunks the
         # history would keep the old tier's size (nothing shrinks it until the tier holds as many
         # chunks again). Trimmed here rather than in _forget: a loop there moves the simulator's
         # hit rates (Mooncake at 1 %: agedref +0.06, oddsref +0.14 points, past the pinned 0.05).
-        _trim_ghost(self._ghost, self._ghost_factor * self._resident + 64)
-
-
-def _trim_ghost(ghost: OrderedDict[Any, Any], bound: float) -> None:
-    """Drop a ghost history's oldest entries until it holds at most ``bound``."""
-    while len(ghost) > bound:
-        ghost.popitem(last=False)
+        self._ghost.trim(self._ghost_factor * self._resident + 64)
 
 
 def _log2_add(a: float, b: float) -> float:

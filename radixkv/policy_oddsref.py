@@ -8,17 +8,26 @@ protocol and docs/simulator.md ("Beyond LRU") for the measurements.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from typing import TYPE_CHECKING, ClassVar, Sequence
 
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
-from radixkv.policy_heap import _OUT, AgedRefPolicy, _trim_ghost
+from radixkv.ghosts import GhostHistory
+from radixkv.policy_heap import _OUT, AgedRefPolicy
 
 if TYPE_CHECKING:
     from radixkv.tree import RadixTree
 
 _Class = tuple[int, int, int]
+
+
+def _pack(c: _Class) -> int:
+    # A class in one integer, for the ghost history: each part is a log2 of a count, below 64.
+    return c[0] | c[1] << 16 | c[2] << 32
+
+
+def _unpack(a: int) -> _Class:
+    return (a & 0xFFFF, (a >> 16) & 0xFFFF, (a >> 32) & 0xFFFF)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
@@ -64,7 +73,7 @@ class OddsRefPolicy(AgedRefPolicy):
         self._decay = float(class_decay)
         # fresh resident chunk -> class of the request that made it
         self._cls: dict[int, _Class] = {}
-        self._ghost_cls: OrderedDict[object, _Class] = OrderedDict()  # entries named by _gk
+        self._ghost_cls = GhostHistory()  # classes of evicted fresh chunks (packed, in aux)
         self._made: dict[_Class, float] = {}  # fresh chunks created per class (decayed)
         self._used: dict[_Class, float] = {}  # of those, reused later (decayed)
         self._made_all = 0.0
@@ -127,9 +136,9 @@ class OddsRefPolicy(AgedRefPolicy):
             if tokens[n] < full:
                 continue
             if not math.isnan(self._restored[n]):  # back from the ghost history: reused, credit its class once
-                c = self._ghost_cls.pop(self._gk.of(ns[n], keys[n]), None)
-                if c is not None:
-                    self._credit(c)
+                ghost = self._ghost_cls
+                if ghost.take(ns[n], keys[n]):
+                    self._credit(_unpack(ghost.last_aux))
             else:
                 fresh.append(n)
         self._credit_path(boundary)
@@ -161,19 +170,20 @@ class OddsRefPolicy(AgedRefPolicy):
         c = self._cls.pop(n, None)
         if c is not None and self._ghost_factor:
             ghost = self._ghost_cls
-            ghost[self._gk.of(self._ns[n], self._keys[n])] = c
+            ghost.put(self._ns[n], self._keys[n], 0.0, _pack(c))
             if len(ghost) > self._ghost_factor * self._resident + 64:
-                ghost.popitem(last=False)
+                ghost.pop_oldest()
         super()._forget(n, ordered)
 
     def on_cleared(self) -> None:
         # The classes' history, as the scores' one (AgedRefPolicy.on_cleared).
-        _trim_ghost(self._ghost_cls, self._ghost_factor * self._resident + 64)
+        self._ghost_cls.trim(self._ghost_factor * self._resident + 64)
         super().on_cleared()
 
     def check_integrity(self) -> None:
         super().check_integrity()
         st = self._st
+        self._ghost_cls.check_integrity()
         stray = {n for n in self._cls if n >= len(st) or st[n] == _OUT}
         assert not stray, (
             f"oddsref: {len(stray)} classed chunks not resident, e.g. {sorted(stray)[:5]}"

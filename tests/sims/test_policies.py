@@ -80,7 +80,7 @@ def test_s3fifo_one_hit_chunks_leave_first_and_ghost_readmits_to_main():
     assert "keep" in resident(tree)
     pol = tree.policy("mem")
     assert len(pol._ghost) > 0  # one-hit chunks went to the ghost FIFO
-    ghost_key = next(iter(pol._ghost))  # the chunk's key (its namespace is the tree's only one)
+    ghost_key = pol._ghost.names()[0]  # the chunk's key (its namespace is the tree's only one)
     use(tree, ghost_key.lstrip("/"))
     main = pol._fifo(True)  # the main FIFO, oldest first
     assert main and tree.lookup(NS, ghost_key) in main

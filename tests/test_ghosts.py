@@ -1,0 +1,65 @@
+"""GhostHistory against the OrderedDict of ``(namespace, key) -> (score, aux)`` it replaces."""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+
+import pytest
+
+from radixkv.ghosts import GhostHistory
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_operations_match_an_ordered_dict(seed):
+    r = random.Random(seed)
+    g, ref = GhostHistory(), OrderedDict()
+    # Few keys and namespaces: the same key recurs in several namespaces, and puts of held names.
+    names = [(ns, f"k{i}") for ns in ("a", "b", "c")[: r.randint(1, 3)] for i in range(r.randint(1, 40))]
+    for step in range(4000):
+        x = r.random()
+        ns, key = r.choice(names)
+        if x < 0.45:
+            score, aux = r.random(), r.randrange(1 << 40)
+            g.put(ns, key, score, aux)
+            ref[(ns, key)] = (score, aux)  # a held name keeps its place, as in the history
+        elif x < 0.7:
+            held = (ns, key) in ref
+            assert g.contains(ns, key) == held
+            assert g.take(ns, key) == held
+            if held:
+                assert (g.last_score, g.last_aux) == ref.pop((ns, key))
+        elif x < 0.8:
+            g.pop_oldest()
+            if ref:
+                ref.popitem(last=False)
+        elif x < 0.85:
+            bound = r.choice([0, 1, 5, 20, 7.5])
+            g.trim(bound)
+            while len(ref) > bound:
+                ref.popitem(last=False)
+        assert len(g) == len(ref)
+        if step % 40 == 0:
+            g.check_integrity()
+            # oldest first, in the order of the reference (a bare key is of the first namespace seen)
+            assert [n if isinstance(n, tuple) else (g._ns0, n) for n in g.names()] == list(ref)
+    g.check_integrity()
+
+
+def test_the_first_namespace_is_named_by_key_alone_and_others_by_the_pair():
+    g = GhostHistory()
+    g.put("b", "k", 1.0, 1)
+    g.put("a", "k", 2.0, 2)  # the same key in another namespace: a separate entry
+    assert g.names() == ["k", ("a", "k")]
+    assert g.take("a", "k") and g.last_score == 2.0
+    assert not g.contains("a", "k") and g.contains("b", "k")
+    g.check_integrity()
+
+
+def test_check_integrity_catches_a_broken_link():
+    g = GhostHistory()
+    for i in range(4):
+        g.put("ns", f"k{i}")
+    g._newer[1] = 3  # skips k2
+    with pytest.raises(AssertionError, match="linked oldest to newest"):
+        g.check_integrity()
