@@ -155,6 +155,45 @@ def test_opt_orders_farthest_next_use_first_then_deepest_then_lowest_id(fields):
     assert got == want[: len(got)] and len(got) == len(fields)
 
 
+def test_opt_ties_a_grafted_run_by_its_depth_now():
+    # Deepest first is by the depth a node has when it is ordered: x2, told its next use as a
+    # namespace root (depth 1), is at depth 3 once x0/x1 arrive and its run is grafted under them,
+    # so it goes before y2 (depth 2, same next use). OPT before 209e508 kept the depth of the
+    # set_next_use call and took y2 first.
+    from radixkv.tree import RadixTree
+
+    t = RadixTree(("mem",), policy="opt")
+    p = t.policy("mem")
+    (x2,) = t.insert("ns", ["x2"], "mem", 16, 1, parent_key="x1", root_if_missing=True).node_ids
+    y1, y2 = t.insert("ns", ["y1", "y2"], "mem", 16, 1).node_ids
+    p.set_next_use([y1, y2, x2], [0, _opt.NEVER, _opt.NEVER])
+    x0, x1 = t.insert("ns", ["x0", "x1"], "mem", 16, 1).node_ids
+    p.set_next_use([x0, x1], [0, 0])
+    assert t.node_depth(x2) == 3
+    t.check_integrity()
+    assert list(t.evict("mem", 2).removed_node_ids) == [x2, y2]
+
+
+def test_opt_evicts_an_unknown_node_once_it_is_a_leaf_in_the_same_run():
+    # A node not told its next use goes first (as one never used again), also when it becomes a
+    # leaf in the middle of an eviction: evict(2) takes what two evict(1) calls take. OPT before
+    # 209e508 passed over it for the rest of that run (its unknown nodes were listed once, up front)
+    # and took c instead.
+    from radixkv.tree import RadixTree
+
+    def tree():
+        t = RadixTree(("mem",), policy="opt")
+        a, b = t.insert("ns", ["a", "a.b"], "mem", 16, 1).node_ids
+        (c,) = t.insert("ns", ["c"], "mem", 16, 1).node_ids
+        t.policy("mem").set_next_use([b, c], [5, 3])  # a (interior) is left unknown
+        return t, a, b
+
+    t, a, b = tree()
+    assert list(t.evict("mem", 2).removed_node_ids) == [b, a]
+    t, a, b = tree()
+    assert [n for _ in range(2) for n in t.evict("mem", 1).removed_node_ids] == [b, a]
+
+
 @pytest.mark.parametrize("bad", [-1, _opt.NEVER + 1, 1 << 62, 1 << 70])
 def test_opt_refuses_a_next_use_its_order_cannot_hold_exactly(bad):
     from radixkv.errors import InputError
