@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import final
 
-from librt.vecs import append, extend, pop, vec
+from librt.vecs import append, pop, vec
 from mypy_extensions import i64
 
 __all__ = ["GhostHistory"]

@@ -5,7 +5,7 @@ Imported by :mod:`radixkv.policies`, which registers them; see its docstring for
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Generator, Sequence
+from typing import TYPE_CHECKING, ClassVar, Final, Generator, Sequence
 
 from librt.vecs import extend, vec
 from mypy_extensions import i64

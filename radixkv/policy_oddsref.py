@@ -8,15 +8,12 @@ protocol and docs/simulator.md ("Beyond LRU") for the measurements.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, ClassVar, Sequence
+from typing import ClassVar, Sequence
 
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
 from radixkv.ghosts import GhostHistory
 from radixkv.policy_heap import _OUT, AgedRefPolicy
-
-if TYPE_CHECKING:
-    from radixkv.tree import RadixTree
 
 _Class = tuple[int, int, int]
 
