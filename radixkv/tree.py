@@ -57,8 +57,9 @@ _MAX_AWAITING_RUNS = 4096
 
 class TreeColumns:
     """The node columns a tree's policies read (read-only for them): children resident per tier,
-    residency masks, parents, depths, live children, tokens and bytes per chunk. The tree replaces a vec column when it grows
-    (``extend`` may move it) and updates this holder then, so a policy reads the current one here.
+    residency masks, parents, depths, live children, tokens and bytes per chunk. The tree replaces a
+    vec column when it grows (``extend`` may move it) and updates this holder then, so a policy
+    reads the current one here.
     Policies hold this, not the tree: a policy holding its tree made every tree a reference cycle
     (tree -> policy -> tree), freed only by the cycle collector."""
 
@@ -1021,8 +1022,8 @@ class RadixTree:
             hp = cast(_HeapPolicy, pol)
         evicted = freed_bytes = 0
         gen = pol.candidates() if lru is None and s3 is None and sv is None and hp is None else None
-        n = -1  # lru, s3fifo, sieve: the node _take returned last (_take or _end sets it aside
-        # if it stays)
+        n = -1  # a built-in policy: the node _take returned last (_take or _end sets it aside if
+        # it stays)
         try:
             if on_evict is not None or gen is None:  # gen is None: a built-in policy, driven natively
                 # The same steps as the loop below, with on_evict(n, leaf_parent) as its last policy
