@@ -55,9 +55,9 @@ class GhostHistory:
         ns0 = self._ns0
         if ns0 is None and ns is not None:
             self._ns0 = ns0 = ns
-        if ns == ns0 and ns is not None:
+        if ns == ns0 and ns is not None and key is not None:
             return key
-        return (ns, key)
+        return (ns, key)  # also a None key: a bare None would read as a free slot in _names
 
     def contains(self, ns: str | None, key: str | None) -> bool:
         return self._name(ns, key) in self._slot
@@ -148,10 +148,24 @@ class GhostHistory:
         assert len(walked) == len(self._slot), (
             f"ghosts: {len(walked)} entries linked oldest to newest, {len(self._slot)} named"
         )
+        ns0 = self._ns0
         for s, name in enumerate(self._names):
             if name is not None:
                 assert self._slot.get(name) == s, f"ghosts: slot {s} holds {name!r}, named at {self._slot.get(name)}"
+                # One name per chunk (see _name): a key alone in the first namespace, a pair otherwise
+                # (a pair of the first namespace is never looked up: its chunk would be missed).
+                if isinstance(name, tuple):
+                    ok = name[0] != ns0 or ns0 is None or name[1] is None
+                else:
+                    ok = ns0 is not None
+                assert ok, f"ghosts: slot {s} names {name!r}, not as _name does (first namespace {ns0!r})"
         free = sorted(int(s) for s in self._free)
         assert free == [s for s, name in enumerate(self._names) if name is None], "ghosts: free slots drifted"
-        tail = self._newest
-        assert (tail < 0) == (not self._slot) and (tail < 0 or self._newer[tail] == -1), "ghosts: newest end broken"
+        # The backward links too: _release unlinks through them, so a wrong one breaks the list at
+        # the next take or pop_oldest (the forward walk alone never reads them). The forward walk
+        # ends: it was counted above.
+        older, s, prev = self._older, self._oldest, -1
+        while s >= 0:
+            assert older[s] == prev, f"ghosts: slot {s} links {older[s]} as older, {prev} precedes it"
+            prev, s = s, self._newer[s]
+        assert prev == self._newest, f"ghosts: the newest end is slot {self._newest}, the list's is {prev}"

@@ -15,6 +15,7 @@ from typing import ClassVar, Final, Sequence
 from librt.vecs import extend, vec
 from mypy_extensions import i64
 
+from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import InputError
 from radixkv.policy_heap import _ORDERED, _OUT, _PARKED, _HeapPolicy
 
@@ -27,6 +28,7 @@ NEVER: Final = 1 << 53
 _UNKNOWN: Final = -1  # OPTPolicy._next of a node inserted whose next use was not told yet
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass it, as the other built-in policies
 class OPTPolicy(_HeapPolicy):
     """Belady's MIN with bypass under prefix semantics; offline only (needs :meth:`set_next_use`).
 
@@ -60,11 +62,18 @@ class OPTPolicy(_HeapPolicy):
 
     def set_next_use(self, node_ids: Sequence[int], next_use: Sequence[int]) -> None:
         """Oracle hook: the index of the next request using each node (root->leaf path order; a node
-        not in the tier is skipped). Only tier leaves are ordered: an interior node cannot be a
-        victim, and it is ordered when its last child leaves."""
+        not in the tier is skipped, a negative id is an InputError). Only tier leaves are ordered: an
+        interior node cannot be a victim, and it is ordered when its last child leaves."""
         st, nxt, order = self._st, self._next, self._order
         tchild, depth = self._cols.tchild[self._t], self._cols.depth
+        n_slots = len(st)
         for n, t in zip(node_ids, next_use):
+            # A negative id would index the columns from their end (another node's state and heap
+            # position); one past them is a node created since this tier's last insert: not in it.
+            if not 0 <= n < n_slots:
+                if n < 0:
+                    raise InputError(f"opt: node id {n!r} must be a node id (>= 0)")
+                continue
             s = st[n]
             if s == _OUT:
                 continue
@@ -92,3 +101,8 @@ class OPTPolicy(_HeapPolicy):
         st, nxt = self._st, self._next
         bad = [n for n in range(len(st)) if st[n] != _OUT and not _UNKNOWN <= nxt[n] <= NEVER]
         assert not bad, f"opt: next uses out of range at nodes {bad[:5]}"
+        # The order is by the next use: every push of an ordered node is of _prio(n) (on_graft
+        # keeps the priority, which is static), so a next use changed without a push is a wrong order.
+        order = self._order
+        stale = [n for n in range(len(st)) if st[n] == _ORDERED and order.prio_of(n) != self._prio(n)]
+        assert not stale, f"opt: nodes ordered by another next use than theirs, e.g. {stale[:5]}"

@@ -404,8 +404,8 @@ class RadixTree:
         namespace: str,
         keys: Sequence[str],
         tier: str,
-        chunk_tokens: object,  # an int > 0; checked here (a compiled build would raise a bare
-        size_bytes: object,  # TypeError for a float at the call): an int >= 0
+        chunk_tokens: object,  # an int in 1 .. 2**48-1; checked here (a compiled build would raise a
+        size_bytes: object,  # bare TypeError for a float at the call): an int in 0 .. 2**48-1
         parent_key: str | None = None,
         root_if_missing: bool = False,
     ) -> InsertResult:
@@ -422,7 +422,8 @@ class RadixTree:
         ends with the run's first chunk leaving the tree or being grafted. Without ``parent_key``,
         a run whose first key is present continues from where that key is; a run whose first key
         is new starts at the namespace root. Raises InputError for keys that contradict the tree
-        (not one chain) or invalid sizes. ``keys`` must be one chain, as for :meth:`match`, whose fast
+        (not one chain) or invalid sizes (each must be below 2**48: the columns are 64-bit).
+        ``keys`` must be one chain, as for :meth:`match`, whose fast
         path this insert shares: a list that is not one chain but whose depth span and last link agree
         with one (never a real hash chain) is an InputError where the insert reads the matched nodes,
         and may be taken as present where it need not (every chunk already in the tier).

@@ -23,6 +23,13 @@ def check_tree(tree: RadixTree) -> None:
     for name in ("_ns", "_parent", "_depth", "_nchild", "_mask", "_tokens", "_size", "_kid", "_next", "_prev"):
         assert len(getattr(tree, name)) == n_slots, f"field {name} has the wrong length"
     assert all(len(tc) == n_slots for tc in tree._tchild), "per-tier child counts wrong length"
+    # The policies read these columns through tree._views, which the tree updates when a column is
+    # replaced as it grows: a stale view has them read an old copy (wrong sizes, depths, residency).
+    # Compared by value: the compiled build boxes a vec attribute anew at each read (no identity).
+    views = tree._views
+    for name in ("mask", "parent", "depth", "nchild", "tokens", "size"):
+        assert getattr(views, name) == getattr(tree, "_" + name), f"the policies' view of {name} is stale"
+    assert views.tchild is tree._tchild, "the policies' view of the per-tier child counts is stale"
     free = set(tree._free)
     assert len(free) == len(tree._free), "free list has duplicates"
     nchild = [0] * n_slots

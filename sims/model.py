@@ -37,6 +37,9 @@ from radixkv.errors import ConfigError
 __all__ = ["ModelSpec", "MODEL_PRESETS", "TierModel", "DEFAULT_TIER_MODELS", "parse_model", "ttft_s",
            "estimate_ttft", "TTFTEstimate", "parse_size_bytes"]
 
+# RadixTree.insert's bound of a chunk's size_bytes (its columns are 64-bit integers).
+_MAX_BLOCK_BYTES = 1 << 48
+
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
                 "float8": 1, "fp8": 1, "int8": 1}
 
@@ -63,7 +66,17 @@ class ModelSpec:
                               "model (1 TiB per token); check layers, kv_heads and head_dim")
 
     def block_bytes(self, block_tokens: int) -> int:
-        return self.kv_bytes_per_token * block_tokens
+        """Bytes of a block of ``block_tokens`` tokens; ConfigError at the tree's bound of a chunk's
+        bytes (2**48, 256 TiB), which the replay's first insert would otherwise report as a
+        ``size_bytes`` the user never gave."""
+        size_bytes = self.kv_bytes_per_token * block_tokens
+        if size_bytes >= _MAX_BLOCK_BYTES:
+            raise ConfigError(
+                f"model {self.name!r}: a block of {block_tokens} tokens is {size_bytes} bytes, beyond "
+                f"the {_MAX_BLOCK_BYTES} (2**48) a cached chunk may have; use fewer block tokens "
+                "(--block-tokens) or check layers, kv_heads and head_dim"
+            )
+        return size_bytes
 
 
 MODEL_PRESETS: dict[str, ModelSpec] = {

@@ -153,7 +153,7 @@ from radixkv.sims.workloads import WorkloadConfig, generate
 
 trace = generate("chat", WorkloadConfig(requests=200, block_tokens=64, seed=5))
 out = {}
-for name in ["lru", "s3fifo", "sieve", "lfu", "cost", "agedref", "oddsref"]:
+for name in ["lru", "s3fifo", "sieve", "lfu", "cost", "agedref", "oddsref", "opt"]:
     base = POLICIES[name]
     # A Python subclass that overrides a hook and calls the compiled one.
     sub = type(f"Counting_{name}", (base,), {
@@ -171,7 +171,9 @@ print(json.dumps(out))
 
 def test_python_subclasses_of_the_compiled_policies_work():
     """A user may subclass a built-in policy in Python (mypyc_attr(allow_interpreted_subclasses)):
-    overriding a hook and calling the compiled one replays exactly like the policy itself."""
+    overriding a hook and calling the compiled one replays exactly like the policy itself. OPT too:
+    compiled since it moved to radixkv.policy_opt, without the attribute it refused any subclass
+    ("interpreted classes cannot inherit from compiled"), which the Python build allowed."""
     got = json.loads(_run(_SUBCLASS))
     for name, (hits, sub_hits, ev, sub_ev) in got.items():
         assert (hits, ev) == (sub_hits, sub_ev), name

@@ -63,3 +63,32 @@ def test_check_integrity_catches_a_broken_link():
     g._newer[1] = 3  # skips k2
     with pytest.raises(AssertionError, match="linked oldest to newest"):
         g.check_integrity()
+
+
+@pytest.mark.parametrize("corrupt", ["older link", "newest at a free slot"])
+def test_check_integrity_catches_a_broken_backward_link_or_newest_end(corrupt):
+    # take and pop_oldest unlink through the older links and the newest end, which the forward walk
+    # from the oldest never read: either could be wrong with the check passing, and the next take
+    # then broke the list.
+    g = GhostHistory()
+    for i in range(5):
+        g.put("ns", f"k{i}")
+    assert g.take("ns", "k2")  # slot 2 is free
+    if corrupt == "older link":
+        g._older[3] = 0  # k3's older neighbour is k1
+    else:
+        g._newest = 2
+    with pytest.raises(AssertionError, match="older|newest end"):
+        g.check_integrity()
+
+
+def test_a_none_key_is_an_entry_of_its_own():
+    # A chunk of the first namespace is named by its key; a None key named so was the marker of a
+    # free slot: names() listed None and check_integrity reported drifted free slots.
+    g = GhostHistory()
+    g.put("ns", "k", 1.0, 1)
+    g.put("ns", None, 2.0, 2)
+    g.check_integrity()
+    assert g.names() == ["k", ("ns", None)]
+    assert g.take("ns", None) and (g.last_score, g.last_aux) == (2.0, 2)
+    g.check_integrity()

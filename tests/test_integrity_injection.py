@@ -91,6 +91,28 @@ def test_heap_policy_priority_changed_without_reordering(policy):
         t.check_integrity()
 
 
+def test_opt_next_use_changed_without_reordering():
+    # In range, but not what the leaf is ordered by: the heap's order is of another future.
+    t = _tree("opt")
+    pol, leaf = t._policies[0], _mem_leaf(t)
+    pol._next[leaf] = pol._next[leaf] + 1  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError, match="ordered by another next use"):
+        t.check_integrity()
+
+
+@pytest.mark.parametrize("column", ["tokens", "size"])
+def test_policies_view_of_a_grown_column_is_stale(column):
+    # The tree replaces a column when it grows and points tree._views at the new one; had it not, the
+    # policies would read the old copy. No check read tokens or sizes through the view (lfu's reads
+    # neither; a stale depth view was caught only by the policy's slot count).
+    t = _tree("lfu")
+    old = getattr(t._views, column)
+    t.insert("ns", [f"d{i}" for i in range(len(t._free) + 1)], "mem", 16, 100)  # past the free slots
+    setattr(t._views, column, old)
+    with pytest.raises(AssertionError, match=f"view of {column} is stale"):
+        t.check_integrity()
+
+
 def test_s3fifo_queue_entry_of_a_dead_node_instead_of_a_live_one():
     t = _tree("s3fifo")
     pol, dead, leaf = t._policies[0], t._free[0], _mem_leaf(t)

@@ -47,3 +47,13 @@ def test_ttft_by_hand():
     assert np.allclose(loaded, [750_000, 0])
     ttft_o, _ = ttft_s(m, tiers, 250, inputs, hit, per_tier, overlap=True)
     assert np.allclose(ttft_o, [1.0, 0.5 + 0.5 / 10, 0.75 + 0.25 / 10])
+
+
+def test_a_block_past_the_trees_bound_of_a_chunk_is_a_config_error_naming_the_model():
+    # The tree refuses a chunk of 2**48 bytes or more (its columns are 64-bit). A model within its
+    # own bound (1 TiB per token) with long blocks got there, and the replay's first insert named
+    # size_bytes, which the user never gave, instead of the model and the block tokens.
+    m = parse_model("layers=10000,kv_heads=4096,head_dim=3000,dtype=fp32")  # ~0.9 TiB per token
+    assert m.block_bytes(256) < 1 << 48
+    with pytest.raises(ConfigError, match=r"model 'custom': a block of 512 tokens .*2\*\*48.*--block-tokens"):
+        m.block_bytes(512)

@@ -203,3 +203,23 @@ def test_opt_refuses_a_next_use_its_order_cannot_hold_exactly(bad):
     ids = t.insert("ns", ["a"], "mem", 16, 1).node_ids
     with pytest.raises(InputError, match="must be a request index"):
         t.policy("mem").set_next_use(ids, [bad])
+
+
+def test_opt_refuses_a_negative_node_id_and_skips_one_past_its_tier():
+    # A negative id indexed the policy's columns from their end: set_next_use([-1], ...) wrote the
+    # last node's next use and pushed -1 into the heap (its position aliased the last node's), so
+    # the order broke with no error. An id past the tier's columns (a node the tier never held: here
+    # one created in the other tier after the tier's last insert) is not in the tier: skipped, as
+    # documented, not an IndexError.
+    from radixkv.errors import InputError
+    from radixkv.tree import RadixTree
+
+    t = RadixTree(("mem", "disk"), policy={"mem": "lru", "disk": "opt"})
+    (a,) = t.insert("ns", ["a"], "disk", 16, 1).node_ids
+    (b,) = t.insert("ns", ["b"], "mem", 16, 1).node_ids  # newer than disk's columns
+    p = t.policy("disk")
+    with pytest.raises(InputError, match="node id -1"):
+        p.set_next_use([-1], [5])
+    p.set_next_use([a, b], [7, 3])
+    t.check_integrity()
+    assert p.unknown() == [] and t.evict_candidates("disk", 1) == [a]
