@@ -242,16 +242,20 @@ class S3FIFOPolicy:
         n = node_id
         self._resident -= 1
         self._freq[n] = -1
-        ghost = self._ghost
         if self._took_small:
-            ghost.put(self._ns[n], self._keys[n])
-        if len(ghost) > 16:
-            limit = self._n_main
-            ghost.trim(limit if limit > 16 else 16)
+            self._ghost.put(self._ns[n], self._keys[n])
+        self._bound_ghost()
         if leaf_parent >= 0 and self._parked:
             in_main = self._parked.pop(leaf_parent, None)
             if in_main is not None:
                 self._push_oldest(leaf_parent, in_main)
+
+    def _bound_ghost(self) -> None:
+        # The ghost FIFO holds at most as many keys as the main queue (at least 16).
+        ghost = self._ghost
+        if len(ghost) > 16:
+            limit = self._n_main
+            ghost.trim(limit if limit > 16 else 16)
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
         freq, parent, parked, queue = self._freq, self._parent, self._parked, self._queue
@@ -286,9 +290,7 @@ class S3FIFOPolicy:
             freq[n] = -1
             if p >= 0 and f > 0 and freq[p] >= 0 and freq[p] < f:  # f == 0 never raises a parent's
                 freq[p] = f  # count; freq[p] < 0: the parent is not resident in the tier
-        if len(ghost) > 16:
-            limit = self._n_main
-            ghost.trim(limit if limit > 16 else 16)
+        self._bound_ghost()
 
     def candidates(self) -> Generator[int, None, None]:
         # The queue's oldest entry is taken out before it is looked at; one the tree did not evict
