@@ -111,7 +111,7 @@ class GhostHistory:
 
     def trim(self, bound: float) -> None:
         """Forget the oldest entries until at most ``bound`` are left."""
-        while len(self._slot) > bound:
+        while float(len(self._slot)) > bound:  # as floats: native when compiled (int > float is not)
             self.pop_oldest()
 
     def _release(self, s: i64) -> None:

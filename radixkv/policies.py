@@ -262,7 +262,11 @@ class LRUPolicy:
         self._ordered -= 1
 
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
-        self._resident += len(node_ids)
+        # The tree hands its hooks lists; compiled, a loop over a list[int] reads it natively, one over
+        # a Sequence[int] takes the iterator protocol and unboxes each id (the other policies' on_insert
+        # do the same).
+        ids: list[int] = node_ids if isinstance(node_ids, list) else list(node_ids)
+        self._resident += len(ids)
         n_slots = len(self._cols.mask)
         if len(self._newer) < n_slots:  # the tree created nodes: their links, not in the order
             outs = vec[i64]([_OUT] * (n_slots - len(self._newer)))
@@ -272,7 +276,7 @@ class LRUPolicy:
         # node, and the rest are parked until on_leaf (or a touch) brings them in. A node already in
         # the order keeps its place.
         tchild = self._cols.tchild[self._t]
-        for n in node_ids:
+        for n in ids:
             if not tchild[n] and self._newer[n] == _OUT:
                 self._append_newest(n)
 

@@ -191,23 +191,24 @@ class S3FIFOPolicy:
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         # The nodes are new to the tier (the tree reports each once): none is queued yet.
         self._inserted_at = now
-        self._resident += len(node_ids)
+        ids: list[int] = node_ids if isinstance(node_ids, list) else list(node_ids)  # see LRUPolicy.on_insert
+        self._resident += len(ids)
         self._grow()
         ghost, freq, ns, keys = self._ghost, self._freq, self._ns, self._keys
-        for n in node_ids:
+        for n in ids:
             freq[n] = 0
         returning = False
         if len(ghost):
-            for n in node_ids:
+            for n in ids:
                 if ghost.contains(ns[n], keys[n]):
                     returning = True
                     break
         if not returning:
             # The usual case, none of the keys is a ghost: the whole chain enters the small queue.
-            for n in node_ids:
+            for n in ids:
                 self._append(n, False)
             return
-        for n in node_ids:
+        for n in ids:
             if ghost.take(ns[n], keys[n]):
                 self._append(n, True)
             else:
@@ -457,7 +458,8 @@ class SIEVEPolicy:
         self._inserted_at = now
         self._grow()
         newer, older = self._newer, self._older
-        for n in node_ids:
+        ids: list[int] = node_ids if isinstance(node_ids, list) else list(node_ids)  # see LRUPolicy.on_insert
+        for n in ids:
             if newer[n] != _OUT:
                 continue  # already in the FIFO: keeps its place
             self._resident += 1

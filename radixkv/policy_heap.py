@@ -24,8 +24,13 @@ if TYPE_CHECKING:
 # first; ties deepest first), parks interior nodes until on_leaf, and folds a removed node's
 # statistics into its parent, which is how lazy path touches reach ancestors.
 
-# ``AgedRefPolicy._last`` of a node never touched directly (clock values are >= 0).
-_NEVER = -(1 << 60)
+# ``AgedRefPolicy._last`` of a node never touched directly (clock values are >= 0). Final: a C
+# constant when compiled (a plain module global is a dict lookup at every use, and _prio is hot).
+_NEVER: Final = -(1 << 60)
+
+# math.log2 bound once (Final: a C static when compiled, not a lookup in the math module per call;
+# mypyc has no native log2). Same function, same results.
+_log2: Final = math.log2
 
 # A node's state in ``_HeapPolicy._st``: not resident in the tier; resident interior node (ordered
 # only once it becomes a leaf); ordered (in the heap, or taken out of it by a candidates() run that
@@ -104,7 +109,7 @@ class _HeapPolicy:
     def _prio(self, n: int) -> float:
         raise NotImplementedError
 
-    def _admit(self, node_ids: Sequence[int], now: int) -> None:
+    def _admit(self, node_ids: list[int], now: int) -> None:
         pass
 
     def _touch(self, n: int, now: int) -> None:
@@ -125,9 +130,10 @@ class _HeapPolicy:
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         if len(self._st) < len(self._cols.depth):
             self._grow(len(self._cols.depth))
-        self._admit(node_ids, now)
+        ids: list[int] = node_ids if isinstance(node_ids, list) else list(node_ids)  # see LRUPolicy.on_insert
+        self._admit(ids, now)
         tchild, st = self._tchild, self._st
-        for n in node_ids:
+        for n in ids:
             s = st[n]
             if s == _OUT:
                 self._resident += 1
@@ -283,7 +289,7 @@ class LFUPolicy(_HeapPolicy):
     def _prio(self, n: int) -> float:
         return self._age + float(self._count[n])
 
-    def _admit(self, node_ids: Sequence[int], now: int) -> None:
+    def _admit(self, node_ids: list[int], now: int) -> None:
         count, st = self._count, self._st
         for n in node_ids:
             if st[n] == _OUT:  # new to the tier (a resident node keeps its count)
@@ -334,7 +340,7 @@ class CostPolicy(LFUPolicy):
         t = int(self._cols.tokens[n])
         return t * (1.0 + (int(self._cols.depth[n]) - 1) * t / self._attn) / max(int(self._cols.size[n]), 1)
 
-    def _admit(self, node_ids: Sequence[int], now: int) -> None:
+    def _admit(self, node_ids: list[int], now: int) -> None:
         super()._admit(node_ids, now)
         unit = self._unit
         for n in node_ids:
@@ -454,14 +460,15 @@ class AgedRefPolicy(_HeapPolicy):
 
     def _prio(self, n: int) -> float:
         s = self._score[n]
-        last = float(self._last[n])
-        if last != _NEVER and s > -math.inf:
+        t = self._last[n]
+        if t != _NEVER and s > -math.inf:  # compared as integers: native when compiled
+            last = float(t)
             # last use + count_weight * H * log2(aged references): the count's bonus is scaled down
             # without shortening the memory H of the count itself.
             s = last + self._w * (s - last)
         return s - self._partial_penalty if self._tokens[n] < self._full_tokens else s
 
-    def _admit(self, node_ids: Sequence[int], now: int) -> None:
+    def _admit(self, node_ids: list[int], now: int) -> None:
         score, ghost, keys, ns, tokens = self._score, self._ghost, self._keys, self._ns, self._tokens
         if not node_ids:
             return
@@ -494,10 +501,10 @@ class AgedRefPolicy(_HeapPolicy):
             if s <= base:
                 return
             h = self._h
-            rest = 1.0 - 2.0 ** ((base - s) / h)
+            rest = 1.0 - math.pow(2.0, (base - s) / h)  # as 2.0 ** x (libm pow), but native compiled
             if rest <= 0.0:  # s is base re-rounded (an ulp above it): nothing was added since
                 return
-            s = s + h * math.log2(rest)
+            s = s + h * _log2(rest)
         self._score[parent] = self._add(self._score[parent], s)
         lc = self._last[child]
         if lc > self._last[parent]:  # _NEVER is below every clock value
@@ -511,7 +518,8 @@ class AgedRefPolicy(_HeapPolicy):
         if self._ghost_factor and s > -math.inf and self._tokens[n] >= self._full_tokens:
             ghost = self._ghost
             ghost.put(self._ns[n], self._keys[n], s, self._clock if last == _NEVER else last)
-            if len(ghost) > self._ghost_factor * self._resident + 64:
+            # As floats: an int compared with a float is a generic (boxed) comparison when compiled.
+            if float(len(ghost)) > self._ghost_factor * float(self._resident) + 64.0:
                 ghost.pop_oldest()
 
     def check_integrity(self) -> None:
@@ -532,4 +540,4 @@ def _log2_add(a: float, b: float) -> float:
         a, b = b, a
     if b == -math.inf:
         return a
-    return a + math.log2(1.0 + 2.0 ** (b - a))
+    return a + _log2(1.0 + math.pow(2.0, b - a))  # math.pow: 2.0 ** x, native when compiled

@@ -119,7 +119,7 @@ class OddsRefPolicy(AgedRefPolicy):
             s += self._w * self._h * self._penalty(c)
         return s
 
-    def _admit(self, node_ids: Sequence[int], now: int) -> None:
+    def _admit(self, node_ids: list[int], now: int) -> None:
         if not node_ids:
             return
         boundary = self._parent[node_ids[0]]
@@ -168,7 +168,7 @@ class OddsRefPolicy(AgedRefPolicy):
         if c is not None and self._ghost_factor:
             ghost = self._ghost_cls
             ghost.put(self._ns[n], self._keys[n], 0.0, _pack(c))
-            if len(ghost) > self._ghost_factor * self._resident + 64:
+            if float(len(ghost)) > self._ghost_factor * float(self._resident) + 64.0:  # see agedref
                 ghost.pop_oldest()
         super()._forget(n, ordered)
 

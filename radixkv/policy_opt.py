@@ -52,7 +52,7 @@ class OPTPolicy(_HeapPolicy):
         t = self._next[n]
         return -math.inf if t == _UNKNOWN else -float(t)
 
-    def _admit(self, node_ids: Sequence[int], now: int) -> None:
+    def _admit(self, node_ids: list[int], now: int) -> None:
         nxt = self._next
         for n in node_ids:
             nxt[n] = _UNKNOWN  # until set_next_use: treated as never used again (evicted first)
