@@ -66,19 +66,21 @@ class GhostHistory:
         """Remember chunk ``key`` of ``ns`` as the newest entry, with ``score`` and ``aux``; if it is
         held already, its values change and its place does not."""
         name = self._name(ns, key)
-        s = self._slot.get(name, -1)
-        if s < 0:
-            if len(self._free):
-                self._free, s = pop(self._free)
+        # One probe of the dict, not a get and a store: the slot a new entry would take (the last
+        # free one, else a new one) is offered to setdefault, and taken only if the name was new.
+        free = self._free
+        offer: i64 = free[len(free) - 1] if len(free) else len(self._names)
+        s: i64 = self._slot.setdefault(name, offer)
+        if s == offer:
+            if len(free):
+                self._free, _ = pop(free)
                 self._names[s] = name
             else:
-                s = len(self._names)
                 self._names.append(name)
                 self._score = append(self._score, 0.0)
                 self._aux = append(self._aux, 0)
                 self._newer = append(self._newer, -1)
                 self._older = append(self._older, -1)
-            self._slot[name] = s
             # link at the newest end
             h = self._newest
             self._older[s] = h
@@ -94,9 +96,14 @@ class GhostHistory:
     def take(self, ns: str | None, key: str | None) -> bool:
         """Forget chunk ``key`` of ``ns``; True (its values in ``last_score`` / ``last_aux``) if it
         was held."""
-        s = self._slot.pop(self._name(ns, key), -1)
+        name = self._name(ns, key)
+        slot = self._slot
+        # get, then del on a hit: most takes miss, and a get is one native probe where pop(name, -1)
+        # is a method call when compiled
+        s = slot.get(name, -1)
         if s < 0:
             return False
+        del slot[name]
         self.last_score = self._score[s]
         self.last_aux = self._aux[s]
         self._release(s)
