@@ -475,12 +475,22 @@ class RadixTree:
             # keys[0] starts a run at the namespace root (a split chain): graft it under parent_key
             return self._insert_joining(namespace, idx, keys, m, 0, parent, t, tokens_per_chunk,
                                         bytes_per_chunk)
-        if hit < len(keys) and not idx.keys().isdisjoint(keys[hit:]):
-            # A key after the matched prefix is in the tree already: a split chain to join, or a
-            # contradiction (one probe per new key; _create's index update alone could not undo a
-            # collision without a scan of every node).
-            return self._insert_joining(namespace, idx, keys, m, hit, last if hit else parent, t,  # type: ignore[arg-type]
-                                        tokens_per_chunk, bytes_per_chunk)
+        claimed: list[int] | None = None
+        if hit < len(keys):
+            # The new keys claim their index entries now, with the node ids _create will give them:
+            # one probe per new key. A key after the matched prefix that is in the tree already is
+            # a split chain to join, or a contradiction; the claim stops there and is undone.
+            rest = keys[hit:]
+            try:
+                _check_keys(rest)
+            except InputError:
+                if not idx:
+                    del self._index[namespace]  # a refused first insert of a namespace leaves no empty index
+                raise
+            claimed = self._new_ids(len(rest))
+            if self._claim(namespace, idx, rest, claimed):
+                return self._insert_joining(namespace, idx, keys, m, hit, last if hit else parent, t,  # type: ignore[arg-type]
+                                            tokens_per_chunk, bytes_per_chunk)
         self._now += 1
         if hit and self._tier_chunks[t] != len(self._key) - len(self._free):  # != len(self)
             # Some chunk is not in this tier: the matched ones that are not gain it. (When every
@@ -488,14 +498,14 @@ class RadixTree:
             bit = 1 << t
             missing_tier = [n for n in m.node_ids if not self._mask[n] & bit]
             if missing_tier:
-                rest = keys[hit:]
-                _check_keys(rest)  # as _create would, but before the residency changes
-                if len(set(keys)) != len(keys) or any(k in idx for k in rest):
-                    # _create would refuse these keys after the residency changed: refuse first,
-                    # so a contradicting chain changes nothing (an uncommon path: no cost to inserts).
-                    # A key repeated in the matched prefix too: the fast match can take such a list
-                    # for one chain, and the repeated node would gain the tier twice (its parent's
-                    # child count and the tier's totals counted twice).
+                if len(set(keys)) != len(keys):
+                    # A key repeated in the matched prefix (the new keys' claim above refused every
+                    # other contradiction): the fast match can take such a list for one chain, and
+                    # the repeated node would gain the tier twice (its parent's child count and the
+                    # tier's totals counted twice). Refused before the residency changes, so a
+                    # contradicting chain changes nothing (an uncommon path: no cost to inserts).
+                    if claimed is not None:
+                        self._unclaim(namespace, idx, keys[hit:])
                     raise InputError(
                         "keys are not one chain: a key repeats, or a key after the matched prefix is "
                         "already in the tree under another prefix"
@@ -503,7 +513,8 @@ class RadixTree:
                 self._add_residency(missing_tier, t)
         if hit:
             parent, depth = last, self._depth[last]  # type: ignore[assignment,index]
-        new = self._create(namespace, idx, keys[hit:], parent, depth, t, tokens_per_chunk, bytes_per_chunk)
+        new = self._create(namespace, idx, keys[hit:], parent, depth, t, tokens_per_chunk, bytes_per_chunk,
+                           claimed)
         if self._awaiting:  # some run awaits a parent key: is it one of these?
             self._join_awaiting(namespace, new)
         leaf: int = new[-1] if new else last  # type: ignore[assignment]
@@ -675,41 +686,79 @@ class RadixTree:
             if not w:
                 return
 
-    def _create(
-        self, ns: str, idx: dict[str, int], keys: Sequence[str], parent: int, depth: int,
-        t: int, chunk_tokens: int, size_bytes: int,
-    ) -> list[int]:
-        """Create a chain of new nodes under ``parent``, in free slots first, then at the end of the
-        columns. The index is updated first, so a chain that contradicts the tree changes nothing."""
-        m = len(keys)
-        if not m:
-            return []
-        try:
-            _check_keys(keys)
-        except InputError:
-            if not idx:
-                del self._index[ns]  # a refused first insert of a namespace leaves no empty index
-            raise
-        # Index first: if the index does not grow by m, a key repeats or is already in the tree under
-        # another prefix; undo and refuse before any column changes. (Cheaper than probing every key
-        # twice: the big index is the expensive part of an insert.)
-        n_before = len(idx)
+    def _new_ids(self, m: int) -> list[int]:
+        """The node ids the next :meth:`_create` of ``m`` chunks gives them: free slots first (the
+        last ones), then new slots at the end of the columns."""
         free = self._free
         n_reuse = min(m, len(free))
         ids: list[int] = free[len(free) - n_reuse :]
-        n_new = m - n_reuse
-        if n_new:
+        if m > n_reuse:
             start = len(self._key)
-            ids.extend(range(start, start + n_new))
-        idx.update(zip(keys, ids))
-        if len(idx) != n_before + m:
-            self._undo_index(idx, keys, ids)
-            if not idx:
-                del self._index[ns]
-            raise InputError(
-                "keys are not one chain: a key repeats, or a key after the matched prefix is already "
-                "in the tree under another prefix"
-            )
+            ids.extend(range(start, start + m - n_reuse))
+        return ids
+
+    def _claim(self, ns: str, idx: dict[str, int], keys: Sequence[str], ids: list[int]) -> bool:
+        """Point each of ``keys`` at its node id in ``ids`` (one ``setdefault`` probe each). If a key
+        is in the index already (or repeats in ``keys``), the keys claimed so far are released and
+        the result is True: the index is as before, and for a repeat an InputError is raised."""
+        j = 0
+        for k in keys:
+            n = ids[j]
+            if idx.setdefault(k, n) != n:
+                repeat = idx[k] in ids[:j]  # claimed by an earlier key of this run
+                self._unclaim(ns, idx, keys[:j])
+                if repeat:
+                    raise InputError(
+                        "keys are not one chain: a key repeats, or a key after the matched prefix is "
+                        "already in the tree under another prefix"
+                    )
+                return True
+            j += 1
+        return False
+
+    def _unclaim(self, ns: str, idx: dict[str, int], keys: Sequence[str]) -> None:
+        """Release the index entries :meth:`_claim` made for ``keys`` (distinct, all claimed); a
+        namespace left without chunks leaves no empty index behind."""
+        for k in keys:
+            del idx[k]
+        if not idx:
+            del self._index[ns]
+
+    def _create(
+        self, ns: str, idx: dict[str, int], keys: Sequence[str], parent: int, depth: int,
+        t: int, chunk_tokens: int, size_bytes: int, claimed: list[int] | None = None,
+    ) -> list[int]:
+        """Create a chain of new nodes under ``parent``, in free slots first, then at the end of the
+        columns. The index is updated first, so a chain that contradicts the tree changes nothing.
+        ``claimed``: the keys' index entries are made already (:meth:`_claim`), with these ids."""
+        m = len(keys)
+        if not m:
+            return []
+        free = self._free
+        n_reuse = min(m, len(free))
+        n_new = m - n_reuse
+        if claimed is not None:
+            ids = claimed
+        else:
+            try:
+                _check_keys(keys)
+            except InputError:
+                if not idx:
+                    del self._index[ns]  # a refused first insert of a namespace leaves no empty index
+                raise
+            # Index first: if the index does not grow by m, a key repeats or is already in the tree
+            # under another prefix; undo and refuse before any column changes.
+            n_before = len(idx)
+            ids = self._new_ids(m)
+            idx.update(zip(keys, ids))
+            if len(idx) != n_before + m:
+                self._undo_index(idx, keys, ids)
+                if not idx:
+                    del self._index[ns]
+                raise InputError(
+                    "keys are not one chain: a key repeats, or a key after the matched prefix is already "
+                    "in the tree under another prefix"
+                )
         del free[len(free) - n_reuse :]
         if n_reuse:
             # Reused slots are scattered. One plain loop writing every column per node is ~5x faster
