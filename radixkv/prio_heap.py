@@ -172,9 +172,13 @@ class PrioHeap:
             pc = hprio[c]
             if c + 1 < size:
                 pr = hprio[c + 1]
-                if pr < pc or (pr == pc and self._slot_less(c + 1, c)):
+                if pr < pc:
                     c += 1
                     pc = pr
+                elif pr == pc:  # a tie: the deeper child, then the lower id (_slot_less written out)
+                    dr, dc = hdepth[c + 1], hdepth[c]
+                    if dr > dc or (dr == dc and heap[c + 1] < heap[c]):
+                        c += 1
             if p < pc:
                 break
             q = heap[c]
