@@ -147,6 +147,15 @@ class GhostHistory:
             s = self._newer[s]
         return out
 
+    def aux_values(self) -> list[int]:
+        """The entries' integers, oldest first (for checks and inspection)."""
+        out: list[int] = []
+        s = self._oldest
+        while s >= 0 and len(out) <= len(self._names):
+            out.append(int(self._aux[s]))
+            s = self._newer[s]
+        return out
+
     def check_integrity(self) -> None:
         n_slots = len(self._names)
         cols = (len(self._score), len(self._aux), len(self._newer), len(self._older))

@@ -8,12 +8,15 @@ protocol and docs/simulator.md ("Beyond LRU") for the measurements.
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Sequence
+from typing import ClassVar
+
+from librt.vecs import extend, vec
+from mypy_extensions import i64
 
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
 from radixkv.ghosts import GhostHistory
-from radixkv.policy_heap import _OUT, AgedRefPolicy
+from radixkv.policy_heap import _OUT, AgedRefPolicy, _log2
 
 _Class = tuple[int, int, int]
 
@@ -21,10 +24,6 @@ _Class = tuple[int, int, int]
 def _pack(c: _Class) -> int:
     # A class in one integer, for the ghost history: each part is a log2 of a count, below 64.
     return c[0] | c[1] << 16 | c[2] << 32
-
-
-def _unpack(a: int) -> _Class:
-    return (a & 0xFFFF, (a >> 16) & 0xFFFF, (a >> 32) & 0xFFFF)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
@@ -68,55 +67,95 @@ class OddsRefPolicy(AgedRefPolicy):
             raise ConfigError(f"oddsref: class_decay={class_decay!r} must be in (0, 1]")
         self._beta = float(odds_weight)
         self._decay = float(class_decay)
-        # fresh resident chunk -> class of the request that made it
-        self._cls: dict[int, _Class] = {}
-        self._ghost_cls = GhostHistory()  # classes of evicted fresh chunks (packed, in aux)
-        self._made: dict[_Class, float] = {}  # fresh chunks created per class (decayed)
-        self._used: dict[_Class, float] = {}  # of those, reused later (decayed)
+        # Classes are numbered in order of first sight (a class never loses its number); the
+        # per-class counts and each fresh chunk's class are vec columns by that number, so the hot
+        # paths (_prio, _forget, a hit's walk) read a column where they probed dicts keyed by tuples.
+        self._class_no: dict[int, int] = {}  # packed class (_pack) -> its number
+        self._classes: list[_Class] = []  # by number
+        self._made: vec[float] = vec[float]()  # by number: fresh chunks created (decayed)
+        self._used: vec[float] = vec[float]()  # by number: of those, reused later (decayed)
+        # By node id: the number of the class of the request that made it, while it is a fresh
+        # resident chunk (-1: not one); grows by assignment in _grow.
+        self._cls: vec[i64] = vec[i64]()
+        self._ghost_cls = GhostHistory()  # class numbers of evicted fresh chunks (in aux)
         self._made_all = 0.0
         self._used_all = 0.0
         self._requests = 0
-        self._new: Sequence[int] = ()  # fresh chunks of the request being inserted
+        self._new: list[int] = []  # fresh chunks of the request being inserted
+
+    def _grow(self, n_slots: int) -> None:
+        self._cls = extend(self._cls, vec[i64]([-1] * (n_slots - len(self._cls))))
+        super()._grow(n_slots)
+
+    def class_of(self, node_id: int) -> _Class | None:
+        """The class of fresh chunk ``node_id`` (None: not a fresh resident chunk); for tests and
+        inspection."""
+        k = self._cls[node_id] if 0 <= node_id < len(self._cls) else -1
+        return self._classes[k] if k >= 0 else None
 
     def class_odds(self) -> dict[_Class, float]:
         """Learned reuse probability of fresh chunks per class (for tests and inspection)."""
-        return {c: self._p(c) for c in self._made}
+        return {c: self._p(k) for k, c in enumerate(self._classes)}
 
-    def _p(self, c: _Class) -> float:
+    def class_penalty(self, c: _Class) -> float:
+        """The priority penalty of a fresh chunk of class ``c``, in units of count_weight * H (0 for
+        a class at or above the average odds; for tests and inspection)."""
+        k = self._class_no.get(_pack(c))
+        return self._penalty(-1 if k is None else k)
+
+    def _p(self, k: int) -> float:
         # Laplace's rule: a rarely seen class starts near even odds (not demoted on little data).
-        return (self._used.get(c, 0.0) + 1.0) / (self._made.get(c, 0.0) + 2.0)
+        # k < 0: a class never seen (no counts).
+        if k < 0:
+            return 0.5
+        return (self._used[k] + 1.0) / (self._made[k] + 2.0)
 
-    def _penalty(self, c: _Class) -> float:
-        p, pa = self._p(c), (self._used_all + 1.0) / (self._made_all + 2.0)
-        b = math.log2((p / (1.0 - p)) / (pa / (1.0 - pa))) if p < 1.0 and pa < 1.0 else 0.0
+    def _penalty(self, k: int) -> float:
+        p, pa = self._p(k), (self._used_all + 1.0) / (self._made_all + 2.0)
+        b = _log2((p / (1.0 - p)) / (pa / (1.0 - pa))) if p < 1.0 and pa < 1.0 else 0.0
         return min(0.0, self._beta * b)
 
-    def _credit(self, c: _Class) -> None:
-        self._used[c] = self._used.get(c, 0.0) + 1.0
+    def _credit(self, k: int) -> None:
+        self._used[k] += 1.0
         self._used_all += 1.0
 
-    def _classify(self, boundary: int, fresh: Sequence[int]) -> _Class:
+    def _class_number(self, c: _Class) -> int:
+        # The number of class c, numbering it if it is new.
+        packed = _pack(c)
+        k = self._class_no.get(packed, -1)
+        if k < 0:
+            k = self._class_no[packed] = len(self._classes)
+            self._classes.append(c)
+            self._made = extend(self._made, vec[float]([0.0]))
+            self._used = extend(self._used, vec[float]([0.0]))
+        return k
+
+    def _classify(self, boundary: int, fresh: list[int]) -> _Class:
         # live children of the boundary node, read from the tree's column (a bound method of the
         # tree kept here made every tree with this policy a reference cycle)
         fan_out = int(self._cols.nchild[boundary]) if boundary >= 0 else 0
         return (
-            int(math.log2(fan_out + 1)),
-            int(math.log2(len(fresh) + 1)),
-            int(math.log2(self._depth[fresh[0]])),
+            int(_log2(fan_out + 1)),
+            int(_log2(len(fresh) + 1)),
+            int(_log2(self._depth[fresh[0]])),
         )
 
     def _credit_path(self, q: int) -> None:
         # A request's hit covered q and its ancestors: the fresh ones among them are reused.
         cls, parent = self._cls, self._parent
-        while q >= 0 and q in cls:
-            self._credit(cls.pop(q))
+        while q >= 0:
+            k = cls[q]
+            if k < 0:
+                break
+            cls[q] = -1
+            self._credit(k)
             q = parent[q]
 
     def _prio(self, n: int) -> float:
         s = super()._prio(n)
-        c = self._cls.get(n)
-        if c is not None and s > -math.inf and self._tokens[n] >= self._full_tokens:
-            s += self._w * self._h * self._penalty(c)
+        k = self._cls[n]
+        if k >= 0 and s > -math.inf and self._tokens[n] >= self._full_tokens:
+            s += self._w * self._h * self._penalty(k)
         return s
 
     def _admit(self, node_ids: list[int], now: int) -> None:
@@ -128,48 +167,53 @@ class OddsRefPolicy(AgedRefPolicy):
         if tokens[node_ids[0]] < full:
             return  # a request's partial tail, inserted on its own: never classed
         ns, keys = self._ns, self._keys
-        fresh = []
+        fresh: list[int] = []
         for n in node_ids:
             if tokens[n] < full:
                 continue
             if not math.isnan(self._restored[n]):  # back from the ghost history: reused, credit its class once
                 ghost = self._ghost_cls
                 if ghost.take(ns[n], keys[n]):
-                    self._credit(_unpack(ghost.last_aux))
+                    self._credit(ghost.last_aux)
             else:
                 fresh.append(n)
         self._credit_path(boundary)
         self._new = fresh
         if not fresh:
             return
-        c = self._classify(boundary, fresh)
+        k = self._class_number(self._classify(boundary, fresh))
+        cls = self._cls
         for n in fresh:
-            self._cls[n] = c
-        self._made[c] = self._made.get(c, 0.0) + len(fresh)
+            cls[n] = k
+        self._made[k] += len(fresh)
         self._made_all += len(fresh)
 
     def _touch(self, n: int, now: int) -> None:
         super()._touch(n, now)
         if self._tokens[n] < self._full_tokens:
             return
-        if n in self._cls and n not in self._new:
+        if self._cls[n] >= 0 and n not in self._new:
             self._credit_path(n)  # a request wholly hit (no new chunks): its path is reused
-        self._new = ()
+        self._new = []
         self._requests += 1
         if self._requests % 1024 == 0 and self._decay < 1.0:
             d = self._decay
-            self._made = {c: v * d for c, v in self._made.items()}
-            self._used = {c: v * d for c, v in self._used.items()}
+            made, used = self._made, self._used
+            for k in range(len(made)):
+                made[k] = made[k] * d
+                used[k] = used[k] * d
             self._made_all *= d
             self._used_all *= d
 
     def _forget(self, n: int, ordered: bool) -> None:
-        c = self._cls.pop(n, None)
-        if c is not None and self._ghost_factor:
-            ghost = self._ghost_cls
-            ghost.put(self._ns[n], self._keys[n], 0.0, _pack(c))
-            if float(len(ghost)) > self._ghost_factor * float(self._resident) + 64.0:  # see agedref
-                ghost.pop_oldest()
+        k = self._cls[n]
+        if k >= 0:
+            self._cls[n] = -1  # the slot may be reused by another node
+            if self._ghost_factor:
+                ghost = self._ghost_cls
+                ghost.put(self._ns[n], self._keys[n], 0.0, k)
+                if float(len(ghost)) > self._ghost_factor * float(self._resident) + 64.0:  # see agedref
+                    ghost.pop_oldest()
         super()._forget(n, ordered)
 
     def on_cleared(self) -> None:
@@ -179,9 +223,18 @@ class OddsRefPolicy(AgedRefPolicy):
 
     def check_integrity(self) -> None:
         super().check_integrity()
-        st = self._st
+        st, cls, n_classes = self._st, self._cls, len(self._classes)
         self._ghost_cls.check_integrity()
-        stray = {n for n in self._cls if n >= len(st) or st[n] == _OUT}
-        assert not stray, (
-            f"oddsref: {len(stray)} classed chunks not resident, e.g. {sorted(stray)[:5]}"
+        assert len(self._made) == len(self._used) == n_classes == len(self._class_no), (
+            f"oddsref: {n_classes} classes, {len(self._class_no)} numbered, counts of "
+            f"{len(self._made)} / {len(self._used)}"
         )
+        assert all(self._class_no[_pack(c)] == k for k, c in enumerate(self._classes)), "oddsref: class numbers drifted"
+        stray = [n for n in range(len(cls)) if cls[n] >= 0 and (n >= len(st) or st[n] == _OUT)]
+        assert not stray, (
+            f"oddsref: {len(stray)} classed chunks not resident, e.g. {stray[:5]}"
+        )
+        bad = [n for n in range(len(cls)) if not -1 <= cls[n] < n_classes]
+        assert not bad, f"oddsref: chunks with no such class, e.g. {bad[:5]}"
+        ghost_bad = [a for a in self._ghost_cls.aux_values() if not 0 <= a < n_classes]
+        assert not ghost_bad, f"oddsref: ghost entries with no such class, e.g. {ghost_bad[:5]}"

@@ -53,12 +53,11 @@ def test_learns_which_request_class_returns():
     pol = tree.policy("mem")
     use(tree, "s", "probe1")
     use(tree, "s", "probe3", "b", "c")
-    cls = pol._cls  # type: ignore[attr-defined]
-    one, three = cls[tree.lookup(NS, "/s/probe1")], cls[tree.lookup(NS, "/s/probe3/b/c")]
+    one, three = pol.class_of(tree.lookup(NS, "/s/probe1")), pol.class_of(tree.lookup(NS, "/s/probe3/b/c"))  # type: ignore[attr-defined]
     assert one[0] == three[0] >= 5  # the same shared prefix, with dozens of continuations
     odds = pol.class_odds()  # type: ignore[attr-defined]
     assert odds[three] < 0.05 and odds[one] > 0.8
-    assert pol._penalty(one) == 0.0 and pol._penalty(three) < -2.0  # type: ignore[attr-defined]
+    assert pol.class_penalty(one) == 0.0 and pol.class_penalty(three) < -2.0  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
