@@ -12,10 +12,19 @@ namespace a history sees (the only one in a simulation, and in most stores) is n
 alone, and one of any other namespace by the tuple: a ``str`` never equals a ``tuple``, so the two
 kinds never collide and the naming stays one to one.
 
-Layout. A dict maps each name to a slot; the slots' values and the FIFO's links (a doubly linked list,
-oldest to newest) are ``vec`` columns, and freed slots are reused. Same semantics as the
-``OrderedDict`` it replaces (a put of a name already held updates its values in place, keeping its
-position), without an ordered-dict node, a value tuple and a float allocated per entry.
+Layout. Each entry lives in a slot; the slots' names, values and FIFO links (a doubly linked list,
+oldest to newest) are columns, and freed slots are reused. Same semantics as the ``OrderedDict`` it
+replaces (a put of a name already held updates its values in place, keeping its position), without
+an ordered-dict node, a value tuple and a float allocated per entry.
+
+Index. Names are found through an open-addressing hash table of its own, not a dict: one ``vec`` of
+(hash, slot) pairs, probed linearly from the hash's home position, at most half full, with
+backward-shift deletion (no tombstones). A history holds up to 32x a tier's chunks and turns over
+once per eviction, so its index lives outside the CPU caches: a dict probe reads its index array and
+then its entries (two cache misses, more for an absent name past deleted entries, and a rebuild
+now and then to clear those), where a linear probe of adjacent pairs reads one cache line, and
+forgetting the oldest entry needs no name comparison (its hash is kept by slot). Hashes are
+Python's ``hash``: in-process only, never persisted.
 """
 
 from __future__ import annotations
@@ -36,8 +45,8 @@ class GhostHistory:
 
     def __init__(self) -> None:
         self._ns0: str | None = None  # the first namespace seen: its chunks are named by key alone
-        self._slot: dict[object, int] = {}  # name -> slot
         self._names: list[object] = []  # by slot: its name (None: a free slot)
+        self._hash: vec[i64] = vec[i64]()  # by slot: its name's hash
         self._score: vec[float] = vec[float]()  # by slot
         self._aux: vec[i64] = vec[i64]()  # by slot
         self._newer: vec[i64] = vec[i64]()  # by slot: the next newer entry (-1: none)
@@ -45,11 +54,16 @@ class GhostHistory:
         self._oldest: i64 = -1
         self._newest: i64 = -1
         self._free: vec[i64] = vec[i64]()  # free slots
+        self._n: i64 = 0  # entries
+        # The index: position i is the pair (_tab[2i], _tab[2i+1]) = (hash, slot), slot -1 if the
+        # position is empty; _cap positions (a power of two), at most half of them used.
+        self._cap: i64 = 16
+        self._tab: vec[i64] = vec[i64]([-1] * 32)  # every position empty (its hash number is unused)
         self.last_score = 0.0
         self.last_aux: i64 = 0
 
     def __len__(self) -> int:
-        return len(self._slot)
+        return int(self._n)
 
     def _name(self, ns: str | None, key: str | None) -> object:
         ns0 = self._ns0
@@ -59,34 +73,97 @@ class GhostHistory:
             return key
         return (ns, key)  # also a None key: a bare None would read as a free slot in _names
 
+    def _find(self, name: object, h: i64) -> i64:
+        """The index position holding ``name`` (hash ``h``), or -1."""
+        tab, mask, names = self._tab, self._cap - 1, self._names
+        i = h & mask
+        while True:
+            s = tab[2 * i + 1]
+            if s < 0:
+                return -1
+            if tab[2 * i] == h:
+                held = names[s]
+                # `is` first: a trace's keys, and the tree's, are one object per key (no comparison)
+                if held is name or held == name:
+                    return i
+            i = (i + 1) & mask
+
+    def _place(self, h: i64, s: i64) -> None:
+        # Slot s (hash h, not in the index) into the first empty position from h's home.
+        tab, mask = self._tab, self._cap - 1
+        i = h & mask
+        while tab[2 * i + 1] >= 0:
+            i = (i + 1) & mask
+        tab[2 * i] = h
+        tab[2 * i + 1] = s
+
+    def _unplace(self, i: i64) -> None:
+        # Empty index position i, shifting back the entries after it that probed past it (so every
+        # entry stays reachable from its home without a run of empty positions in between).
+        tab, mask = self._tab, self._cap - 1
+        while True:
+            tab[2 * i + 1] = -1
+            j = i
+            while True:
+                j = (j + 1) & mask
+                s = tab[2 * j + 1]
+                if s < 0:
+                    return
+                home = tab[2 * j] & mask
+                # j's entry stays if its home lies cyclically in (i, j]
+                if (i < j and i < home <= j) or (i > j and (home > i or home <= j)):
+                    continue
+                tab[2 * i] = tab[2 * j]
+                tab[2 * i + 1] = s
+                i = j
+                break
+
+    def _grow_index(self) -> None:
+        # Twice the positions; every held slot placed again.
+        cap = self._cap * 2
+        self._cap = cap
+        self._tab = vec[i64]([-1] * (2 * cap))
+        hashes = self._hash
+        s = self._oldest
+        while s >= 0:
+            self._place(hashes[s], s)
+            s = self._newer[s]
+
     def contains(self, ns: str | None, key: str | None) -> bool:
-        return self._name(ns, key) in self._slot
+        name = self._name(ns, key)
+        return self._find(name, hash(name)) >= 0
 
     def put(self, ns: str | None, key: str | None, score: float = 0.0, aux: i64 = 0) -> None:
         """Remember chunk ``key`` of ``ns`` as the newest entry, with ``score`` and ``aux``; if it is
         held already, its values change and its place does not."""
         name = self._name(ns, key)
-        # One probe of the dict, not a get and a store: the slot a new entry would take (the last
-        # free one, else a new one) is offered to setdefault, and taken only if the name was new.
-        free = self._free
-        offer: i64 = free[len(free) - 1] if len(free) else len(self._names)
-        s: i64 = self._slot.setdefault(name, offer)
-        if s == offer:
-            if len(free):
-                self._free, _ = pop(free)
+        h: i64 = hash(name)
+        i = self._find(name, h)
+        if i >= 0:
+            s = self._tab[2 * i + 1]
+        else:
+            if 2 * (self._n + 1) > self._cap:
+                self._grow_index()
+            if len(self._free):
+                self._free, s = pop(self._free)
                 self._names[s] = name
+                self._hash[s] = h
             else:
+                s = len(self._names)
                 self._names.append(name)
+                self._hash = append(self._hash, h)
                 self._score = append(self._score, 0.0)
                 self._aux = append(self._aux, 0)
                 self._newer = append(self._newer, -1)
                 self._older = append(self._older, -1)
+            self._place(h, s)
+            self._n += 1
             # link at the newest end
-            h = self._newest
-            self._older[s] = h
+            o = self._newest
+            self._older[s] = o
             self._newer[s] = -1
-            if h >= 0:
-                self._newer[h] = s
+            if o >= 0:
+                self._newer[o] = s
             else:
                 self._oldest = s
             self._newest = s
@@ -97,13 +174,11 @@ class GhostHistory:
         """Forget chunk ``key`` of ``ns``; True (its values in ``last_score`` / ``last_aux``) if it
         was held."""
         name = self._name(ns, key)
-        slot = self._slot
-        # get, then del on a hit: most takes miss, and a get is one native probe where pop(name, -1)
-        # is a method call when compiled
-        s = slot.get(name, -1)
-        if s < 0:
+        i = self._find(name, hash(name))
+        if i < 0:
             return False
-        del slot[name]
+        s = self._tab[2 * i + 1]
+        self._unplace(i)
         self.last_score = self._score[s]
         self.last_aux = self._aux[s]
         self._release(s)
@@ -113,16 +188,21 @@ class GhostHistory:
         """Forget the oldest entry (no-op if empty)."""
         s = self._oldest
         if s >= 0:
-            del self._slot[self._names[s]]
+            # Its position, found by slot from its hash's home: no name comparison.
+            tab, mask = self._tab, self._cap - 1
+            i = self._hash[s] & mask
+            while tab[2 * i + 1] != s:
+                i = (i + 1) & mask
+            self._unplace(i)
             self._release(s)
 
     def trim(self, bound: float) -> None:
         """Forget the oldest entries until at most ``bound`` are left."""
-        while float(len(self._slot)) > bound:  # as floats: native when compiled (int > float is not)
+        while float(self._n) > bound:
             self.pop_oldest()
 
     def _release(self, s: i64) -> None:
-        # Unlink slot s (its name already left the dict) and free it.
+        # Unlink slot s (its index position already emptied) and free it.
         newer, older = self._newer, self._older
         nw, od = newer[s], older[s]
         if nw >= 0:
@@ -136,6 +216,7 @@ class GhostHistory:
         newer[s] = older[s] = -1
         self._names[s] = None
         self._free = append(self._free, s)
+        self._n -= 1
 
     def names(self) -> list[object]:
         """The entries' names, oldest first (a key, or ``(namespace, key)``; see the module
@@ -158,16 +239,18 @@ class GhostHistory:
 
     def check_integrity(self) -> None:
         n_slots = len(self._names)
-        cols = (len(self._score), len(self._aux), len(self._newer), len(self._older))
+        cols = (len(self._hash), len(self._score), len(self._aux), len(self._newer), len(self._older))
         assert all(c == n_slots for c in cols), f"ghosts: {n_slots} slots, columns of {cols}"
         walked = self.names()
-        assert len(walked) == len(self._slot), (
-            f"ghosts: {len(walked)} entries linked oldest to newest, {len(self._slot)} named"
-        )
+        assert len(walked) == self._n, f"ghosts: {len(walked)} entries linked oldest to newest, {self._n} counted"
         ns0 = self._ns0
+        held = 0
         for s, name in enumerate(self._names):
             if name is not None:
-                assert self._slot.get(name) == s, f"ghosts: slot {s} holds {name!r}, named at {self._slot.get(name)}"
+                held += 1
+                assert self._hash[s] == hash(name), f"ghosts: slot {s} keeps {self._hash[s]} as the hash of {name!r}"
+                at = self._find(name, self._hash[s])
+                assert at >= 0 and self._tab[2 * at + 1] == s, f"ghosts: slot {s} holds {name!r}, indexed at {at}"
                 # One name per chunk (see _name): a key alone in the first namespace, a pair otherwise
                 # (a pair of the first namespace is never looked up: its chunk would be missed).
                 if isinstance(name, tuple):
@@ -175,6 +258,14 @@ class GhostHistory:
                 else:
                     ok = ns0 is not None
                 assert ok, f"ghosts: slot {s} names {name!r}, not as _name does (first namespace {ns0!r})"
+        assert held == self._n, f"ghosts: {held} named slots, {self._n} counted"
+        cap, tab = self._cap, self._tab
+        assert cap >= 16 and cap & (cap - 1) == 0 and len(tab) == 2 * cap, f"ghosts: index of {cap} positions, {len(tab)} numbers"
+        assert 2 * self._n <= cap, f"ghosts: {self._n} entries in an index of {cap} positions (over half full)"
+        placed = [int(tab[2 * i + 1]) for i in range(cap) if tab[2 * i + 1] >= 0]
+        assert sorted(placed) == sorted(s for s, name in enumerate(self._names) if name is not None), (
+            "ghosts: the index places other slots than the held ones"
+        )
         free = sorted(int(s) for s in self._free)
         assert free == [s for s, name in enumerate(self._names) if name is None], "ghosts: free slots drifted"
         # The backward links too: _release unlinks through them, so a wrong one breaks the list at

@@ -92,3 +92,44 @@ def test_a_none_key_is_an_entry_of_its_own():
     assert g.names() == ["k", ("ns", None)]
     assert g.take("ns", None) and (g.last_score, g.last_aux) == (2.0, 2)
     g.check_integrity()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_many_names_grow_and_churn_the_index_like_an_ordered_dict(seed):
+    # Thousands of names: the index grows from 16 positions several times, and FIFO trimming at a
+    # bound keeps deleting from runs of colliding positions (backward shifts, wrapping at the end).
+    r = random.Random(seed)
+    g, ref = GhostHistory(), OrderedDict()
+    bound = r.choice([50, 300, 2000])
+    for step in range(20000):
+        key = f"{r.randrange(6000)}"
+        ns = "a" if r.random() < 0.9 else "b"
+        x = r.random()
+        if x < 0.6:
+            g.put(ns, key, float(step), step)
+            ref[(ns, key)] = (float(step), step)
+            if len(ref) > bound:
+                g.pop_oldest()
+                ref.popitem(last=False)
+        else:
+            held = (ns, key) in ref
+            assert g.take(ns, key) == held
+            if held:
+                assert (g.last_score, g.last_aux) == ref.pop((ns, key))
+        assert len(g) == len(ref)
+        if step % 2500 == 0:
+            g.check_integrity()
+    g.check_integrity()
+    assert [n if isinstance(n, tuple) else (g._ns0, n) for n in g.names()] == list(ref)
+    assert all(g.contains(ns, key) for ns, key in ref)
+
+
+def test_check_integrity_catches_an_entry_the_index_lost():
+    g = GhostHistory()
+    for i in range(10):
+        g.put("ns", f"k{i}")
+    tab = g._tab
+    at = next(i for i in range(len(tab) // 2) if tab[2 * i + 1] == 4)
+    tab[2 * at + 1] = -1  # slot 4 (k4) unreachable: take("ns", "k4") would miss
+    with pytest.raises(AssertionError, match="indexed at|other slots"):
+        g.check_integrity()
