@@ -10,7 +10,7 @@ other priority policies, so that it is compiled with them and the tree drives it
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Final, Sequence
+from typing import ClassVar, Final, Sequence, cast
 
 from librt.vecs import extend, vec
 from mypy_extensions import i64
@@ -63,32 +63,52 @@ class OPTPolicy(_HeapPolicy):
     def set_next_use(self, node_ids: Sequence[int], next_use: Sequence[int]) -> None:
         """Oracle hook: the index of the next request using each node (root->leaf path order; a node
         not in the tier is skipped, a negative id is an InputError). Only tier leaves are ordered: an
-        interior node cannot be a victim, and it is ordered when its last child leaves."""
+        interior node cannot be a victim, and it is ordered when its last child leaves. The two
+        sequences must have one entry per node (InputError otherwise, naming the lengths)."""
         st, nxt, order = self._st, self._next, self._order
         tchild, depth = self._cols.tchild[self._t], self._cols.depth
         n_slots = len(st)
-        for n, t in zip(node_ids, next_use):
-            # A negative id would index the columns from their end (another node's state and heap
-            # position); one past them is a node created since this tier's last insert: not in it.
-            if not 0 <= n < n_slots:
-                if n < 0:
-                    raise InputError(f"opt: node id {n!r} must be a node id (>= 0)")
-                continue
-            s = st[n]
-            if s == _OUT:
-                continue
-            if not 0 <= t <= NEVER:
-                raise InputError(
-                    f"opt: next_use={t!r} of node {n} must be a request index in [0, 2**53) or NEVER (2**53)"
-                )
-            nxt[n] = t
-            if tchild[n]:
-                if s == _ORDERED:
-                    order.remove(n)
-                    st[n] = _PARKED
-            else:
-                st[n] = _ORDERED
-                order.push(n, -float(t), depth[n])
+        # Lists (copies if need be): compiled, a list[int] is read natively, where zip over two
+        # Sequences took the iterator protocol and unboxed each item (this runs for every block of
+        # every request of an OPT replay).
+        ids: list[int] = node_ids if isinstance(node_ids, list) else list(node_ids)
+        uses: list[int] = next_use if isinstance(next_use, list) else list(next_use)
+        if len(ids) != len(uses):
+            raise InputError(f"opt: {len(ids)} node ids but {len(uses)} next uses; give one next use per node")
+        j = 0
+        try:
+            for j in range(len(ids)):
+                n = ids[j]
+                t = uses[j]
+                # A negative id would index the columns from their end (another node's state and
+                # heap position); one past them is a node created since this tier's last insert:
+                # not in it.
+                if not 0 <= n < n_slots:
+                    if n < 0:
+                        raise InputError(f"opt: node id {n!r} must be a node id (>= 0)")
+                    continue
+                s = st[n]
+                if s == _OUT:
+                    continue
+                if not 0 <= t <= NEVER:
+                    raise InputError(
+                        f"opt: next_use={t!r} of node {n} must be a request index in [0, 2**53) or NEVER (2**53)"
+                    )
+                nxt[n] = t
+                if tchild[n]:
+                    if s == _ORDERED:
+                        order.remove(n)
+                        st[n] = _PARKED
+                else:
+                    st[n] = _ORDERED
+                    order.push(n, -float(t), depth[n])
+        except TypeError:
+            # Compiled, a float (or any non-int) id or next use fails its unboxing with a bare
+            # TypeError, at position j; the nodes before it are set, each one whole.
+            bad_id, bad_use = cast("list[object]", ids)[j], cast("list[object]", uses)[j]
+            raise InputError(
+                f"opt: node ids and next uses must be integers; got node id {bad_id!r} with next_use={bad_use!r}"
+            ) from None
 
     def unknown(self) -> list[int]:
         """Nodes in the tier whose next use was not told yet (for tests and checks)."""

@@ -205,6 +205,26 @@ def test_opt_refuses_a_next_use_its_order_cannot_hold_exactly(bad):
         t.policy("mem").set_next_use(ids, [bad])
 
 
+@pytest.mark.parametrize(
+    ("ids_of", "uses", "match"),
+    [
+        (lambda a, b: [a, b], [3], "2 node ids but 1 next uses"),  # zip truncated it silently
+        (lambda a, b: [a], [3, 4], "1 node ids but 2 next uses"),
+        (lambda a, b: [a, b], [3, 2.5], "must be integers; got node id .* next_use=2.5"),  # bare TypeError compiled
+        (lambda a, b: [a, float(b)], [3, 4], "must be integers"),
+    ],
+)
+def test_opt_refuses_mismatched_or_non_integer_next_uses_by_name(ids_of, uses, match):
+    from radixkv.errors import InputError
+    from radixkv.tree import RadixTree
+
+    t = RadixTree(("mem",), policy="opt")
+    a, b = t.insert("ns", ["a", "b"], "mem", 16, 1).node_ids
+    with pytest.raises(InputError, match=match):
+        t.policy("mem").set_next_use(ids_of(a, b), uses)
+    t.check_integrity()  # whatever was set before the bad entry was set whole
+
+
 def test_opt_refuses_a_negative_node_id_and_skips_one_past_its_tier():
     # A negative id indexed the policy's columns from their end: set_next_use([-1], ...) wrote the
     # last node's next use and pushed -1 into the heap (its position aliased the last node's), so
