@@ -18,23 +18,30 @@ replaces (a put of a name already held updates its values in place, keeping its 
 an ordered-dict node, a value tuple and a float allocated per entry.
 
 Index. Names are found through an open-addressing hash table of its own, not a dict: one ``vec`` of
-(hash, slot) pairs, probed linearly from the hash's home position, at most half full, with
-backward-shift deletion (no tombstones). A history holds up to 32x a tier's chunks and turns over
+positions, each the low 31 bits of a name's hash and its slot packed in one 64-bit number (-1:
+empty), probed linearly from the hash's home position, at most half full, with backward-shift
+deletion (no tombstones). A history holds up to 32x a tier's chunks and turns over
 once per eviction, so its index lives outside the CPU caches: a dict probe reads its index array and
 then its entries (two cache misses, more for an absent name past deleted entries, and a rebuild
-now and then to clear those), where a linear probe of adjacent pairs reads one cache line, and
+now and then to clear those), where a linear probe of adjacent positions reads one cache line (8
+bytes a position: a history of 60k names indexes in 1 MiB), and
 forgetting the oldest entry needs no name comparison (its hash is kept by slot). Hashes are
 Python's ``hash``: in-process only, never persisted.
 """
 
 from __future__ import annotations
 
-from typing import final
+from typing import Final, final
 
 from librt.vecs import append, pop, vec
 from mypy_extensions import i64
 
 __all__ = ["GhostHistory"]
+
+# An index position packs the low 31 bits of a name's hash above its slot (below 2**32): never
+# negative, so -1 marks an empty position. Final: C constants when compiled.
+_LOW: Final = (1 << 31) - 1
+_SLOT: Final = (1 << 32) - 1
 
 
 @final
@@ -55,10 +62,10 @@ class GhostHistory:
         self._newest: i64 = -1
         self._free: vec[i64] = vec[i64]()  # free slots
         self._n: i64 = 0  # entries
-        # The index: position i is the pair (_tab[2i], _tab[2i+1]) = (hash, slot), slot -1 if the
-        # position is empty; _cap positions (a power of two), at most half of them used.
+        # The index: _cap positions (a power of two), at most half of them used; each is
+        # (hash & _LOW) << 32 | slot, or -1 if empty (see _find).
         self._cap: i64 = 16
-        self._tab: vec[i64] = vec[i64]([-1] * 32)  # every position empty (its hash number is unused)
+        self._tab: vec[i64] = vec[i64]([-1] * 16)
         self.last_score = 0.0
         self.last_aux: i64 = 0
 
@@ -76,13 +83,14 @@ class GhostHistory:
     def _find(self, name: object, h: i64) -> i64:
         """The index position holding ``name`` (hash ``h``), or -1."""
         tab, mask, names = self._tab, self._cap - 1, self._names
-        i = h & mask
+        low = h & _LOW
+        i = low & mask
         while True:
-            s = tab[2 * i + 1]
-            if s < 0:
+            v = tab[i]
+            if v < 0:
                 return -1
-            if tab[2 * i] == h:
-                held = names[s]
+            if v >> 32 == low:  # the low 31 bits of the hash agree: compare the names
+                held = names[v & _SLOT]
                 # `is` first: a trace's keys, and the tree's, are one object per key (no comparison)
                 if held is name or held == name:
                     return i
@@ -91,30 +99,29 @@ class GhostHistory:
     def _place(self, h: i64, s: i64) -> None:
         # Slot s (hash h, not in the index) into the first empty position from h's home.
         tab, mask = self._tab, self._cap - 1
-        i = h & mask
-        while tab[2 * i + 1] >= 0:
+        low = h & _LOW
+        i = low & mask
+        while tab[i] >= 0:
             i = (i + 1) & mask
-        tab[2 * i] = h
-        tab[2 * i + 1] = s
+        tab[i] = low << 32 | s
 
     def _unplace(self, i: i64) -> None:
         # Empty index position i, shifting back the entries after it that probed past it (so every
         # entry stays reachable from its home without a run of empty positions in between).
         tab, mask = self._tab, self._cap - 1
         while True:
-            tab[2 * i + 1] = -1
+            tab[i] = -1
             j = i
             while True:
                 j = (j + 1) & mask
-                s = tab[2 * j + 1]
-                if s < 0:
+                v = tab[j]
+                if v < 0:
                     return
-                home = tab[2 * j] & mask
+                home = (v >> 32) & mask
                 # j's entry stays if its home lies cyclically in (i, j]
                 if (i < j and i < home <= j) or (i > j and (home > i or home <= j)):
                     continue
-                tab[2 * i] = tab[2 * j]
-                tab[2 * i + 1] = s
+                tab[i] = v
                 i = j
                 break
 
@@ -122,7 +129,7 @@ class GhostHistory:
         # Twice the positions; every held slot placed again.
         cap = self._cap * 2
         self._cap = cap
-        self._tab = vec[i64]([-1] * (2 * cap))
+        self._tab = vec[i64]([-1] * cap)
         hashes = self._hash
         s = self._oldest
         while s >= 0:
@@ -140,7 +147,7 @@ class GhostHistory:
         h: i64 = hash(name)
         i = self._find(name, h)
         if i >= 0:
-            s = self._tab[2 * i + 1]
+            s = self._tab[i] & _SLOT
         else:
             if 2 * (self._n + 1) > self._cap:
                 self._grow_index()
@@ -177,7 +184,7 @@ class GhostHistory:
         i = self._find(name, hash(name))
         if i < 0:
             return False
-        s = self._tab[2 * i + 1]
+        s = self._tab[i] & _SLOT
         self._unplace(i)
         self.last_score = self._score[s]
         self.last_aux = self._aux[s]
@@ -190,8 +197,8 @@ class GhostHistory:
         if s >= 0:
             # Its position, found by slot from its hash's home: no name comparison.
             tab, mask = self._tab, self._cap - 1
-            i = self._hash[s] & mask
-            while tab[2 * i + 1] != s:
+            i = self._hash[s] & _LOW & mask
+            while (tab[i] & _SLOT) != s:  # never an empty position: s is placed at or after its home
                 i = (i + 1) & mask
             self._unplace(i)
             self._release(s)
@@ -250,7 +257,7 @@ class GhostHistory:
                 held += 1
                 assert self._hash[s] == hash(name), f"ghosts: slot {s} keeps {self._hash[s]} as the hash of {name!r}"
                 at = self._find(name, self._hash[s])
-                assert at >= 0 and self._tab[2 * at + 1] == s, f"ghosts: slot {s} holds {name!r}, indexed at {at}"
+                assert at >= 0 and (self._tab[at] & _SLOT) == s, f"ghosts: slot {s} holds {name!r}, indexed at {at}"
                 # One name per chunk (see _name): a key alone in the first namespace, a pair otherwise
                 # (a pair of the first namespace is never looked up: its chunk would be missed).
                 if isinstance(name, tuple):
@@ -260,9 +267,9 @@ class GhostHistory:
                 assert ok, f"ghosts: slot {s} names {name!r}, not as _name does (first namespace {ns0!r})"
         assert held == self._n, f"ghosts: {held} named slots, {self._n} counted"
         cap, tab = self._cap, self._tab
-        assert cap >= 16 and cap & (cap - 1) == 0 and len(tab) == 2 * cap, f"ghosts: index of {cap} positions, {len(tab)} numbers"
+        assert cap >= 16 and cap & (cap - 1) == 0 and len(tab) == cap, f"ghosts: index of {cap} positions, {len(tab)} numbers"
         assert 2 * self._n <= cap, f"ghosts: {self._n} entries in an index of {cap} positions (over half full)"
-        placed = [int(tab[2 * i + 1]) for i in range(cap) if tab[2 * i + 1] >= 0]
+        placed = [int(tab[i] & _SLOT) for i in range(cap) if tab[i] >= 0]
         assert sorted(placed) == sorted(s for s, name in enumerate(self._names) if name is not None), (
             "ghosts: the index places other slots than the held ones"
         )
