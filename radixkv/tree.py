@@ -1020,13 +1020,37 @@ class RadixTree:
         if t is None:
             t = self.tier_index(tier)  # raises: unknown tier
         removed: list[int] = []
-        try:
-            n_evict = operator.index(n_chunks)
-        except TypeError:
-            raise InputError(f"n_chunks={n_chunks!r} must be an integer number of chunks") from None
+        if isinstance(n_chunks, int):  # the replay's case: no call into operator
+            n_evict: int = n_chunks
+        else:
+            try:
+                n_evict = operator.index(n_chunks)
+            except TypeError:
+                raise InputError(f"n_chunks={n_chunks!r} must be an integer number of chunks") from None
         if n_evict <= 0:
             return DropResult()
-        if not getattr(self._policies[t], "live_candidates", False):
+        pol = self._policies[t]
+        kind = type(pol)
+        # The built-in lru, s3fifo, sieve and priority policies (their exact classes: a subclass may
+        # override any hook) are driven natively: their candidates() steps (_take, _end) and
+        # per-eviction steps (_evict, private: a subclass takes the generic path, where its own
+        # on_remove and on_leaf are called) are direct calls, not a generator's resumption and close
+        # and a Python-level call per eviction (~25% of an lru replay).
+        lru: LRUPolicy | None = None
+        s3: S3FIFOPolicy | None = None
+        sv: SIEVEPolicy | None = None
+        hp: _HeapPolicy | None = None
+        if kind is LRUPolicy:
+            lru = cast(LRUPolicy, pol)
+        elif kind is S3FIFOPolicy:
+            s3 = cast(S3FIFOPolicy, pol)
+        elif kind is SIEVEPolicy:
+            sv = cast(SIEVEPolicy, pol)
+        elif (kind is CostPolicy or kind is AgedRefPolicy or kind is OddsRefPolicy or kind is LFUPolicy
+              or kind is OPTPolicy):
+            hp = cast(_HeapPolicy, pol)
+        native = lru is not None or s3 is not None or sv is not None or hp is not None
+        if not native and not getattr(pol, "live_candidates", False):
             orphans: list[int] = []
             for _ in range(n_evict):
                 victims = self.evict_candidates(tier, 1, drop=True)
@@ -1045,33 +1069,19 @@ class RadixTree:
         kid, nxt, prv = self._kid, self._next, self._prev
         held = pins.by_node  # the dict itself: a plain truth test per eviction, no method call
         awaits = self._awaits  # likewise: a namespace-root chunk that leaves ends its run's wait
-        pol = self._policies[t]
-        on_remove, on_leaf = pol.on_remove, pol.on_leaf
         # A policy's optional on_evict(n, leaf_parent) is on_remove((n,)) plus on_leaf(leaf_parent)
         # in one call (leaf_parent -1: none), made after the tree's own updates: one Python call per
-        # evicted chunk instead of two, and no 1-tuple.
-        on_evict = getattr(pol, "on_evict", None)
-        # The built-in lru, s3fifo, sieve and priority policies (their exact classes: a subclass may
-        # override any hook) are driven natively: their candidates() steps (_take, _end) and
-        # per-eviction steps (_evict, private: a subclass takes the generic path, where its own
-        # on_remove and on_leaf are called) are direct calls, not a generator's resumption and close
-        # and a Python-level call per eviction (~25% of an lru replay).
-        lru: LRUPolicy | None = None
-        s3: S3FIFOPolicy | None = None
-        sv: SIEVEPolicy | None = None
-        hp: _HeapPolicy | None = None
-        kind = type(pol)
-        if kind is LRUPolicy:
-            lru = cast(LRUPolicy, pol)
-        elif kind is S3FIFOPolicy:
-            s3 = cast(S3FIFOPolicy, pol)
-        elif kind is SIEVEPolicy:
-            sv = cast(SIEVEPolicy, pol)
-        elif (kind is CostPolicy or kind is AgedRefPolicy or kind is OddsRefPolicy or kind is LFUPolicy
-              or kind is OPTPolicy):
-            hp = cast(_HeapPolicy, pol)
+        # evicted chunk instead of two, and no 1-tuple. A built-in policy needs none of the three
+        # (looking up an absent on_evict raises and catches an AttributeError: once per call here).
+        on_evict: Callable[[int, int], object] | None = None
+        on_remove: Callable[[Sequence[int]], object] | None = None
+        on_leaf: Callable[[int], object] | None = None
+        gen: Generator[int, None, None] | None = None
+        if not native:
+            on_remove, on_leaf = pol.on_remove, pol.on_leaf
+            on_evict = getattr(pol, "on_evict", None)
+            gen = pol.candidates()
         evicted = freed_bytes = 0
-        gen = pol.candidates() if lru is None and s3 is None and sv is None and hp is None else None
         n = -1  # a built-in policy: the node _take returned last (_take or _end sets it aside if
         # it stays)
         try:
@@ -1156,7 +1166,7 @@ class RadixTree:
                         continue
                     if held and n in held and pins.is_pinned(n):
                         continue
-                    on_remove((n,))
+                    on_remove((n,))  # type: ignore[misc]  # set: not a built-in policy
                     m = mask[n] = m ^ bit  # the bit is set (checked above)
                     freed_bytes += size[n]
                     p = parent[n]
@@ -1166,7 +1176,7 @@ class RadixTree:
                             nchild[p] -= 1
                             _unlink(kid, nxt, prv, n, p)
                         if c == 0 and mask[p] & bit:
-                            on_leaf(p)
+                            on_leaf(p)  # type: ignore[misc]
                     if m == 0:
                         if p < 0 and awaits and n in awaits:
                             self._forget_await(n)
