@@ -192,8 +192,11 @@ class Namespace:
                 f"Namespace.dtype={self.dtype!r} is not one of {sorted(_KNOWN_DTYPES)}; pass the KV "
                 "cache dtype as torch names it without the 'torch.' prefix"
             )
-        if not isinstance(self.chunk_tokens, int) or isinstance(self.chunk_tokens, bool) or self.chunk_tokens <= 0:
-            raise ConfigError(f"Namespace.chunk_tokens={self.chunk_tokens!r} must be a positive integer")
+        if (not isinstance(self.chunk_tokens, int) or isinstance(self.chunk_tokens, bool) or self.chunk_tokens <= 0
+                or self.chunk_tokens >= 1 << 48):
+            # 2**48: the tree's per-chunk columns refuse more (and no chunk is that long); said here,
+            # at configuration, not at the first put.
+            raise ConfigError(f"Namespace.chunk_tokens={self.chunk_tokens!r} must be a positive integer below 2**48")
         for name in ("model", "layout", "shard", "extra"):
             if "\x00" in getattr(self, name):
                 raise ConfigError(f"Namespace.{name} must not contain NUL bytes")

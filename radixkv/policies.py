@@ -128,9 +128,14 @@ def make_policy(name: str, **options: Any) -> EvictionPolicy:
         ) from None
     _check_option_types(name, cls, options)
     try:
-        return cls(**options)  # type: ignore[no-any-return]
-    except TypeError as exc:
+        inspect.signature(cls).bind(**options)
+    except TypeError as exc:  # options the constructor cannot take (a missing required one, say)
         raise ConfigError(f"bad options {options!r} for eviction policy {name!r}: {exc}") from None
+    except ValueError:
+        pass  # no signature to check against: the constructor judges
+    # Not inside the try: a TypeError raised by the constructor's own code is a bug to see with its
+    # traceback, not "bad options".
+    return cls(**options)  # type: ignore[no-any-return]
 
 
 def _check_option_types(name: str, cls: type, options: dict[str, Any]) -> None:

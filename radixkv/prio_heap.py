@@ -26,7 +26,11 @@ class PrioHeap:
     """Node ids ``0 .. capacity-1`` ordered by ``(priority, -depth, node)``; see the module docstring.
 
     A node's last priority and depth are kept after it leaves the heap (:meth:`prio_of`), so a
-    node taken out with :meth:`pop` can be put back as it was with :meth:`restore`."""
+    node taken out with :meth:`pop` can be put back as it was with :meth:`restore`.
+
+    Internal to the policies, which pass only ids of the tree's nodes after :meth:`grow`: the methods
+    do not check ``0 <= n < capacity`` (they are the heap's hot path; a negative id would index the
+    columns from their end). ``check_integrity`` finds what a bad id broke."""
 
     def __init__(self) -> None:
         # By heap position (slots past _n unused): the node there and its key. The key is kept beside

@@ -160,3 +160,11 @@ def test_namespace_rejects_bad_values(kwargs, match):
     base.update(kwargs)
     with pytest.raises(ConfigError, match=match):
         Namespace(**base)
+
+
+@pytest.mark.parametrize("chunk_tokens", [1 << 48, 1 << 60])
+def test_namespace_refuses_chunk_tokens_the_tree_cannot_hold(chunk_tokens):
+    # The tree's columns hold chunk sizes below 2**48; such a namespace failed only at its first put.
+    with pytest.raises(ConfigError, match="below 2\\*\\*48"):
+        Namespace("llama", "bfloat16", "page_first", chunk_tokens)
+    Namespace("llama", "bfloat16", "page_first", (1 << 48) - 1)

@@ -140,3 +140,24 @@ def test_a_tree_and_its_policies_form_no_reference_cycle(policy):
     tree.insert("ns", ["d"], "mem", 16, 16, parent_key="a")
     tree.evict("mem", 2)
     assert sys.getrefcount(tree) == 2  # this name and the call's argument: nothing else holds it
+
+
+def test_a_type_error_inside_a_policy_constructor_is_not_called_bad_options():
+    # make_policy turned any TypeError of the constructor into "bad options", hiding a bug in the
+    # policy's own code behind a message about the caller's options.
+    from radixkv.policies import register_policy
+
+    class Buggy(POLICIES["lru"]):
+        def __init__(self, depth: int = 1) -> None:
+            super().__init__()
+            self.x = len(depth)  # a bug: TypeError
+
+    register_policy("buggy-ctor-test")(Buggy)
+    try:
+        with pytest.raises(TypeError, match="has no len"):
+            make_policy("buggy-ctor-test", depth=2)
+        with pytest.raises(ConfigError, match="bad options"):
+            POLICIES["buggy-ctor-test"] = type("Req", (POLICIES["lru"],), {"__init__": lambda self, need: None})
+            make_policy("buggy-ctor-test")  # a required option missing: the caller's mistake
+    finally:
+        POLICIES.pop("buggy-ctor-test", None)
