@@ -3,7 +3,7 @@
 s3fifo readmits a chunk whose key is in its ghost FIFO to its main queue; agedref restores a returning
 chunk's aged reference count; oddsref credits the class of the request that created it. Each keeps a
 :class:`GhostHistory`: the chunks' names in arrival order, each with a float and an integer of the
-policy's (agedref: the score and the last touch; oddsref: a packed class; s3fifo: nothing), bounded by
+policy's (agedref: the score and the last touch; oddsref: a class number; s3fifo: nothing), bounded by
 the caller (:meth:`GhostHistory.trim`, :meth:`GhostHistory.pop_oldest`).
 
 Naming. A chunk is ``(namespace, key)``: the same key may be cached in two namespaces. Building that

@@ -22,7 +22,7 @@ _Class = tuple[int, int, int]
 
 
 def _pack(c: _Class) -> int:
-    # A class in one integer, for the ghost history: each part is a log2 of a count, below 64.
+    # A class in one integer, the key of its number (each part is a log2 of a count, below 64).
     return c[0] | c[1] << 16 | c[2] << 32
 
 
