@@ -128,14 +128,16 @@ def make_policy(name: str, **options: Any) -> EvictionPolicy:
         ) from None
     _check_option_types(name, cls, options)
     try:
-        inspect.signature(cls).bind(**options)
-    except TypeError as exc:  # options the constructor cannot take (a missing required one, say)
+        return cls(**options)  # type: ignore[no-any-return]
+    except TypeError as exc:
+        # Options the constructor cannot take (a missing required one, say) fail in the call itself:
+        # no frame below this one. A TypeError from the constructor's own code (frames below: its
+        # own, or a compiled one's) is a bug to see with its traceback, not "bad options". (A compiled
+        # class's signature reads as positional-only, so binding the options to it first is no test.)
+        tb = exc.__traceback__
+        if tb is not None and tb.tb_next is not None:
+            raise
         raise ConfigError(f"bad options {options!r} for eviction policy {name!r}: {exc}") from None
-    except ValueError:
-        pass  # no signature to check against: the constructor judges
-    # Not inside the try: a TypeError raised by the constructor's own code is a bug to see with its
-    # traceback, not "bad options".
-    return cls(**options)  # type: ignore[no-any-return]
 
 
 def _check_option_types(name: str, cls: type, options: dict[str, Any]) -> None:

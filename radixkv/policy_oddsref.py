@@ -80,6 +80,12 @@ class OddsRefPolicy(AgedRefPolicy):
         self._ghost_cls = GhostHistory()  # class numbers of evicted fresh chunks (in aux)
         self._made_all = 0.0
         self._used_all = 0.0
+        # _penalty's last value per class and the count version it was computed at (_counts_v moves
+        # with every change of a count): the pushes of one eviction run, which change no count,
+        # reuse it instead of taking a log2 each. The same arithmetic on the same counts.
+        self._counts_v: i64 = 0
+        self._pen: vec[float] = vec[float]()
+        self._pen_v: vec[i64] = vec[i64]()
         self._requests = 0
         self._new: list[int] = []  # fresh chunks of the request being inserted
 
@@ -111,13 +117,20 @@ class OddsRefPolicy(AgedRefPolicy):
         return (self._used[k] + 1.0) / (self._made[k] + 2.0)
 
     def _penalty(self, k: int) -> float:
+        if k >= 0 and self._pen_v[k] == self._counts_v:
+            return self._pen[k]
         p, pa = self._p(k), (self._used_all + 1.0) / (self._made_all + 2.0)
         b = _log2((p / (1.0 - p)) / (pa / (1.0 - pa))) if p < 1.0 and pa < 1.0 else 0.0
-        return min(0.0, self._beta * b)
+        pen = min(0.0, self._beta * b)
+        if k >= 0:
+            self._pen[k] = pen
+            self._pen_v[k] = self._counts_v
+        return pen
 
     def _credit(self, k: int) -> None:
         self._used[k] += 1.0
         self._used_all += 1.0
+        self._counts_v += 1
 
     def _class_number(self, c: _Class) -> int:
         # The number of class c, numbering it if it is new.
@@ -128,6 +141,8 @@ class OddsRefPolicy(AgedRefPolicy):
             self._classes.append(c)
             self._made = extend(self._made, vec[float]([0.0]))
             self._used = extend(self._used, vec[float]([0.0]))
+            self._pen = extend(self._pen, vec[float]([0.0]))
+            self._pen_v = extend(self._pen_v, vec[i64]([-1]))  # never computed
         return k
 
     def _classify(self, boundary: int, fresh: list[int]) -> _Class:
@@ -187,6 +202,7 @@ class OddsRefPolicy(AgedRefPolicy):
             cls[n] = k
         self._made[k] += len(fresh)
         self._made_all += len(fresh)
+        self._counts_v += 1
 
     def _touch(self, n: int, now: int) -> None:
         super()._touch(n, now)
@@ -204,6 +220,7 @@ class OddsRefPolicy(AgedRefPolicy):
                 used[k] = used[k] * d
             self._made_all *= d
             self._used_all *= d
+            self._counts_v += 1
 
     def _forget(self, n: int, ordered: bool) -> None:
         k = self._cls[n]
@@ -225,7 +242,9 @@ class OddsRefPolicy(AgedRefPolicy):
         super().check_integrity()
         st, cls, n_classes = self._st, self._cls, len(self._classes)
         self._ghost_cls.check_integrity()
-        assert len(self._made) == len(self._used) == n_classes == len(self._class_no), (
+        assert len(self._made) == len(self._used) == len(self._pen) == len(self._pen_v) == n_classes == len(
+            self._class_no
+        ), (
             f"oddsref: {n_classes} classes, {len(self._class_no)} numbered, counts of "
             f"{len(self._made)} / {len(self._used)}"
         )
