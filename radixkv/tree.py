@@ -481,12 +481,7 @@ class RadixTree:
             # one probe per new key. A key after the matched prefix that is in the tree already is
             # a split chain to join, or a contradiction; the claim stops there and is undone.
             rest = keys[hit:]
-            try:
-                _check_keys(rest)
-            except InputError:
-                if not idx:
-                    del self._index[namespace]  # a refused first insert of a namespace leaves no empty index
-                raise
+            self._check_new_keys(namespace, idx, rest)
             claimed = self._new_ids(len(rest))
             if self._claim(namespace, idx, rest, claimed):
                 return self._insert_joining(namespace, idx, keys, m, hit, last if hit else parent, t,  # type: ignore[arg-type]
@@ -686,6 +681,15 @@ class RadixTree:
             if not w:
                 return
 
+    def _check_new_keys(self, ns: str, idx: dict[str, int], keys: Sequence[str]) -> None:
+        """:func:`_check_keys`; a refused first insert of a namespace leaves no empty index."""
+        try:
+            _check_keys(keys)
+        except InputError:
+            if not idx:
+                del self._index[ns]
+            raise
+
     def _new_ids(self, m: int) -> list[int]:
         """The node ids the next :meth:`_create` of ``m`` chunks gives them: free slots first (the
         last ones), then new slots at the end of the columns."""
@@ -740,12 +744,7 @@ class RadixTree:
         if claimed is not None:
             ids = claimed
         else:
-            try:
-                _check_keys(keys)
-            except InputError:
-                if not idx:
-                    del self._index[ns]  # a refused first insert of a namespace leaves no empty index
-                raise
+            self._check_new_keys(ns, idx, keys)
             # Index first: if the index does not grow by m, a key repeats or is already in the tree
             # under another prefix; undo and refuse before any column changes.
             n_before = len(idx)
