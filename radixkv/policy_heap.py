@@ -28,6 +28,12 @@ if TYPE_CHECKING:
 # constant when compiled (a plain module global is a dict lookup at every use, and _prio is hot).
 _NEVER: Final = -(1 << 60)
 
+# A ghost entry's integer (GhostHistory's aux) packs the chunk's last touch (a clock value, below
+# 2**40 requests) with a subclass's tag plus one above it (0: no tag; see AgedRefPolicy._tag): one
+# history, and one index probe per eviction, serves both.
+_WHEN_BITS: Final = 40
+_WHEN: Final = (1 << 40) - 1
+
 # math.log2 bound once (Final: a C static when compiled, not a lookup in the math module per call;
 # mypyc has no native log2). Same function, same results.
 _log2: Final = math.log2
@@ -432,7 +438,7 @@ class AgedRefPolicy(_HeapPolicy):
         self._last: vec[i64] = vec[i64]()  # clock of the node's last direct touch (_NEVER: none)
         # score a node came back with from the ghost history (NaN: it did not); grows in _grow
         self._restored: vec[float] = vec[float]()
-        self._ghost = GhostHistory()  # evicted chunks: score and last touch (aux)
+        self._ghost = GhostHistory()  # evicted chunks: score, last touch and tag (aux, see _WHEN)
         self._full_tokens = 0
         self._clock = 0
 
@@ -482,7 +488,10 @@ class AgedRefPolicy(_HeapPolicy):
                 score[n] = -math.inf
             else:
                 score[n] = self._restored[n] = ghost.last_score
-                self._observe_gap(self._clock + 1 - ghost.last_aux)
+                aux = ghost.last_aux
+                self._observe_gap(self._clock + 1 - (aux & _WHEN))
+                if aux > _WHEN:
+                    self._untag(n, (aux >> _WHEN_BITS) - 1)
 
     def _touch(self, n: int, now: int) -> None:
         if self._tokens[n] >= self._full_tokens:
@@ -510,6 +519,15 @@ class AgedRefPolicy(_HeapPolicy):
         if lc > self._last[parent]:  # _NEVER is below every clock value
             self._last[parent] = lc
 
+    def _tag(self, n: int) -> i64:
+        """The tag kept with evicted chunk ``n``'s ghost entry (-1: none; at most 2**23 - 2). A
+        subclass's hook (oddsref: the class of a chunk evicted fresh), so that one history, one index
+        probe per eviction, carries both."""
+        return -1
+
+    def _untag(self, n: int, tag: i64) -> None:
+        """Chunk ``n`` came back from the ghost history with a ``tag`` >= 0 (see :meth:`_tag`)."""
+
     def _forget(self, n: int, ordered: bool) -> None:
         s = self._score[n]
         self._restored[n] = math.nan
@@ -517,14 +535,23 @@ class AgedRefPolicy(_HeapPolicy):
         self._last[n] = _NEVER  # the slot may be reused by another node
         if self._ghost_factor and s > -math.inf and self._tokens[n] >= self._full_tokens:
             ghost = self._ghost
-            ghost.put(self._ns[n], self._keys[n], s, self._clock if last == _NEVER else last)
+            when = last
+            if last == _NEVER:  # a statement, not a conditional expression: int and i64 join as object
+                when = self._clock
+            ghost.put(self._ns[n], self._keys[n], s, when | (self._tag(n) + 1) << _WHEN_BITS)
             # As floats: an int compared with a float is a generic (boxed) comparison when compiled.
             if float(len(ghost)) > self._ghost_factor * float(self._resident) + 64.0:
                 ghost.pop_oldest()
 
+    def _ghost_tags(self) -> list[int]:
+        # The ghost entries' tags, oldest first (-1: none), for integrity checks.
+        return [(a >> _WHEN_BITS) - 1 for a in self._ghost.aux_values()]
+
     def check_integrity(self) -> None:
         super().check_integrity()
         self._ghost.check_integrity()
+        bad = [a for a in self._ghost.aux_values() if a < 0 or (a & _WHEN) > self._clock]
+        assert not bad, f"{self.name}: ghost entries touched at no past clock value, e.g. {bad[:5]}"
 
     def on_cleared(self) -> None:
         # One removal trims at most one entry while adding its own: after a clear of many chunks the

@@ -15,7 +15,6 @@ from mypy_extensions import i64
 
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
-from radixkv.ghosts import GhostHistory
 from radixkv.policy_heap import _OUT, AgedRefPolicy, _log2
 
 _Class = tuple[int, int, int]
@@ -47,7 +46,8 @@ class OddsRefPolicy(AgedRefPolicy):
     chunk is reused it is ordered exactly as in ``agedref``.
 
     Every other rule (aged reference counts, adaptive H, ghost history, partial chunks first) is
-    agedref's. Extra state: one class per fresh chunk (also kept for ghosts), a table of classes. In
+    agedref's. Extra state: one class per fresh chunk (kept in its ghost entry once it leaves, beside
+    agedref's score: one history, one index probe per eviction), a table of classes. In
     a lower tier, chunks arriving by demotion are classed like new ones (the tier sees them for the
     first time).
     """
@@ -77,7 +77,6 @@ class OddsRefPolicy(AgedRefPolicy):
         # By node id: the number of the class of the request that made it, while it is a fresh
         # resident chunk (-1: not one); grows by assignment in _grow.
         self._cls: vec[i64] = vec[i64]()
-        self._ghost_cls = GhostHistory()  # class numbers of evicted fresh chunks (in aux)
         self._made_all = 0.0
         self._used_all = 0.0
         # _penalty's last value per class and the count version it was computed at (_counts_v moves
@@ -181,16 +180,11 @@ class OddsRefPolicy(AgedRefPolicy):
         full, tokens = self._full_tokens, self._tokens
         if tokens[node_ids[0]] < full:
             return  # a request's partial tail, inserted on its own: never classed
-        ns, keys = self._ns, self._keys
         fresh: list[int] = []
+        # A chunk back from the ghost history is not fresh (agedref's _admit has credited its class
+        # through _untag if it had left fresh).
         for n in node_ids:
-            if tokens[n] < full:
-                continue
-            if not math.isnan(self._restored[n]):  # back from the ghost history: reused, credit its class once
-                ghost = self._ghost_cls
-                if ghost.take(ns[n], keys[n]):
-                    self._credit(ghost.last_aux)
-            else:
+            if tokens[n] >= full and math.isnan(self._restored[n]):
                 fresh.append(n)
         self._credit_path(boundary)
         self._new = fresh
@@ -222,26 +216,22 @@ class OddsRefPolicy(AgedRefPolicy):
             self._used_all *= d
             self._counts_v += 1
 
-    def _forget(self, n: int, ordered: bool) -> None:
-        k = self._cls[n]
-        if k >= 0:
-            self._cls[n] = -1  # the slot may be reused by another node
-            if self._ghost_factor:
-                ghost = self._ghost_cls
-                ghost.put(self._ns[n], self._keys[n], 0.0, k)
-                if float(len(ghost)) > self._ghost_factor * float(self._resident) + 64.0:  # see agedref
-                    ghost.pop_oldest()
-        super()._forget(n, ordered)
+    def _tag(self, n: int) -> i64:
+        # A chunk leaving fresh takes its class into agedref's ghost entry ...
+        return self._cls[n]
 
-    def on_cleared(self) -> None:
-        # The classes' history, as the scores' one (AgedRefPolicy.on_cleared).
-        self._ghost_cls.trim(self._ghost_factor * self._resident + 64)
-        super().on_cleared()
+    def _untag(self, n: int, tag: i64) -> None:
+        # ... and credits it once if it comes back (as a full chunk: partial tails are never classed).
+        if self._tokens[n] >= self._full_tokens:
+            self._credit(tag)
+
+    def _forget(self, n: int, ordered: bool) -> None:
+        super()._forget(n, ordered)  # takes the class into the ghost entry (_tag) first
+        self._cls[n] = -1  # the slot may be reused by another node
 
     def check_integrity(self) -> None:
         super().check_integrity()
         st, cls, n_classes = self._st, self._cls, len(self._classes)
-        self._ghost_cls.check_integrity()
         assert len(self._made) == len(self._used) == len(self._pen) == len(self._pen_v) == n_classes == len(
             self._class_no
         ), (
@@ -255,5 +245,5 @@ class OddsRefPolicy(AgedRefPolicy):
         )
         bad = [n for n in range(len(cls)) if not -1 <= cls[n] < n_classes]
         assert not bad, f"oddsref: chunks with no such class, e.g. {bad[:5]}"
-        ghost_bad = [a for a in self._ghost_cls.aux_values() if not 0 <= a < n_classes]
+        ghost_bad = [t for t in self._ghost_tags() if not -1 <= t < n_classes]
         assert not ghost_bad, f"oddsref: ghost entries with no such class, e.g. {ghost_bad[:5]}"

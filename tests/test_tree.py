@@ -920,7 +920,7 @@ def test_a_clear_leaves_the_ghost_history_within_its_bound(policy):
     pol = tree.policy("mem")
     tree.clear(namespace="v1")
     bound = pol._ghost_factor * len(pol) + 64
-    ghosts = [pol._ghost] + ([pol._ghost_cls] if policy == "oddsref" else [])
+    ghosts = [pol._ghost]
     assert [len(g) for g in ghosts] == [bound] * len(ghosts), f"bound {bound} with {len(pol)} resident"
     tree.clear()
     assert [len(g) for g in ghosts] == [64] * len(ghosts)

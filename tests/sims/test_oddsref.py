@@ -75,6 +75,27 @@ def test_fresh_chunks_of_a_returning_class_outlive_newer_one_offs(policy, fresh_
     tree.check_integrity()
 
 
+def test_a_chunk_evicted_fresh_carries_its_class_through_the_ghost_history():
+    # The class rides in the chunk's one ghost entry (agedref's, beside its score): a return credits
+    # it once; a chunk evicted after a reuse carries none.
+    tree = RadixTree(("mem",), policy="oddsref")
+    pol = tree.policy("mem")
+    use(tree, "s", "a")
+    c = pol.class_of(tree.lookup(NS, "/s/a"))  # type: ignore[attr-defined]
+    assert c is not None and pol.class_odds() == {c: 1 / 4}  # type: ignore[attr-defined]  # (0 + 1) / (2 + 2)
+    tree.evict("mem", 1)  # /s/a, fresh
+    assert pol._ghost_tags() == [0]  # type: ignore[attr-defined]  # class number 0
+    use(tree, "s", "a")  # back: /s/a from the ghost history, /s a hit
+    assert pol.class_of(tree.lookup(NS, "/s/a")) is None  # type: ignore[attr-defined]  # reused, not fresh
+    assert pol.class_odds() == {c: 3 / 4}  # type: ignore[attr-defined]  # both credited, once each
+    assert len(pol._ghost) == 0  # type: ignore[attr-defined]
+    tree.evict("mem", 1)
+    assert pol._ghost_tags() == [-1]  # type: ignore[attr-defined]
+    use(tree, "s", "a")
+    assert pol.class_odds() == {c: 3 / 4}  # type: ignore[attr-defined]
+    tree.check_integrity()
+
+
 def test_reused_chunks_are_ordered_like_agedref():
     # odds_weight=0 switches the rule off: oddsref then orders chunks exactly as agedref does.
     trace = generate("chat", WorkloadConfig(requests=300, seed=3))
