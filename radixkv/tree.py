@@ -508,8 +508,9 @@ class RadixTree:
                 self._add_residency(missing_tier, t)
         if hit:
             parent, depth = last, self._depth[last]  # type: ignore[assignment,index]
-        new = self._create(namespace, idx, keys[hit:], parent, depth, t, tokens_per_chunk, bytes_per_chunk,
-                           claimed)
+        # the claimed keys (the slice made above), or none: nothing is new when claimed is None
+        new = self._create(namespace, idx, rest if claimed is not None else (), parent, depth, t,
+                           tokens_per_chunk, bytes_per_chunk, claimed)
         if self._awaiting:  # some run awaits a parent key: is it one of these?
             self._join_awaiting(namespace, new)
         leaf: int = new[-1] if new else last  # type: ignore[assignment]
@@ -705,10 +706,14 @@ class RadixTree:
         """Point each of ``keys`` at its node id in ``ids`` (one ``setdefault`` probe each). If a key
         is in the index already (or repeats in ``keys``), the keys claimed so far are released and
         the result is True: the index is as before, and for a repeat an InputError is raised."""
+        # The ids' own int objects go into the index (read as objects: a native int would be boxed
+        # again, one allocation per new chunk); evict hands them back to the free list the same way.
+        ids_o, idx_o = cast("list[object]", ids), cast("dict[str, object]", idx)
         j = 0
         for k in keys:
-            n = ids[j]
-            if idx.setdefault(k, n) != n:
+            o = ids_o[j]
+            held = idx_o.setdefault(k, o)
+            if held is not o and held != o:
                 repeat = idx[k] in ids[:j]  # claimed by an earlier key of this run
                 self._unclaim(ns, idx, keys[:j])
                 if repeat:
@@ -920,6 +925,7 @@ class RadixTree:
                     t += 1
         kid, nxt, prv = self._kid, self._next, self._prev
         awaits = self._awaits
+        free_o = cast("list[object]", self._free)
         for n in gone + orphans:
             p = self._parent[n]
             if p != _NO_PARENT:
@@ -927,9 +933,11 @@ class RadixTree:
                 _unlink(kid, nxt, prv, n, p)
             elif awaits and n in awaits:  # a run awaiting its parent key leaves: so does its wait
                 self._forget_await(n)
-            space = self._ns[n]
+            space, k = self._ns[n], self._key[n]
             idx = self._index[space]  # type: ignore[index]
-            del idx[self._key[n]]  # type: ignore[arg-type]
+            # the index's int object for n, not a new box of n (see _claim)
+            free_o.append(cast("dict[str, object]", idx)[k])  # type: ignore[index]
+            del idx[k]  # type: ignore[arg-type]
             if not idx:
                 # A dict never shrinks as keys leave: a namespace that once held 10^5 chunks kept a
                 # 3.8 MB table after its last chunk left (every weight version an engine served).
@@ -937,7 +945,6 @@ class RadixTree:
             self._pins.forget(n)
             self._key[n] = None
             self._ns[n] = None
-            self._free.append(n)
         self.stats.removed_chunks += len(gone)
         self.stats.orphan_drops += len(orphans)
         return DropResult(tuple(gone), tuple(orphans))
@@ -1019,6 +1026,7 @@ class RadixTree:
         if t is None:
             t = self.tier_index(tier)  # raises: unknown tier
         removed: list[int] = []
+        removed_o = cast("list[object]", removed)  # filled with the index's int objects
         if isinstance(n_chunks, int):  # the replay's case: no call into operator
             n_evict: int = n_chunks
         else:
@@ -1147,14 +1155,16 @@ class RadixTree:
                         if p < 0 and awaits and n in awaits:
                             self._forget_await(n)
                         idx = index[ns[n]]  # type: ignore[index]
-                        del idx[key[n]]  # type: ignore[arg-type]
+                        k = key[n]
+                        # the index's int object for n, not a new box of n (see _claim)
+                        removed_o.append(cast("dict[str, object]", idx)[k])  # type: ignore[index]
+                        del idx[k]  # type: ignore[arg-type]
                         if p < 0 and not idx:  # its namespace's last chunk (a root: leaf first)
                             del index[ns[n]]  # type: ignore[arg-type]
                         if held:
                             pins.forget(n)
                         key[n] = None
                         ns[n] = None
-                        removed.append(n)
                     evicted += 1
                     if evicted >= n_evict:
                         break
@@ -1180,14 +1190,16 @@ class RadixTree:
                         if p < 0 and awaits and n in awaits:
                             self._forget_await(n)
                         idx = index[ns[n]]  # type: ignore[index]
-                        del idx[key[n]]  # type: ignore[arg-type]
+                        k = key[n]
+                        # the index's int object for n, not a new box of n (see _claim)
+                        removed_o.append(cast("dict[str, object]", idx)[k])  # type: ignore[index]
+                        del idx[k]  # type: ignore[arg-type]
                         if p < 0 and not idx:  # its namespace's last chunk (a root: leaf first)
                             del index[ns[n]]  # type: ignore[arg-type]
                         if held:
                             pins.forget(n)
                         key[n] = None
                         ns[n] = None
-                        removed.append(n)
                     evicted += 1
                     if evicted >= n_evict:
                         break
