@@ -19,9 +19,13 @@ if TYPE_CHECKING:
 
 _OUT: Final = -2  # a link of a node in no queue (-1 ends a queue); Final: a C constant when compiled
 # (a plain module global is a dict lookup at each use)
-_NONE: Final = 0  # S3FIFOPolicy._queue of a node in neither FIFO (parked, aside, or not in the tier)
+_NONE: Final = 0  # S3FIFOPolicy._queue of a node in neither FIFO nor parked (aside, or not in the tier)
 _SMALL: Final = 1
 _MAIN: Final = 2
+# Parked (an interior node waiting for its last child in the tier to leave), from the small or the
+# main FIFO: it goes back to the old end of that one (_unpark). At least _PARKED_SMALL: parked.
+_PARKED_SMALL: Final = 3
+_PARKED_MAIN: Final = 4
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
@@ -37,8 +41,9 @@ class S3FIFOPolicy:
 
     Both FIFOs are doubly linked lists through two vec columns indexed by node id (the next newer
     and next older node in its queue, -1 at either end, ``_OUT`` in both for a node in neither),
-    and a third column names the queue: a step, an insert or an eviction is a few machine-integer
-    writes (they were OrderedDicts: a hash probe, a boxed int and a method call each)."""
+    and a third column names the queue (or that the node is parked, and from which queue): a step, an
+    insert or an eviction is a few machine-integer writes (they were OrderedDicts: a hash probe, a
+    boxed int and a method call each)."""
 
     name: ClassVar[str] = "s3fifo"
 
@@ -52,12 +57,14 @@ class S3FIFOPolicy:
         # assignment (extend may move them): no alias of them outlives a call.
         self._newer: vec[i64] = vec[i64]()
         self._older: vec[i64] = vec[i64]()
-        self._queue: vec[i64] = vec[i64]()  # _SMALL, _MAIN or _NONE by node id
+        self._queue: vec[i64] = vec[i64]()  # _SMALL, _MAIN, _PARKED_SMALL, _PARKED_MAIN or _NONE by node id
         self._small_old = self._small_new = -1  # the small FIFO's ends (-1: empty)
         self._main_old = self._main_new = -1
         self._n_small = 0
         self._n_main = 0
-        self._parked: dict[int, bool] = {}  # node -> was in main
+        # Parked nodes are marked in _queue (a dict of them cost a boxed id and a method call per
+        # eviction); their count tells whether a leaf needs looking up at all.
+        self._n_parked = 0
         # 2-bit frequency by node id (a vec slot is cheaper than an int-keyed dict probe, and it is
         # read on every touch and every queue step); -1: not resident in the tier.
         self._freq: vec[i64] = vec[i64]()
@@ -228,10 +235,17 @@ class S3FIFOPolicy:
             f[node_id] += 1
 
     def on_leaf(self, node_id: int) -> None:
-        if self._parked:
-            in_main = self._parked.pop(node_id, None)
-            if in_main is not None:
-                self._push_oldest(node_id, in_main)  # its FIFO position is as old as it gets
+        if self._n_parked:
+            self._unpark(node_id)
+
+    def _unpark(self, n: int) -> None:
+        # A node that became a tier leaf: if it is parked, back to the old end of its FIFO (its
+        # position is as old as it gets).
+        q = self._queue[n]
+        if q >= _PARKED_SMALL:
+            self._queue[n] = _NONE
+            self._n_parked -= 1
+            self._push_oldest(n, q == _PARKED_MAIN)
 
     def _evict(self, node_id: int, leaf_parent: int) -> None:
         # on_remove((node_id,)) then on_leaf(leaf_parent), written out for one node: the replay's
@@ -246,10 +260,8 @@ class S3FIFOPolicy:
         if self._took_small:
             self._ghost.put(self._ns[n], self._keys[n])
         self._bound_ghost()
-        if leaf_parent >= 0 and self._parked:
-            in_main = self._parked.pop(leaf_parent, None)
-            if in_main is not None:
-                self._push_oldest(leaf_parent, in_main)
+        if leaf_parent >= 0 and self._n_parked:
+            self._unpark(leaf_parent)
 
     def _bound_ghost(self) -> None:
         # The ghost FIFO holds at most as many keys as the main queue (at least 16).
@@ -259,7 +271,7 @@ class S3FIFOPolicy:
             ghost.trim(limit if limit > 16 else 16)
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
-        freq, parent, parked, queue = self._freq, self._parent, self._parked, self._queue
+        freq, parent, queue = self._freq, self._parent, self._queue
         ghost = self._ghost
         self._resident -= len(node_ids)
         for n in node_ids:
@@ -270,8 +282,9 @@ class S3FIFOPolicy:
                     ghost.put(self._ns[n], self._keys[n])
             elif q == _MAIN:
                 self._unlink(n)
-            elif n in parked:
-                del parked[n]
+            elif q >= _PARKED_SMALL:
+                queue[n] = _NONE
+                self._n_parked -= 1
             else:
                 # Out of every queue: taken by a live candidates() run, either set aside (yielded and
                 # skipped) or the node it yielded last, which a caller evicting through on_remove (a
@@ -327,7 +340,8 @@ class S3FIFOPolicy:
                 n = self._main_old
             self._unlink(n)
             if tchild[n]:
-                self._parked[n] = not use_small
+                self._queue[n] = _PARKED_SMALL if use_small else _PARKED_MAIN
+                self._n_parked += 1
                 continue
             f = freq[n]
             if f > 0:
@@ -382,9 +396,12 @@ class S3FIFOPolicy:
                 f"s3fifo: {len(seen)} nodes walked in the {label} FIFO, {count} counted"
             )
             walked.append(seen)
-        s, m, p = walked[0], walked[1], set(self._parked)
+        s, m = walked[0], walked[1]
+        p = {n for n, q in enumerate(queue) if q >= _PARKED_SMALL}
+        assert all(_NONE <= q <= _PARKED_MAIN for q in queue), "s3fifo: a node marked with no such queue"
+        assert len(p) == self._n_parked, f"s3fifo: {len(p)} nodes parked, {self._n_parked} counted"
         assert not (s & m or s & p or m & p), "s3fifo: a node is in two queues"
-        marked = {n for n, q in enumerate(queue) if q != _NONE}
+        marked = {n for n, q in enumerate(queue) if q == _SMALL or q == _MAIN}
         linked = {n for n, nw in enumerate(newer) if nw != _OUT}
         assert marked == linked == {n for n, od in enumerate(older) if od != _OUT} == s | m, (
             "s3fifo: queue marks and links disagree with the FIFOs"

@@ -143,7 +143,8 @@ def test_s3fifo_parked_leaf():
     t = _tree("s3fifo")
     pol, leaf = t._policies[0], _mem_leaf(t)
     pol._unlink(leaf)  # type: ignore[attr-defined]
-    pol._parked[leaf] = False  # type: ignore[attr-defined]
+    pol._queue[leaf] = 3  # type: ignore[attr-defined]  # _PARKED_SMALL
+    pol._n_parked += 1  # type: ignore[attr-defined]
     with pytest.raises(AssertionError, match="leaves parked"):
         t.check_integrity()
 
