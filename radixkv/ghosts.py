@@ -12,10 +12,15 @@ namespace a history sees (the only one in a simulation, and in most stores) is n
 alone, and one of any other namespace by the tuple: a ``str`` never equals a ``tuple``, so the two
 kinds never collide and the naming stays one to one.
 
-Layout. Each entry lives in a slot; the slots' names, values and FIFO links (a doubly linked list,
-oldest to newest) are columns, and freed slots are reused. Same semantics as the ``OrderedDict`` it
-replaces (a put of a name already held updates its values in place, keeping its position), without
-an ordered-dict node, a value tuple and a float allocated per entry.
+Layout. The entries live in a ring of slots in arrival order (entry number q in slot q modulo the
+ring's size); their names and values are columns. A put writes at the newest end and forgetting the
+oldest reads at the other, so both touch memory the last ones touched; a take (a chunk coming back)
+leaves a hole that the oldest end skips, and a full ring is repacked without its holes. Before, the
+entries were a doubly linked list over reused free slots: every put and pop wrote the links and
+values of a random slot and its neighbours (a free list and two link columns that the ring does
+without). Same semantics as the ``OrderedDict`` it replaces (a put of a name
+already held updates its values in place, keeping its position), without an ordered-dict node, a
+value tuple and a float allocated per entry.
 
 Index. Names are found through an open-addressing hash table of its own, not a dict: one ``vec`` of
 positions, each the low 31 bits of a name's hash and its slot packed in one 64-bit number (-1:
@@ -33,7 +38,7 @@ from __future__ import annotations
 
 from typing import Final, final
 
-from librt.vecs import append, pop, vec
+from librt.vecs import vec
 from mypy_extensions import i64
 
 __all__ = ["GhostHistory"]
@@ -52,16 +57,17 @@ class GhostHistory:
 
     def __init__(self) -> None:
         self._ns0: str | None = None  # the first namespace seen: its chunks are named by key alone
-        self._names: list[object] = []  # by slot: its name (None: a free slot)
-        self._hash: vec[i64] = vec[i64]()  # by slot: its name's hash
-        self._score: vec[float] = vec[float]()  # by slot
-        self._aux: vec[i64] = vec[i64]()  # by slot
-        self._newer: vec[i64] = vec[i64]()  # by slot: the next newer entry (-1: none)
-        self._older: vec[i64] = vec[i64]()  # by slot: the next older entry (-1: none)
-        self._oldest: i64 = -1
-        self._newest: i64 = -1
-        self._free: vec[i64] = vec[i64]()  # free slots
-        self._n: i64 = 0  # entries
+        # The ring: _size slots (a power of two); entry number q lives in slot q & (_size - 1).
+        # Numbers _head .. _tail - 1 are in arrival order; a taken entry leaves a hole (name None)
+        # until the oldest end passes it or the ring is repacked (_repack).
+        self._size: i64 = 16
+        self._names: list[object] = [None] * 16  # by slot: its name (None: a hole, or unused)
+        self._hash: vec[i64] = vec[i64]([0] * 16)  # by slot: its name's hash
+        self._score: vec[float] = vec[float]([0.0] * 16)  # by slot
+        self._aux: vec[i64] = vec[i64]([0] * 16)  # by slot
+        self._head: i64 = 0  # number of the oldest entry (or hole)
+        self._tail: i64 = 0  # number the next entry gets
+        self._n: i64 = 0  # entries (holes not counted)
         # The index: _cap positions (a power of two), at most half of them used; each is
         # (hash & _LOW) << 32 | slot, or -1 if empty (see _find).
         self._cap: i64 = 16
@@ -78,7 +84,7 @@ class GhostHistory:
             self._ns0 = ns0 = ns
         if ns == ns0 and ns is not None and key is not None:
             return key
-        return (ns, key)  # also a None key: a bare None would read as a free slot in _names
+        return (ns, key)  # also a None key: a bare None would read as a hole in _names
 
     def _find(self, name: object, h: i64) -> i64:
         """The index position holding ``name`` (hash ``h``), or -1."""
@@ -125,16 +131,41 @@ class GhostHistory:
                 i = j
                 break
 
-    def _grow_index(self) -> None:
-        # Twice the positions; every held slot placed again.
-        cap = self._cap * 2
+    def _repack(self, entries: i64) -> None:
+        # No slot for the next entry, or an index that would be over half full: move the entries,
+        # in order, to the front of a ring of at least 1.25x ``entries`` slots (holes dropped) and
+        # index them again in at least twice as many positions (powers of two, at least 16). Holes
+        # come only from takes and leave as the oldest end passes them, so the ring fills again
+        # only after a quarter of its entries were taken, or it grew: O(1) per put, amortized. It
+        # also shrinks both after a trim.
+        size: i64 = 16
+        while size < entries + entries // 4:
+            size *= 2
+        cap: i64 = 16
+        while cap < 2 * entries:
+            cap *= 2
+        names: list[object] = [None] * size
+        hashes, scores, auxs = vec[i64]([0] * size), vec[float]([0.0] * size), vec[i64]([0] * size)
+        old_names, old_hash, old_score, old_aux = self._names, self._hash, self._score, self._aux
+        old_mask = self._size - 1
+        k: i64 = 0
+        q = self._head
+        while q < self._tail:
+            s = q & old_mask
+            name = old_names[s]
+            if name is not None:
+                names[k] = name
+                hashes[k] = old_hash[s]
+                scores[k] = old_score[s]
+                auxs[k] = old_aux[s]
+                k += 1
+            q += 1
+        self._names, self._hash, self._score, self._aux = names, hashes, scores, auxs
+        self._size, self._head, self._tail = size, 0, k
         self._cap = cap
         self._tab = vec[i64]([-1] * cap)
-        hashes = self._hash
-        s = self._oldest
-        while s >= 0:
+        for s in range(k):
             self._place(hashes[s], s)
-            s = self._newer[s]
 
     def contains(self, ns: str | None, key: str | None) -> bool:
         name = self._name(ns, key)
@@ -149,31 +180,16 @@ class GhostHistory:
         if i >= 0:
             s = self._tab[i] & _SLOT
         else:
-            if 2 * (self._n + 1) > self._cap:
-                self._grow_index()
-            if len(self._free):
-                self._free, s = pop(self._free)
-                self._names[s] = name
-                self._hash[s] = h
-            else:
-                s = len(self._names)
-                self._names.append(name)
-                self._hash = append(self._hash, h)
-                self._score = append(self._score, 0.0)
-                self._aux = append(self._aux, 0)
-                self._newer = append(self._newer, -1)
-                self._older = append(self._older, -1)
+            if self._tail - self._head >= self._size:
+                self._repack(self._n + 1)
+            elif 2 * (self._n + 1) > self._cap:
+                self._repack(self._n + 1)  # the index would be over half full: a larger one
+            s = self._tail & (self._size - 1)
+            self._tail += 1
+            self._names[s] = name
+            self._hash[s] = h
             self._place(h, s)
             self._n += 1
-            # link at the newest end
-            o = self._newest
-            self._older[s] = o
-            self._newer[s] = -1
-            if o >= 0:
-                self._newer[o] = s
-            else:
-                self._oldest = s
-            self._newest = s
         self._score[s] = score
         self._aux[s] = aux
 
@@ -188,98 +204,76 @@ class GhostHistory:
         self._unplace(i)
         self.last_score = self._score[s]
         self.last_aux = self._aux[s]
-        self._release(s)
+        self._names[s] = None  # a hole, passed over by the oldest end
+        self._n -= 1
         return True
 
     def pop_oldest(self) -> None:
         """Forget the oldest entry (no-op if empty)."""
-        s = self._oldest
-        if s >= 0:
-            # Its position, found by slot from its hash's home: no name comparison.
-            tab, mask = self._tab, self._cap - 1
-            i = self._hash[s] & _LOW & mask
-            while (tab[i] & _SLOT) != s:  # never an empty position: s is placed at or after its home
-                i = (i + 1) & mask
-            self._unplace(i)
-            self._release(s)
+        if self._n <= 0:
+            return
+        names, mask = self._names, self._size - 1
+        q = self._head
+        while names[q & mask] is None:  # holes left by take; an entry follows (_n > 0)
+            q += 1
+        s = q & mask
+        self._head = q + 1
+        # Its position, found by slot from its hash's home: no name comparison.
+        tab, imask = self._tab, self._cap - 1
+        i = self._hash[s] & _LOW & imask
+        while (tab[i] & _SLOT) != s:  # never an empty position: s is placed at or after its home
+            i = (i + 1) & imask
+        self._unplace(i)
+        names[s] = None
+        self._n -= 1
 
     def trim(self, bound: float) -> None:
         """Forget the oldest entries until at most ``bound`` are left."""
         while float(self._n) > bound:
             self.pop_oldest()
 
-    def _release(self, s: i64) -> None:
-        # Unlink slot s (its index position already emptied) and free it.
-        newer, older = self._newer, self._older
-        nw, od = newer[s], older[s]
-        if nw >= 0:
-            older[nw] = od
-        else:
-            self._newest = od
-        if od >= 0:
-            newer[od] = nw
-        else:
-            self._oldest = nw
-        newer[s] = older[s] = -1
-        self._names[s] = None
-        self._free = append(self._free, s)
-        self._n -= 1
+    def _slots(self) -> list[int]:
+        # The entries' slots, oldest first.
+        names, mask = self._names, self._size - 1
+        return [int(q & mask) for q in range(self._head, self._tail) if names[q & mask] is not None]
 
     def names(self) -> list[object]:
         """The entries' names, oldest first (a key, or ``(namespace, key)``; see the module
         docstring): for tests and inspection."""
-        out: list[object] = []
-        s = self._oldest
-        while s >= 0 and len(out) <= len(self._names):
-            out.append(self._names[s])
-            s = self._newer[s]
-        return out
+        return [self._names[s] for s in self._slots()]
 
     def aux_values(self) -> list[int]:
         """The entries' integers, oldest first (for checks and inspection)."""
-        out: list[int] = []
-        s = self._oldest
-        while s >= 0 and len(out) <= len(self._names):
-            out.append(int(self._aux[s]))
-            s = self._newer[s]
-        return out
+        return [int(self._aux[s]) for s in self._slots()]
 
     def check_integrity(self) -> None:
-        n_slots = len(self._names)
-        cols = (len(self._hash), len(self._score), len(self._aux), len(self._newer), len(self._older))
-        assert all(c == n_slots for c in cols), f"ghosts: {n_slots} slots, columns of {cols}"
-        walked = self.names()
-        assert len(walked) == self._n, f"ghosts: {len(walked)} entries linked oldest to newest, {self._n} counted"
+        size, names = self._size, self._names
+        cols = (len(names), len(self._hash), len(self._score), len(self._aux))
+        assert size >= 16 and size & (size - 1) == 0 and all(c == size for c in cols), (
+            f"ghosts: a ring of {size} slots, columns of {cols}"
+        )
+        assert 0 <= self._head <= self._tail <= self._head + size, (
+            f"ghosts: entries {self._head} .. {self._tail} in a ring of {size} slots"
+        )
+        live = self._slots()
+        assert len(live) == self._n, f"ghosts: {len(live)} entries between the ends, {self._n} counted"
+        outside = [s for s in range(size) if names[s] is not None and s not in set(live)]
+        assert not outside, f"ghosts: slots outside the ring's entries hold names, e.g. {outside[:5]}"
         ns0 = self._ns0
-        held = 0
-        for s, name in enumerate(self._names):
-            if name is not None:
-                held += 1
-                assert self._hash[s] == hash(name), f"ghosts: slot {s} keeps {self._hash[s]} as the hash of {name!r}"
-                at = self._find(name, self._hash[s])
-                assert at >= 0 and (self._tab[at] & _SLOT) == s, f"ghosts: slot {s} holds {name!r}, indexed at {at}"
-                # One name per chunk (see _name): a key alone in the first namespace, a pair otherwise
-                # (a pair of the first namespace is never looked up: its chunk would be missed).
-                if isinstance(name, tuple):
-                    ok = name[0] != ns0 or ns0 is None or name[1] is None
-                else:
-                    ok = ns0 is not None
-                assert ok, f"ghosts: slot {s} names {name!r}, not as _name does (first namespace {ns0!r})"
-        assert held == self._n, f"ghosts: {held} named slots, {self._n} counted"
+        for s in live:
+            name = names[s]
+            assert self._hash[s] == hash(name), f"ghosts: slot {s} keeps {self._hash[s]} as the hash of {name!r}"
+            at = self._find(name, self._hash[s])
+            assert at >= 0 and (self._tab[at] & _SLOT) == s, f"ghosts: slot {s} holds {name!r}, indexed at {at}"
+            # One name per chunk (see _name): a key alone in the first namespace, a pair otherwise
+            # (a pair of the first namespace is never looked up: its chunk would be missed).
+            if isinstance(name, tuple):
+                ok = name[0] != ns0 or ns0 is None or name[1] is None
+            else:
+                ok = ns0 is not None
+            assert ok, f"ghosts: slot {s} names {name!r}, not as _name does (first namespace {ns0!r})"
         cap, tab = self._cap, self._tab
         assert cap >= 16 and cap & (cap - 1) == 0 and len(tab) == cap, f"ghosts: index of {cap} positions, {len(tab)} numbers"
         assert 2 * self._n <= cap, f"ghosts: {self._n} entries in an index of {cap} positions (over half full)"
         placed = [int(tab[i] & _SLOT) for i in range(cap) if tab[i] >= 0]
-        assert sorted(placed) == sorted(s for s, name in enumerate(self._names) if name is not None), (
-            "ghosts: the index places other slots than the held ones"
-        )
-        free = sorted(int(s) for s in self._free)
-        assert free == [s for s, name in enumerate(self._names) if name is None], "ghosts: free slots drifted"
-        # The backward links too: _release unlinks through them, so a wrong one breaks the list at
-        # the next take or pop_oldest (the forward walk alone never reads them). The forward walk
-        # ends: it was counted above.
-        older, s, prev = self._older, self._oldest, -1
-        while s >= 0:
-            assert older[s] == prev, f"ghosts: slot {s} links {older[s]} as older, {prev} precedes it"
-            prev, s = s, self._newer[s]
-        assert prev == self._newest, f"ghosts: the newest end is slot {self._newest}, the list's is {prev}"
+        assert sorted(placed) == sorted(live), "ghosts: the index places other slots than the held ones"

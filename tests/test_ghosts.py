@@ -56,30 +56,61 @@ def test_the_first_namespace_is_named_by_key_alone_and_others_by_the_pair():
     g.check_integrity()
 
 
-def test_check_integrity_catches_a_broken_link():
-    g = GhostHistory()
-    for i in range(4):
-        g.put("ns", f"k{i}")
-    g._newer[1] = 3  # skips k2
-    with pytest.raises(AssertionError, match="linked oldest to newest"):
-        g.check_integrity()
-
-
-@pytest.mark.parametrize("corrupt", ["older link", "newest at a free slot"])
-def test_check_integrity_catches_a_broken_backward_link_or_newest_end(corrupt):
-    # take and pop_oldest unlink through the older links and the newest end, which the forward walk
-    # from the oldest never read: either could be wrong with the check passing, and the next take
-    # then broke the list.
+@pytest.mark.parametrize("corrupt", ["oldest end past an entry", "name outside the entries", "count"])
+def test_check_integrity_catches_a_broken_ring(corrupt):
+    # pop_oldest trusts the ring's ends and the count: an oldest end moved past an entry loses it
+    # from the FIFO (it would never be forgotten), a name left past the newest end is overwritten
+    # unindexed, and a wrong count makes pop_oldest walk past the newest end.
     g = GhostHistory()
     for i in range(5):
         g.put("ns", f"k{i}")
-    assert g.take("ns", "k2")  # slot 2 is free
-    if corrupt == "older link":
-        g._older[3] = 0  # k3's older neighbour is k1
+    assert g.take("ns", "k2")  # a hole in slot 2
+    if corrupt == "oldest end past an entry":
+        g._head = 1
+        match = "between the ends"
+    elif corrupt == "name outside the entries":
+        g._names[7] = "k7"
+        match = "outside the ring"
     else:
-        g._newest = 2
-    with pytest.raises(AssertionError, match="older|newest end"):
+        g._n += 1
+        match = "between the ends"
+    with pytest.raises(AssertionError, match=match):
         g.check_integrity()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_holes_and_repacks_keep_the_order(seed):
+    # Takes leave holes that the oldest end skips; a ring full of holes is repacked (entries moved,
+    # the index rebuilt) and one that grows or, after a trim, shrinks is too. The order and the
+    # values survive every repack.
+    r = random.Random(seed)
+    g, ref = GhostHistory(), OrderedDict()
+    for step in range(6000):
+        key = f"{r.randrange(400)}"
+        if r.random() < 0.55:
+            g.put("a", key, float(step), step)
+            ref[("a", key)] = (float(step), step)
+        elif r.random() < 0.9:
+            held = ("a", key) in ref
+            assert g.take("a", key) == held
+            if held:
+                assert (g.last_score, g.last_aux) == ref.pop(("a", key))
+        else:
+            bound = r.choice([0, 3, 50])
+            g.trim(bound)
+            while len(ref) > bound:
+                ref.popitem(last=False)
+        assert g._tail - g._head <= g._size
+        if step % 500 == 0:
+            g.check_integrity()
+            assert [n if isinstance(n, tuple) else (g._ns0, n) for n in g.names()] == list(ref)
+    g.trim(0)
+    g.put("a", "x")
+    for i in range(g._size):  # the ring fills once more: repacked to its few entries
+        g.put("a", f"y{i}")
+        g.take("a", f"y{i}")
+    assert g._size == 16 and g.names() == ["x"]
+    g.check_integrity()
 
 
 def test_a_none_key_is_an_entry_of_its_own():
