@@ -87,14 +87,15 @@ class GhostHistory:
         return (ns, key)  # also a None key: a bare None would read as a hole in _names
 
     def _find(self, name: object, h: i64) -> i64:
-        """The index position holding ``name`` (hash ``h``), or -1."""
+        """The index position holding ``name`` (hash ``h``); if it is not held, ``-2 - i`` for the
+        empty position ``i`` where a probe for it ends (where :meth:`put` places it)."""
         tab, mask, names = self._tab, self._cap - 1, self._names
         low = h & _LOW
         i = low & mask
         while True:
             v = tab[i]
             if v < 0:
-                return -1
+                return -2 - i
             if v >> 32 == low:  # the low 31 bits of the hash agree: compare the names
                 held = names[v & _SLOT]
                 # `is` first: a trace's keys, and the tree's, are one object per key (no comparison)
@@ -180,15 +181,15 @@ class GhostHistory:
         if i >= 0:
             s = self._tab[i] & _SLOT
         else:
-            if self._tail - self._head >= self._size:
+            if self._tail - self._head >= self._size or 2 * (self._n + 1) > self._cap:
+                # a full ring, or an index that would be over half full
                 self._repack(self._n + 1)
-            elif 2 * (self._n + 1) > self._cap:
-                self._repack(self._n + 1)  # the index would be over half full: a larger one
+                i = self._find(name, h)  # the index is another one now
             s = self._tail & (self._size - 1)
             self._tail += 1
             self._names[s] = name
             self._hash[s] = h
-            self._place(h, s)
+            self._tab[-2 - i] = (h & _LOW) << 32 | s  # the empty position the probe ended at
             self._n += 1
         self._score[s] = score
         self._aux[s] = aux
