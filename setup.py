@@ -41,6 +41,7 @@ COMPILED = [
     "radixkv/policy_opt.py",
     "radixkv/ghosts.py",
     "radixkv/prio_heap.py",
+    "radixkv/replay_loop.py",
 ]
 _MODULES = {path[:-3].replace("/", "."): path for path in COMPILED}  # module name -> source
 STAMP_NAME = "_compiled.json"

@@ -45,6 +45,7 @@ import numpy as np
 
 from radixkv.config import WRITE_POLICIES
 from radixkv.errors import ConfigError
+from radixkv.replay_loop import replay_one_tier
 from radixkv.sims import opt as _opt  # registers the "opt" policy
 from radixkv.sims.traces import Trace
 from radixkv.tree import RadixTree
@@ -52,6 +53,9 @@ from radixkv.tree import RadixTree
 __all__ = ["TierCapacity", "ReplayResult", "replay", "UNBOUNDED"]
 
 UNBOUNDED = -1  # capacity_blocks of a tier that never evicts (the infinite cache)
+# One tier replays in radixkv.replay_loop (compiled with the tree); tests set this False to replay
+# one tier through the Python loop below as well, and compare.
+_COMPILED_ONE_TIER = True
 _NS = "sim"
 _PIN_S = 1e9  # a pin the replay takes and releases within one request: never expires meanwhile
 
@@ -266,7 +270,18 @@ def replay(
     gc.disable()
     t0 = time.perf_counter()
     try:
-        for i, req in enumerate(trace.requests):
+        if n_tiers == 1 and _COMPILED_ONE_TIER:
+            reqs = trace.requests
+            keys_per_request = [r.block_keys for r in reqs]
+            tokens = [r.input_tokens for r in reqs]
+            block_refs = sum(map(len, keys_per_request))
+            input_tokens = sum(tokens)
+            block_hits, token_hits, evictions = replay_one_tier(
+                tree, _NS, top, keys_per_request, tokens, bt, bpt, full_bytes, cap0 if bounded0 else -1,
+                hits, set_next_use, next_use, check_every,
+                None if bar is None else (lambda i: bar.update(min(256, n_req - bar.n))),
+            )
+        for i, req in enumerate(trace.requests if n_tiers > 1 or not _COMPILED_ONE_TIER else ()):
             keys = req.block_keys
             nk = len(keys)
             block_refs += nk
