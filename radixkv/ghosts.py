@@ -258,7 +258,8 @@ class GhostHistory:
         )
         live = self._slots()
         assert len(live) == self._n, f"ghosts: {len(live)} entries between the ends, {self._n} counted"
-        outside = [s for s in range(size) if names[s] is not None and s not in set(live)]
+        held = set(live)
+        outside = [s for s in range(size) if names[s] is not None and s not in held]
         assert not outside, f"ghosts: slots outside the ring's entries hold names, e.g. {outside[:5]}"
         ns0 = self._ns0
         for s in live:

@@ -272,8 +272,10 @@ def replay(
     try:
         if n_tiers == 1 and _COMPILED_ONE_TIER:
             reqs = trace.requests
-            keys_per_request = [r.block_keys for r in reqs]
-            tokens = [r.input_tokens for r in reqs]
+            # Lists of str keys and ints, as the compiled loop is typed (a Trace built by hand may
+            # hold tuples of keys, or numpy integers).
+            keys_per_request = [k if type(k) is list else list(k) for k in (r.block_keys for r in reqs)]
+            tokens = [int(r.input_tokens) for r in reqs]
             block_refs = sum(map(len, keys_per_request))
             input_tokens = sum(tokens)
             block_hits, token_hits, evictions = replay_one_tier(

@@ -44,7 +44,7 @@ def test_partial_blocks_empty_requests_checks_and_progress(monkeypatch):
         Request(2.0, 0, 1, []),
         Request(3.0, 40, 1, ["x"]),  # one partial block
         Request(4.0, 300, 1, ["a", "b", "d"]),
-        Request(5.0, 230, 1, ["a", "b", "e"]),
+        Request(5.0, 230, 1, ("a", "b", "e")),  # a tuple of keys (a Trace built by hand)
     ]
     trace = Trace(name="hand", block_tokens=100, requests=reqs)
     for policy in ("lru", "agedref", "opt"):
