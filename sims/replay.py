@@ -45,6 +45,7 @@ import numpy as np
 
 from radixkv.config import WRITE_POLICIES
 from radixkv.errors import ConfigError
+from radixkv import tree as _tree_module
 from radixkv.replay_loop import replay_one_tier
 from radixkv.sims import opt as _opt  # registers the "opt" policy
 from radixkv.sims.traces import Trace
@@ -53,8 +54,9 @@ from radixkv.tree import RadixTree
 __all__ = ["TierCapacity", "ReplayResult", "replay", "UNBOUNDED"]
 
 UNBOUNDED = -1  # capacity_blocks of a tier that never evicts (the infinite cache)
-# One tier replays in radixkv.replay_loop (compiled with the tree); tests set this False to replay
-# one tier through the Python loop below as well, and compare.
+# One tier replays in radixkv.replay_loop (compiled with the tree, so it takes the tree's exact
+# class: a stand-in, as a test's recording proxy, takes the Python loop below); tests set this False
+# to replay one tier through the Python loop as well, and compare.
 _COMPILED_ONE_TIER = True
 _NS = "sim"
 _PIN_S = 1e9  # a pin the replay takes and releases within one request: never expires meanwhile
@@ -270,7 +272,8 @@ def replay(
     gc.disable()
     t0 = time.perf_counter()
     try:
-        if n_tiers == 1 and _COMPILED_ONE_TIER:
+        one_tier_loop = n_tiers == 1 and _COMPILED_ONE_TIER and type(tree) is _tree_module.RadixTree
+        if one_tier_loop:
             reqs = trace.requests
             # Lists of str keys and ints, as the compiled loop is typed (a Trace built by hand may
             # hold tuples of keys, or numpy integers).
@@ -283,7 +286,7 @@ def replay(
                 hits, set_next_use, next_use, check_every,
                 None if bar is None else (lambda i: bar.update(min(256, n_req - bar.n))),
             )
-        for i, req in enumerate(trace.requests if n_tiers > 1 or not _COMPILED_ONE_TIER else ()):
+        for i, req in enumerate(() if one_tier_loop else trace.requests):
             keys = req.block_keys
             nk = len(keys)
             block_refs += nk
