@@ -20,18 +20,23 @@ SYNTHETIC = os.path.join(REPO, "tests", "data", "mooncake_synthetic.jsonl.xz")
 SYNTHETIC_SHA256 = "bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131"
 
 
+def _unpack(shipped: str, sha256: str, tmp_path_factory) -> str:
+    """Decompress a trace shipped in tests/data into a temporary file, checked against its sha256."""
+    with lzma.open(shipped, "rb") as f:
+        raw = f.read()
+    assert hashlib.sha256(raw).hexdigest() == sha256, f"shipped trace {shipped} is corrupted"
+    path = tmp_path_factory.mktemp("trace") / os.path.basename(shipped).removesuffix(".xz")
+    path.write_bytes(raw)
+    return str(path)
+
+
 @pytest.fixture(scope="session")
 def mooncake_path(tmp_path_factory) -> str:
     if os.path.isfile(MOONCAKE):
         return MOONCAKE
     if not os.path.isfile(SHIPPED):
         pytest.skip(f"Mooncake trace found neither at {MOONCAKE} nor at {SHIPPED}")
-    with lzma.open(SHIPPED, "rb") as f:
-        raw = f.read()
-    assert hashlib.sha256(raw).hexdigest() == SHA256, "shipped Mooncake trace is corrupted"
-    path = tmp_path_factory.mktemp("trace") / "mooncake_conversation.jsonl"
-    path.write_bytes(raw)
-    return str(path)
+    return _unpack(SHIPPED, SHA256, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -47,9 +52,4 @@ def mooncake_synthetic_trace(tmp_path_factory):
 
     if not os.path.isfile(SYNTHETIC):
         pytest.skip(f"Mooncake synthetic trace not found at {SYNTHETIC}")
-    with lzma.open(SYNTHETIC, "rb") as f:
-        raw = f.read()
-    assert hashlib.sha256(raw).hexdigest() == SYNTHETIC_SHA256, "shipped Mooncake synthetic trace is corrupted"
-    path = tmp_path_factory.mktemp("trace") / "mooncake_synthetic.jsonl"
-    path.write_bytes(raw)
-    return read_trace(str(path))
+    return read_trace(_unpack(SYNTHETIC, SYNTHETIC_SHA256, tmp_path_factory))
