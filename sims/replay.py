@@ -43,9 +43,9 @@ from typing import Sequence
 
 import numpy as np
 
+from radixkv import tree as _tree_module
 from radixkv.config import WRITE_POLICIES
 from radixkv.errors import ConfigError
-from radixkv import tree as _tree_module
 from radixkv.replay_loop import replay_one_tier
 from radixkv.sims import opt as _opt  # registers the "opt" policy
 from radixkv.sims.traces import Trace
