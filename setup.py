@@ -34,6 +34,7 @@ COMPILED = [
     "radixkv/tree.py",
     "radixkv/tree_results.py",
     "radixkv/pins.py",
+    "radixkv/policy_base.py",
     "radixkv/policies.py",
     "radixkv/policy_fifo.py",
     "radixkv/policy_heap.py",

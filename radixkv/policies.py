@@ -34,9 +34,10 @@ from mypy_extensions import i64
 
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
+from radixkv.policy_base import TierPolicy
 
 if TYPE_CHECKING:
-    from radixkv.tree import RadixTree, TreeColumns
+    from radixkv.tree import RadixTree
 
 __all__ = ["EvictionPolicy", "POLICIES", "register_policy", "make_policy", "LRUPolicy"]
 
@@ -181,7 +182,7 @@ _OUT: Final = -2  # LRUPolicy's link of a node not in its order (-1 ends the ord
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
-class LRUPolicy:
+class LRUPolicy(TierPolicy):
     """Least recently used *leaf* first; ties (one request's path) deepest first.
 
     This is SGLang's and LMCache's default, and vLLM APC's order. It is exact with lazy path touches:
@@ -204,9 +205,9 @@ class LRUPolicy:
     """
 
     name: ClassVar[str] = "lru"
-    _cols: TreeColumns  # set by bind: the tree's columns (not the tree: no reference cycle)
 
     def __init__(self) -> None:
+        super().__init__()
         # Grown to the tree's column length by on_insert (new slots _OUT). They grow by assignment
         # (extend may move them): no alias of them outlives a call.
         self._newer: vec[i64] = vec[i64]()
@@ -215,18 +216,7 @@ class LRUPolicy:
         self._newest = -1
         self._ordered = 0  # nodes in the order
         self._aside: list[int] = []  # skipped candidates, only during one candidates() run
-        self._resident = 0  # nodes in the tier: ordered + parked + aside
-        self._t = 0
-        self._bit = 1
-
-    def bind(self, tree: RadixTree, tier_index: int) -> None:
-        # Read-only: the tree's columns (children resident in the tier, residency masks), read
-        # through the tree's column holder (tree._views) at each use: a column is replaced when it
-        # grows, so no view is kept.
-        self._cols, self._t, self._bit = tree._views, tier_index, 1 << tier_index
-
-    def __len__(self) -> int:
-        return self._resident
+        # (_resident, TierPolicy's: nodes in the tier, ordered + parked + aside)
 
     def _append_newest(self, n: int) -> None:
         """Put ``n`` (not in the order) at the new end."""

@@ -4,7 +4,7 @@ Imported by :mod:`radixkv.policies`, which registers them; see its docstring for
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Final, Generator, Sequence
+from typing import ClassVar, Final, Generator, Sequence
 
 from librt.vecs import extend, vec
 from mypy_extensions import i64
@@ -12,9 +12,7 @@ from mypy_extensions import i64
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
 from radixkv.ghosts import GhostHistory
-
-if TYPE_CHECKING:
-    from radixkv.tree import RadixTree, TreeColumns
+from radixkv.policy_base import TierPolicy
 
 
 _OUT: Final = -2  # a link of a node in no queue (-1 ends a queue); Final: a C constant when compiled
@@ -29,7 +27,7 @@ _PARKED_MAIN: Final = 4
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
-class S3FIFOPolicy:
+class S3FIFOPolicy(TierPolicy):
     """S3-FIFO (SOSP'23) on leaves: a small FIFO for new chunks (``small_fraction`` of the tier), a main
     FIFO with 2-bit frequencies, and a ghost FIFO of keys recently evicted from the small queue.
 
@@ -50,6 +48,7 @@ class S3FIFOPolicy:
     live_candidates: ClassVar[bool] = True
 
     def __init__(self, small_fraction: float = 0.1) -> None:
+        super().__init__()
         if not 0.0 < small_fraction < 1.0:
             raise ConfigError(f"s3fifo: small_fraction={small_fraction!r} must be in (0, 1)")
         self._small_fraction = small_fraction
@@ -71,39 +70,8 @@ class S3FIFOPolicy:
         self._inserted_at = -1  # clock of the last insert: its own path touch is not a reuse
         self._ghost = GhostHistory()  # keys recently evicted from the small queue
         self._aside: list[tuple[int, bool]] = []
-        self._resident = 0  # small + main + parked + aside, kept as a count (asked once per step)
-        self._keys: list[str | None] = []
-        self._ns: list[str | None] = []
-        self._t = 0
-        self._bit = 1
+        # (_resident, TierPolicy's: small + main + parked + aside, kept as a count: asked once per step)
         self._took_small = False  # the queue of the node candidates() yielded last
-
-    _cols: TreeColumns  # set by bind: the tree's columns (not the tree: no reference cycle)
-
-    def bind(self, tree: RadixTree, tier_index: int) -> None:
-        # The tree's vec columns are read through its column holder (tree._views: one is replaced when
-        # it grows; the tree itself is not kept, which would make a reference cycle); its key
-        # and namespace lists are kept as views.
-        self._cols, self._t, self._bit = tree._views, tier_index, 1 << tier_index
-        self._keys, self._ns = tree._key, tree._ns
-
-    @property
-    def _tchild(self) -> vec[i64]:
-        # The tree's column of children resident in the tier (read-only), from tree._views at each use.
-        return self._cols.tchild[self._t]
-
-    @property
-    def _parent(self) -> vec[i64]:
-        # The tree's column of parents (read-only), from tree._views at each use.
-        return self._cols.parent
-
-    @property
-    def _mask(self) -> vec[i64]:
-        # The tree's column of residency masks (read-only), from tree._views at each use.
-        return self._cols.mask
-
-    def __len__(self) -> int:
-        return self._resident
 
     def _grow(self) -> None:
         """Extend the per-node columns to the tree's column length (new slots out of the tier)."""
@@ -422,7 +390,7 @@ class S3FIFOPolicy:
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
-class SIEVEPolicy:
+class SIEVEPolicy(TierPolicy):
     """SIEVE (NSDI'24) on leaves: one FIFO and a hand that moves from the old end towards the new end,
     clearing visited bits and stopping at the first unvisited evictable leaf. Retained chunks keep
     their place (unlike CLOCK's reinsertion). Interior chunks are passed over; a removed child's
@@ -433,43 +401,18 @@ class SIEVEPolicy:
     live_candidates: ClassVar[bool] = True
 
     def __init__(self) -> None:
+        super().__init__()
         # The FIFO as links in vecs indexed by node id (cheaper than int-keyed dicts): the next
         # newer and older node, -1 at either end; _OUT in both for a node not in the tier. They
         # grow by assignment (extend may move them): no alias of them outlives a call.
         self._newer: vec[i64] = vec[i64]()
         self._older: vec[i64] = vec[i64]()
-        self._resident = 0
         self._head = -1  # newest
         self._tail = -1  # oldest
         self._hand = -1
         self._idle = 0  # candidates(): steps since its last eviction (see _take)
         self._visited: vec[i64] = vec[i64]()  # 1: touched since the hand last passed (by node id)
         self._inserted_at = -1  # clock of the last insert: its own path touch is not a reuse
-        self._t = 0
-        self._bit = 1
-
-    _cols: TreeColumns  # set by bind: the tree's columns (not the tree: no reference cycle)
-
-    def bind(self, tree: RadixTree, tier_index: int) -> None:
-        self._cols, self._t, self._bit = tree._views, tier_index, 1 << tier_index
-
-    @property
-    def _tchild(self) -> vec[i64]:
-        # The tree's column of children resident in the tier (read-only), from tree._views at each use.
-        return self._cols.tchild[self._t]
-
-    @property
-    def _parent(self) -> vec[i64]:
-        # The tree's column of parents (read-only), from tree._views at each use.
-        return self._cols.parent
-
-    @property
-    def _mask(self) -> vec[i64]:
-        # The tree's column of residency masks (read-only), from tree._views at each use.
-        return self._cols.mask
-
-    def __len__(self) -> int:
-        return self._resident
 
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         self._inserted_at = now

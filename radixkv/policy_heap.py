@@ -5,7 +5,7 @@ Imported by :mod:`radixkv.policies`, which registers them; see its docstring for
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, ClassVar, Final, Generator, Sequence
+from typing import ClassVar, Final, Generator, Sequence
 
 from librt.vecs import extend, vec
 from mypy_extensions import i64
@@ -13,10 +13,8 @@ from mypy_extensions import i64
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
 from radixkv.ghosts import GhostHistory
+from radixkv.policy_base import TierPolicy
 from radixkv.prio_heap import PrioHeap
-
-if TYPE_CHECKING:
-    from radixkv.tree import RadixTree, TreeColumns
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -47,7 +45,7 @@ _ORDERED: Final = 2
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
-class _HeapPolicy:
+class _HeapPolicy(TierPolicy):
     """Base of the priority policies: subclasses define ``_prio(n)`` and the ``_admit`` / ``_touch`` /
     ``_fold`` / ``_forget`` hooks on their own per-node statistics."""
 
@@ -55,55 +53,14 @@ class _HeapPolicy:
     live_candidates: ClassVar[bool] = True
 
     def __init__(self) -> None:
+        super().__init__()
         # Per-node state lives in columns indexed by node id, like the tree's own: ``_st[n]`` is
         # _OUT, _PARKED or _ORDERED, and the ordered nodes are in ``_order`` keyed by (priority,
         # -depth, node), each with the priority it was last pushed with. Subclasses keep their
-        # columns in step (_grow).
+        # columns in step (_grow). (_resident, TierPolicy's: nodes whose _st is not _OUT.)
         self._order = PrioHeap()
         self._st: vec[i64] = vec[i64]()
-        self._resident = 0  # nodes whose _st is not _OUT
         self._aside: list[int] = []  # yielded by a candidates() run and not evicted: back at its end
-        self._keys: list[str | None] = []
-        self._ns: list[str | None] = []
-        self._t = 0
-        self._bit = 1
-
-    _cols: TreeColumns  # set by bind: the tree's columns (not the tree: no reference cycle)
-
-    def bind(self, tree: RadixTree, tier_index: int) -> None:
-        self._cols, self._t, self._bit = tree._views, tier_index, 1 << tier_index
-        # Read-only views of the tree's node columns (struct of arrays, indexed by node id): its
-        # lists are kept, its vec columns read through its column holder, tree._views (one is replaced
-        # when it grows; the tree itself is not kept: a reference cycle).
-        self._keys, self._ns = tree._key, tree._ns
-
-    @property
-    def _tchild(self) -> vec[i64]:
-        # The tree's column of children resident in the tier (read-only), from tree._views at each use.
-        return self._cols.tchild[self._t]
-
-    @property
-    def _mask(self) -> vec[i64]:
-        # The tree's column of residency masks (read-only), from tree._views at each use.
-        return self._cols.mask
-
-    @property
-    def _depth(self) -> vec[i64]:
-        # The tree's column of depths (read-only), from tree._views at each use.
-        return self._cols.depth
-
-    @property
-    def _parent(self) -> vec[i64]:
-        # The tree's column of parents (read-only), from tree._views at each use.
-        return self._cols.parent
-
-    @property
-    def _tokens(self) -> vec[i64]:
-        # The tree's column of tokens per chunk (read-only), from tree._views at each use.
-        return self._cols.tokens
-
-    def __len__(self) -> int:
-        return self._resident
 
     def _grow(self, n_slots: int) -> None:
         """Extend the per-node columns to ``n_slots`` (the tree's column length; new slots are
