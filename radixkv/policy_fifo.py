@@ -477,10 +477,9 @@ class SIEVEPolicy(TierPolicy):
                 if p >= 0 and newer[p] != _OUT:
                     visited[p] = 1
 
-    def _evict(self, node_id: int) -> None:
-        """on_remove((node_id,)) (on_leaf does nothing) for the node _take returned last, which is in
-        the FIFO: RadixTree.evict calls it once per evicted chunk of the exact class (a subclass
-        may override on_remove, so it is not an on_evict hook)."""
+    def _evict(self, node_id: int, leaf_parent: int) -> None:
+        """on_remove((node_id,)) for the node _take returned last, which is in the FIFO (on_leaf
+        does nothing here: ``leaf_parent`` is not used); see TierPolicy._evict."""
         newer, older, visited = self._newer, self._older, self._visited
         n = node_id
         nw, od = newer[n], older[n]

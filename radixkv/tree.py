@@ -37,7 +37,8 @@ from radixkv.errors import ConfigError, InputError
 from radixkv.pins import PinTable
 from radixkv.policies import EvictionPolicy, LRUPolicy, make_policy
 from radixkv.policy_fifo import S3FIFOPolicy, SIEVEPolicy
-from radixkv.policy_heap import AgedRefPolicy, CostPolicy, LFUPolicy, _HeapPolicy
+from radixkv.policy_base import TierPolicy
+from radixkv.policy_heap import AgedRefPolicy, CostPolicy, LFUPolicy
 from radixkv.policy_oddsref import OddsRefPolicy
 from radixkv.policy_opt import OPTPolicy
 from radixkv.tree_integrity import check_tree
@@ -1038,26 +1039,15 @@ class RadixTree:
             return DropResult()
         pol = self._policies[t]
         kind = type(pol)
-        # The built-in lru, s3fifo, sieve and priority policies (their exact classes: a subclass may
-        # override any hook) are driven natively: their candidates() steps (_take, _end) and
-        # per-eviction steps (_evict, private: a subclass takes the generic path, where its own
-        # on_remove and on_leaf are called) are direct calls, not a generator's resumption and close
-        # and a Python-level call per eviction (~25% of an lru replay).
-        lru: LRUPolicy | None = None
-        s3: S3FIFOPolicy | None = None
-        sv: SIEVEPolicy | None = None
-        hp: _HeapPolicy | None = None
-        if kind is LRUPolicy:
-            lru = cast(LRUPolicy, pol)
-        elif kind is S3FIFOPolicy:
-            s3 = cast(S3FIFOPolicy, pol)
-        elif kind is SIEVEPolicy:
-            sv = cast(SIEVEPolicy, pol)
-        elif (kind is CostPolicy or kind is AgedRefPolicy or kind is OddsRefPolicy or kind is LFUPolicy
-              or kind is OPTPolicy):
-            hp = cast(_HeapPolicy, pol)
-        native = lru is not None or s3 is not None or sv is not None or hp is not None
-        if not native and not getattr(pol, "live_candidates", False):
+        # The built-in policies (their exact classes: a subclass may override any hook) are driven
+        # natively, by TierPolicy's eviction steps (_take, _evict, _end): direct calls, not a
+        # generator's resumption and close and a Python-level call per eviction (~25% of an lru
+        # replay). A subclass takes the generic path, where its own on_remove and on_leaf are called.
+        native: TierPolicy | None = None
+        if (kind is LRUPolicy or kind is AgedRefPolicy or kind is OddsRefPolicy or kind is OPTPolicy
+                or kind is S3FIFOPolicy or kind is SIEVEPolicy or kind is CostPolicy or kind is LFUPolicy):
+            native = cast(TierPolicy, pol)
+        if native is None and not getattr(pol, "live_candidates", False):
             orphans: list[int] = []
             for _ in range(n_evict):
                 victims = self.evict_candidates(tier, 1, drop=True)
@@ -1084,7 +1074,7 @@ class RadixTree:
         on_remove: Callable[[Sequence[int]], object] | None = None
         on_leaf: Callable[[int], object] | None = None
         gen: Generator[int, None, None] | None = None
-        if not native:
+        if native is None:
             on_remove, on_leaf = pol.on_remove, pol.on_leaf
             on_evict = getattr(pol, "on_evict", None)
             gen = pol.candidates()
@@ -1097,20 +1087,8 @@ class RadixTree:
                 # call before the key is cleared, and the branches laid out so a chunk no other tier
                 # holds (every chunk of a one-tier tree) takes the fewest steps.
                 while True:
-                    if lru is not None:
-                        n = lru._take(n)
-                        if n < 0:
-                            break
-                    elif s3 is not None:
-                        n = s3._take(n)
-                        if n < 0:
-                            break
-                    elif sv is not None:
-                        n = sv._take(n)
-                        if n < 0:
-                            break
-                    elif hp is not None:
-                        n = hp._take(n)
+                    if native is not None:
+                        n = native._take(n)
                         if n < 0:
                             break
                     else:
@@ -1141,14 +1119,8 @@ class RadixTree:
                         if c == 0 and mask[p] & bit:
                             leaf_parent = p
                     # before the key is cleared: a policy may remember it
-                    if lru is not None:
-                        lru._evict(n, leaf_parent)
-                    elif s3 is not None:
-                        s3._evict(n, leaf_parent)
-                    elif sv is not None:
-                        sv._evict(n)  # its on_leaf does nothing
-                    elif hp is not None:
-                        hp._evict(n, leaf_parent)  # private: a subclass takes the generic path
+                    if native is not None:
+                        native._evict(n, leaf_parent)
                     else:
                         on_evict(n, leaf_parent)  # type: ignore[misc]  # not None (else a built-in is)
                     if not m:  # no tier holds it: it leaves the tree
@@ -1204,14 +1176,8 @@ class RadixTree:
                     if evicted >= n_evict:
                         break
         finally:
-            if lru is not None:
-                lru._end(n)
-            elif s3 is not None:
-                s3._end(n)
-            elif sv is not None:
-                pass  # a sieve run sets nothing aside
-            elif hp is not None:
-                hp._end(n)
+            if native is not None:
+                native._end(n)
             else:
                 gen.close()  # type: ignore[union-attr]
             free.extend(removed)  # nothing takes a slot during the loop: one extend, same order
