@@ -35,6 +35,7 @@ COMPILED = [
     "radixkv/tree_results.py",
     "radixkv/pins.py",
     "radixkv/policy_base.py",
+    "radixkv/linked_order.py",
     "radixkv/policies.py",
     "radixkv/policy_fifo.py",
     "radixkv/policy_heap.py",

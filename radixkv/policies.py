@@ -27,13 +27,11 @@ one iterator for a whole batch while staying exact.
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Final, Generator, Protocol, Sequence
-
-from librt.vecs import extend, vec
-from mypy_extensions import i64
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generator, Protocol, Sequence
 
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
+from radixkv.linked_order import OUT, LinkedList, Links
 from radixkv.policy_base import TierPolicy
 
 if TYPE_CHECKING:
@@ -177,10 +175,6 @@ def _check_option_types(name: str, cls: type, options: dict[str, Any]) -> None:
                               f"(default {p.default!r})")
 
 
-_OUT: Final = -2  # LRUPolicy's link of a node not in its order (-1 ends the order); Final: a C
-# constant when compiled (a plain module global is a dict lookup at each use)
-
-
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
 class LRUPolicy(TierPolicy):
     """Least recently used *leaf* first; ties (one request's path) deepest first.
@@ -198,65 +192,20 @@ class LRUPolicy(TierPolicy):
     costs one entry in the order (its leaf), not one per chunk; an ordered node that gains a child
     is parked when the scan reaches it.
 
-    The order is a doubly linked list through two vec columns indexed by node id (the next newer
-    and next older node, -1 at either end, ``_OUT`` in both for a node not in the order): a touch,
-    an insert or an eviction is a few machine-integer writes (it was an OrderedDict: a hash probe,
-    a boxed int and a method call each).
+    The order is a doubly linked list through two vec columns indexed by node id
+    (:class:`~radixkv.linked_order.LinkedList`): a touch, an insert or an eviction is a few
+    machine-integer writes.
     """
 
     name: ClassVar[str] = "lru"
 
     def __init__(self) -> None:
         super().__init__()
-        # Grown to the tree's column length by on_insert (new slots _OUT). They grow by assignment
-        # (extend may move them): no alias of them outlives a call.
-        self._newer: vec[i64] = vec[i64]()
-        self._older: vec[i64] = vec[i64]()
-        self._oldest = -1  # the next victim's end (-1: the order is empty)
-        self._newest = -1
-        self._ordered = 0  # nodes in the order
+        # The order: its links grow to the tree's column length in on_insert (new slots in no list).
+        self._links = Links()
+        self._order = LinkedList(self._links)  # its old end is the next victim
         self._aside: list[int] = []  # skipped candidates, only during one candidates() run
         # (_resident, TierPolicy's: nodes in the tier, ordered + parked + aside)
-
-    def _append_newest(self, n: int) -> None:
-        """Put ``n`` (not in the order) at the new end."""
-        h = self._newest
-        self._older[n] = h
-        self._newer[n] = -1
-        if h >= 0:
-            self._newer[h] = n
-        else:
-            self._oldest = n
-        self._newest = n
-        self._ordered += 1
-
-    def _push_oldest(self, n: int) -> None:
-        """Put ``n`` (not in the order) at the old end: the next victim."""
-        o = self._oldest
-        self._newer[n] = o
-        self._older[n] = -1
-        if o >= 0:
-            self._older[o] = n
-        else:
-            self._newest = n
-        self._oldest = n
-        self._ordered += 1
-
-    def _unlink(self, n: int) -> None:
-        """Take ``n`` (in the order) out of it."""
-        newer, older = self._newer, self._older
-        nw, od = newer[n], older[n]
-        newer[n] = _OUT
-        older[n] = _OUT
-        if nw >= 0:
-            older[nw] = od
-        else:
-            self._newest = od
-        if od >= 0:
-            newer[od] = nw
-        else:
-            self._oldest = nw
-        self._ordered -= 1
 
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         # The tree hands its hooks lists; compiled, a loop over a list[int] reads it natively, one over
@@ -264,29 +213,27 @@ class LRUPolicy(TierPolicy):
         # do the same).
         ids: list[int] = node_ids if isinstance(node_ids, list) else list(node_ids)
         self._resident += len(ids)
-        n_slots = len(self._cols.mask)
-        if len(self._newer) < n_slots:  # the tree created nodes: their links, not in the order
-            outs = vec[i64]([_OUT] * (n_slots - len(self._newer)))
-            self._newer = extend(self._newer, outs)
-            self._older = extend(self._older, outs)
+        links, order = self._links, self._order
+        links.grow(len(self._cols.mask))  # the tree created nodes: their links, in no list
         # Only tier leaves are ordered; a chain arrives root->leaf, so that is usually just its last
         # node, and the rest are parked until on_leaf (or a touch) brings them in. A node already in
         # the order keeps its place.
-        tchild = self._cols.tchild[self._t]
+        tchild, newer = self._cols.tchild[self._t], links.newer
         for n in ids:
-            if not tchild[n] and self._newer[n] == _OUT:
-                self._append_newest(n)
+            if not tchild[n] and newer[n] == OUT:
+                order.append_newest(n)
 
     def on_access(self, node_id: int, now: int) -> None:
-        if self._newer[node_id] != _OUT:
-            if node_id == self._newest:
+        order = self._order
+        if self._links.newer[node_id] != OUT:
+            if node_id == order.newest:
                 return  # already the newest
-            self._unlink(node_id)
-        self._append_newest(node_id)
+            order.unlink(node_id)
+        order.append_newest(node_id)
 
     def on_leaf(self, node_id: int) -> None:
-        if self._newer[node_id] == _OUT:
-            self._push_oldest(node_id)
+        if self._links.newer[node_id] == OUT:
+            self._order.push_oldest(node_id)
 
     def _evict(self, node_id: int, leaf_parent: int) -> None:
         # on_remove((node_id,)) then on_leaf(leaf_parent), in one call: RadixTree.evict's step for
@@ -294,15 +241,16 @@ class LRUPolicy(TierPolicy):
         # candidates() just yielded, which it already took out of the order (and never set aside):
         # only the count and the parent are left to update.
         self._resident -= 1
-        if leaf_parent >= 0 and self._newer[leaf_parent] == _OUT:
-            self._push_oldest(leaf_parent)
+        if leaf_parent >= 0 and self._links.newer[leaf_parent] == OUT:
+            self._order.push_oldest(leaf_parent)
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
         self._resident -= len(node_ids)
-        n_slots = len(self._newer)
+        newer, order = self._links.newer, self._order
+        n_slots = len(newer)
         for n in node_ids:
-            if 0 <= n < n_slots and self._newer[n] != _OUT:
-                self._unlink(n)
+            if 0 <= n < n_slots and newer[n] != OUT:
+                order.unlink(n)
         if self._aside:
             gone = set(node_ids)
             self._aside[:] = [n for n in self._aside if n not in gone]
@@ -334,9 +282,10 @@ class LRUPolicy(TierPolicy):
         mask, tchild = self._cols.mask, self._cols.tchild[self._t]
         if prev >= 0 and mask[prev] & self._bit:
             self._aside.append(prev)  # skipped by the tree (pinned), or the run stopped before it
-        while self._oldest >= 0:
-            n = self._oldest
-            self._unlink(n)
+        order = self._order
+        while order.oldest >= 0:
+            n = order.oldest
+            order.unlink(n)
             if not tchild[n]:
                 return n
         return -1
@@ -348,43 +297,26 @@ class LRUPolicy(TierPolicy):
         aside = self._aside
         if last >= 0 and self._cols.mask[last] & self._bit:
             aside.append(last)
+        order, newer = self._order, self._links.newer
         while aside:
             n = aside.pop()
-            if self._newer[n] != _OUT:  # touched again while set aside: it still goes in front
-                self._unlink(n)
-            self._push_oldest(n)
+            if newer[n] != OUT:  # touched again while set aside: it still goes in front
+                order.unlink(n)
+            order.push_oldest(n)
 
     def check_integrity(self) -> None:
-        newer, older, mask, bit = self._newer, self._older, self._cols.mask, self._bit
-        tchild = self._cols.tchild[self._t]
-        assert len(newer) == len(older) <= len(mask), (
-            f"lru: link columns of {len(newer)} and {len(older)} slots for a tree of {len(mask)}"
-        )
-        # Walked from the old end: each node's older link names the node before it (_unlink splices
-        # by both links), and the walk ends at the newest end.
-        n, prev, seen = self._oldest, -1, 0
-        while n >= 0:
-            seen += 1
-            assert seen <= self._ordered, f"lru: the order holds more than its {self._ordered} nodes (a cycle)"
-            assert older[n] == prev, f"lru: node {n}'s older link {older[n]} != {prev}"
-            prev, n = n, newer[n]
-        assert n == -1, f"lru: the order ends in link {n} after node {prev}"
-        assert prev == self._newest, f"lru: newest end {self._newest} is not the newest node {prev}"
-        linked = [n for n in range(len(newer)) if newer[n] != _OUT]
-        assert seen == self._ordered == len(linked), (
-            f"lru: {seen} nodes walked, {self._ordered} counted, {len(linked)} linked"
-        )
-        assert all(older[n] != _OUT for n in linked) and sum(o != _OUT for o in older) == len(linked), (
-            "lru: the newer and older links disagree on which nodes are ordered"
-        )
+        mask, bit, tchild = self._cols.mask, self._bit, self._cols.tchild[self._t]
+        assert len(self._links) <= len(mask), f"lru: links of {len(self._links)} slots for a tree of {len(mask)}"
+        linked = self._links.check_integrity("lru")
+        walked = self._order.check_integrity("lru's order")
+        assert walked == linked, f"lru: {len(linked)} nodes linked, {len(walked)} in the order"
         assert len(linked) + len(self._aside) <= self._resident, (
             f"lru: {len(linked)} ordered + {len(self._aside)} aside > {self._resident} resident"
         )
         stale = [n for n in linked if not mask[n] & bit]
         assert not stale, f"lru: {len(stale)} ordered nodes not resident in the tier, e.g. {stale[:5]}"
         # Implicit parking must never hide a leaf: every tier leaf is ordered (or set aside).
-        ordered = set(linked)
-        lost = [n for n in range(len(mask)) if mask[n] & bit and not tchild[n] and n not in ordered
+        lost = [n for n in range(len(mask)) if mask[n] & bit and not tchild[n] and n not in linked
                 and n not in self._aside]
         assert not lost, f"lru: {len(lost)} tier leaves neither ordered nor set aside, e.g. {lost[:5]}"
 

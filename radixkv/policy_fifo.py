@@ -12,11 +12,12 @@ from mypy_extensions import i64
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
 from radixkv.ghosts import GhostHistory
+from radixkv.linked_order import OUT, LinkedList, Links
 from radixkv.policy_base import TierPolicy
 
 
-_OUT: Final = -2  # a link of a node in no queue (-1 ends a queue); Final: a C constant when compiled
-# (a plain module global is a dict lookup at each use)
+# S3FIFOPolicy._queue values. Final: C constants when compiled (a plain module global is a dict
+# lookup at each use).
 _NONE: Final = 0  # S3FIFOPolicy._queue of a node in neither FIFO nor parked (aside, or not in the tier)
 _SMALL: Final = 1
 _MAIN: Final = 2
@@ -37,11 +38,10 @@ class S3FIFOPolicy(TierPolicy):
     decremented. Interior chunks are parked until their last child leaves (lazy path touches: a
     parent's frequency is folded from its children as they leave).
 
-    Both FIFOs are doubly linked lists through two vec columns indexed by node id (the next newer
-    and next older node in its queue, -1 at either end, ``_OUT`` in both for a node in neither),
-    and a third column names the queue (or that the node is parked, and from which queue): a step, an
-    insert or an eviction is a few machine-integer writes (they were OrderedDicts: a hash probe, a
-    boxed int and a method call each)."""
+    Both FIFOs are doubly linked lists through two shared vec columns indexed by node id
+    (:class:`~radixkv.linked_order.LinkedList`), and a third column names the queue (or that the
+    node is parked, and from which queue): a step, an insert or an eviction is a few machine-integer
+    writes."""
 
     name: ClassVar[str] = "s3fifo"
 
@@ -52,15 +52,13 @@ class S3FIFOPolicy(TierPolicy):
         if not 0.0 < small_fraction < 1.0:
             raise ConfigError(f"s3fifo: small_fraction={small_fraction!r} must be in (0, 1)")
         self._small_fraction = small_fraction
-        # Grown to the tree's column length with _freq (new slots _OUT / _NONE). They grow by
-        # assignment (extend may move them): no alias of them outlives a call.
-        self._newer: vec[i64] = vec[i64]()
-        self._older: vec[i64] = vec[i64]()
+        # The two FIFOs through one pair of link columns, and the queue column; all grown to the
+        # tree's column length with _freq (new slots in no list, _NONE). A column grows by
+        # assignment (extend may move it): no alias of one outlives a call.
+        self._links = Links()
+        self._small = LinkedList(self._links)
+        self._main = LinkedList(self._links)
         self._queue: vec[i64] = vec[i64]()  # _SMALL, _MAIN, _PARKED_SMALL, _PARKED_MAIN or _NONE by node id
-        self._small_old = self._small_new = -1  # the small FIFO's ends (-1: empty)
-        self._main_old = self._main_new = -1
-        self._n_small = 0
-        self._n_main = 0
         # Parked nodes are marked in _queue (a dict of them cost a boxed id and a method call per
         # eviction); their count tells whether a leaf needs looking up at all.
         self._n_parked = 0
@@ -79,89 +77,38 @@ class S3FIFOPolicy(TierPolicy):
         if len(self._freq) < n_slots:
             more = n_slots - len(self._freq)
             self._freq = extend(self._freq, vec[i64]([-1] * more))
-            outs = vec[i64]([_OUT] * more)
-            self._newer = extend(self._newer, outs)
-            self._older = extend(self._older, outs)
+            self._links.grow(n_slots)
             self._queue = extend(self._queue, vec[i64]([_NONE] * more))
 
     def _append(self, n: int, main: bool) -> None:
         """Put ``n`` (in no queue) at the new end of the main or the small FIFO."""
         if main:
-            h = self._main_new
-            self._main_new = n
-            self._n_main += 1
-            if h < 0:
-                self._main_old = n
+            self._main.append_newest(n)
             self._queue[n] = _MAIN
         else:
-            h = self._small_new
-            self._small_new = n
-            self._n_small += 1
-            if h < 0:
-                self._small_old = n
+            self._small.append_newest(n)
             self._queue[n] = _SMALL
-        self._older[n] = h
-        self._newer[n] = -1
-        if h >= 0:
-            self._newer[h] = n
 
     def _push_oldest(self, n: int, main: bool) -> None:
         """Put ``n`` (in no queue) at the old end of the main or the small FIFO: its next step."""
         if main:
-            o = self._main_old
-            self._main_old = n
-            self._n_main += 1
-            if o < 0:
-                self._main_new = n
+            self._main.push_oldest(n)
             self._queue[n] = _MAIN
         else:
-            o = self._small_old
-            self._small_old = n
-            self._n_small += 1
-            if o < 0:
-                self._small_new = n
+            self._small.push_oldest(n)
             self._queue[n] = _SMALL
-        self._newer[n] = o
-        self._older[n] = -1
-        if o >= 0:
-            self._older[o] = n
 
     def _unlink(self, n: int) -> None:
         """Take ``n`` out of its queue (it is in one)."""
-        newer, older = self._newer, self._older
-        nw, od = newer[n], older[n]
-        newer[n] = _OUT
-        older[n] = _OUT
         if self._queue[n] == _MAIN:
-            self._n_main -= 1
-            if nw >= 0:
-                older[nw] = od
-            else:
-                self._main_new = od
-            if od >= 0:
-                newer[od] = nw
-            else:
-                self._main_old = nw
+            self._main.unlink(n)
         else:
-            self._n_small -= 1
-            if nw >= 0:
-                older[nw] = od
-            else:
-                self._small_new = od
-            if od >= 0:
-                newer[od] = nw
-            else:
-                self._small_old = nw
+            self._small.unlink(n)
         self._queue[n] = _NONE
 
     def _fifo(self, main: bool) -> list[int]:
         """The main or the small FIFO's nodes, oldest first (for tests and debugging)."""
-        out: list[int] = []
-        n = self._main_old if main else self._small_old
-        while n >= 0 and len(out) <= len(self._newer):
-            out.append(n)
-            n = self._newer[n]
-        return out
+        return self._main.nodes() if main else self._small.nodes()
 
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         # The nodes are new to the tier (the tree reports each once): none is queued yet.
@@ -180,8 +127,10 @@ class S3FIFOPolicy(TierPolicy):
                     break
         if not returning:
             # The usual case, none of the keys is a ghost: the whole chain enters the small queue.
+            self._small.append_new(ids)  # all of them: they are new to the tier
+            queue = self._queue
             for n in ids:
-                self._append(n, False)
+                queue[n] = _SMALL
             return
         for n in ids:
             if ghost.take(ns[n], keys[n]):
@@ -235,7 +184,7 @@ class S3FIFOPolicy(TierPolicy):
         # The ghost FIFO holds at most as many keys as the main queue (at least 16).
         ghost = self._ghost
         if len(ghost) > 16:
-            limit = self._n_main
+            limit = self._main.count
             ghost.trim(limit if limit > 16 else 16)
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
@@ -299,13 +248,14 @@ class S3FIFOPolicy(TierPolicy):
             # skipped by the tree (pinned), or the run stopped before it
             self._aside.append((prev, not self._took_small))
         tchild, freq, frac = self._cols.tchild[self._t], self._freq, self._small_fraction
-        while self._n_small or self._n_main:
-            if self._n_small and (not self._n_main or self._n_small >= frac * self._resident):
+        small, main = self._small, self._main
+        while small.count or main.count:
+            if small.count and (not main.count or small.count >= frac * self._resident):
                 use_small = True
-                n = self._small_old
+                n = small.oldest
             else:
                 use_small = False
-                n = self._main_old
+                n = main.oldest
             self._unlink(n)
             if tchild[n]:
                 self._queue[n] = _PARKED_SMALL if use_small else _PARKED_MAIN
@@ -333,36 +283,17 @@ class S3FIFOPolicy(TierPolicy):
 
     def check_integrity(self) -> None:
         self._ghost.check_integrity()
-        newer, older, queue = self._newer, self._older, self._queue
-        assert len(newer) == len(older) == len(queue) == len(self._freq) <= len(self._mask), (
-            f"s3fifo: columns of {len(newer)}, {len(older)}, {len(queue)} and {len(self._freq)} slots "
-            f"for a tree of {len(self._mask)}"
+        queue = self._queue
+        assert len(self._links) == len(queue) == len(self._freq) <= len(self._mask), (
+            f"s3fifo: columns of {len(self._links)}, {len(queue)} and {len(self._freq)} slots for a "
+            f"tree of {len(self._mask)}"
         )
+        linked = self._links.check_integrity("s3fifo")
         walked: list[set[int]] = []
-        fifos = (("small", _SMALL, self._small_old, self._small_new, self._n_small),
-                 ("main", _MAIN, self._main_old, self._main_new, self._n_main))
-        for label, q, oldest, newest, count in fifos:
-            # Walked from the old end: each node's older link names the node before it (_unlink
-            # splices by both links), and the walk ends at the newest end.
-            n, prev = oldest, -1
-            seen: set[int] = set()
-            while n >= 0:
-                assert n not in seen and len(seen) < count, (
-                    f"s3fifo: the {label} FIFO holds more than its {count} nodes (a cycle)"
-                )
-                assert queue[n] == q, (
-                    f"s3fifo: node {n} in the {label} FIFO is marked as queue {queue[n]}"
-                )
-                assert older[n] == prev, f"s3fifo: node {n}'s older link {older[n]} != {prev}"
-                seen.add(n)
-                prev, n = n, newer[n]
-            assert n == -1, f"s3fifo: the {label} FIFO ends in link {n} after node {prev}"
-            assert prev == newest, (
-                f"s3fifo: the {label} FIFO's newest end {newest} is not its newest node {prev}"
-            )
-            assert len(seen) == count, (
-                f"s3fifo: {len(seen)} nodes walked in the {label} FIFO, {count} counted"
-            )
+        for label, q, fifo in (("small", _SMALL, self._small), ("main", _MAIN, self._main)):
+            seen = fifo.check_integrity(f"s3fifo's {label} FIFO")
+            wrong = [n for n in seen if queue[n] != q]
+            assert not wrong, f"s3fifo: nodes in the {label} FIFO marked as another queue, e.g. {wrong[:5]}"
             walked.append(seen)
         s, m = walked[0], walked[1]
         p = {n for n, q in enumerate(queue) if q >= _PARKED_SMALL}
@@ -370,8 +301,7 @@ class S3FIFOPolicy(TierPolicy):
         assert len(p) == self._n_parked, f"s3fifo: {len(p)} nodes parked, {self._n_parked} counted"
         assert not (s & m or s & p or m & p), "s3fifo: a node is in two queues"
         marked = {n for n, q in enumerate(queue) if q == _SMALL or q == _MAIN}
-        linked = {n for n, nw in enumerate(newer) if nw != _OUT}
-        assert marked == linked == {n for n, od in enumerate(older) if od != _OUT} == s | m, (
+        assert marked == linked == s | m, (
             "s3fifo: queue marks and links disagree with the FIFOs"
         )
         assert self._resident == len(s) + len(m) + len(p) + len(self._aside), "s3fifo: resident count drifted"
@@ -402,13 +332,10 @@ class SIEVEPolicy(TierPolicy):
 
     def __init__(self) -> None:
         super().__init__()
-        # The FIFO as links in vecs indexed by node id (cheaper than int-keyed dicts): the next
-        # newer and older node, -1 at either end; _OUT in both for a node not in the tier. They
-        # grow by assignment (extend may move them): no alias of them outlives a call.
-        self._newer: vec[i64] = vec[i64]()
-        self._older: vec[i64] = vec[i64]()
-        self._head = -1  # newest
-        self._tail = -1  # oldest
+        # The FIFO (new chunks at its newest end), through links grown to the tree's column length
+        # (new slots in no list), and the hand: the node it looks at next (-1: the oldest).
+        self._links = Links()
+        self._fifo = LinkedList(self._links)
         self._hand = -1
         self._idle = 0  # candidates(): steps since its last eviction (see _take)
         self._visited: vec[i64] = vec[i64]()  # 1: touched since the hand last passed (by node id)
@@ -417,19 +344,8 @@ class SIEVEPolicy(TierPolicy):
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         self._inserted_at = now
         self._grow()
-        newer, older = self._newer, self._older
         ids: list[int] = node_ids if isinstance(node_ids, list) else list(node_ids)  # see LRUPolicy.on_insert
-        for n in ids:
-            if newer[n] != _OUT:
-                continue  # already in the FIFO: keeps its place
-            self._resident += 1
-            newer[n] = -1
-            older[n] = self._head
-            if self._head >= 0:
-                newer[self._head] = n
-            else:
-                self._tail = n
-            self._head = n
+        self._resident += self._fifo.append_new(ids)  # a node already in the FIFO keeps its place
 
     def on_graft(self, node_ids: Sequence[int]) -> None:
         # As S3FIFOPolicy.on_graft: on_remove reads the new parent's link, which may be newer than
@@ -437,13 +353,11 @@ class SIEVEPolicy(TierPolicy):
         self._grow()
 
     def _grow(self) -> None:
-        """Extend the links to the tree's column length (new slots _OUT)."""
-        n_slots = len(self._parent)
-        if len(self._newer) < n_slots:
-            more = n_slots - len(self._newer)
-            self._newer = extend(self._newer, vec[i64]([_OUT] * more))
-            self._older = extend(self._older, vec[i64]([_OUT] * more))
-            self._visited = extend(self._visited, vec[i64]([0] * more))
+        """Extend the links and the visited bits to the tree's column length (new slots out)."""
+        n_slots = len(self._cols.parent)
+        if len(self._links) < n_slots:
+            self._visited = extend(self._visited, vec[i64]([0] * (n_slots - len(self._links))))
+            self._links.grow(n_slots)
 
     def on_access(self, node_id: int, now: int) -> None:
         if now != self._inserted_at:  # not the touch of the insert that just created it
@@ -453,52 +367,28 @@ class SIEVEPolicy(TierPolicy):
         pass
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
-        newer, older, visited, parent = self._newer, self._older, self._visited, self._parent
+        newer = self._links.newer
         n_slots = len(newer)
         for n in node_ids:
-            if n >= n_slots or newer[n] == _OUT:
-                continue
-            nw, od = newer[n], older[n]
-            newer[n] = older[n] = _OUT
-            self._resident -= 1
-            if self._hand == n:
-                self._hand = nw
-            if nw >= 0:
-                older[nw] = od
-            else:
-                self._head = od
-            if od >= 0:
-                newer[od] = nw
-            else:
-                self._tail = nw
-            if visited[n]:
-                visited[n] = 0
-                p = parent[n]
-                if p >= 0 and newer[p] != _OUT:
-                    visited[p] = 1
+            if n < n_slots and newer[n] != OUT:
+                self._evict(n, -1)
 
     def _evict(self, node_id: int, leaf_parent: int) -> None:
-        """on_remove((node_id,)) for the node _take returned last, which is in the FIFO (on_leaf
-        does nothing here: ``leaf_parent`` is not used); see TierPolicy._evict."""
-        newer, older, visited = self._newer, self._older, self._visited
+        """on_remove((node_id,)) for a node in the FIFO (on_leaf does nothing here: ``leaf_parent``
+        is not used); see TierPolicy._evict. The node leaves the FIFO: a hand on it moves to the next
+        newer node, and a visited bit (a touch the hand has not passed) is folded into the parent,
+        which the touch reached too (lazy path touches)."""
         n = node_id
-        nw, od = newer[n], older[n]
-        newer[n] = older[n] = _OUT
-        self._resident -= 1
+        newer = self._links.newer
         if self._hand == n:
-            self._hand = nw
-        if nw >= 0:
-            older[nw] = od
-        else:
-            self._head = od
-        if od >= 0:
-            newer[od] = nw
-        else:
-            self._tail = nw
-        if visited[n]:  # as on_remove (the hand cleared it before _take returned the node)
+            self._hand = newer[n]
+        self._fifo.unlink(n)
+        self._resident -= 1
+        visited = self._visited
+        if visited[n]:
             visited[n] = 0
             p = self._cols.parent[n]
-            if p >= 0 and newer[p] != _OUT:
+            if p >= 0 and newer[p] != OUT:
                 visited[p] = 1
 
     def candidates(self) -> Generator[int, None, None]:
@@ -518,15 +408,19 @@ class SIEVEPolicy(TierPolicy):
         """One step of :meth:`candidates`: the next unvisited tier leaf under the hand, which moves
         past it (-1: none left, after two full sweeps without an eviction). ``prev`` is the node
         returned last in this run (-1: the run starts): if it left the FIFO the idle count restarts."""
-        newer, visited, tchild = self._newer, self._visited, self._cols.tchild[self._t]
-        if prev < 0 or newer[prev] == _OUT:
+        newer, visited, tchild = self._links.newer, self._visited, self._cols.tchild[self._t]
+        if prev < 0 or newer[prev] == OUT:
             # steps since the last eviction; two full sweeps without one: none is possible
             self._idle = 0
         if not self._resident:
             return -1
         # The sweep runs on locals (the hand passes many interior and visited nodes per victim),
-        # stored back on every exit.
-        hand, idle, limit, tail = self._hand, self._idle, 2 * self._resident + 2, self._tail
+        # stored back on every exit; machine integers (compiled: no tagging per step).
+        hand: i64 = self._hand
+        idle: i64 = self._idle
+        limit: i64 = 2 * self._resident + 2
+        tail: i64 = self._fifo.oldest
+        n: i64 = -1
         while idle <= limit:
             n = hand if hand >= 0 else tail
             hand = newer[n]
@@ -542,20 +436,13 @@ class SIEVEPolicy(TierPolicy):
         return -1
 
     def check_integrity(self) -> None:
-        # Walked from the old end: each node's older link names the node before it (on_remove
-        # splices by both links), and the walk ends at the head (where on_insert appends).
-        n, prev, seen = self._tail, -1, 0
-        while n >= 0:
-            seen += 1
-            assert seen <= self._resident, "sieve: cycle in the FIFO"
-            assert self._older[n] == prev, f"sieve: node {n}'s older link {self._older[n]} != {prev}"
-            prev, n = n, self._newer[n]
-        assert prev == self._head, f"sieve: head {self._head} is not the newest node {prev}"
-        linked = {n for n, nw in enumerate(self._newer) if nw != _OUT}
-        assert seen == self._resident == len(linked), "sieve: FIFO links broken"
-        assert linked == {n for n, od in enumerate(self._older) if od != _OUT}, "sieve: FIFO links broken"
-        assert len(self._visited) == len(self._newer), (
-            f"sieve: visited column of {len(self._visited)} slots, links of {len(self._newer)}"
+        linked = self._links.check_integrity("sieve")
+        walked = self._fifo.check_integrity("sieve's FIFO")
+        assert walked == linked and len(linked) == self._resident, (
+            f"sieve: {len(walked)} nodes in the FIFO, {len(linked)} linked, {self._resident} resident"
+        )
+        assert len(self._visited) == len(self._links), (
+            f"sieve: visited column of {len(self._visited)} slots, links of {len(self._links)}"
         )
         assert all(v in (0, 1) for v in self._visited), "sieve: a visited bit other than 0/1"
         assert {n for n, v in enumerate(self._visited) if v} <= linked, (

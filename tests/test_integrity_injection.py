@@ -114,26 +114,29 @@ def test_policies_view_of_a_grown_column_is_stale(column):
         t.check_integrity()
 
 
+def _splice(links, fifo, leaf: int, dead: int) -> None:
+    # Put node ``dead`` in ``leaf``'s place in ``fifo`` (a LinkedList through ``links``), every link
+    # and end consistent: only a check that the listed nodes are the tier's can tell.
+    nw, od = links.newer[leaf], links.older[leaf]
+    links.newer[dead], links.older[dead] = nw, od
+    links.newer[leaf] = links.older[leaf] = -2
+    if nw >= 0:
+        links.older[nw] = dead
+    else:
+        fifo.newest = dead
+    if od >= 0:
+        links.newer[od] = dead
+    else:
+        fifo.oldest = dead
+
+
 def test_s3fifo_queue_entry_of_a_dead_node_instead_of_a_live_one():
     t = _tree("s3fifo")
     pol, dead, leaf = t._policies[0], t._free[0], _mem_leaf(t)
-    nw, od = pol._newer[leaf], pol._older[leaf]  # type: ignore[attr-defined]
-    main = pol._queue[leaf] == 2  # type: ignore[attr-defined]  # _MAIN
-    pol._newer[dead], pol._older[dead], pol._queue[dead] = nw, od, pol._queue[leaf]  # type: ignore[attr-defined]
-    pol._newer[leaf] = pol._older[leaf] = -2  # type: ignore[attr-defined]
-    pol._queue[leaf] = 0  # type: ignore[attr-defined]
-    if nw >= 0:
-        pol._older[nw] = dead  # type: ignore[attr-defined]
-    elif main:
-        pol._main_new = dead  # type: ignore[attr-defined]
-    else:
-        pol._small_new = dead  # type: ignore[attr-defined]
-    if od >= 0:
-        pol._newer[od] = dead  # type: ignore[attr-defined]
-    elif main:
-        pol._main_old = dead  # type: ignore[attr-defined]
-    else:
-        pol._small_old = dead  # type: ignore[attr-defined]
+    links = pol._links  # type: ignore[attr-defined]
+    fifo = pol._main if pol._queue[leaf] == 2 else pol._small  # type: ignore[attr-defined]  # 2: _MAIN
+    _splice(links, fifo, leaf, dead)
+    pol._queue[dead], pol._queue[leaf] = pol._queue[leaf], 0  # type: ignore[attr-defined]
     pol._freq[dead], pol._freq[leaf] = pol._freq[leaf], -1  # type: ignore[attr-defined]
     with pytest.raises(AssertionError, match="not in the tier"):
         t.check_integrity()
@@ -156,23 +159,18 @@ def test_s3fifo_broken_fifo(fault):
     queue = pol._fifo(False) or pol._fifo(True)  # type: ignore[attr-defined]
     assert len(queue) >= 3
     a, c = queue[0], queue[2]
+    fifo = pol._small if pol._queue[a] == 1 else pol._main  # type: ignore[attr-defined]  # 1: _SMALL
     if fault == "older":
-        pol._older[c] = a  # type: ignore[attr-defined]  # skips the node between them
+        pol._links.older[c] = a  # type: ignore[attr-defined]  # skips the node between them
         match = "older link"
     elif fault == "mark":
         pol._queue[c] = 2 if pol._queue[c] == 1 else 1  # type: ignore[attr-defined]
-        match = "marked as queue"
+        match = "marked as another queue"
     elif fault == "count":
-        if pol._queue[a] == 1:  # type: ignore[attr-defined]
-            pol._n_small += 1  # type: ignore[attr-defined]
-        else:
-            pol._n_main += 1  # type: ignore[attr-defined]
+        fifo.count += 1
         match = "counted"
     else:
-        if pol._queue[a] == 1:  # type: ignore[attr-defined]
-            pol._small_new = a  # type: ignore[attr-defined]
-        else:
-            pol._main_new = a  # type: ignore[attr-defined]
+        fifo.newest = a
         match = "newest end"
     with pytest.raises(AssertionError, match=match):
         t.check_integrity()
@@ -181,17 +179,7 @@ def test_s3fifo_broken_fifo(fault):
 def test_sieve_fifo_slot_of_a_dead_node_instead_of_a_live_one():
     t = _tree("sieve")
     pol, dead, leaf = t._policies[0], t._free[0], _mem_leaf(t)
-    nw, od = pol._newer[leaf], pol._older[leaf]  # type: ignore[attr-defined]
-    pol._newer[dead], pol._older[dead] = nw, od  # type: ignore[attr-defined]
-    pol._newer[leaf] = pol._older[leaf] = -2  # type: ignore[attr-defined]
-    if nw >= 0:
-        pol._older[nw] = dead  # type: ignore[attr-defined]
-    else:
-        pol._head = dead  # type: ignore[attr-defined]
-    if od >= 0:
-        pol._newer[od] = dead  # type: ignore[attr-defined]
-    else:
-        pol._tail = dead  # type: ignore[attr-defined]
+    _splice(pol._links, pol._fifo, leaf, dead)  # type: ignore[attr-defined]
     with pytest.raises(AssertionError, match="not in the tier"):
         t.check_integrity()
 
@@ -199,17 +187,18 @@ def test_sieve_fifo_slot_of_a_dead_node_instead_of_a_live_one():
 def test_sieve_broken_older_link():
     t = _tree("sieve")
     pol = t._policies[0]
-    a = pol._tail  # type: ignore[attr-defined]
-    c = pol._newer[pol._newer[a]]  # type: ignore[attr-defined]
-    pol._older[c] = a  # type: ignore[attr-defined]  # skips the node between them
+    links, a = pol._links, pol._fifo.oldest  # type: ignore[attr-defined]
+    c = links.newer[links.newer[a]]
+    links.older[c] = a  # skips the node between them
     with pytest.raises(AssertionError, match="older link"):
         t.check_integrity()
 
 
 def test_sieve_head_not_the_newest():
     t = _tree("sieve")
-    t._policies[0]._head = t._policies[0]._tail  # type: ignore[attr-defined]
-    with pytest.raises(AssertionError, match="head"):
+    fifo = t._policies[0]._fifo  # type: ignore[attr-defined]
+    fifo.newest = fifo.oldest
+    with pytest.raises(AssertionError, match="newest end"):
         t.check_integrity()
 
 
@@ -307,13 +296,14 @@ def test_lru_order_links_are_checked(corruption):
     pol, leaf, dead = t._policies[0], _mem_leaf(t), t._free[0]
     match = {"lost_leaf": "neither ordered nor set aside", "dead_node_ordered": "not resident in the tier",
              "broken_older_link": "older link", "miscount": "counted"}[corruption]
+    order = pol._order  # type: ignore[attr-defined]
     if corruption == "lost_leaf":
-        pol._unlink(leaf)  # type: ignore[attr-defined]
+        order.unlink(leaf)
     elif corruption == "dead_node_ordered":
-        pol._append_newest(dead)  # type: ignore[attr-defined]
+        order.append_newest(dead)
     elif corruption == "broken_older_link":
-        pol._older[pol._newest] = -1  # type: ignore[attr-defined]
+        pol._links.older[order.newest] = -1  # type: ignore[attr-defined]
     else:
-        pol._ordered += 1  # type: ignore[attr-defined]
+        order.count += 1
     with pytest.raises(AssertionError, match=match):
         t.check_integrity()
