@@ -1078,9 +1078,11 @@ class RadixTree:
             on_remove, on_leaf = pol.on_remove, pol.on_leaf
             on_evict = getattr(pol, "on_evict", None)
             gen = pol.candidates()
-        evicted = freed_bytes = 0
-        n = -1  # a built-in policy: the node _take returned last (_take or _end sets it aside if
-        # it stays)
+        # Machine integers (compiled: no tagged-int checks per evicted chunk).
+        evicted: i64 = 0
+        freed_bytes: i64 = 0
+        n: i64 = -1  # a built-in policy: the node _take returned last (_take or _end sets it aside
+        # if it stays)
         try:
             if on_evict is not None or gen is None:  # gen is None: a built-in policy, driven natively
                 # The same steps as the loop below, with on_evict(n, leaf_parent) as its last policy
@@ -1274,14 +1276,13 @@ def _unlink(kid: vec[i64], nxt: vec[i64], prv: vec[i64], n: int, p: int) -> None
 
 def _check_keys(keys: Sequence[str]) -> None:
     """InputError unless every key is a non-empty str."""
-    try:
-        # One C-level pass type-checks every key (str.join rejects anything but str).
-        "".join(keys)
-    except TypeError:
-        bad = next(k for k in cast("Sequence[object]", keys) if not isinstance(k, str))
-        raise InputError(f"chunk key {bad!r} must be a non-empty str") from None
-    if not all(keys):
-        raise InputError("chunk key '' must be a non-empty str")
+    # Compiled, a loop over a list is indexed natively and each test is a type flag and a length
+    # (a str.join type-checked them in one C pass but built and freed the joined string, and all()
+    # took the iterator protocol: ~6 % of an lru replay).
+    ks = cast("list[object]", keys) if isinstance(keys, list) else list(cast("Sequence[object]", keys))
+    for k in ks:
+        if not isinstance(k, str) or not k:
+            raise InputError(f"chunk key {k!r} must be a non-empty str")
 
 
 def _options_for(
