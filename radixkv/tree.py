@@ -710,8 +710,10 @@ class RadixTree:
         # The ids' own int objects go into the index (read as objects: a native int would be boxed
         # again, one allocation per new chunk); evict hands them back to the free list the same way.
         ids_o, idx_o = cast("list[object]", ids), cast("dict[str, object]", idx)
+        # a list (compiled: indexed natively; a Sequence takes the iterator protocol per key)
+        ks: list[str] = keys if isinstance(keys, list) else list(keys)
         j = 0
-        for k in keys:
+        for k in ks:
             o = ids_o[j]
             held = idx_o.setdefault(k, o)
             if held is not o and held != o:
@@ -768,13 +770,20 @@ class RadixTree:
         if n_reuse:
             # Reused slots are scattered. One plain loop writing every column per node is ~5x faster
             # than one map(column.__setitem__) pass per column (CPython specializes list stores).
-            # The loop carries the parent and depth along (zip, no per-column index arithmetic): in
-            # a replay that evicts, nearly every chunk is created here.
+            # The loop carries the parent and depth along (no per-column index arithmetic), on
+            # machine integers: in a replay that evicts, nearly every chunk is created here.
             kc, nsc, pc, dc, ncc, mc = self._key, self._ns, self._parent, self._depth, self._nchild, self._mask
             tkc, szc, tct = self._tokens, self._size, self._tchild[t]
             kid, nxt, prv = self._kid, self._next, self._prev
-            bit, p, d, up = 1 << t, parent, depth, _NO_PARENT  # up: the previous new node
-            for n, key in zip(ids[:n_reuse] if n_new else ids, keys):
+            bit: i64 = 1 << t
+            p: i64 = parent
+            d: i64 = depth
+            up: i64 = _NO_PARENT  # the previous new node
+            # Indexed lists, not a zip (compiled: no iterator protocol, no slice of the ids).
+            ks: list[str] = keys if isinstance(keys, list) else list(keys)
+            for j in range(n_reuse):
+                n: i64 = ids[j]
+                key = ks[j]
                 kc[n] = key
                 nsc[n] = ns
                 pc[n] = p
