@@ -68,11 +68,12 @@ class LinkedList:
 
     def __init__(self, links: Links) -> None:
         self.links = links
-        self.newest = -1
-        self.oldest = -1
-        self.count = 0
+        # Machine integers, as the methods' node ids (compiled: no tagged-int checks on the hot path).
+        self.newest: i64 = -1
+        self.oldest: i64 = -1
+        self.count: i64 = 0
 
-    def append_newest(self, n: int) -> None:
+    def append_newest(self, n: i64) -> None:
         """Put ``n`` (in no list) at the new end."""
         links, h = self.links, self.newest
         links.older[n] = h
@@ -89,8 +90,10 @@ class LinkedList:
         is told of at an insert: one call for all, not one per node); return how many."""
         links = self.links
         newer, older = links.newer, links.older
-        h, k = self.newest, 0
-        for n in ids:
+        h = self.newest
+        k: i64 = 0
+        for j in range(len(ids)):
+            n: i64 = ids[j]
             if newer[n] != OUT:
                 continue
             older[n] = h
@@ -105,7 +108,7 @@ class LinkedList:
         self.count += k
         return k
 
-    def push_oldest(self, n: int) -> None:
+    def push_oldest(self, n: i64) -> None:
         """Put ``n`` (in no list) at the old end."""
         links, o = self.links, self.oldest
         links.newer[n] = o
@@ -117,7 +120,7 @@ class LinkedList:
         self.oldest = n
         self.count += 1
 
-    def unlink(self, n: int) -> None:
+    def unlink(self, n: i64) -> None:
         """Take ``n`` (in this list) out of it."""
         links = self.links
         newer, older = links.newer, links.older

@@ -185,7 +185,7 @@ class S3FIFOPolicy(TierPolicy):
         ghost = self._ghost
         if len(ghost) > 16:
             limit = self._main.count
-            ghost.trim(limit if limit > 16 else 16)
+            ghost.trim(float(limit if limit > 16 else 16))
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
         freq, parent, queue = self._freq, self._parent, self._queue
@@ -250,7 +250,7 @@ class S3FIFOPolicy(TierPolicy):
         tchild, freq, frac = self._cols.tchild[self._t], self._freq, self._small_fraction
         small, main = self._small, self._main
         while small.count or main.count:
-            if small.count and (not main.count or small.count >= frac * self._resident):
+            if small.count and (not main.count or float(small.count) >= frac * self._resident):
                 use_small = True
                 n = small.oldest
             else:
