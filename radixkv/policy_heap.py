@@ -396,8 +396,9 @@ class AgedRefPolicy(_HeapPolicy):
         # score a node came back with from the ghost history (NaN: it did not); grows in _grow
         self._restored: vec[float] = vec[float]()
         self._ghost = GhostHistory()  # evicted chunks: score, last touch and tag (aux, see _WHEN)
-        self._full_tokens = 0
-        self._clock = 0
+        # Machine integers: compared with the tree's columns on every touch and eviction.
+        self._full_tokens: i64 = 0
+        self._clock: i64 = 0
 
     def _grow(self, n_slots: int) -> None:
         self._score = extend(self._score, vec[float]([-math.inf] * (n_slots - len(self._score))))
@@ -429,10 +430,10 @@ class AgedRefPolicy(_HeapPolicy):
             # last use + count_weight * H * log2(aged references): the count's bonus is scaled down
             # without shortening the memory H of the count itself.
             s = last + self._w * (s - last)
-        return s - self._partial_penalty if self._tokens[n] < self._full_tokens else s
+        return s - self._partial_penalty if self._cols.tokens[n] < self._full_tokens else s
 
     def _admit(self, node_ids: list[int], now: int) -> None:
-        score, ghost, keys, ns, tokens = self._score, self._ghost, self._keys, self._ns, self._tokens
+        score, ghost, keys, ns, tokens = self._score, self._ghost, self._keys, self._ns, self._cols.tokens
         if not node_ids:
             return
         p = self._parent[node_ids[0]]
@@ -451,13 +452,13 @@ class AgedRefPolicy(_HeapPolicy):
                     self._untag(n, (aux >> _WHEN_BITS) - 1)
 
     def _touch(self, n: int, now: int) -> None:
-        if self._tokens[n] >= self._full_tokens:
+        if self._cols.tokens[n] >= self._full_tokens:
             self._clock += 1  # a partial tail touched right after its full prefix: same request
         self._last[n] = self._clock
         self._score[n] = self._add(self._score[n], float(self._clock))
 
     def _fold(self, child: int, parent: int) -> None:
-        if self._tokens[child] < self._full_tokens:
+        if self._cols.tokens[child] < self._full_tokens:
             return  # a partial tail's touch repeats its parent's (same request)
         s = self._score[child]
         base = self._restored[child]
@@ -490,7 +491,7 @@ class AgedRefPolicy(_HeapPolicy):
         self._restored[n] = math.nan
         last = self._last[n]
         self._last[n] = _NEVER  # the slot may be reused by another node
-        if self._ghost_factor and s > -math.inf and self._tokens[n] >= self._full_tokens:
+        if self._ghost_factor and s > -math.inf and self._cols.tokens[n] >= self._full_tokens:
             ghost = self._ghost
             when = last
             if last == _NEVER:  # a statement, not a conditional expression: int and i64 join as object

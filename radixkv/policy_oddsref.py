@@ -168,7 +168,7 @@ class OddsRefPolicy(AgedRefPolicy):
     def _prio(self, n: int) -> float:
         s = super()._prio(n)
         k = self._cls[n]
-        if k >= 0 and s > -math.inf and self._tokens[n] >= self._full_tokens:
+        if k >= 0 and s > -math.inf and self._cols.tokens[n] >= self._full_tokens:
             s += self._w * self._h * self._penalty(k)
         return s
 
@@ -177,7 +177,7 @@ class OddsRefPolicy(AgedRefPolicy):
             return
         boundary = self._parent[node_ids[0]]
         super()._admit(node_ids, now)
-        full, tokens = self._full_tokens, self._tokens
+        full, tokens = self._full_tokens, self._cols.tokens
         if tokens[node_ids[0]] < full:
             return  # a request's partial tail, inserted on its own: never classed
         fresh: list[int] = []
@@ -200,7 +200,7 @@ class OddsRefPolicy(AgedRefPolicy):
 
     def _touch(self, n: int, now: int) -> None:
         super()._touch(n, now)
-        if self._tokens[n] < self._full_tokens:
+        if self._cols.tokens[n] < self._full_tokens:
             return
         if self._cls[n] >= 0 and n not in self._new:
             self._credit_path(n)  # a request wholly hit (no new chunks): its path is reused
@@ -222,7 +222,7 @@ class OddsRefPolicy(AgedRefPolicy):
 
     def _untag(self, n: int, tag: i64) -> None:
         # ... and credits it once if it comes back (as a full chunk: partial tails are never classed).
-        if self._tokens[n] >= self._full_tokens:
+        if self._cols.tokens[n] >= self._full_tokens:
             self._credit(tag)
 
     def _forget(self, n: int, ordered: bool) -> None:
