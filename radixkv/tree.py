@@ -127,6 +127,9 @@ class RadixTree:
         self._tokens: vec[i64] = vec[i64]()
         self._size: vec[i64] = vec[i64]()
         self._free: list[int] = []
+        # Each slot's id as one int object, the one the key index and the free list hold: a removal
+        # hands it to the free list without a read of the index (one probe, the delete, not two).
+        self._ids: list[int] = []
         # The columns its policies read (they hold this, not the tree: no reference cycle).
         self._views = TreeColumns(self._tchild, self._mask, self._parent, self._depth, self._nchild,
                                   self._tokens, self._size)
@@ -812,6 +815,7 @@ class RadixTree:
             # list would ask it for a buffer (raising and clearing a TypeError), then box by box.
             r, k = n_reuse, n_new
             self._key.extend(keys[r:] if r else keys)
+            self._ids.extend(ids[r:] if r else ids)  # the objects the index holds (see _claim)
             self._ns.extend([ns] * k)
             self._tokens = extend(self._tokens, vec[i64]([chunk_tokens] * k))
             self._size = extend(self._size, vec[i64]([size_bytes] * k))
@@ -935,7 +939,7 @@ class RadixTree:
                     t += 1
         kid, nxt, prv = self._kid, self._next, self._prev
         awaits = self._awaits
-        free_o = cast("list[object]", self._free)
+        free_o, ids_o = cast("list[object]", self._free), cast("list[object]", self._ids)
         for n in gone + orphans:
             p = self._parent[n]
             if p != _NO_PARENT:
@@ -945,8 +949,7 @@ class RadixTree:
                 self._forget_await(n)
             space, k = self._ns[n], self._key[n]
             idx = self._index[space]  # type: ignore[index]
-            # the index's int object for n, not a new box of n (see _claim)
-            free_o.append(cast("dict[str, object]", idx)[k])  # type: ignore[index]
+            free_o.append(ids_o[n])  # the index's int object for n, not a new box (see _claim)
             del idx[k]  # type: ignore[arg-type]
             if not idx:
                 # A dict never shrinks as keys leave: a namespace that once held 10^5 chunks kept a
@@ -1072,6 +1075,7 @@ class RadixTree:
         bit, mask, nchild, tchild = 1 << t, self._mask, self._nchild, self._tchild[t]
         parent, size, key, ns, index = self._parent, self._size, self._key, self._ns, self._index
         pins, free = self._pins, self._free
+        ids_o = cast("list[object]", self._ids)
         kid, nxt, prv = self._kid, self._next, self._prev
         held = pins.by_node  # the dict itself: a plain truth test per eviction, no method call
         awaits = self._awaits  # likewise: a namespace-root chunk that leaves ends its run's wait
@@ -1140,7 +1144,7 @@ class RadixTree:
                         idx = index[ns[n]]  # type: ignore[index]
                         k = key[n]
                         # the index's int object for n, not a new box of n (see _claim)
-                        removed_o.append(cast("dict[str, object]", idx)[k])  # type: ignore[index]
+                        removed_o.append(ids_o[n])
                         del idx[k]  # type: ignore[arg-type]
                         if p < 0 and not idx:  # its namespace's last chunk (a root: leaf first)
                             del index[ns[n]]  # type: ignore[arg-type]
@@ -1175,7 +1179,7 @@ class RadixTree:
                         idx = index[ns[n]]  # type: ignore[index]
                         k = key[n]
                         # the index's int object for n, not a new box of n (see _claim)
-                        removed_o.append(cast("dict[str, object]", idx)[k])  # type: ignore[index]
+                        removed_o.append(ids_o[n])
                         del idx[k]  # type: ignore[arg-type]
                         if p < 0 and not idx:  # its namespace's last chunk (a root: leaf first)
                             del index[ns[n]]  # type: ignore[arg-type]

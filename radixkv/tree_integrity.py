@@ -20,8 +20,11 @@ _NO_PARENT = -1
 def check_tree(tree: RadixTree) -> None:
     """Verify every invariant of ``tree``; raises AssertionError naming the broken one with numbers."""
     n_slots = len(tree._key)
-    for name in ("_ns", "_parent", "_depth", "_nchild", "_mask", "_tokens", "_size", "_kid", "_next", "_prev"):
+    for name in ("_ns", "_parent", "_depth", "_nchild", "_mask", "_tokens", "_size", "_kid", "_next", "_prev",
+                 "_ids"):
         assert len(getattr(tree, name)) == n_slots, f"field {name} has the wrong length"
+    wrong = [n for n, i in enumerate(tree._ids) if i != n]
+    assert not wrong, f"slots {wrong[:5]} keep another id than their own"
     assert all(len(tc) == n_slots for tc in tree._tchild), "per-tier child counts wrong length"
     # The policies read these columns through tree._views, which the tree updates when a column is
     # replaced as it grows: a stale view has them read an old copy (wrong sizes, depths, residency).
