@@ -9,6 +9,13 @@ A position column (by node id) makes every operation direct: pushing a node alre
 moves it to its new key, and removing one takes it out at once. Nothing goes stale, so the heap never
 holds more entries than nodes and needs no compaction; all state is in ``vec`` columns (unboxed
 machine numbers in the compiled build), so no operation allocates.
+
+A pop leaves the root slot empty (a *hole*) and the next operation fills it. When that operation
+puts a new node in (the policies' usual step after an eviction: the evicted chunk's parent becomes a
+leaf, its priority close to the minimum), the node goes into the hole and sifts down from the root,
+usually a level or two. A plain pop would sift the last entry down from the root, and the push
+would then sift the parent up from the bottom: two walks of the heap's height instead of one short
+one. Any other operation first fills the hole as a pop always did.
 """
 
 from __future__ import annotations
@@ -39,13 +46,22 @@ class PrioHeap:
         self._heap: vec[i64] = vec[i64]()
         self._hprio: vec[float] = vec[float]()
         self._hdepth: vec[i64] = vec[i64]()
-        self._n: i64 = 0
+        self._n: i64 = 0  # slots in use, the hole included
+        self._hole = False  # slot 0 is empty: the last pop took the root and left the refill (_fill)
         self._pos: vec[i64] = vec[i64]()  # by node id: its index in _heap, -1 if not in the heap
         self._prio: vec[float] = vec[float]()  # by node id: its priority as last pushed
         self._depth: vec[i64] = vec[i64]()  # by node id: its depth as last pushed
 
     def __len__(self) -> int:
-        return int(self._n)
+        return int(self._n - 1) if self._hole else int(self._n)
+
+    def _fill(self) -> None:
+        # Complete the last pop: the last entry fills the root's slot and sifts down from it.
+        self._hole = False
+        k = self._n - 1
+        self._n = k
+        if k > 0:
+            self._down(0, self._heap[k], self._hprio[k], self._hdepth[k])
 
     @property
     def capacity(self) -> int:
@@ -78,47 +94,56 @@ class PrioHeap:
 
     def top(self) -> i64:
         """The smallest node, left in the heap (-1: empty)."""
+        if self._hole:
+            self._fill()
         return self._heap[0] if self._n > 0 else -1
 
     def push(self, n: i64, prio: float, depth: i64) -> None:
         """Order ``n`` by ``(prio, -depth, n)``: insert it, or move it if it is in the heap already."""
         self._prio[n] = prio
         self._depth[n] = depth
-        i = self._pos[n]
-        if i < 0:
+        if self._pos[n] < 0:
+            self._insert(n, prio, depth)
+            return
+        if self._hole:
+            self._fill()
+        i = self._up(self._pos[n], n, prio, depth)
+        self._down(i, n, prio, depth)
+
+    def _insert(self, n: i64, prio: float, depth: i64) -> None:
+        # n (not in the heap) into the hole, sifting down from the root, or at the end, sifting up.
+        if self._hole:
+            self._hole = False
+            self._down(0, n, prio, depth)
+        else:
             i = self._n
             self._n = i + 1
             self._up(i, n, prio, depth)
-        else:
-            i = self._up(i, n, prio, depth)
-            self._down(i, n, prio, depth)
 
     def restore(self, n: i64) -> None:
         """Put ``n`` back with the priority and depth it was last pushed with (no-op if it is in)."""
         if self._pos[n] < 0:
-            i = self._n
-            self._n = i + 1
-            self._up(i, n, self._prio[n], self._depth[n])
+            self._insert(n, self._prio[n], self._depth[n])
 
     def pop(self) -> i64:
-        """Take the smallest node out and return it (-1: empty)."""
-        k = self._n
-        if k <= 0:
+        """Take the smallest node out and return it (-1: empty). Its slot stays a hole until the
+        next operation (see the module docstring)."""
+        if self._hole:
+            self._fill()
+        if self._n <= 0:
             return -1
-        heap = self._heap
-        first = heap[0]
+        first = self._heap[0]
         self._pos[first] = -1
-        k -= 1
-        self._n = k
-        if k > 0:
-            self._down(0, heap[k], self._hprio[k], self._hdepth[k])
+        self._hole = True
         return first
 
     def remove(self, n: i64) -> bool:
         """Take ``n`` out wherever it is; False if it was not in the heap."""
-        i = self._pos[n]
-        if i < 0:
+        if self._pos[n] < 0:
             return False
+        if self._hole:
+            self._fill()  # moves entries: n's position is read after
+        i = self._pos[n]
         self._pos[n] = -1
         k = self._n - 1
         self._n = k
@@ -131,6 +156,8 @@ class PrioHeap:
 
     def clear(self) -> None:
         """Empty the heap (priorities are kept, as after :meth:`pop`)."""
+        if self._hole:
+            self._fill()
         heap, pos = self._heap, self._pos
         for i in range(self._n):
             pos[heap[i]] = -1
@@ -138,6 +165,8 @@ class PrioHeap:
 
     def nodes(self) -> list[int]:
         """The nodes in the heap, in no particular order."""
+        if self._hole:
+            self._fill()
         heap = self._heap
         return [int(heap[i]) for i in range(self._n)]
 
@@ -212,6 +241,13 @@ class PrioHeap:
         return self._heap[a] < self._heap[b]
 
     def check_integrity(self) -> None:
+        if self._hole:
+            # The hole's slot still holds the popped node, which left the heap (no position).
+            assert self._n > 0 and self._pos[self._heap[0]] < 0, (
+                f"prio heap: a hole at the root, {self._n} slots, the popped node "
+                f"{self._heap[0] if self._n > 0 else None} still placed"
+            )
+            self._fill()  # an invisible step (the next operation would make it): check the heap after it
         heap, pos, size = self._heap, self._pos, self._n
         cols = (len(heap), len(self._hprio), len(self._hdepth), len(pos), len(self._prio), len(self._depth))
         assert 0 <= size <= len(heap) and len(set(cols)) == 1, f"prio heap: {size} entries, columns of {cols}"

@@ -64,6 +64,47 @@ def test_random_operations_match_a_sorted_reference(seed):
     assert h.pop() == -1 and h.top() == -1
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_the_hole_a_pop_leaves_is_filled_by_whatever_comes_next(seed):
+    # A pop leaves the root's slot empty until the next operation: a new node's push or restore goes
+    # into it, anything else fills it first. Only operations that do not fill it on their own run
+    # between the pops here (no top() or nodes() after each step, as the test above makes), so every
+    # operation meets a hole now and then; the popped sequence must be the reference's.
+    r = random.Random(seed)
+    cap = r.choice([1, 3, 40, 500])
+    h, ref, last = PrioHeap(), {}, {}
+    h.grow(cap)
+    prios = [float(r.randrange(6)) for _ in range(4)] + [1e15, -1e15]
+    holes = 0
+    for step in range(4000):
+        x = r.random()
+        n = r.randrange(cap)
+        if x < 0.35:
+            got = h.pop()
+            holes += h._hole
+            assert got == (min(ref, key=lambda m: _key(ref, m)) if ref else -1)
+            ref.pop(got, None)
+        elif x < 0.75:
+            p, d = r.choice(prios), r.randrange(1, 5)
+            h.push(n, p, d)
+            ref[n] = last[n] = (p, d)
+        elif x < 0.85:
+            if n in last:
+                h.restore(n)
+                ref[n] = last[n]
+        elif x < 0.95:
+            assert h.remove(n) == (n in ref)
+            ref.pop(n, None)
+        else:
+            assert h.contains(n) == (n in ref)
+        assert len(h) == len(ref)
+        if step % 97 == 0:
+            h.check_integrity()  # fills a hole, as any other operation would
+    assert holes > 100
+    assert sorted(h.nodes()) == sorted(ref)
+    h.check_integrity()
+
+
 def test_grow_keeps_the_heap_and_accepts_new_ids():
     h = PrioHeap()
     h.grow(3)
