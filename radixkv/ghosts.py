@@ -80,6 +80,8 @@ class GhostHistory:
 
     def _name(self, ns: str | None, key: str | None) -> object:
         ns0 = self._ns0
+        if ns is ns0 and ns is not None and key is not None:  # the tree's one namespace object
+            return key
         if ns0 is None and ns is not None:
             self._ns0 = ns0 = ns
         if ns == ns0 and ns is not None and key is not None:

@@ -1079,6 +1079,10 @@ class RadixTree:
         kid, nxt, prv = self._kid, self._next, self._prev
         held = pins.by_node  # the dict itself: a plain truth test per eviction, no method call
         awaits = self._awaits  # likewise: a namespace-root chunk that leaves ends its run's wait
+        # Their truth, once, for a built-in policy's loop (compiled, a dict's truth is a call): it pins
+        # nothing and starts no wait, and one that ends during it only makes a membership test
+        # needless. A Python policy's hooks could pin: its loop tests the dicts themselves.
+        any_held, any_awaits = bool(held), bool(awaits)
         # A policy's optional on_evict(n, leaf_parent) is on_remove((n,)) plus on_leaf(leaf_parent)
         # in one call (leaf_parent -1: none), made after the tree's own updates: one Python call per
         # evicted chunk instead of two, and no 1-tuple. A built-in policy needs none of the three
@@ -1114,7 +1118,7 @@ class RadixTree:
                     m = mask[n]
                     if not m & bit or tchild[n] or (nchild[n] and m == bit):
                         continue
-                    if held and n in held and pins.is_pinned(n):
+                    if any_held and n in held and pins.is_pinned(n):
                         continue
                     m = mask[n] = m ^ bit  # the bit is set (checked above)
                     freed_bytes += size[n]
@@ -1139,7 +1143,7 @@ class RadixTree:
                     else:
                         on_evict(n, leaf_parent)  # type: ignore[misc]  # not None (else a built-in is)
                     if not m:  # no tier holds it: it leaves the tree
-                        if p < 0 and awaits and n in awaits:
+                        if p < 0 and any_awaits and n in awaits:
                             self._forget_await(n)
                         idx = index[ns[n]]  # type: ignore[index]
                         k = key[n]
@@ -1148,7 +1152,7 @@ class RadixTree:
                         del idx[k]  # type: ignore[arg-type]
                         if p < 0 and not idx:  # its namespace's last chunk (a root: leaf first)
                             del index[ns[n]]  # type: ignore[arg-type]
-                        if held:
+                        if any_held:
                             pins.forget(n)
                         key[n] = None
                         ns[n] = None
