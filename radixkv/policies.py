@@ -29,6 +29,8 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generator, Protocol, Sequence
 
+from mypy_extensions import i64
+
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
 from radixkv.linked_order import OUT, LinkedList, Links
@@ -235,7 +237,7 @@ class LRUPolicy(TierPolicy):
         if self._links.newer[node_id] == OUT:
             self._order.push_oldest(node_id)
 
-    def _evict(self, node_id: int, leaf_parent: int) -> None:
+    def _evict(self, node_id: i64, leaf_parent: i64) -> None:
         # on_remove((node_id,)) then on_leaf(leaf_parent), in one call: RadixTree.evict's step for
         # this exact class (private, not on_evict: see EvictionPolicy). node_id is the node
         # candidates() just yielded, which it already took out of the order (and never set aside):
@@ -274,7 +276,7 @@ class LRUPolicy(TierPolicy):
         finally:
             self._end(n)  # also when closed at the yield: n is set aside unless it was evicted
 
-    def _take(self, prev: int) -> int:
+    def _take(self, prev: i64) -> i64:
         """One step of :meth:`candidates`: set ``prev`` (the node it yielded last, -1: none) aside if
         it is still in the tier, then take the oldest ordered tier leaf out of the order and return
         it (-1: none left). Nodes passed over (parked: they gained a child since they were ordered)
@@ -290,7 +292,7 @@ class LRUPolicy(TierPolicy):
                 return n
         return -1
 
-    def _end(self, last: int) -> None:
+    def _end(self, last: i64) -> None:
         """End a :meth:`candidates` run whose last yielded node is ``last`` (-1: none): set it aside if
         it is still in the tier, then put every set-aside node back in front, the first yielded
         first."""

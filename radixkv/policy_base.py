@@ -50,17 +50,17 @@ class TierPolicy:
     # may override any hook, so it gets the protocol's candidates(), on_remove and on_leaf) by these
     # three direct calls, not by a generator's resumption and close and a Python-level call per
     # evicted chunk: candidates() is _take until it returns -1, then _end.
-    def _take(self, prev: int) -> int:
+    def _take(self, prev: i64) -> i64:
         """The next candidate (-1: none left); ``prev`` is the one returned last in this run (-1:
         the run starts), which the tree may have left in the tier (pinned, or the run stopped)."""
         raise NotImplementedError
 
-    def _evict(self, node_id: int, leaf_parent: int) -> None:
+    def _evict(self, node_id: i64, leaf_parent: i64) -> None:
         """The tree evicted ``node_id``, the candidate :meth:`_take` returned last: on_remove((node_id,))
         then, if ``leaf_parent`` >= 0, on_leaf(leaf_parent), in one call."""
         raise NotImplementedError
 
-    def _end(self, last: int) -> None:
+    def _end(self, last: i64) -> None:
         """The run ends; ``last`` is the candidate returned last (-1: none), evicted or not."""
 
     # The tree's columns by node id, read-only, from tree._views at each use (the hot loops read

@@ -164,7 +164,7 @@ class S3FIFOPolicy(TierPolicy):
             self._n_parked -= 1
             self._push_oldest(n, q == _PARKED_MAIN)
 
-    def _evict(self, node_id: int, leaf_parent: int) -> None:
+    def _evict(self, node_id: i64, leaf_parent: i64) -> None:
         # on_remove((node_id,)) then on_leaf(leaf_parent), written out for one node: the replay's
         # eviction loop calls this once per evicted chunk of this exact class (private, not
         # on_evict: see EvictionPolicy). node_id is the node
@@ -238,7 +238,7 @@ class S3FIFOPolicy(TierPolicy):
         finally:
             self._end(n)  # also when closed at the yield: n is set aside unless it was evicted
 
-    def _take(self, prev: int) -> int:
+    def _take(self, prev: i64) -> i64:
         """One step of :meth:`candidates`: set ``prev`` (the node it yielded last, -1: none) aside if
         it is still in the tier, then return the next victim, taken out of its queue (-1: none
         left). On the way, interior nodes are parked and touched ones move to main. _took_small
@@ -270,7 +270,7 @@ class S3FIFOPolicy(TierPolicy):
             return n
         return -1
 
-    def _end(self, last: int) -> None:
+    def _end(self, last: i64) -> None:
         """End a :meth:`candidates` run whose last returned node is ``last`` (-1: none): set it aside
         if it is still in the tier, then put every set-aside node back in front of its queue, the
         first yielded first."""
@@ -373,7 +373,7 @@ class SIEVEPolicy(TierPolicy):
             if n < n_slots and newer[n] != OUT:
                 self._evict(n, -1)
 
-    def _evict(self, node_id: int, leaf_parent: int) -> None:
+    def _evict(self, node_id: i64, leaf_parent: i64) -> None:
         """on_remove((node_id,)) for a node in the FIFO (on_leaf does nothing here: ``leaf_parent``
         is not used); see TierPolicy._evict. The node leaves the FIFO: a hand on it moves to the next
         newer node, and a visited bit (a touch the hand has not passed) is folded into the parent,
@@ -404,7 +404,7 @@ class SIEVEPolicy(TierPolicy):
                 break
             yield n
 
-    def _take(self, prev: int) -> int:
+    def _take(self, prev: i64) -> i64:
         """One step of :meth:`candidates`: the next unvisited tier leaf under the hand, which moves
         past it (-1: none left, after two full sweeps without an eviction). ``prev`` is the node
         returned last in this run (-1: the run starts): if it left the FIFO the idle count restarts."""

@@ -69,24 +69,24 @@ class _HeapPolicy(TierPolicy):
         self._order.grow(n_slots)
 
     # subclass hooks --------------------------------------------------------------------------
-    def _prio(self, n: int) -> float:
+    def _prio(self, n: i64) -> float:
         raise NotImplementedError
 
     def _admit(self, node_ids: list[int], now: int) -> None:
         pass
 
-    def _touch(self, n: int, now: int) -> None:
+    def _touch(self, n: i64, now: int) -> None:
         pass
 
-    def _fold(self, child: int, parent: int) -> None:
+    def _fold(self, child: i64, parent: i64) -> None:
         pass
 
-    def _forget(self, n: int, ordered: bool) -> None:
+    def _forget(self, n: i64, ordered: bool) -> None:
         """``n`` left the tier; ``ordered``: it was a leaf in the order (its last priority is
         ``self._order.prio_of(n)``), else an interior node."""
 
     # protocol ---------------------------------------------------------------------------------
-    def _push(self, n: int) -> None:
+    def _push(self, n: i64) -> None:
         self._st[n] = _ORDERED
         self._order.push(n, self._prio(n), self._cols.depth[n])
 
@@ -115,7 +115,7 @@ class _HeapPolicy(TierPolicy):
         if self._st[node_id] != _OUT:
             self._push(node_id)
 
-    def _drop(self, n: int) -> None:
+    def _drop(self, n: i64) -> None:
         # n leaves the tier (it is resident): out of the order, its statistics folded into its parent.
         st = self._st
         ordered = st[n] == _ORDERED
@@ -135,7 +135,7 @@ class _HeapPolicy(TierPolicy):
             if 0 <= n < n_slots and st[n] != _OUT:
                 self._drop(n)
 
-    def _evict(self, node_id: int, leaf_parent: int) -> None:
+    def _evict(self, node_id: i64, leaf_parent: i64) -> None:
         """on_remove((node_id,)) then on_leaf(leaf_parent) (-1: none), in one call: RadixTree.evict
         calls it once per evicted chunk of the exact built-in classes. Not an on_evict hook: that
         would replace on_remove and on_leaf for a Python subclass too, which may override them."""
@@ -172,7 +172,7 @@ class _HeapPolicy(TierPolicy):
         finally:
             self._end(n)  # also when closed at the yield: n is set aside unless it was evicted
 
-    def _take(self, prev: int) -> int:
+    def _take(self, prev: i64) -> i64:
         """One step of :meth:`candidates`: set ``prev`` (the node it yielded last, -1: none) aside if
         it is still ordered and out of the heap, then take the smallest ordered tier leaf out of the
         heap and return it (-1: none left). Nodes passed over (they gained a child in the tier since
@@ -188,7 +188,7 @@ class _HeapPolicy(TierPolicy):
                 return n
             st[n] = _PARKED  # interior in the tier: ordered when it becomes a leaf
 
-    def _end(self, last: int) -> None:
+    def _end(self, last: i64) -> None:
         """End a :meth:`candidates` run whose last yielded node is ``last`` (-1: none): put it and
         every node set aside back in the heap, with their priorities, if they are still ordered."""
         st, order, aside = self._st, self._order, self._aside
@@ -249,7 +249,7 @@ class LFUPolicy(_HeapPolicy):
         self._count = extend(self._count, vec[i64]([0] * (n_slots - len(self._count))))
         super()._grow(n_slots)
 
-    def _prio(self, n: int) -> float:
+    def _prio(self, n: i64) -> float:
         return self._age + float(self._count[n])
 
     def _admit(self, node_ids: list[int], now: int) -> None:
@@ -258,13 +258,13 @@ class LFUPolicy(_HeapPolicy):
             if st[n] == _OUT:  # new to the tier (a resident node keeps its count)
                 count[n] = 0
 
-    def _touch(self, n: int, now: int) -> None:
+    def _touch(self, n: i64, now: int) -> None:
         self._count[n] += 1
 
-    def _fold(self, child: int, parent: int) -> None:
+    def _fold(self, child: i64, parent: i64) -> None:
         self._count[parent] += self._count[child]
 
-    def _forget(self, n: int, ordered: bool) -> None:
+    def _forget(self, n: i64, ordered: bool) -> None:
         if ordered:
             p = self._order.prio_of(n)
             if p > self._age:
@@ -295,7 +295,7 @@ class CostPolicy(LFUPolicy):
         self._unit = extend(self._unit, vec[float]([0.0] * (n_slots - len(self._unit))))
         super()._grow(n_slots)
 
-    def _prio(self, n: int) -> float:
+    def _prio(self, n: i64) -> float:
         return self._age + float(self._count[n]) * self._unit[n]
 
     def _unit_cost(self, n: int) -> float:
@@ -422,7 +422,7 @@ class AgedRefPolicy(_HeapPolicy):
         h = self._h
         return h * _log2_add(a / h, b / h)
 
-    def _prio(self, n: int) -> float:
+    def _prio(self, n: i64) -> float:
         s = self._score[n]
         t = self._last[n]
         if t != _NEVER and s > -math.inf:  # compared as integers: native when compiled
@@ -451,13 +451,13 @@ class AgedRefPolicy(_HeapPolicy):
                 if aux > _WHEN:
                     self._untag(n, (aux >> _WHEN_BITS) - 1)
 
-    def _touch(self, n: int, now: int) -> None:
+    def _touch(self, n: i64, now: int) -> None:
         if self._cols.tokens[n] >= self._full_tokens:
             self._clock += 1  # a partial tail touched right after its full prefix: same request
         self._last[n] = self._clock
         self._score[n] = self._add(self._score[n], float(self._clock))
 
-    def _fold(self, child: int, parent: int) -> None:
+    def _fold(self, child: i64, parent: i64) -> None:
         if self._cols.tokens[child] < self._full_tokens:
             return  # a partial tail's touch repeats its parent's (same request)
         s = self._score[child]
@@ -477,16 +477,16 @@ class AgedRefPolicy(_HeapPolicy):
         if lc > self._last[parent]:  # _NEVER is below every clock value
             self._last[parent] = lc
 
-    def _tag(self, n: int) -> i64:
+    def _tag(self, n: i64) -> i64:
         """The tag kept with evicted chunk ``n``'s ghost entry (-1: none; at most 2**23 - 2). A
         subclass's hook (oddsref: the class of a chunk evicted fresh), so that one history, one index
         probe per eviction, carries both."""
         return -1
 
-    def _untag(self, n: int, tag: i64) -> None:
+    def _untag(self, n: i64, tag: i64) -> None:
         """Chunk ``n`` came back from the ghost history with a ``tag`` >= 0 (see :meth:`_tag`)."""
 
-    def _forget(self, n: int, ordered: bool) -> None:
+    def _forget(self, n: i64, ordered: bool) -> None:
         s = self._score[n]
         self._restored[n] = math.nan
         last = self._last[n]

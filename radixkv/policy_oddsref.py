@@ -165,7 +165,7 @@ class OddsRefPolicy(AgedRefPolicy):
             self._credit(k)
             q = parent[q]
 
-    def _prio(self, n: int) -> float:
+    def _prio(self, n: i64) -> float:
         s = super()._prio(n)
         k = self._cls[n]
         if k >= 0 and s > -math.inf and self._cols.tokens[n] >= self._full_tokens:
@@ -198,7 +198,7 @@ class OddsRefPolicy(AgedRefPolicy):
         self._made_all += len(fresh)
         self._counts_v += 1
 
-    def _touch(self, n: int, now: int) -> None:
+    def _touch(self, n: i64, now: int) -> None:
         super()._touch(n, now)
         if self._cols.tokens[n] < self._full_tokens:
             return
@@ -216,16 +216,16 @@ class OddsRefPolicy(AgedRefPolicy):
             self._used_all *= d
             self._counts_v += 1
 
-    def _tag(self, n: int) -> i64:
+    def _tag(self, n: i64) -> i64:
         # A chunk leaving fresh takes its class into agedref's ghost entry ...
         return self._cls[n]
 
-    def _untag(self, n: int, tag: i64) -> None:
+    def _untag(self, n: i64, tag: i64) -> None:
         # ... and credits it once if it comes back (as a full chunk: partial tails are never classed).
         if self._cols.tokens[n] >= self._full_tokens:
             self._credit(tag)
 
-    def _forget(self, n: int, ordered: bool) -> None:
+    def _forget(self, n: i64, ordered: bool) -> None:
         super()._forget(n, ordered)  # takes the class into the ghost entry (_tag) first
         self._cls[n] = -1  # the slot may be reused by another node
 

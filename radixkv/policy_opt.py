@@ -48,7 +48,7 @@ class OPTPolicy(_HeapPolicy):
         self._next = extend(self._next, vec[i64]([_UNKNOWN] * (n_slots - len(self._next))))
         super()._grow(n_slots)
 
-    def _prio(self, n: int) -> float:
+    def _prio(self, n: i64) -> float:
         t = self._next[n]
         return -math.inf if t == _UNKNOWN else -float(t)
 
