@@ -156,12 +156,11 @@ class PrioHeap:
 
     def clear(self) -> None:
         """Empty the heap (priorities are kept, as after :meth:`pop`)."""
-        if self._hole:
-            self._fill()
         heap, pos = self._heap, self._pos
-        for i in range(self._n):
+        for i in range(self._n):  # a hole's slot holds a node already out (no refill needed)
             pos[heap[i]] = -1
         self._n = 0
+        self._hole = False
 
     def nodes(self) -> list[int]:
         """The nodes in the heap, in no particular order."""
