@@ -32,6 +32,9 @@ HERE = Path(__file__).resolve().parent
 # The hot modules of the tree and its policies (the simulator's inner loop, the store's every call).
 COMPILED = [
     "radixkv/tree.py",
+    "radixkv/tree_nodes.py",
+    "radixkv/tree_joins.py",
+    "radixkv/tree_eviction.py",
     "radixkv/tree_results.py",
     "radixkv/pins.py",
     "radixkv/policy_base.py",

@@ -7,7 +7,7 @@ none. Putting a node at either end or taking it out is a few machine-integer wri
 nothing (these orders were OrderedDicts: a hash probe, a boxed int and a method call each).
 
 The tree's own child lists are of another shape (one list per parent, its head in a column by
-parent) and stay in :mod:`radixkv.tree`.
+parent) and stay in :mod:`radixkv.tree_nodes`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from mypy_extensions import i64
 from radixkv.compiler_hints import mypyc_attr
 
 if TYPE_CHECKING:
-    from radixkv.tree import RadixTree, TreeColumns
+    from radixkv.tree import RadixTree
+    from radixkv.tree_nodes import TreeColumns
 
 __all__ = ["TierPolicy"]
 
