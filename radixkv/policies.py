@@ -146,6 +146,11 @@ def _check_option_types(name: str, cls: type, options: dict[str, Any]) -> None:
     a number, an integer where the default is one: a string from a config file or a command line
     would otherwise fail deep inside the policy. Checked here, so the compiled build (whose typed
     signatures would raise first, with a terser message) and the Python build answer alike."""
+    if not options:
+        # Nothing to check. A compiled class's signature is parsed from its text signature by the
+        # tokenizer, whose first use in a process compiles its regular expression: ~3-9 ms, paid by
+        # every simulator worker's first replay (a few % of a replay's time) for no check.
+        return
     try:
         params = dict(inspect.signature(cls).parameters)  # a compiled class signs itself here too
     except (TypeError, ValueError):

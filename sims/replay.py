@@ -279,9 +279,7 @@ def replay(
             # hold tuples of keys, or numpy integers).
             keys_per_request = [k if type(k) is list else list(k) for k in (r.block_keys for r in reqs)]
             tokens = [int(r.input_tokens) for r in reqs]
-            block_refs = sum(map(len, keys_per_request))
-            input_tokens = sum(tokens)
-            block_hits, token_hits, evictions = replay_one_tier(
+            block_hits, token_hits, evictions, block_refs, input_tokens = replay_one_tier(
                 tree, _NS, top, keys_per_request, tokens, bt, bpt, full_bytes, cap0 if bounded0 else -1,
                 hits, set_next_use, next_use, check_every,
                 None if bar is None else (lambda i: bar.update(min(256, n_req - bar.n))),
