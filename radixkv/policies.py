@@ -212,7 +212,12 @@ class LRUPolicy(TierPolicy):
         self._links = Links()
         self._order = LinkedList(self._links)  # its old end is the next victim
         self._aside: list[int] = []  # skipped candidates, only during one candidates() run
-        # (_resident, TierPolicy's: nodes in the tier, ordered + parked + aside)
+        # A parent that RadixTree.evict's last eviction made a leaf, due at the old end (-1: none):
+        # held here instead, since the next _take would take it straight back out of the order (a
+        # push and an unlink per chained eviction). Only between _evict and the next _take or _end
+        # of one evict run, which put it in the order if it is still due.
+        self._due: i64 = -1
+        # (_resident, TierPolicy's: nodes in the tier, ordered + parked + aside + due)
 
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         # The tree hands its hooks lists; compiled, a loop over a list[int] reads it natively, one over
@@ -249,7 +254,9 @@ class LRUPolicy(TierPolicy):
         # only the count and the parent are left to update.
         self._resident -= 1
         if leaf_parent >= 0 and self._links.newer[leaf_parent] == OUT:
-            self._order.push_oldest(leaf_parent)
+            if self._due >= 0:  # not taken since (never, from RadixTree.evict): it goes first
+                self._order.push_oldest(self._due)
+            self._due = leaf_parent
 
     def on_remove(self, node_ids: Sequence[int]) -> None:
         self._resident -= len(node_ids)
@@ -289,6 +296,12 @@ class LRUPolicy(TierPolicy):
         mask, tchild = self._cols.mask, self._cols.tchild[self._t]
         if prev >= 0 and mask[prev] & self._bit:
             self._aside.append(prev)  # skipped by the tree (pinned), or the run stopped before it
+        due = self._due
+        if due >= 0:
+            # the oldest ordered node it would have been: a tier leaf (nothing is created during a
+            # run), resident (nothing left it since _evict made it due)
+            self._due = -1
+            return due
         order = self._order
         while order.oldest >= 0:
             n = order.oldest
@@ -305,6 +318,9 @@ class LRUPolicy(TierPolicy):
         if last >= 0 and self._cols.mask[last] & self._bit:
             aside.append(last)
         order, newer = self._order, self._links.newer
+        if self._due >= 0:  # made a leaf by the run's last eviction: the old end, behind the aside ones
+            order.push_oldest(self._due)
+            self._due = -1
         while aside:
             n = aside.pop()
             if newer[n] != OUT:  # touched again while set aside: it still goes in front
@@ -317,6 +333,7 @@ class LRUPolicy(TierPolicy):
         linked = self._links.check_integrity("lru")
         walked = self._order.check_integrity("lru's order")
         assert walked == linked, f"lru: {len(linked)} nodes linked, {len(walked)} in the order"
+        assert self._due == -1, f"lru: node {self._due} is still due at the old end after an eviction run"
         assert len(linked) + len(self._aside) <= self._resident, (
             f"lru: {len(linked)} ordered + {len(self._aside)} aside > {self._resident} resident"
         )

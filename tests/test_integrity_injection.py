@@ -288,6 +288,16 @@ def test_tree_node_without_tokens_or_with_a_negative_size(column, value, match):
         t.check_integrity()
 
 
+def test_lru_parent_left_due_after_an_eviction_run():
+    # A parent the last eviction made a leaf is held aside (due at the old end) only until the run's
+    # next step; one still due after the run would never be evicted.
+    t = _tree("lru")
+    pol = t._policies[0]
+    pol._due = _mem_leaf(t)  # type: ignore[attr-defined]
+    with pytest.raises(AssertionError, match="still due"):
+        t.check_integrity()
+
+
 @pytest.mark.parametrize("corruption", ["lost_leaf", "dead_node_ordered", "broken_older_link", "miscount"])
 def test_lru_order_links_are_checked(corruption):
     # LRU's order is a doubly linked list in vec columns (it was an OrderedDict): a leaf dropped from

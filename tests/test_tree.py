@@ -925,3 +925,45 @@ def test_a_clear_leaves_the_ghost_history_within_its_bound(policy):
     tree.clear()
     assert [len(g) for g in ghosts] == [64] * len(ghosts)
     tree.check_integrity()
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "sieve", "lfu", "cost", "agedref", "oddsref"])
+def test_the_native_eviction_loop_evicts_what_the_generic_path_does(policy, seed):
+    """``RadixTree.evict`` drives a built-in policy's exact class through its private eviction steps
+    (lru holds a parent its eviction made a leaf instead of ordering it and taking it back out); a
+    Python subclass that overrides nothing takes the generic path (candidates(), on_remove, on_leaf).
+    Both must evict the same chunks in the same order, with pins, branches and partial chunks (the
+    two trees stay identical, node ids included, as long as they do)."""
+    from radixkv.policies import POLICIES, register_policy
+
+    register_policy(f"{policy}-generic")(type("Generic", (POLICIES[policy],), {}))
+    try:
+        trees = [RadixTree(("mem",), policy=policy), RadixTree(("mem",), policy=f"{policy}-generic")]
+    finally:
+        del POLICIES[f"{policy}-generic"]
+    rng = random.Random(seed)
+    bases = [chain(f"s{i}", 6) for i in range(4)]
+    for step in range(300):
+        op = rng.random()
+        keys = branch(rng.choice(bases), rng.randint(1, 6), f"b{rng.randint(0, 30)}", rng.randint(0, 4))
+        tokens = 16 if rng.random() < 0.8 else 5  # now and then a partial chunk
+        n_evict = rng.randint(1, 8)
+        # every few chunks pinned while a few are evicted around them
+        pinned = [n for _, n in sorted(trees[0].items(NS))][:: rng.randint(3, 7)]
+        removed = []
+        for t in trees:
+            if op < 0.6:
+                t.insert(NS, keys, "mem", tokens, tokens)
+            elif op < 0.8:
+                t.match(NS, keys)
+            if op >= 0.8:
+                t.pin(pinned, "test")
+                removed.append(t.evict("mem", n_evict).removed_node_ids)
+                t.unpin(pinned, "test")
+            elif len(t) > 40:
+                removed.append(t.evict("mem", len(t) - 40).removed_node_ids)
+        assert removed == [] or removed[0] == removed[1], f"step {step}: the two paths evicted differently"
+    for t in trees:
+        t.check_integrity()
+    assert sorted(trees[0].items(NS)) == sorted(trees[1].items(NS))
