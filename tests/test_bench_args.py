@@ -53,6 +53,26 @@ def test_bench_sim_bad_capacity_is_one_line(tmp_path, capsys):
     assert "python -m radixkv.bench sim: error: capacity 'abc'" in captured.err and "dict-lru" not in captured.out
 
 
+def test_bench_sim_repeat_must_be_positive(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"hash_ids": [1, 2], "input_length": 1000}\n')
+    assert main(["sim", "--trace", str(trace), "--repeat", "0"]) == 2
+    captured = capsys.readouterr()
+    assert "--repeat 0" in captured.err and "dict-lru" not in captured.out
+
+
+def test_bench_sim_prints_one_row_per_policy_and_capacity_whatever_the_repeats(tmp_path, capsys):
+    # the fastest of --repeat runs per row, not a row per run
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"hash_ids": [0, {2 * i + 1}, {2 * i + 2}], "input_length": 1536}}\n'
+                             for i in range(20)))
+    assert main(["sim", "--trace", str(trace), "--policy", "lru,opt", "--capacity", "10%,50%",
+                 "--repeat", "2"]) == 0
+    rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines()
+            if line.split()[:1] in (["dict-lru"], ["lru"], ["opt"], ["opt+table"])]
+    assert rows == [[label, cap] for cap in ("10%", "50%") for label in ("dict-lru", "lru", "opt", "opt+table")]
+
+
 def test_bench_sim_missing_trace_is_an_error_not_another_workload(tmp_path, capsys):
     # It printed a note and timed the synthetic mix workload instead: numbers read as the trace's.
     missing = tmp_path / "typo.jsonl"
