@@ -53,7 +53,7 @@ _SLOT: Final = (1 << 32) - 1
 class GhostHistory:
     """Chunks that left a tier, oldest first, each with a float and an integer (see the module
     docstring). ``last_score`` / ``last_aux``: the values of the entry the last successful
-    :meth:`take` removed."""
+    :meth:`take` removed; ``last_hash``: the hash of the last :meth:`take`'s chunk."""
 
     def __init__(self) -> None:
         self._ns0: str | None = None  # the first namespace seen: its chunks are named by key alone
@@ -74,6 +74,7 @@ class GhostHistory:
         self._tab: vec[i64] = vec[i64]([-1] * 16)
         self.last_score = 0.0
         self.last_aux: i64 = 0
+        self.last_hash: i64 = -1
 
     def __len__(self) -> int:
         return int(self._n)
@@ -174,11 +175,14 @@ class GhostHistory:
         name = self._name(ns, key)
         return self._find(name, hash(name)) >= 0
 
-    def put(self, ns: str | None, key: str | None, score: float = 0.0, aux: i64 = 0) -> None:
+    def put(self, ns: str | None, key: str | None, score: float = 0.0, aux: i64 = 0, h: i64 = -1) -> None:
         """Remember chunk ``key`` of ``ns`` as the newest entry, with ``score`` and ``aux``; if it is
-        held already, its values change and its place does not."""
+        held already, its values change and its place does not. ``h``: its :meth:`name_hash`, if
+        the caller has it (:attr:`last_hash` after a :meth:`take` of the same chunk; -1, which no
+        hash is: computed here)."""
         name = self._name(ns, key)
-        h: i64 = hash(name)
+        if h == -1:
+            h = hash(name)
         i = self._find(name, h)
         if i >= 0:
             s = self._tab[i] & _SLOT
@@ -198,9 +202,14 @@ class GhostHistory:
 
     def take(self, ns: str | None, key: str | None) -> bool:
         """Forget chunk ``key`` of ``ns``; True (its values in ``last_score`` / ``last_aux``) if it
-        was held."""
+        was held. Either way ``last_hash`` is the hash its name is indexed by, for a later
+        :meth:`put` of the same chunk (compiled, a 64-bit hash comes back from ``hash()`` as a
+        Python int, boxed half the time: a policy that looks a chunk up when it arrives and
+        remembers it when it leaves hashes it once)."""
         name = self._name(ns, key)
-        i = self._find(name, hash(name))
+        h: i64 = hash(name)
+        self.last_hash = h
+        i = self._find(name, h)
         if i < 0:
             return False
         s = self._tab[i] & _SLOT

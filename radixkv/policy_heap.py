@@ -395,6 +395,9 @@ class AgedRefPolicy(_HeapPolicy):
         self._last: vec[i64] = vec[i64]()  # clock of the node's last direct touch (_NEVER: none)
         # score a node came back with from the ghost history (NaN: it did not); grows in _grow
         self._restored: vec[float] = vec[float]()
+        # the ghost history's hash of the node's name, from its lookup at admission, for its entry
+        # at eviction (-1: not looked up; put hashes it); grows in _grow
+        self._name_hash: vec[i64] = vec[i64]()
         self._ghost = GhostHistory()  # evicted chunks: score, last touch and tag (aux, see _WHEN)
         # Machine integers: compared with the tree's columns on every touch and eviction.
         self._full_tokens: i64 = 0
@@ -404,6 +407,7 @@ class AgedRefPolicy(_HeapPolicy):
         self._score = extend(self._score, vec[float]([-math.inf] * (n_slots - len(self._score))))
         self._last = extend(self._last, vec[i64]([_NEVER] * (n_slots - len(self._last))))
         self._restored = extend(self._restored, vec[float]([math.nan] * (n_slots - len(self._restored))))
+        self._name_hash = extend(self._name_hash, vec[i64]([-1] * (n_slots - len(self._name_hash))))
         super()._grow(n_slots)
 
     @property
@@ -439,10 +443,17 @@ class AgedRefPolicy(_HeapPolicy):
         p = self._parent[node_ids[0]]
         if p >= 0 and self._last[p] != _NEVER:
             self._observe_gap(self._clock + 1 - self._last[p])  # the request's deepest hit chunk
+        name_hash = self._name_hash
         for n in node_ids:
             if tokens[n] > self._full_tokens:
                 self._full_tokens = tokens[n]
-            if not (len(ghost) and ghost.take(ns[n], keys[n])):
+            taken = False
+            h: i64 = -1  # an empty history is not asked: _forget's put hashes the name then
+            if len(ghost):
+                taken = ghost.take(ns[n], keys[n])
+                h = ghost.last_hash
+            name_hash[n] = h
+            if not taken:
                 score[n] = -math.inf
             else:
                 score[n] = self._restored[n] = ghost.last_score
@@ -496,7 +507,8 @@ class AgedRefPolicy(_HeapPolicy):
             when = last
             if last == _NEVER:  # a statement, not a conditional expression: int and i64 join as object
                 when = self._clock
-            ghost.put(self._ns[n], self._keys[n], s, when | (self._tag(n) + 1) << _WHEN_BITS)
+            aux = when | (self._tag(n) + 1) << _WHEN_BITS
+            ghost.put(self._ns[n], self._keys[n], s, aux, self._name_hash[n])
             # As floats: an int compared with a float is a generic (boxed) comparison when compiled.
             if float(len(ghost)) > self._ghost_factor * float(self._resident) + 64.0:
                 ghost.pop_oldest()

@@ -164,3 +164,21 @@ def test_check_integrity_catches_an_entry_the_index_lost():
     tab[at] = -1  # slot 4 (k4) unreachable: take("ns", "k4") would miss
     with pytest.raises(AssertionError, match="indexed at|other slots"):
         g.check_integrity()
+
+
+def test_a_put_with_the_hash_its_take_saw_indexes_the_chunk_as_one_without_it():
+    # agedref hashes a chunk's name once: at its lookup when it arrives (take, found or not), reused
+    # by the put when it leaves. The hash must be the one put would compute, in either namespace.
+    g = GhostHistory()
+    for ns, key in [("a", "k1"), ("b", "k1"), ("a", "k2")]:
+        assert not g.take(ns, key)
+        g.put(ns, key, 1.0, 7, g.last_hash)
+        g.check_integrity()
+        assert g.contains(ns, key)
+        assert g.take(ns, key) and g.last_aux == 7
+        g.put(ns, key, 2.0, 8, g.last_hash)
+    g.check_integrity()
+    assert g.names() == ["k1", ("b", "k1"), "k2"]
+    g.put("a", "k3", 0.0, 0, 12345)  # a hash that is not the name's: the integrity check names it
+    with pytest.raises(AssertionError, match="as the hash of 'k3'"):
+        g.check_integrity()
