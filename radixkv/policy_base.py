@@ -12,7 +12,7 @@ subclass of a built-in policy inherits it too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from librt.vecs import vec
 from mypy_extensions import i64
@@ -46,6 +46,15 @@ class TierPolicy:
 
     def __len__(self) -> int:
         return self._resident
+
+    # The protocol's two per-request hooks, declared here so that the tree calls them on a built-in
+    # policy (or a Python subclass of one: its overrides are called) as direct C calls, not as
+    # Python-level method calls with boxed arguments (once or twice per insert).
+    def on_insert(self, node_ids: Sequence[int], now: int) -> None:
+        raise NotImplementedError
+
+    def on_access(self, node_id: int, now: int) -> None:
+        raise NotImplementedError
 
     # The eviction steps. RadixTree.evict drives a built-in policy of its exact class (a subclass
     # may override any hook, so it gets the protocol's candidates(), on_remove and on_leaf) by these

@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from radixkv.errors import ConfigError, InputError
 from radixkv.policies import EvictionPolicy, make_policy
+from radixkv.policy_base import TierPolicy
 from radixkv.tree_eviction import TreeEviction
 from radixkv.tree_integrity import check_tree
 from radixkv.tree_nodes import _MAX_AWAITING_RUNS, _MAX_FIELD, _NO_PARENT, TreeColumns
@@ -66,6 +67,7 @@ class RadixTree(TreeEviction):
             p = make_policy(pname, **_options_for(policy_options, name, self.tiers))
             p.bind(self, i)
             self._policies.append(p)
+            self._tier_policies.append(p if isinstance(p, TierPolicy) else None)
 
     # ------------------------------------------------------------------ queries
 
@@ -214,7 +216,7 @@ class RadixTree(TreeEviction):
             self._now = now = self._now + 1
             mask = self._mask[last]
             if mask == 1:  # held by the first tier only: one policy hears it
-                self._policies[0].on_access(last, now)
+                self._on_access(0, last, now)
             else:
                 self._touch(last)
                 if not mask & 1:  # a faster tier may hold the path above it: that copy was used too
@@ -233,7 +235,7 @@ class RadixTree(TreeEviction):
         ``allowed``: a tier bitmask, only those tiers hear it; ``now``: their time (default the
         clock's) (both for :meth:`touch` with ``tiers``)."""
         want = ((mask & -mask) - 1) & allowed  # the tiers faster than the fastest one holding node_id
-        parent, tmask, policies = self._parent, self._mask, self._policies
+        parent, tmask = self._parent, self._mask
         if now < 0:
             now = self._now
         n = parent[node_id]
@@ -244,7 +246,7 @@ class RadixTree(TreeEviction):
                 i = 0
                 while new:
                     if new & 1:
-                        policies[i].on_access(n, now)
+                        self._on_access(i, n, now)
                     new >>= 1
                     i += 1
             n = parent[n]
@@ -285,7 +287,7 @@ class RadixTree(TreeEviction):
             held, i = mask & allowed, 0
             while held:
                 if held & 1:
-                    self._policies[i].on_access(n, now)
+                    self._on_access(i, n, now)
                 held >>= 1
                 i += 1
             if not mask & 1:
@@ -409,7 +411,7 @@ class RadixTree(TreeEviction):
             self._join_awaiting(namespace, new)
         leaf: int = new[-1] if new else last  # type: ignore[assignment]
         if self._mask[leaf] == 1:  # held by the first tier only (as in match): one policy hears it
-            self._policies[0].on_access(leaf, self._now)
+            self._on_access(0, leaf, self._now)
         else:
             self._touch(leaf)
         return InsertResult(m, tuple(new))

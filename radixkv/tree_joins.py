@@ -95,7 +95,7 @@ class TreeJoins(TreeNodes):
         if self._awaiting and created:
             self._join_awaiting(ns, created)
         if self._mask[cur] == 1:
-            self._policies[0].on_access(cur, self._now)
+            self._on_access(0, cur, self._now)
         else:
             self._touch(cur)
         r_ = InsertResult(m, tuple(created))

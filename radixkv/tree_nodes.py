@@ -31,6 +31,7 @@ from radixkv.tree_results import DropResult, TreeStats
 
 if TYPE_CHECKING:
     from radixkv.policies import EvictionPolicy
+    from radixkv.policy_base import TierPolicy
 
 __all__ = ["TreeColumns", "TreeNodes"]
 
@@ -120,6 +121,9 @@ class TreeNodes:
         self._tier_chunks = [0] * len(tiers)
         self.stats = TreeStats()
         self._policies: list[EvictionPolicy] = []
+        # By tier: its policy if it is a TierPolicy (a built-in one, or a subclass of one), whose
+        # hooks _on_insert and _on_access call natively; None for any other policy object.
+        self._tier_policies: list[TierPolicy | None] = []
 
     def tier_index(self, tier: str) -> int:
         try:
@@ -135,12 +139,28 @@ class TreeNodes:
             raise InputError(f"node id {node_id} is not in the tree (removed or never inserted)")
         return True
 
+    def _on_access(self, t: int, node_id: int, now: int) -> None:
+        # tier t's policy's on_access
+        tp = self._tier_policies[t]
+        if tp is not None:
+            tp.on_access(node_id, now)
+        else:
+            self._policies[t].on_access(node_id, now)
+
+    def _on_insert(self, t: int, node_ids: list[int], now: int) -> None:
+        # tier t's policy's on_insert
+        tp = self._tier_policies[t]
+        if tp is not None:
+            tp.on_insert(node_ids, now)
+        else:
+            self._policies[t].on_insert(node_ids, now)
+
     def _touch(self, node_id: int) -> None:
         mask, now = self._mask[node_id], self._now
         i = 0
         while mask:
             if mask & 1:
-                self._policies[i].on_access(node_id, now)
+                self._on_access(i, node_id, now)
             mask >>= 1
             i += 1
 
@@ -325,7 +345,7 @@ class TreeNodes:
         self._tier_bytes[t] += size_bytes * m
         self._tier_chunks[t] += m
         self.stats.inserted_chunks += m
-        self._policies[t].on_insert(ids, self._now)
+        self._on_insert(t, ids, self._now)
         return ids
 
     def _undo_index(self, idx: dict[str, int], keys: Sequence[str], ids: list[int]) -> None:
@@ -362,7 +382,7 @@ class TreeNodes:
                 tchild[p] += 1
             self._tier_bytes[t] += self._size[n]
         self._tier_chunks[t] += len(node_ids)
-        self._policies[t].on_insert(node_ids, self._now)
+        self._on_insert(t, node_ids, self._now)
 
     def clear_resident(self, node_ids: Iterable[int], tier: str) -> DropResult:
         """Remove ``tier`` from each node's residency. Nodes no tier holds any more leave the tree;

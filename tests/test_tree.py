@@ -967,3 +967,57 @@ def test_the_native_eviction_loop_evicts_what_the_generic_path_does(policy, seed
     for t in trees:
         t.check_integrity()
     assert sorted(trees[0].items(NS)) == sorted(trees[1].items(NS))
+
+
+def test_a_policy_of_its_own_hears_every_hook_as_a_built_in_does():
+    """A policy that implements the protocol itself (no built-in base class) is called through the
+    protocol; the built-in ones (and their subclasses) through direct calls. Both must hear the
+    same inserts and accesses: here a plain Python FIFO beside lru on a second tier."""
+    from radixkv.policies import POLICIES, register_policy
+
+    heard: list[tuple[str, object]] = []
+
+    class Fifo:
+        name = "fifo-own"
+
+        def bind(self, tree, tier_index):
+            self.tree, self.bit, self.order = tree, 1 << tier_index, []
+
+        def on_insert(self, node_ids, now):
+            heard.append(("insert", list(node_ids)))
+            self.order += [n for n in node_ids if n not in self.order]
+
+        def on_access(self, node_id, now):
+            heard.append(("access", node_id))
+
+        def on_leaf(self, node_id):
+            pass
+
+        def on_remove(self, node_ids):
+            self.order = [n for n in self.order if n not in set(node_ids)]
+
+        def candidates(self):
+            yield from list(self.order)
+
+        def check_integrity(self):
+            assert sorted(self.order) == sorted(n for _, n in self.tree.items(NS)
+                                                if self.tree.node_tier_mask(n) & self.bit)
+
+        def __len__(self):
+            return len(self.order)
+
+    register_policy("fifo-own")(Fifo)
+    try:
+        t = RadixTree(("mem", "disk"), policy={"mem": "fifo-own", "disk": "lru"})
+    finally:
+        del POLICIES["fifo-own"]
+    a, b, c = t.insert(NS, chain("k", 3), "mem", 16, 1).node_ids
+    t.insert(NS, chain("k", 2), "disk", 16, 1)
+    t.match(NS, chain("k", 3))
+    # the inserts' touches (of b: the disk insert's, heard by every tier holding b) and the match's
+    assert heard == [("insert", [a, b, c]), ("access", c), ("access", b), ("access", c)]
+    assert t.evict("mem", 1).removed_node_ids == (c,)  # a and b come first, but have children
+    t.check_integrity()
+    assert t.evict("mem", 2).removed_node_ids == ()  # a and b leave mem; disk holds them
+    assert t.node_tiers(a) == t.node_tiers(b) == ["disk"]
+    t.check_integrity()
