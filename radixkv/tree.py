@@ -183,12 +183,15 @@ class RadixTree(TreeEviction):
         idx = self._index.get(namespace)
         if not idx or not keys:
             return MatchResult(self, keys, idx or {}, 0)
-        get = idx.get
-        first = get(keys[0])
+        # Compiled, a list is indexed natively and idx.get is the dict primitive; a Sequence takes
+        # the generic item protocol, and a bound idx.get kept in a local was a Python-level call.
+        # (Another sequence is copied: O(n) pointer copies, against the O(log n) probes below.)
+        ks: list[str] = keys if isinstance(keys, list) else list(keys)
+        first = idx.get(ks[0])
         if first is None:
             return MatchResult(self, keys, idx, 0)
-        n = len(keys)
-        last = get(keys[-1])
+        n = len(ks)
+        last = idx.get(ks[n - 1])
         if last is not None:
             hit = n
         else:
@@ -196,7 +199,7 @@ class RadixTree(TreeEviction):
             last = first
             while lo < hi:
                 mid = (lo + hi + 1) >> 1
-                nid = get(keys[mid - 1])
+                nid = idx.get(ks[mid - 1])
                 if nid is not None:
                     lo, last = mid, nid
                 else:
@@ -208,7 +211,7 @@ class RadixTree(TreeEviction):
         if (
             verify
             or depth[last] - depth[first] != hit - 1
-            or (hit > 1 and (parent[last] < 0 or self._key[parent[last]] != keys[hit - 2]))
+            or (hit > 1 and (parent[last] < 0 or self._key[parent[last]] != ks[hit - 2]))
         ):
             # Not one chain (or a chain with a hole): fall back to a checked walk.
             hit, last = self._walk(idx, keys)
@@ -343,6 +346,7 @@ class RadixTree(TreeEviction):
             raise InputError(f"keys={keys!r:.60} must be a sequence of chunk keys, not one str")
         if not keys:
             return InsertResult()
+        ks: list[str] = keys if isinstance(keys, list) else list(keys)  # indexed natively (see match)
         idx = self._index.setdefault(namespace, {})
         if parent_key is None:
             parent, depth = _NO_PARENT, 0
@@ -357,13 +361,13 @@ class RadixTree(TreeEviction):
                 self._await_parent(namespace, idx, keys[0], parent_key)
                 return r
             parent, depth = p, self._depth[p]
-        m = self.match(namespace, keys, False)  # touch=False, by position
+        m = self.match(namespace, ks, False)  # touch=False, by position
         hit = m.hit_chunks
         last = m._last  # match sets it whenever hit_chunks > 0 (last_node_id without the call)
         # Without parent_key the caller does not say where the run starts (SGLang without prefix
         # keys hands over mid-chain runs): present keys keep the parent they have.
-        if hit and parent_key is not None and self._parent[idx[keys[0]]] != parent:
-            if self._parent[idx[keys[0]]] != _NO_PARENT:
+        if hit and parent_key is not None and self._parent[idx[ks[0]]] != parent:
+            if self._parent[idx[ks[0]]] != _NO_PARENT:
                 raise InputError(
                     f"key {keys[0]!r} is already in the tree under another parent than parent_key="
                     f"{parent_key!r}: the keys are not a continuation of that chain"
@@ -376,7 +380,7 @@ class RadixTree(TreeEviction):
             # The new keys claim their index entries now, with the node ids _create will give them:
             # one probe per new key. A key after the matched prefix that is in the tree already is
             # a split chain to join, or a contradiction; the claim stops there and is undone.
-            rest = keys[hit:]
+            rest = ks[hit:]
             self._check_new_keys(namespace, idx, rest)
             claimed = self._new_ids(len(rest))
             if self._claim(namespace, idx, rest, claimed):

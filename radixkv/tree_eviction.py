@@ -131,6 +131,11 @@ class TreeEviction(TreeJoins):
         # nothing and starts no wait, and one that ends during it only makes a membership test
         # needless. A Python policy's hooks could pin: its loop tests the dicts themselves.
         any_held, any_awaits = bool(held), bool(awaits)
+        # The key index of the last evicted chunk's namespace and that namespace's object: chunks of
+        # one namespace (all of a simulation's) share the object, so one probe of the namespace dict
+        # per run, not per chunk. A namespace whose last chunk leaves is not seen again in this run.
+        last_ns: str | None = None
+        last_idx: dict[str, int] = {}
         # A policy's optional on_evict(n, leaf_parent) is on_remove((n,)) plus on_leaf(leaf_parent)
         # in one call (leaf_parent -1: none), made after the tree's own updates: one Python call per
         # evicted chunk instead of two, and no 1-tuple. A built-in policy needs none of the three
@@ -193,13 +198,16 @@ class TreeEviction(TreeJoins):
                     if not m:  # no tier holds it: it leaves the tree
                         if p < 0 and any_awaits and n in awaits:
                             self._forget_await(n)
-                        idx = index[ns[n]]  # type: ignore[index]
+                        space = ns[n]
+                        if space is not last_ns:
+                            last_ns, last_idx = space, index[space]  # type: ignore[index]
+                        idx = last_idx
                         k = key[n]
                         # the index's int object for n, not a new box of n (see _claim)
                         removed_o.append(ids_o[n])
                         del idx[k]  # type: ignore[arg-type]
                         if p < 0 and not idx:  # its namespace's last chunk (a root: leaf first)
-                            del index[ns[n]]  # type: ignore[arg-type]
+                            del index[space]  # type: ignore[arg-type]
                         if any_held:
                             pins.forget(n)
                         key[n] = None
@@ -228,13 +236,16 @@ class TreeEviction(TreeJoins):
                     if m == 0:
                         if p < 0 and awaits and n in awaits:
                             self._forget_await(n)
-                        idx = index[ns[n]]  # type: ignore[index]
+                        space = ns[n]
+                        if space is not last_ns:
+                            last_ns, last_idx = space, index[space]  # type: ignore[index]
+                        idx = last_idx
                         k = key[n]
                         # the index's int object for n, not a new box of n (see _claim)
                         removed_o.append(ids_o[n])
                         del idx[k]  # type: ignore[arg-type]
                         if p < 0 and not idx:  # its namespace's last chunk (a root: leaf first)
-                            del index[ns[n]]  # type: ignore[arg-type]
+                            del index[space]  # type: ignore[arg-type]
                         if held:
                             pins.forget(n)
                         key[n] = None
@@ -248,7 +259,8 @@ class TreeEviction(TreeJoins):
             else:
                 gen.close()  # type: ignore[union-attr]
             free.extend(removed)  # nothing takes a slot during the loop: one extend, same order
-            self._tier_bytes[t] -= freed_bytes
-            self._tier_chunks[t] -= evicted
+            tier_bytes, tier_chunks = self._tier_bytes, self._tier_chunks  # not -= (see _create)
+            tier_bytes[t] = tier_bytes[t] - freed_bytes
+            tier_chunks[t] = tier_chunks[t] - evicted
         self.stats.removed_chunks += len(removed)
         return DropResult(tuple(removed), ())

@@ -342,8 +342,11 @@ class TreeNodes:
             if head != _NO_PARENT:
                 self._prev[head] = first
             self._kid[parent] = first
-        self._tier_bytes[t] += size_bytes * m
-        self._tier_chunks[t] += m
+        # a[i] = a[i] + x, not a[i] += x: compiled, an augmented item assignment is a generic
+        # in-place add on objects, this one the int primitive
+        tier_bytes, tier_chunks = self._tier_bytes, self._tier_chunks
+        tier_bytes[t] = tier_bytes[t] + size_bytes * m
+        tier_chunks[t] = tier_chunks[t] + m
         self.stats.inserted_chunks += m
         self._on_insert(t, ids, self._now)
         return ids
