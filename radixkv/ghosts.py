@@ -177,9 +177,9 @@ class GhostHistory:
 
     def put(self, ns: str | None, key: str | None, score: float = 0.0, aux: i64 = 0, h: i64 = -1) -> None:
         """Remember chunk ``key`` of ``ns`` as the newest entry, with ``score`` and ``aux``; if it is
-        held already, its values change and its place does not. ``h``: its :meth:`name_hash`, if
-        the caller has it (:attr:`last_hash` after a :meth:`take` of the same chunk; -1, which no
-        hash is: computed here)."""
+        held already, its values change and its place does not. ``h``: the hash of its name, if the
+        caller has it (``last_hash`` after a :meth:`take` of the same chunk; -1, which no hash is:
+        computed here)."""
         name = self._name(ns, key)
         if h == -1:
             h = hash(name)
