@@ -194,16 +194,25 @@ class OddsRefPolicy(AgedRefPolicy):
         cls = self._cls
         for n in fresh:
             cls[n] = k
-        self._made[k] += len(fresh)
-        self._made_all += len(fresh)
+        # float + float, written out: a float += int compiles to a generic (boxed) in-place add
+        made, n_fresh = self._made, float(len(fresh))
+        made[k] = made[k] + n_fresh
+        self._made_all = self._made_all + n_fresh
         self._counts_v += 1
 
     def _touch(self, n: i64, now: int) -> None:
         super()._touch(n, now)
         if self._cols.tokens[n] < self._full_tokens:
             return
-        if self._cls[n] >= 0 and n not in self._new:
-            self._credit_path(n)  # a request wholly hit (no new chunks): its path is reused
+        if self._cls[n] >= 0:
+            # n not in self._new, as a native loop (`in` on a list boxes n and compares generically)
+            new = True
+            for x in self._new:
+                if x == n:
+                    new = False
+                    break
+            if new:
+                self._credit_path(n)  # a request wholly hit (no new chunks): its path is reused
         self._new = []
         self._requests += 1
         if self._requests % 1024 == 0 and self._decay < 1.0:

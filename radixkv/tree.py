@@ -407,7 +407,9 @@ class RadixTree(TreeEviction):
                     )
                 self._add_residency(missing_tier, t)
         if hit:
-            parent, depth = last, self._depth[last]  # type: ignore[assignment,index]
+            leaf_hit: int = last  # type: ignore[assignment]  # set when hit_chunks > 0
+            # (an int | None index would box the whole vec column for a generic item read)
+            parent, depth = leaf_hit, self._depth[leaf_hit]
         # the claimed keys (the slice made above), or none: nothing is new when claimed is None
         new = self._create(namespace, idx, rest if claimed is not None else (), parent, depth, t,
                            tokens_per_chunk, bytes_per_chunk, claimed)

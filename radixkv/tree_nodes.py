@@ -378,13 +378,16 @@ class TreeNodes:
 
     def _add_residency(self, node_ids: list[int], t: int) -> None:
         bit, parent, tchild = 1 << t, self._parent, self._tchild[t]
+        added_bytes = 0
         for n in node_ids:
             self._mask[n] |= bit
             p = parent[n]
             if p != _NO_PARENT:
                 tchild[p] += 1
-            self._tier_bytes[t] += self._size[n]
-        self._tier_chunks[t] += len(node_ids)
+            added_bytes += self._size[n]
+        tier_bytes, tier_chunks = self._tier_bytes, self._tier_chunks  # not += (see _create)
+        tier_bytes[t] = tier_bytes[t] + added_bytes
+        tier_chunks[t] = tier_chunks[t] + len(node_ids)
         self._on_insert(t, node_ids, self._now)
 
     def clear_resident(self, node_ids: Iterable[int], tier: str) -> DropResult:
@@ -406,15 +409,18 @@ class TreeNodes:
         pol = self._policies[t]
         pol.on_remove(node_ids)
         leaves: list[int] = []
+        dropped_bytes = 0
         for n in node_ids:
             mask[n] &= ~bit
-            self._tier_bytes[t] -= self._size[n]
+            dropped_bytes += self._size[n]
             p = parent[n]
             if p != _NO_PARENT:
                 tchild[p] -= 1
                 if tchild[p] == 0 and mask[p] & bit:
                     leaves.append(p)
-        self._tier_chunks[t] -= len(node_ids)
+        tier_bytes, tier_chunks = self._tier_bytes, self._tier_chunks  # not -= (see _create)
+        tier_bytes[t] = tier_bytes[t] - dropped_bytes
+        tier_chunks[t] = tier_chunks[t] - len(node_ids)
         for p in leaves:
             if mask[p] & bit and tchild[p] == 0:
                 pol.on_leaf(p)
