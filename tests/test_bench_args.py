@@ -6,6 +6,7 @@ but for the temp-directory tests at the end (one 1 MiB chunk, one repetition).""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
@@ -71,6 +72,15 @@ def test_bench_sim_prints_one_row_per_policy_and_capacity_whatever_the_repeats(t
     rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines()
             if line.split()[:1] in (["dict-lru"], ["lru"], ["opt"], ["opt+table"])]
     assert rows == [[label, cap] for cap in ("10%", "50%") for label in ("dict-lru", "lru", "opt", "opt+table")]
+
+
+def test_bench_sim_says_which_machine_it_timed(tmp_path, capsys):
+    # rates differ by up to ~2x between machines: the output names the CPU and the CPU count
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"hash_ids": [0, {i + 1}], "input_length": 1024}}\n' for i in range(10)))
+    assert main(["sim", "--trace", str(trace), "--policy", "lru", "--capacity", "50%", "--repeat", "1"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("machine: ")]
+    assert len(lines) == 1 and f"{os.cpu_count()} cpus" in lines[0], lines
 
 
 def test_bench_sim_missing_trace_is_an_error_not_another_workload(tmp_path, capsys):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import platform
 
 
 def build_line() -> str:
@@ -13,6 +15,22 @@ def build_line() -> str:
     if compiled.active():
         return "tree and policies: compiled (mypyc)"
     return f"tree and policies: Python ({compiled.reason()})"
+
+
+def machine_line() -> str:
+    """The machine a run timed: CPU model, CPUs, load. Rates move by up to ~2x between the VMs these
+    benchmarks ran on (docs/benchmarks.md), so every table should say where it came from."""
+    model = platform.processor() or platform.machine() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:  # not Linux: keep platform's answer
+        pass
+    try:
+        load = f", load avg {os.getloadavg()[0]:.1f}"
+    except OSError:  # pragma: no cover - platforms without getloadavg
+        load = ""
+    return f"machine: {model}, {os.cpu_count()} cpus{load}"
 
 
 def positive_int(text: str) -> int:

@@ -25,7 +25,7 @@ import os
 import time
 from collections import OrderedDict
 
-from radixkv.bench import build_line
+from radixkv.bench import build_line, machine_line
 from radixkv.errors import InputError
 from radixkv.policies import make_policy
 from radixkv.sims.opt import next_use_table  # also registers "opt"
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     refs = trace.block_references
     print(f"{trace.name}: {len(trace):,} requests, {refs:,} block accesses, {trace.unique_blocks:,} unique blocks")
     print(build_line())
+    print(machine_line())
     next_use = None
     if offline:
         # OPT's oracle: computed once per trace and shared by its replays, as the sweep does (the
