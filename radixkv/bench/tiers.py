@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import torch
 
-from radixkv.bench import positive_int, positive_list
+from radixkv.bench import machine_line, positive_int, positive_list
 from radixkv.tiers.disk import DiskTier
 from radixkv.tiers.memory import MemoryTier
 
@@ -297,9 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         notes.append(note)
     rows.sort(key=lambda r: (list(TARGETS).index(r["tier"]), r["size_bytes"], r["batch"], r["op"] != "put"))
     print(f"radixkv tiers benchmark: sizes {sizes_text} MiB, batch {args.batch_mib} MiB, reps {args.reps}, "
-          f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}, load avg {os.getloadavg()[0]:.1f}, "
+          f"torch threads {torch.get_num_threads()}, "
           f"disk dir {args.disk_dir or '/tmp (temp)'} (page cache, fsync off, overlap "
           f"{f'from {args.disk_overlap_mib:g} MiB' if args.disk_overlap_mib else 'off'})")
+    print(machine_line())
     for n in notes:
         print(n)
     print(format_table(rows))
