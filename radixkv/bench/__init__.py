@@ -20,12 +20,14 @@ def build_line() -> str:
 def machine_line() -> str:
     """The machine a run timed: CPU model, CPUs, load. Rates move by up to ~2x between the VMs these
     benchmarks ran on (docs/benchmarks.md), so every table should say where it came from."""
-    model = platform.processor() or platform.machine() or "unknown CPU"
+    model = None
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
-    except OSError:  # not Linux: keep platform's answer
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:  # not Linux
         pass
+    if not model:  # platform.processor() runs `uname -p` on Linux: asked only without /proc/cpuinfo
+        model = platform.processor() or platform.machine() or "unknown CPU"
     try:
         load = f", load avg {os.getloadavg()[0]:.1f}"
     except OSError:  # pragma: no cover - platforms without getloadavg
