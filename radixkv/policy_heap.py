@@ -32,6 +32,10 @@ _NEVER: Final = -(1 << 60)
 _WHEN_BITS: Final = 40
 _WHEN: Final = (1 << 40) - 1
 
+# The long-gap guard's step per observed gap (AgedRefPolicy, long_gap_share): slow, so that the
+# count weight, and with it the priorities pushed into the heap, drifts rather than jumps.
+_LONG_GAP_RATE: Final = 0.003
+
 # math.log2 bound once (Final: a C static when compiled, not a lookup in the math module per call;
 # mypyc has no native log2). Same function, same results.
 _log2: Final = math.log2
@@ -357,7 +361,12 @@ class AgedRefPolicy(_HeapPolicy):
       ``ghost_factor`` x resident chunks) and restored when the chunk comes back, so a chunk that
       keeps returning is recognized even when the cache is too small to hold it between uses;
     * partial chunks (fewer tokens than a full chunk: a prompt's ragged end) go first: a longer prompt
-      extending the same text yields a different chunk, so they are almost never reused.
+      extending the same text yields a different chunk, so they are almost never reused;
+    * ``long_gap_share`` > 0 (default 0: off; oddsref's default 0.05) scales the count's bonus down
+      where LRU would already catch the reuses: the bonus is multiplied by ``min(1, share /
+      long_gap_share)``, where ``share`` is a running share (a step of 0.003 per observation) of the
+      observed reuse gaps longer than the tier's turnover (resident chunks / chunks inserted per
+      insert: how long LRU keeps a chunk nobody touches), counted once the tier has evicted.
 
     Time is counted in path touches (one per request).
     """
@@ -371,7 +380,8 @@ class AgedRefPolicy(_HeapPolicy):
     _PARTIAL_PENALTY: ClassVar[float] = 1e15
 
     def __init__(self, gap_quantile: float = 0.6, ghost_factor: float = 32.0,
-                 initial_half_life: float = 100.0, count_weight: float = 0.5, gap_step: float = 0.01) -> None:
+                 initial_half_life: float = 100.0, count_weight: float = 0.5, gap_step: float = 0.01,
+                 long_gap_share: float = 0.0) -> None:
         super().__init__()
         if not 0.0 < gap_quantile < 1.0:
             raise ConfigError(f"{self.name}: gap_quantile={gap_quantile!r} must be in (0, 1)")
@@ -383,9 +393,17 @@ class AgedRefPolicy(_HeapPolicy):
             raise ConfigError(f"{self.name}: ghost_factor={ghost_factor!r} must be >= 0")
         if not initial_half_life > 0:
             raise ConfigError(f"{self.name}: initial_half_life={initial_half_life!r} must be > 0 requests")
+        if not 0.0 <= long_gap_share <= 1.0:
+            raise ConfigError(f"{self.name}: long_gap_share={long_gap_share!r} must be in [0, 1] (0: off)")
         self._up = 1.0 + gap_step * gap_quantile  # H's step per gap above it, and below it
         self._down = 1.0 - gap_step * (1.0 - gap_quantile)
-        self._w = float(count_weight)
+        self._w0 = float(count_weight)
+        # The count weight in use: count_weight, scaled down by the long-gap guard (long_gap_share).
+        self._w = self._w0
+        self._long_gap_share = float(long_gap_share)
+        self._long_share = 1.0  # running share of observed gaps longer than the turnover
+        self._inserted = 1.0  # running mean of chunks per insert (_admit)
+        self._evicted = False  # the tier has let a chunk go: the turnover means something
         self._h = float(initial_half_life)
         self._ghost_factor = float(ghost_factor)
         self._partial_penalty = float(self._PARTIAL_PENALTY)
@@ -415,12 +433,28 @@ class AgedRefPolicy(_HeapPolicy):
         """The current adaptive half-life H, in requests."""
         return self._h
 
+    @property
+    def bonus_weight(self) -> float:
+        """The count weight in use: ``count_weight``, scaled down by the long-gap guard where few
+        observed reuse gaps outlast the tier's turnover (``long_gap_share``; 0: off, never scaled)."""
+        return self._w
+
     def _observe_gap(self, gap: int) -> None:
         # Streaming quantile: H settles where P(gap > H) = 1 - q.
         if gap > self._h:
             self._h *= self._up
         else:
             self._h = max(1.0, self._h * self._down)
+        if self._long_gap_share > 0.0 and self._evicted:
+            # The long-gap guard. The bonus only pays for reuses LRU would miss, those after more
+            # than the turnover; where nearly every gap is shorter (an agent workload at 25 %), it
+            # evicts fresh chunks that return within a few requests for stale ones that don't.
+            # It also breaks a loop: the chunks it drops come back from the ghost history, and
+            # their gaps (one per chunk) push H, hence the bonus, up (docs/simulator.md).
+            turnover = float(self._resident) / self._inserted
+            x = 1.0 if float(gap) > turnover else 0.0
+            self._long_share += _LONG_GAP_RATE * (x - self._long_share)
+            self._w = self._w0 * min(1.0, self._long_share / self._long_gap_share)
 
     def _add(self, a: float, b: float) -> float:
         h = self._h
@@ -461,6 +495,7 @@ class AgedRefPolicy(_HeapPolicy):
                 self._observe_gap(self._clock + 1 - (aux & _WHEN))
                 if aux > _WHEN:
                     self._untag(n, (aux >> _WHEN_BITS) - 1)
+        self._inserted += 0.01 * (float(len(node_ids)) - self._inserted)
 
     def _touch(self, n: i64, now: int) -> None:
         if self._cols.tokens[n] >= self._full_tokens:
@@ -498,6 +533,7 @@ class AgedRefPolicy(_HeapPolicy):
         """Chunk ``n`` came back from the ghost history with a ``tag`` >= 0 (see :meth:`_tag`)."""
 
     def _forget(self, n: i64, ordered: bool) -> None:
+        self._evicted = True
         s = self._score[n]
         self._restored[n] = math.nan
         last = self._last[n]
@@ -522,6 +558,10 @@ class AgedRefPolicy(_HeapPolicy):
         self._ghost.check_integrity()
         bad = [a for a in self._ghost.aux_values() if a < 0 or (a & _WHEN) > self._clock]
         assert not bad, f"{self.name}: ghost entries touched at no past clock value, e.g. {bad[:5]}"
+        assert 0.0 <= self._long_share <= 1.0 and 0.0 <= self._w <= self._w0, (
+            f"{self.name}: long-gap share {self._long_share}, count weight {self._w} of {self._w0}"
+        )
+        assert self._long_gap_share > 0.0 or self._w == self._w0, f"{self.name}: count weight moved, guard off"
 
     def on_cleared(self) -> None:
         # One removal trims at most one entry while adding its own: after a clear of many chunks the

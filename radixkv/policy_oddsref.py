@@ -57,10 +57,11 @@ class OddsRefPolicy(AgedRefPolicy):
     def __init__(
         self, odds_weight: float = 1.0, class_decay: float = 0.9, gap_quantile: float = 0.6,
         ghost_factor: float = 32.0, initial_half_life: float = 100.0, count_weight: float = 0.5,
-        gap_step: float = 0.01,
+        gap_step: float = 0.01, long_gap_share: float = 0.05,
     ) -> None:
-        # agedref's options, spelled out (same defaults) rather than passed on as **kwargs
-        super().__init__(gap_quantile, ghost_factor, initial_half_life, count_weight, gap_step)
+        # agedref's options, spelled out (same defaults but long_gap_share, on here) rather than
+        # passed on as **kwargs
+        super().__init__(gap_quantile, ghost_factor, initial_half_life, count_weight, gap_step, long_gap_share)
         if not odds_weight >= 0:
             raise ConfigError(f"oddsref: odds_weight={odds_weight!r} must be >= 0")
         if not 0.0 < class_decay <= 1.0:
@@ -169,7 +170,8 @@ class OddsRefPolicy(AgedRefPolicy):
         s = super()._prio(n)
         k = self._cls[n]
         if k >= 0 and s > -math.inf and self._cols.tokens[n] >= self._full_tokens:
-            s += self._w * self._h * self._penalty(k)
+            # count_weight itself, not the guard's scaled weight: the guard is about the bonus
+            s += self._w0 * self._h * self._penalty(k)
         return s
 
     def _admit(self, node_ids: list[int], now: int) -> None:

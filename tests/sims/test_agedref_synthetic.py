@@ -33,3 +33,15 @@ def test_oddsref_above_lru_on_another_seed(name):
     for p in points:
         if p.policy == "oddsref":
             assert p.block_hits > lru[p.capacity_blocks], (name, p.capacity_blocks)
+
+
+def test_oddsref_long_gap_guard_on_agent_loops_at_25_percent():
+    # Without the guard oddsref (and agedref) lose to LRU here (-368 and -319 blocks): LRU's turnover
+    # outlasts nearly every step gap, yet returning task contexts push H, hence the count bonus, up
+    # until fresh chunks are evicted in the request that made them (docs/simulator.md, "The long-gap
+    # guard"). With it oddsref is above LRU.
+    trace = generate("agentic", WorkloadConfig(requests=1500, seed=2))
+    cap = parse_capacity("25%", trace.unique_blocks, None)
+    points = run_sweep(trace, ["lru", "oddsref", "oddsref:long_gap_share=0"], [cap], jobs=1)
+    hits = {p.policy: p.block_hits for p in points}
+    assert hits["oddsref:long_gap_share=0"] < hits["lru"] < hits["oddsref"], hits

@@ -108,6 +108,33 @@ def test_agedref_half_life_adapts_to_reuse_gaps():
 
 
 
+@pytest.mark.parametrize(("chains", "share", "scaled"), [(10, 0.05, True), (10, 0.0, False), (300, 0.05, False)])
+def test_long_gap_guard_scales_the_bonus_down_only_where_lru_catches_the_reuses(chains, share, scaled):
+    # Requests extend `chains` chains round robin by one chunk each (a conversation's next turn), and
+    # a chain ends after 5 turns (the next one starts fresh): a request's deepest hit was used
+    # `chains` requests ago. With 100 resident chunks and about one inserted per request, the
+    # turnover is about 100 requests: every gap of 10 is shorter (LRU hits them all), and the guard
+    # takes the bonus away; every gap of 300 is longer, and the bonus stays, as it does with the
+    # guard off.
+    tree = RadixTree(("mem",), policy="agedref", policy_options={"long_gap_share": share})
+    pol = tree.policy("mem")
+    assert pol.bonus_weight == 0.5
+    for i in range(3000):  # the guard moves slowly (0.003 per observed gap)
+        k, turn, gen = i % chains, i // chains % 5, i // (5 * chains)
+        use(tree, f"p{k}.{gen}", *[f"{k}.{gen}.{j}" for j in range(turn + 1)])
+        evict_to(tree, 100)
+    assert pol.half_life == pytest.approx(chains, rel=0.1)  # the gaps were observed
+    if scaled:
+        assert pol.bonus_weight < 0.05
+    else:
+        assert pol.bonus_weight == 0.5
+
+
+def test_oddsref_turns_the_long_gap_guard_on():
+    assert make_policy("oddsref").bonus_weight == make_policy("agedref").bonus_weight == 0.5
+    assert make_policy("oddsref")._long_gap_share == 0.05 and make_policy("agedref")._long_gap_share == 0.0
+
+
 @pytest.mark.parametrize(("count_weight", "hot_kept"), [(1.0, True), (0.5, False)])
 def test_agedref_count_weight_scales_the_bonus_of_references(count_weight, hot_kept):
     # H stays at its initial 100 requests (no gap is observed). "hot" is used at clock 1-4: its aged
@@ -128,7 +155,8 @@ def test_agedref_count_weight_scales_the_bonus_of_references(count_weight, hot_k
     [("cost", {"attention_tokens": 0}), ("s3fifo", {"small_fraction": 1.5}), ("agedref", {"gap_quantile": 2}),
      ("agedref", {"count_weight": 0}), ("agedref", {"gap_step": 0}), ("agedref", {"gap_step": 0.5}),
      ("lru", {"bogus": 1}), ("agedref", {"gap_quantile": "0.7"}), ("oddsref", {"gap_step": "abc"}),
-     ("s3fifo", {"small_fraction": True})],
+     ("s3fifo", {"small_fraction": True}), ("agedref", {"long_gap_share": -0.1}),
+     ("oddsref", {"long_gap_share": 1.5})],
 )
 def test_bad_policy_options(name, options):
     with pytest.raises(ConfigError, match=next(iter(options))):  # the message names the option
