@@ -46,7 +46,9 @@ class OddsRefPolicy(AgedRefPolicy):
     chunk is reused it is ordered exactly as in ``agedref``.
 
     Every other rule (aged reference counts, adaptive H, ghost history, partial chunks first) is
-    agedref's. Extra state: one class per fresh chunk (kept in its ghost entry once it leaves, beside
+    agedref's, with agedref's long-gap guard on (``long_gap_share=0.05``: the count's bonus fades
+    where LRU's turnover outlasts nearly every observed reuse gap; the class demotion keeps its
+    weight). Extra state: one class per fresh chunk (kept in its ghost entry once it leaves, beside
     agedref's score: one history, one index probe per eviction), a table of classes. In
     a lower tier, chunks arriving by demotion are classed like new ones (the tier sees them for the
     first time).
