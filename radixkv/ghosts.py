@@ -143,7 +143,8 @@ class GhostHistory:
         # only after as many puts as it holds entries: O(1) per put, amortized. (With 1.25x, a
         # growing history, as in a simulation whose ghost bound exceeds the trace's blocks, was
         # repacked every 25 % of growth: 11 % of oddsref's instructions at 10 % of the Mooncake
-        # trace, now 8 %; about 24 bytes more per entry: 32 a slot.) It also shrinks both after a trim.
+        # trace, now 8 %; about 24 bytes more per entry: 32 a slot.) It also shrinks both after a
+        # trim.
         size: i64 = 16
         while size < 2 * entries:
             size *= 2
