@@ -27,7 +27,7 @@ from radixkv.sims.policy_spec import PolicySpec, parse_policy_spec
 from radixkv.sims.report import check_plot_backend, format_table, plot, records, write_csv, write_json
 from radixkv.sims.sweep import LowerTier, parse_capacity, run_sweep, tier_models
 from radixkv.sims.traces import read_trace
-from radixkv.sims.workloads import DEFAULT_WORKLOAD, WORKLOADS, WorkloadConfig, generate
+from radixkv.sims.workloads import ARRIVALS, DEFAULT_WORKLOAD, WORKLOADS, WorkloadConfig, generate
 
 __all__ = ["main", "build_parser"]
 
@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     # None = not given: a trace refuses them (they would be silently ignored), a workload defaults them.
     p.add_argument("--requests", type=int, default=None, help="requests of a synthetic workload (default 4000)")
     p.add_argument("--seed", type=int, default=None, help="seed of a synthetic workload (default 0)")
+    p.add_argument("--arrivals", choices=ARRIVALS, default=None,
+                   help="how a synthetic workload's sessions arrive: burst (default) starts sessions until their "
+                        "requests suffice, then they play out; steady keeps starting them for the whole trace "
+                        "(a service at constant load)")
     p.add_argument("--block-tokens", type=int, default=None,
                    help="tokens per block (Mooncake: 512; radixkv traces: their header; synthetic: 256)")
     p.add_argument("--limit", type=int, default=None, help="read only the first N requests of a trace")
@@ -151,9 +155,11 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.trace is not None and not args.trace.strip():
         raise RadixKVError("--trace needs a file path, got an empty string")
     if args.trace is not None:
-        given = [name for name, v in (("--requests", args.requests), ("--seed", args.seed)) if v is not None]
+        given = [name for name, v in (("--requests", args.requests), ("--seed", args.seed),
+                                      ("--arrivals", args.arrivals)) if v is not None]
         if given:
-            raise RadixKVError(f"{' and '.join(given)} shape a synthetic --workload, not a --trace; to replay "
+            verb = "shapes" if len(given) == 1 else "shape"
+            raise RadixKVError(f"{' and '.join(given)} {verb} a synthetic --workload, not a --trace; to replay "
                                "part of a trace use --limit N")
     if args.limit is not None:
         if args.trace is None:
@@ -200,6 +206,7 @@ def _main(args: argparse.Namespace) -> int:
         name = args.workload or DEFAULT_WORKLOAD
         trace = generate(name, WorkloadConfig(requests=4000 if args.requests is None else args.requests,
                                               seed=0 if args.seed is None else args.seed,
+                                              arrivals=args.arrivals or "burst",
                                               block_tokens=256 if args.block_tokens is None else args.block_tokens))
         source = f"workload {trace.name}"
     if not trace.requests:

@@ -14,23 +14,34 @@ Workloads (all deterministic for a given ``seed``):
   popularity, then a question.
 * ``agentic``: agent loops with a long shared system prompt (tool definitions) plus a task, then
   step after step of tool output appended to the context, with short pauses.
-* ``mix`` (the default workload of ``radixkv sim``): the three above interleaved, a third of the
-  requests each, labelled by tenant.
+* ``mix`` (the default workload of ``radixkv sim``): the three above interleaved, labelled by tenant:
+  a third of the requests each (``burst``), or each at its own rate over one window (``steady``).
+
+Sessions (conversations, agent tasks) start as a Poisson process. ``WorkloadConfig.arrivals`` says
+for how long: ``burst`` (the default) starts them until their requests number ``requests``, so the
+trace ends in a stretch where the started sessions play out and none begins (chat, 1,500 requests:
+every conversation starts within the first 455); ``steady`` keeps starting them until the trace's
+last request, a window of a service under constant load (after a warm-up from an empty service).
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from radixkv.errors import ConfigError
 from radixkv.sims.traces import Request, Trace
 
-__all__ = ["WorkloadConfig", "WORKLOADS", "generate", "DEFAULT_WORKLOAD"]
+__all__ = ["ARRIVALS", "WorkloadConfig", "WORKLOADS", "generate", "DEFAULT_WORKLOAD"]
 
 DEFAULT_WORKLOAD = "mix"
+
+# How sessions (conversations, agent tasks) arrive; see WorkloadConfig.arrivals.
+ARRIVALS = ("burst", "steady")
 
 
 @dataclass(slots=True)
@@ -41,8 +52,17 @@ class WorkloadConfig:
     block_tokens: int = 256
     seed: int = 0
     rate_per_s: float = 4.0  # new conversations / queries / agent tasks per second (before mixing)
+    # "burst" (the default, and all radixkv had before): sessions start until their requests number
+    # `requests`, then play out, so a trace of chat or agent loops ends in a long stretch with no new
+    # session (chat, 1,500 requests: every conversation starts in the first 455). "steady": sessions
+    # keep starting for the whole trace, a window of a service under constant load. rag has no
+    # sessions: the same either way.
+    arrivals: str = "burst"
 
     def __post_init__(self) -> None:
+        if self.arrivals not in ARRIVALS:
+            raise ConfigError(f"WorkloadConfig.arrivals={self.arrivals!r} must be one of {', '.join(ARRIVALS)} "
+                              "(burst: sessions start until their requests suffice; steady: they keep starting)")
         if not isinstance(self.requests, int) or self.requests <= 0:
             raise ConfigError(f"WorkloadConfig.requests={self.requests!r} must be a positive integer")
         if not isinstance(self.block_tokens, int) or self.block_tokens <= 0:
@@ -97,25 +117,56 @@ def _lengths(rng: np.random.Generator, median: float, sigma: float, lo: int, hi:
     return int(np.clip(rng.lognormal(np.log(median), sigma), lo, hi))
 
 
+def _sessions(
+    cfg: WorkloadConfig, rng: np.random.Generator, n: int, mean_start_gap_s: float,
+    start: Callable[[float], list[float]],
+) -> list[tuple[float, int, int]]:
+    """The first ``n`` requests in time order, as ``(arrival_s, session, request number in it)``.
+
+    Sessions start as a Poisson process (``mean_start_gap_s`` apart); ``start(t)`` draws the one
+    starting at ``t`` and returns its requests' times. ``cfg.arrivals`` says when starting stops:
+    ``burst``, once the sessions' requests number ``n``; ``steady``, once ``n`` requests lie before
+    the next start, so every session of the window is in (none starts after it)."""
+    events: list[tuple[float, int, int]] = []
+    steady = cfg.arrivals == "steady"
+    pending: list[float] = []  # steady: times of requests not yet passed by a start, a heap
+    passed = 0  # steady: requests before the last start
+    t = 0.0
+    s_id = 0
+    while True:
+        if not steady and len(events) >= n:
+            break
+        t += rng.exponential(mean_start_gap_s)
+        if steady:
+            while pending and pending[0] < t:
+                heapq.heappop(pending)
+                passed += 1
+            if passed >= n:
+                break
+        for k, at in enumerate(start(t)):
+            events.append((at, s_id, k))
+            if steady:
+                heapq.heappush(pending, at)
+        s_id += 1
+    events.sort()
+    return events[:n]
+
+
 def _chat(cfg: WorkloadConfig, rng: np.random.Generator, n: int, tenant: str) -> list[Request]:
     """Conversations start as a Poisson process; turns follow after a think time."""
     systems = [(f"{tenant}.sys{i}", _lengths(rng, 1200, 0.5, 200, 4000)) for i in range(4)]
-    events: list[tuple[float, int, int]] = []  # (arrival_s, session, turn)
-    t = 0.0
     sessions: list[tuple[int, int]] = []  # (system index, number of turns)
-    total = 0
-    while total < n:
-        t += rng.exponential(1.0 / cfg.rate_per_s)
+
+    def start(t: float) -> list[float]:
         turns = int(min(rng.geometric(0.25), 30))
         sessions.append((int(rng.integers(len(systems))), turns))
-        s_id = len(sessions) - 1
-        at = t
-        for turn in range(turns):
-            events.append((at, s_id, turn))
+        times, at = [], t
+        for _ in range(turns):
+            times.append(at)
             at += 10.0 + rng.exponential(90.0)  # reading + typing time
-        total += turns
-    events.sort()
-    events = events[:n]
+        return times
+
+    events = _sessions(cfg, rng, n, 1.0 / cfg.rate_per_s, start)
     prompts: dict[int, _Prompt] = {}
     out: list[Request] = []
     for at, s_id, turn in events:
@@ -157,21 +208,18 @@ def _rag(cfg: WorkloadConfig, rng: np.random.Generator, n: int, tenant: str) -> 
 def _agentic(cfg: WorkloadConfig, rng: np.random.Generator, n: int, tenant: str) -> list[Request]:
     """Agent loops: long shared tool prompt + task, then a tool output per step, seconds apart."""
     systems = [(f"{tenant}.tools{i}", _lengths(rng, 6000, 0.3, 2000, 16000)) for i in range(2)]
-    events: list[tuple[float, int, int]] = []
     tasks: list[tuple[int, int]] = []
-    t = 0.0
-    total = 0
-    while total < n:
-        t += rng.exponential(2.0 / cfg.rate_per_s)
+
+    def start(t: float) -> list[float]:
         steps = int(np.clip(rng.geometric(0.08), 2, 60))
         tasks.append((int(rng.integers(len(systems))), steps))
-        at = t
-        for step in range(steps):
-            events.append((at, len(tasks) - 1, step))
+        times, at = [], t
+        for _ in range(steps):
+            times.append(at)
             at += 1.0 + rng.exponential(6.0)  # decode + tool latency
-        total += steps
-    events.sort()
-    events = events[:n]
+        return times
+
+    events = _sessions(cfg, rng, n, 2.0 / cfg.rate_per_s, start)
     prompts: dict[int, _Prompt] = {}
     out: list[Request] = []
     for at, a_id, step in events:
@@ -189,15 +237,21 @@ def _agentic(cfg: WorkloadConfig, rng: np.random.Generator, n: int, tenant: str)
 
 
 def _mix(cfg: WorkloadConfig, rng: np.random.Generator, n: int, tenant: str) -> list[Request]:
-    third = n // 3
+    if cfg.arrivals == "steady":
+        # Each part at its own rate over the same window: n requests of each, the first n of all.
+        # (A third each would end each part at another time, and the mix in the shortest one's.)
+        sizes = (n, n, n)
+    else:
+        third = n // 3
+        sizes = (third, third, n - 2 * third)
     parts = [
-        _chat(cfg, rng, third, "chat"),
-        _rag(cfg, rng, third, "rag"),
-        _agentic(cfg, rng, n - 2 * third, "agent"),
+        _chat(cfg, rng, sizes[0], "chat"),
+        _rag(cfg, rng, sizes[1], "rag"),
+        _agentic(cfg, rng, sizes[2], "agent"),
     ]
     merged = [r for part in parts for r in part]
     merged.sort(key=lambda r: r.arrival_s)  # stable: equal times keep generator order
-    return merged
+    return merged[:n]
 
 
 WORKLOADS = {"chat": _chat, "rag": _rag, "agentic": _agentic, "mix": _mix}
@@ -217,4 +271,6 @@ def generate(name: str, config: WorkloadConfig | None = None) -> Trace:
     t0 = requests[0].arrival_s if requests else 0.0
     for r in requests:
         r.arrival_s -= t0
-    return Trace(name=f"{name}(seed={cfg.seed},n={cfg.requests})", block_tokens=cfg.block_tokens, requests=requests)
+    shape = "" if cfg.arrivals == "burst" else f",arrivals={cfg.arrivals}"
+    return Trace(name=f"{name}(seed={cfg.seed},n={cfg.requests}{shape})", block_tokens=cfg.block_tokens,
+                 requests=requests)

@@ -111,7 +111,8 @@ def test_limit_on_a_trace(tmp_path, capsys):
     assert "3 requests" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("extra", [["--requests", "50"], ["--seed", "3"], ["--requests", "50", "--seed", "3"]])
+@pytest.mark.parametrize("extra", [["--requests", "50"], ["--seed", "3"], ["--requests", "50", "--seed", "3"],
+                                   ["--arrivals", "steady"]])
 def test_workload_options_with_a_trace_are_errors_not_ignored(tmp_path, extra, capsys):
     # They were silently ignored: the run replayed the whole trace as if they were not given.
     p = tmp_path / "t.jsonl"
@@ -151,3 +152,15 @@ def test_write_policy_is_the_stores_default_and_can_be_write_back(tmp_path, caps
     with pytest.raises(SystemExit):  # argparse names the choices
         cli.main([*argv, "--write-policy", "write-back"])
     assert "write_through" in capsys.readouterr().err
+
+
+def test_arrivals_steady_names_itself_in_the_title(capsys):
+    argv = ["--workload", "agentic", "--requests", "200", "--capacity", "5%", "--policy", "lru", "--model", "none",
+            "--jobs", "1", "--no-progress"]
+    assert cli.main([*argv, "--arrivals", "steady"]) == 0
+    assert "agentic(seed=0,n=200,arrivals=steady)" in capsys.readouterr().out
+    assert cli.main(argv) == 0
+    assert "agentic(seed=0,n=200):" in capsys.readouterr().out  # burst, the default: named as before
+    with pytest.raises(SystemExit):  # argparse names the choices
+        cli.main([*argv, "--arrivals", "poisson"])
+    assert "steady" in capsys.readouterr().err
