@@ -340,7 +340,7 @@ class CostPolicy(LFUPolicy):
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy
 class AgedRefPolicy(_HeapPolicy):
-    """Aged reference count with a ghost history: radixkv's own policy (see docs/simulator.md).
+    """Aged reference count with a ghost history: radixkv's own policy (see docs/policy-research.md).
 
     Signal: a chunk's references, each weighing 2^(-age / half_life), summed (an exponentially aged
     reference count, LRFU's CRF). Ordering by it keeps chunks that many requests share (system
@@ -450,7 +450,7 @@ class AgedRefPolicy(_HeapPolicy):
             # than the turnover; where nearly every gap is shorter (an agent workload at 25 %), it
             # evicts fresh chunks that return within a few requests for stale ones that don't.
             # It also breaks a loop: the fresh chunks a long bonus evicts come back from the ghost
-            # history, and their gaps (one per chunk) push H, hence the bonus, up (docs/simulator.md).
+            # history, and their gaps (one per chunk) push H, hence the bonus, up (docs/policy-research.md).
             turnover = float(self._resident) / self._inserted
             x = 1.0 if float(gap) > turnover else 0.0
             self._long_share += _LONG_GAP_RATE * (x - self._long_share)

@@ -2,7 +2,7 @@
 return.
 
 Imported by :mod:`radixkv.policies` (which registers it); see :mod:`radixkv.policies` for the
-protocol and docs/simulator.md ("Beyond LRU") for the measurements.
+protocol and docs/policy-research.md for the measurements.
 """
 
 from __future__ import annotations

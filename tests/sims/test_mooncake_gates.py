@@ -35,7 +35,7 @@ def test_lru_and_opt_match_the_reference(mooncake_trace):
 
 @pytest.mark.slow
 def test_agedref_beats_lru_at_small_capacities(mooncake_trace):
-    """The documented agedref results (docs/simulator.md): above LRU at 1 / 5 / 10 %."""
+    """The documented agedref results (docs/policy-research.md): above LRU at 1 / 5 / 10 %."""
     caps = [parse_capacity(c, mooncake_trace.unique_blocks, None) for c in CAPS[:3]]
     points = run_sweep(mooncake_trace, ["agedref"], caps, jobs=2)
     got = [p.block_hit_rate for p in points]
@@ -45,7 +45,7 @@ def test_agedref_beats_lru_at_small_capacities(mooncake_trace):
 
 @pytest.mark.slow
 def test_oddsref_results_on_the_trace(mooncake_trace):
-    """The documented oddsref results (docs/simulator.md): above agedref's and LRU's at 1 / 5 / 10
+    """The documented oddsref results (docs/policy-research.md): above agedref's and LRU's at 1 / 5 / 10
     %, 20 % of the LRU-to-OPT gap at 10 % (the issue's 30 / 20 % targets at 1 / 5 % are not met)."""
     caps = [parse_capacity(c, mooncake_trace.unique_blocks, None) for c in CAPS[:3]]
     points = run_sweep(mooncake_trace, ["oddsref"], caps, jobs=2)
