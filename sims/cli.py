@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     # None = not given: a trace refuses them (they would be silently ignored), a workload defaults them.
     p.add_argument("--requests", type=int, default=None, help="requests of a synthetic workload (default 4000)")
     p.add_argument("--seed", type=int, default=None, help="seed of a synthetic workload (default 0)")
+    p.add_argument("--rate", type=float, default=None,
+                   help="new sessions per second of a synthetic workload: conversations (chat), queries (rag); "
+                        "agent tasks start at half this rate (default 4)")
     p.add_argument("--arrivals", choices=ARRIVALS, default=None,
                    help="how a synthetic workload's sessions arrive: burst (default) starts sessions until their "
                         "requests suffice, then they play out; steady keeps starting them for the whole trace "
@@ -155,7 +158,7 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.trace is not None and not args.trace.strip():
         raise RadixKVError("--trace needs a file path, got an empty string")
     if args.trace is not None:
-        given = [name for name, v in (("--requests", args.requests), ("--seed", args.seed),
+        given = [name for name, v in (("--requests", args.requests), ("--seed", args.seed), ("--rate", args.rate),
                                       ("--arrivals", args.arrivals)) if v is not None]
         if given:
             verb = "shapes" if len(given) == 1 else "shape"
@@ -170,6 +173,8 @@ def _check_args(args: argparse.Namespace) -> None:
         # (a radixkv trace without a header read 0 as "unset" and replayed 256-token blocks)
         raise RadixKVError(f"--block-tokens {args.block_tokens}: block_tokens={args.block_tokens} must be a "
                            "positive integer (tokens per block); omit it for the trace's or workload's default")
+    if args.rate is not None and not 0 < args.rate < math.inf:
+        raise RadixKVError(f"--rate {args.rate}: give a finite number of new sessions per second > 0, e.g. --rate 0.5")
     if args.jobs is not None and args.jobs < 1:
         raise RadixKVError(f"--jobs {args.jobs} must be at least 1 process")
     _check_output(args.json, "--json")
@@ -207,6 +212,7 @@ def _main(args: argparse.Namespace) -> int:
         trace = generate(name, WorkloadConfig(requests=4000 if args.requests is None else args.requests,
                                               seed=0 if args.seed is None else args.seed,
                                               arrivals=args.arrivals or "burst",
+                                              rate_per_s=4.0 if args.rate is None else args.rate,
                                               block_tokens=256 if args.block_tokens is None else args.block_tokens))
         source = f"workload {trace.name}"
     if not trace.requests:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -51,7 +52,7 @@ class WorkloadConfig:
     requests: int = 6000
     block_tokens: int = 256
     seed: int = 0
-    rate_per_s: float = 4.0  # new conversations / queries / agent tasks per second (before mixing)
+    rate_per_s: float = 4.0  # new conversations / queries per second; agent tasks at half of it
     # "burst" (the default): sessions start until their requests number `requests`, then play out,
     # so a trace of chat or agent loops ends in a long stretch with no new session (chat, 1,500
     # requests: every conversation starts in the first 455). "steady": sessions keep starting for the
@@ -66,8 +67,9 @@ class WorkloadConfig:
             raise ConfigError(f"WorkloadConfig.requests={self.requests!r} must be a positive integer")
         if not isinstance(self.block_tokens, int) or self.block_tokens <= 0:
             raise ConfigError(f"WorkloadConfig.block_tokens={self.block_tokens!r} must be a positive integer")
-        if not self.rate_per_s > 0:
-            raise ConfigError(f"WorkloadConfig.rate_per_s={self.rate_per_s!r} must be positive")
+        if not 0 < self.rate_per_s < math.inf:  # an infinite rate would start sessions at t=0 forever
+            raise ConfigError(f"WorkloadConfig.rate_per_s={self.rate_per_s!r} must be a finite number of sessions "
+                              "per second > 0")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"WorkloadConfig.seed={self.seed!r} must be a non-negative integer")
 

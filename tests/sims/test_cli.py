@@ -84,6 +84,8 @@ def test_radixkv_console_dispatches_sim(capsys):
         (["--json", ""], "--json"),
         (["--block-tokens", "0"], "block_tokens=0"),
         (["--jobs", "0"], "--jobs 0"),
+        (["--rate", "0"], "--rate 0"),
+        (["--rate", "inf"], "--rate inf"),
         (["--tiers", "mem=99%"], "--capacity"),
         (["--tiers", "mem,foo=25%"], "'foo'"),
         (["--model", "layers=32,layers=8,kv_heads=8,head_dim=128"], "layers twice"),
@@ -112,7 +114,7 @@ def test_limit_on_a_trace(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra", [["--requests", "50"], ["--seed", "3"], ["--requests", "50", "--seed", "3"],
-                                   ["--arrivals", "steady"]])
+                                   ["--arrivals", "steady"], ["--rate", "1"]])
 def test_workload_options_with_a_trace_are_errors_not_ignored(tmp_path, extra, capsys):
     # They were silently ignored: the run replayed the whole trace as if they were not given.
     p = tmp_path / "t.jsonl"

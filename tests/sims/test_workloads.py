@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from radixkv.errors import ConfigError
@@ -69,3 +71,16 @@ def test_unknown_workload_and_bad_config():
         WorkloadConfig(requests=0)
     with pytest.raises(ConfigError, match="arrivals='poisson' must be one of burst, steady"):
         WorkloadConfig(arrivals="poisson")
+    for bad in (0.0, -1.0, math.inf, math.nan):  # inf started every session at t=0: steady never ended
+        with pytest.raises(ConfigError, match="rate_per_s=.* must be a finite number of sessions per second"):
+            WorkloadConfig(rate_per_s=bad)
+
+
+@pytest.mark.parametrize("name", ["chat", "agentic"])
+def test_a_lower_rate_stretches_a_steady_window(name):
+    # Same requests, sessions starting half as often: the window lasts longer, and each session has
+    # more of its requests in it (its turns come at the same think times).
+    fast = generate(name, WorkloadConfig(requests=1500, seed=1, arrivals="steady"))
+    slow = generate(name, WorkloadConfig(requests=1500, seed=1, arrivals="steady", rate_per_s=2.0))
+    assert slow.requests[-1].arrival_s > 1.4 * fast.requests[-1].arrival_s
+    assert len(_starts(slow)) < len(_starts(fast))
