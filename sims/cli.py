@@ -174,7 +174,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise RadixKVError(f"--block-tokens {args.block_tokens}: block_tokens={args.block_tokens} must be a "
                            "positive integer (tokens per block); omit it for the trace's or workload's default")
     if args.rate is not None and not 0 < args.rate < math.inf:
-        raise RadixKVError(f"--rate {args.rate}: give a finite number of new sessions per second > 0, e.g. --rate 0.5")
+        raise RadixKVError(f"--rate {args.rate}: give a finite number of new sessions per second > 0, "
+                           "e.g. --rate 0.5")
     if args.jobs is not None and args.jobs < 1:
         raise RadixKVError(f"--jobs {args.jobs} must be at least 1 process")
     _check_output(args.json, "--json")

@@ -57,7 +57,7 @@ def test_steady_arrivals_keep_starting_sessions_to_the_end(name):
 
 
 def test_burst_arrivals_are_the_default_and_unchanged():
-    # The default keeps every earlier result reproducible: these are the first keys of chat, seed 1.
+    # The default keeps every earlier result reproducible: chat, seed 1, as sized before arrivals existed.
     t = generate("chat", WorkloadConfig(requests=1500, seed=1))
     assert t.name == "chat(seed=1,n=1500)"
     assert WorkloadConfig().arrivals == "burst"
