@@ -119,13 +119,15 @@ def _lengths(rng: np.random.Generator, median: float, sigma: float, lo: int, hi:
 
 
 def _sessions(
-    cfg: WorkloadConfig, rng: np.random.Generator, n: int, mean_start_gap_s: float,
-    start: Callable[[float], list[float]],
+    cfg: WorkloadConfig, rng: np.random.Generator, n: int, mean_start_gap_s: float, start: Callable[[], int],
+    pause_s: float, mean_extra_s: float,
 ) -> list[tuple[float, int, int]]:
     """The first ``n`` requests in time order, as ``(arrival_s, session, request number in it)``.
 
-    Sessions start as a Poisson process (``mean_start_gap_s`` apart); ``start(t)`` draws the one
-    starting at ``t`` and returns its requests' times. ``cfg.arrivals`` says when starting stops:
+    Sessions start as a Poisson process (``mean_start_gap_s`` apart); ``start()`` draws one (the
+    caller keeps what else it draws) and returns its number of requests, the first at its start, each
+    next ``pause_s`` plus an exponential time of mean ``mean_extra_s`` later. ``cfg.arrivals`` says
+    when starting stops:
     ``burst``, once the sessions' requests number ``n``; ``steady``, once ``n`` requests lie before
     the next start, so every session of the window is in (none starts after it)."""
     events: list[tuple[float, int, int]] = []
@@ -144,10 +146,12 @@ def _sessions(
                 passed += 1
             if passed >= n:
                 break
-        for k, at in enumerate(start(t)):
+        at = t
+        for k in range(start()):
             events.append((at, s_id, k))
             if steady:
                 heapq.heappush(pending, at)
+            at += pause_s + rng.exponential(mean_extra_s)
         s_id += 1
     events.sort()
     return events[:n]
@@ -158,16 +162,13 @@ def _chat(cfg: WorkloadConfig, rng: np.random.Generator, n: int, tenant: str) ->
     systems = [(f"{tenant}.sys{i}", _lengths(rng, 1200, 0.5, 200, 4000)) for i in range(4)]
     sessions: list[tuple[int, int]] = []  # (system index, number of turns)
 
-    def start(t: float) -> list[float]:
+    def start() -> int:
         turns = int(min(rng.geometric(0.25), 30))
         sessions.append((int(rng.integers(len(systems))), turns))
-        times, at = [], t
-        for _ in range(turns):
-            times.append(at)
-            at += 10.0 + rng.exponential(90.0)  # reading + typing time
-        return times
+        return turns
 
-    events = _sessions(cfg, rng, n, 1.0 / cfg.rate_per_s, start)
+    # turns 10 s + Exp(90 s) apart: reading and typing time
+    events = _sessions(cfg, rng, n, 1.0 / cfg.rate_per_s, start, 10.0, 90.0)
     prompts: dict[int, _Prompt] = {}
     out: list[Request] = []
     for at, s_id, turn in events:
@@ -211,16 +212,13 @@ def _agentic(cfg: WorkloadConfig, rng: np.random.Generator, n: int, tenant: str)
     systems = [(f"{tenant}.tools{i}", _lengths(rng, 6000, 0.3, 2000, 16000)) for i in range(2)]
     tasks: list[tuple[int, int]] = []
 
-    def start(t: float) -> list[float]:
+    def start() -> int:
         steps = int(np.clip(rng.geometric(0.08), 2, 60))
         tasks.append((int(rng.integers(len(systems))), steps))
-        times, at = [], t
-        for _ in range(steps):
-            times.append(at)
-            at += 1.0 + rng.exponential(6.0)  # decode + tool latency
-        return times
+        return steps
 
-    events = _sessions(cfg, rng, n, 2.0 / cfg.rate_per_s, start)
+    # steps 1 s + Exp(6 s) apart: decode and tool latency
+    events = _sessions(cfg, rng, n, 2.0 / cfg.rate_per_s, start, 1.0, 6.0)
     prompts: dict[int, _Prompt] = {}
     out: list[Request] = []
     for at, a_id, step in events:
