@@ -127,9 +127,8 @@ def _sessions(
     Sessions start as a Poisson process (``mean_start_gap_s`` apart); ``start()`` draws one (the
     caller keeps what else it draws) and returns its number of requests, the first at its start, each
     next ``pause_s`` plus an exponential time of mean ``mean_extra_s`` later. ``cfg.arrivals`` says
-    when starting stops:
-    ``burst``, once the sessions' requests number ``n``; ``steady``, once ``n`` requests lie before
-    the next start, so every session of the window is in (none starts after it)."""
+    when starting stops: ``burst``, once the sessions' requests number ``n``; ``steady``, once ``n``
+    requests lie before the next start, so every session of the window is in (none starts after it)."""
     events: list[tuple[float, int, int]] = []
     steady = cfg.arrivals == "steady"
     pending: list[float] = []  # steady: times of requests not yet passed by a start, a heap
