@@ -450,7 +450,8 @@ class AgedRefPolicy(_HeapPolicy):
             # than the turnover; where nearly every gap is shorter (an agent workload at 25 %), it
             # evicts fresh chunks that return within a few requests for stale ones that don't.
             # It also breaks a loop: the fresh chunks a long bonus evicts come back from the ghost
-            # history, and their gaps (one per chunk) push H, hence the bonus, up (docs/policy-research.md).
+            # history, and their gaps (one per chunk) push H, hence the bonus, up
+            # (docs/policy-research.md).
             turnover = float(self._resident) / self._inserted
             x = 1.0 if float(gap) > turnover else 0.0
             self._long_share += _LONG_GAP_RATE * (x - self._long_share)

@@ -53,11 +53,7 @@ class WorkloadConfig:
     block_tokens: int = 256
     seed: int = 0
     rate_per_s: float = 4.0  # new conversations / queries per second; agent tasks at half of it
-    # "burst" (the default): sessions start until their requests number `requests`, then play out,
-    # so a trace of chat or agent loops ends in a long stretch with no new session (chat, 1,500
-    # requests: every conversation starts in the first 455). "steady": sessions keep starting for the
-    # whole trace, a window of a service under constant load. rag has no sessions: the same either way.
-    arrivals: str = "burst"
+    arrivals: str = "burst"  # or "steady": when sessions stop starting (see the module docstring)
 
     def __post_init__(self) -> None:
         if self.arrivals not in ARRIVALS:

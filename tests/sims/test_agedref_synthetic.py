@@ -38,8 +38,8 @@ def test_oddsref_above_lru_on_another_seed(name):
 def test_oddsref_long_gap_guard_on_agent_loops_at_25_percent():
     # Without the guard oddsref (and agedref) lose to LRU here (-368 and -319 blocks): LRU's turnover
     # outlasts nearly every step gap, yet returning task contexts push H, hence the count bonus, up
-    # until fresh chunks are evicted in the request that made them (docs/policy-research.md, "The long-gap
-    # guard"). With it oddsref is above LRU.
+    # until fresh chunks are evicted in the request that made them (docs/policy-research.md, "The
+    # long-gap guard"). With it oddsref is above LRU.
     trace = generate("agentic", WorkloadConfig(requests=1500, seed=2))
     cap = parse_capacity("25%", trace.unique_blocks, None)
     points = run_sweep(trace, ["lru", "oddsref", "oddsref:long_gap_share=0"], [cap], jobs=1)
@@ -51,9 +51,9 @@ def test_oddsref_long_gap_guard_on_agent_loops_at_25_percent():
 def test_agedref_and_oddsref_above_lru_with_steady_arrivals(name):
     # Sessions keep starting for the whole trace (WorkloadConfig.arrivals="steady"), so no trace ends
     # in a stretch of sessions playing out with none starting, where every loss to LRU of these
-    # policies on the default (burst) workloads lies (docs/policy-research.md). Here both are above LRU at
-    # every capacity up to 25 % (seed 1: by +58 blocks, chat at 5 %, or more; seeds 0-6: at all 112
-    # points).
+    # policies on the default (burst) workloads lies (docs/policy-research.md). Here both are above
+    # LRU at every capacity up to 25 % (seed 1: by +58 blocks, chat at 5 %, or more; seeds 0-6: at
+    # all 112 points).
     trace = generate(name, WorkloadConfig(requests=1500, seed=1, arrivals="steady"))
     caps = [parse_capacity(c, trace.unique_blocks, None) for c in ("1%", "5%", "10%", "25%")]
     points = run_sweep(trace, ["lru", "agedref", "oddsref"], caps, jobs=1)

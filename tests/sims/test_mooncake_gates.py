@@ -45,8 +45,8 @@ def test_agedref_beats_lru_at_small_capacities(mooncake_trace):
 
 @pytest.mark.slow
 def test_oddsref_results_on_the_trace(mooncake_trace):
-    """The documented oddsref results (docs/policy-research.md): above agedref's and LRU's at 1 / 5 / 10
-    %, 20 % of the LRU-to-OPT gap at 10 % (the issue's 30 / 20 % targets at 1 / 5 % are not met)."""
+    """The documented oddsref results (docs/policy-research.md): above agedref's and LRU's at 1 / 5 /
+    10 %, 20 % of the LRU-to-OPT gap at 10 % (the issue's 30 / 20 % targets at 1 / 5 % are not met)."""
     caps = [parse_capacity(c, mooncake_trace.unique_blocks, None) for c in CAPS[:3]]
     points = run_sweep(mooncake_trace, ["oddsref"], caps, jobs=2)
     got = [p.block_hit_rate for p in points]

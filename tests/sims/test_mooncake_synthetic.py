@@ -1,8 +1,8 @@
 """The Mooncake synthetic trace: a second real trace, not used while designing agedref and oddsref.
 
-Its policies' results are pinned as documented (docs/policy-research.md, "On a trace it was not designed
-on"): oddsref above LRU at every capacity of the sweep, agedref below LRU at 10 %, no online policy
-above OPT."""
+Its policies' results are pinned as documented (docs/policy-research.md, "On a trace it was not
+designed on"): oddsref above LRU at every capacity of the sweep, agedref below LRU at 10 %, no online
+policy above OPT."""
 
 from __future__ import annotations
 
