@@ -34,7 +34,7 @@ from mypy_extensions import i64
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
 from radixkv.linked_order import OUT, LinkedList, Links
-from radixkv.policy_base import TierPolicy
+from radixkv.policy_base import TierPolicy, column_slots
 
 if TYPE_CHECKING:
     from radixkv.tree import RadixTree
@@ -208,7 +208,8 @@ class LRUPolicy(TierPolicy):
 
     def __init__(self) -> None:
         super().__init__()
-        # The order: its links grow to the tree's column length in on_insert (new slots in no list).
+        # The order: its links grow to at least the tree's column length in on_insert (new slots in
+        # no list).
         self._links = Links()
         self._order = LinkedList(self._links)  # its old end is the next victim
         self._aside: list[int] = []  # skipped candidates, only during one candidates() run
@@ -226,7 +227,8 @@ class LRUPolicy(TierPolicy):
         ids: list[int] = node_ids if isinstance(node_ids, list) else list(node_ids)
         self._resident += len(ids)
         links, order = self._links, self._order
-        links.grow(len(self._cols.mask))  # the tree created nodes: their links, in no list
+        if len(links) < len(self._cols.mask):  # the tree created nodes: their links, in no list
+            links.grow(column_slots(len(links), len(self._cols.mask)))
         # Only tier leaves are ordered; a chain arrives root->leaf, so that is usually just its last
         # node, and the rest are parked until on_leaf (or a touch) brings them in. A node already in
         # the order keeps its place.
@@ -329,7 +331,6 @@ class LRUPolicy(TierPolicy):
 
     def check_integrity(self) -> None:
         mask, bit, tchild = self._cols.mask, self._bit, self._cols.tchild[self._t]
-        assert len(self._links) <= len(mask), f"lru: links of {len(self._links)} slots for a tree of {len(mask)}"
         linked = self._links.check_integrity("lru")
         walked = self._order.check_integrity("lru's order")
         assert walked == linked, f"lru: {len(linked)} nodes linked, {len(walked)} in the order"

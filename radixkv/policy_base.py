@@ -23,7 +23,18 @@ if TYPE_CHECKING:
     from radixkv.tree import RadixTree
     from radixkv.tree_nodes import TreeColumns
 
-__all__ = ["TierPolicy"]
+__all__ = ["TierPolicy", "column_slots"]
+
+
+def column_slots(have: int, need: int) -> int:
+    """The length to grow a policy's per-node columns of ``have`` slots to, for a tree of ``need``
+    slots (``need > have``): at least half again as many. A tree that keeps adding nodes (a cache
+    filling up, a replay below its capacity) then costs each column O(log n) extends instead of one
+    per insert (an opt replay at 50 %: ~9,700 extends of every column, ~3.5 % of its
+    instructions). A policy's columns may so be longer than the tree's; it reads a slot only for a
+    node it holds."""
+    grown = have + (have >> 1) + 16
+    return need if need > grown else grown
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # users may subclass a built-in policy

@@ -13,7 +13,7 @@ from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
 from radixkv.ghosts import GhostHistory
 from radixkv.linked_order import OUT, LinkedList, Links
-from radixkv.policy_base import TierPolicy
+from radixkv.policy_base import TierPolicy, column_slots
 
 
 # S3FIFOPolicy._queue values. Final: C constants when compiled (a plain module global is a dict
@@ -72,9 +72,11 @@ class S3FIFOPolicy(TierPolicy):
         self._took_small = False  # the queue of the node candidates() yielded last
 
     def _grow(self) -> None:
-        """Extend the per-node columns to the tree's column length (new slots out of the tier)."""
+        """Extend the per-node columns to the tree's column length, or more (:func:`column_slots`;
+        new slots out of the tier)."""
         n_slots = len(self._cols.parent)
         if len(self._freq) < n_slots:
+            n_slots = column_slots(len(self._freq), n_slots)
             more = n_slots - len(self._freq)
             self._freq = extend(self._freq, vec[i64]([-1] * more))
             self._links.grow(n_slots)
@@ -284,9 +286,8 @@ class S3FIFOPolicy(TierPolicy):
     def check_integrity(self) -> None:
         self._ghost.check_integrity()
         queue = self._queue
-        assert len(self._links) == len(queue) == len(self._freq) <= len(self._mask), (
-            f"s3fifo: columns of {len(self._links)}, {len(queue)} and {len(self._freq)} slots for a "
-            f"tree of {len(self._mask)}"
+        assert len(self._links) == len(queue) == len(self._freq), (
+            f"s3fifo: columns of {len(self._links)}, {len(queue)} and {len(self._freq)} slots"
         )
         linked = self._links.check_integrity("s3fifo")
         walked: list[set[int]] = []
@@ -332,8 +333,8 @@ class SIEVEPolicy(TierPolicy):
 
     def __init__(self) -> None:
         super().__init__()
-        # The FIFO (new chunks at its newest end), through links grown to the tree's column length
-        # (new slots in no list), and the hand: the node it looks at next (-1: the oldest).
+        # The FIFO (new chunks at its newest end), through links grown to at least the tree's column
+        # length (new slots in no list), and the hand: the node it looks at next (-1: the oldest).
         self._links = Links()
         self._fifo = LinkedList(self._links)
         self._hand = -1
@@ -353,9 +354,11 @@ class SIEVEPolicy(TierPolicy):
         self._grow()
 
     def _grow(self) -> None:
-        """Extend the links and the visited bits to the tree's column length (new slots out)."""
+        """Extend the links and the visited bits to the tree's column length, or more
+        (:func:`column_slots`; new slots out)."""
         n_slots = len(self._cols.parent)
         if len(self._links) < n_slots:
+            n_slots = column_slots(len(self._links), n_slots)
             self._visited = extend(self._visited, vec[i64]([0] * (n_slots - len(self._links))))
             self._links.grow(n_slots)
 

@@ -13,7 +13,7 @@ from mypy_extensions import i64
 from radixkv.compiler_hints import mypyc_attr
 from radixkv.errors import ConfigError
 from radixkv.ghosts import GhostHistory
-from radixkv.policy_base import TierPolicy
+from radixkv.policy_base import TierPolicy, column_slots
 from radixkv.prio_heap import PrioHeap
 
 
@@ -67,8 +67,9 @@ class _HeapPolicy(TierPolicy):
         self._aside: list[int] = []  # yielded by a candidates() run and not evicted: back at its end
 
     def _grow(self, n_slots: int) -> None:
-        """Extend the per-node columns to ``n_slots`` (the tree's column length; new slots are
-        empty). Subclasses with columns of their own extend them too."""
+        """Extend the per-node columns to ``n_slots`` (at least the tree's column length, see
+        :func:`~radixkv.policy_base.column_slots`; new slots are empty). Subclasses with columns of
+        their own extend them too."""
         self._st = extend(self._st, vec[i64]([_OUT] * (n_slots - len(self._st))))
         self._order.grow(n_slots)
 
@@ -96,7 +97,7 @@ class _HeapPolicy(TierPolicy):
 
     def on_insert(self, node_ids: Sequence[int], now: int) -> None:
         if len(self._st) < len(self._cols.depth):
-            self._grow(len(self._cols.depth))
+            self._grow(column_slots(len(self._st), len(self._cols.depth)))
         ids: list[int] = node_ids if isinstance(node_ids, list) else list(node_ids)  # see LRUPolicy.on_insert
         self._admit(ids, now)
         tchild, st = self._tchild, self._st
@@ -154,7 +155,7 @@ class _HeapPolicy(TierPolicy):
         pushed. The columns grow to the tree's: the new parent may be newer than this tier's last
         insert (on_remove folds into it)."""
         if len(self._st) < len(self._cols.depth):
-            self._grow(len(self._cols.depth))
+            self._grow(column_slots(len(self._st), len(self._cols.depth)))
         st, depth, order = self._st, self._cols.depth, self._order
         for n in node_ids:
             if st[n] == _ORDERED:  # a parked node is pushed with its depth when it becomes a leaf
@@ -207,8 +208,8 @@ class _HeapPolicy(TierPolicy):
         st, order = self._st, self._order
         order.check_integrity()
         assert not self._aside, f"{self.name}: {len(self._aside)} candidates left aside"
-        assert order.capacity == len(st) <= len(self._cols.depth), (
-            f"{self.name}: {len(st)} slots and a heap of {order.capacity} for {len(self._cols.depth)} nodes"
+        assert order.capacity == len(st), (
+            f"{self.name}: {len(st)} slots and a heap of {order.capacity}"
         )
         in_heap = set(order.nodes())
         ordered = {n for n in range(len(st)) if st[n] == _ORDERED}
@@ -318,7 +319,8 @@ class CostPolicy(LFUPolicy):
         # node's priority moves by the count times the change (the value a push now would have,
         # with the age of its own push).
         if len(self._st) < len(self._cols.depth):
-            self._grow(len(self._cols.depth))  # as in _HeapPolicy.on_graft
+            # as in _HeapPolicy.on_graft
+            self._grow(column_slots(len(self._st), len(self._cols.depth)))
         st, unit, count, order, depth = self._st, self._unit, self._count, self._order, self._cols.depth
         for n in node_ids:
             if st[n] == _OUT:

@@ -182,14 +182,14 @@ class RadixTree(TreeEviction):
             raise InputError(f"keys={keys!r:.60} must be a sequence of chunk keys, not one str")
         idx = self._index.get(namespace)
         if not idx or not keys:
-            return MatchResult(self, keys, idx or {}, 0)
+            return MatchResult(self, [], idx or {}, 0)
         # Compiled, a list is indexed natively and idx.get is the dict primitive; a Sequence takes
         # the generic item protocol, and a bound idx.get kept in a local was a Python-level call.
         # (Another sequence is copied: O(n) pointer copies, against the O(log n) probes below.)
         ks: list[str] = keys if isinstance(keys, list) else list(keys)
         first = idx.get(ks[0])
         if first is None:
-            return MatchResult(self, keys, idx, 0)
+            return MatchResult(self, ks, idx, 0)
         n = len(ks)
         last = idx.get(ks[n - 1])
         if last is not None:
@@ -224,7 +224,7 @@ class RadixTree(TreeEviction):
                 self._touch(last)
                 if not mask & 1:  # a faster tier may hold the path above it: that copy was used too
                     self._touch_upper(last, mask)
-        return MatchResult(self, keys, idx, hit, last)
+        return MatchResult(self, ks, idx, hit, last)
 
     def _touch_upper(self, node_id: int, mask: int, allowed: int = -1, now: int = -1) -> None:
         """Tell each tier *faster* than every tier holding ``node_id`` (the deepest hit chunk) that
