@@ -119,7 +119,7 @@ def _tier(text: str) -> _TierArg:
         except ValueError:
             gbps = math.nan
         # An empty, negative, zero or infinite bandwidth would silently model a tier that is not there.
-        if not 0 < gbps < math.inf:
+        if not 0 < gbps < math.inf or not math.isfinite(gbps * 1e9):
             raise RadixKVError(f"--tiers: tier {text.strip()!r}: bandwidth {bw!r} must be a finite number of GB/s "
                                f"> 0, as in {name}@7; the syntax is {_TIER_SYNTAX}")
         base = DEFAULT_TIER_MODELS.get(name)
@@ -181,6 +181,14 @@ def _check_args(args: argparse.Namespace) -> None:
     _check_output(args.json, "--json")
     _check_output(args.csv, "--csv")
     _check_output(args.plot, "--plot")
+    # Each output is a new file: one naming the trace, or another output, would overwrite it.
+    named = [(flag, path) for flag, path in (("--trace", args.trace), ("--json", args.json),
+                                              ("--csv", args.csv), ("--plot", args.plot)) if path]
+    for i, (flag, path) in enumerate(named):
+        for other, other_path in named[:i]:
+            if os.path.realpath(path) == os.path.realpath(other_path):
+                raise RadixKVError(f"{flag} {path!r} is the file {other} names too; the output would "
+                                   f"overwrite it: give {flag} a path of its own")
     if args.plot is not None and args.plot.rsplit(".", 1)[-1].lower() not in _PLOT_FORMATS:
         raise RadixKVError(f"--plot {args.plot!r}: name the image with one of the extensions "
                            f"{', '.join('.' + f for f in _PLOT_FORMATS)}")
@@ -226,6 +234,9 @@ def _main(args: argparse.Namespace) -> int:
     block_bytes = model.block_bytes(trace.block_tokens) if model else None
     unique = trace.unique_blocks
     capacity_texts = [c.strip() for c in args.capacity.split(",") if c.strip()]
+    repeated = sorted({c for c in capacity_texts if capacity_texts.count(c) > 1})
+    if repeated:  # as a repeated --policy: the same points twice, and duplicate records
+        raise RadixKVError(f"--capacity names {', '.join(map(repr, repeated))} twice; name each capacity once")
     capacities = [parse_capacity(c, unique, block_bytes) for c in capacity_texts]
     tiers = [_tier(t) for t in args.tiers.split(",") if t.strip()]
     if not tiers:

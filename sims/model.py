@@ -56,9 +56,11 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.kv_bytes_per_token <= 0:
             raise ConfigError(f"model {self.name!r}: kv_bytes_per_token={self.kv_bytes_per_token} must be > 0")
-        if not 0 < self.prefill_tokens_per_s < math.inf:
+        # At least 1 token/s (any real deployment prefills thousands): a tinier speed made every
+        # TTFT overflow to inf, and the JSON records NaN.
+        if not 1 <= self.prefill_tokens_per_s < math.inf:
             raise ConfigError(f"model {self.name!r}: prefill_tokens_per_s={self.prefill_tokens_per_s} must be a "
-                              "finite number > 0")
+                              "finite number >= 1 (tokens/s)")
         if not 0 < self.layers <= 10_000:
             raise ConfigError(f"model {self.name!r}: layers={self.layers} must be in 1..10000")
         if self.kv_bytes_per_token > 1 << 40:

@@ -8,6 +8,8 @@ takes as ``policy_options``, so what is tuned here is what is deployed.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +62,11 @@ def parse_policy_spec(text: str) -> PolicySpec:
                               "oddsref:gap_quantile=0.7)")
         if key in options:
             raise ConfigError(f"policy spec {text!r} sets {key!r} twice")
-        options[key] = _value(raw)
+        value = _value(raw)
+        if isinstance(value, float) and not math.isfinite(value):
+            # (a policy may take it, but it means nothing to tune, and records carry options as JSON)
+            raise ConfigError(f"policy spec {text!r}: {key}={raw} must be a finite number")
+        options[key] = value
         label += f":{key}={raw}"
     make_policy(name, **options)  # raises ConfigError naming the bad option or value
     return PolicySpec(label, name, options)

@@ -142,7 +142,7 @@ def format_table(recs: Sequence[dict[str, Any]], title: str) -> str:
 
 def write_json(recs: Sequence[dict[str, Any]], path: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(list(recs), f, indent=1)
+        json.dump(list(recs), f, indent=1, allow_nan=False)  # NaN/Infinity are not JSON
         f.write("\n")
 
 

@@ -99,13 +99,17 @@ def parse_capacity(text: str, unique_blocks: int, block_bytes: int | None) -> Ca
         number = float(t)
     except ValueError:
         number = None
+    if number is not None and number.is_integer() and number < 1:  # -1, -3 blocks, 0.0
+        raise ConfigError(f"capacity {text!r} must be at least 1 block")
     if number is not None or unit_blocks:
         # A bare number is a block count (a byte size needs a unit), so 2.5 is not 2.5 bytes.
         raise ConfigError(f"capacity {text!r} is not a whole number of blocks; give whole blocks (e.g. 1828), "
                           "a percentage of unique blocks (e.g. 2.5%) or a byte size with a unit (e.g. 64GiB)")
     try:
         size = parse_size_bytes(t)
-    except ConfigError:
+    except ConfigError as e:
+        if "too large" in str(e):  # a byte size, just too big: say that, not "not a capacity"
+            raise ConfigError(f"capacity {text!r} is too large to be a byte size; give one like 64GiB") from None
         # Not "a byte size like ... 4096": a bare number here is a block count, and a percentage works too.
         raise ConfigError(f"capacity {text!r} is not a capacity; give a percentage of unique blocks (e.g. 5%), "
                           "whole blocks (e.g. 1828) or a byte size with a unit (e.g. 64GiB)") from None

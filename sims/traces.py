@@ -54,6 +54,8 @@ __all__ = [
     "write_radixkv",
 ]
 
+_MAX_BLOCK_TOKENS = 1 << 48  # the tree's bound on a chunk's tokens (a 48-bit field)
+
 
 @dataclass(slots=True)
 class Request:
@@ -76,8 +78,10 @@ class Trace:
     requests: list[Request] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.block_tokens, int) or self.block_tokens <= 0:
-            raise InputError(f"block_tokens={self.block_tokens!r} must be a positive integer")
+        if not isinstance(self.block_tokens, int) or not 0 < self.block_tokens < _MAX_BLOCK_TOKENS:
+            # Refused here, before a sweep starts, rather than by the tree mid-sweep without the
+            # trace's name.
+            raise InputError(f"block_tokens={self.block_tokens!r} must be a positive integer below 2**48")
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -155,9 +159,13 @@ def _iter_json_lines(path: str, limit: int | None) -> Iterable[tuple[int, dict]]
         raise InputError(f"trace file {path!r} does not exist; pass --trace PATH to a JSONL trace")
     if not os.path.isfile(path):  # /dev/null, a FIFO: not "does not exist"
         raise InputError(f"trace {path!r} is not a regular file; pass --trace PATH to a JSONL trace file")
-    if limit is not None and (not isinstance(limit, int) or limit < 1):
-        raise InputError(f"limit={limit!r} must be a positive number of requests")
-    with _open_trace(path) as f:
+    _check_limit(limit)
+    try:
+        f = _open_trace(path)
+    except OSError as e:  # unreadable (permissions), or gone since the checks above
+        raise InputError(f"cannot read trace {path!r}: {e.strerror or e}; check the file and its "
+                         "permissions") from None
+    with f:
         n = 0
         for lineno, line in _numbered(path, f):
             line = line.strip()
@@ -165,7 +173,7 @@ def _iter_json_lines(path: str, limit: int | None) -> Iterable[tuple[int, dict]]
                 continue
             try:
                 record = json.loads(line)
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:  # RecursionError: nested too deep to decode
                 raise InputError(f"{path}:{lineno}: not valid JSON ({e}); traces are JSON Lines") from None
             if not isinstance(record, dict):
                 raise InputError(f"{path}:{lineno}: each line must be a JSON object, got {type(record).__name__}")
@@ -173,6 +181,11 @@ def _iter_json_lines(path: str, limit: int | None) -> Iterable[tuple[int, dict]]
             n += 1
             if limit is not None and n >= limit:
                 return
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise InputError(f"limit={limit!r} must be a positive number of requests")
 
 
 def _numbered(path: str, f: IO[bytes]) -> Iterator[tuple[int, bytes]]:
@@ -239,7 +252,10 @@ def read_radixkv(path: str, *, block_tokens: int | None = None, limit: int | Non
     bt = block_tokens
     trace: Trace | None = None
     interned: dict[object, str] = {}
-    for lineno, rec in _iter_json_lines(path, None if limit is None else limit + 1):
+    _check_limit(limit)
+    # No limit on the lines: the header is optional, so the loop stops after the limit-th request
+    # (a line past it is never parsed, as in read_mooncake).
+    for lineno, rec in _iter_json_lines(path, None):
         if "radixkv_trace" in rec:
             if trace is not None:
                 raise InputError(f"{path}:{lineno}: the radixkv_trace header must be the first line")
@@ -248,15 +264,13 @@ def read_radixkv(path: str, *, block_tokens: int | None = None, limit: int | Non
                                  "this reader knows (1)")
             if bt is None:
                 bt = _int_field(path, lineno, rec, "block_tokens", 256)
-                if bt == 0:
-                    raise InputError(f"{path}:{lineno}: header field 'block_tokens'=0 must be a positive integer "
-                                     "(tokens per block)")
+                if not 0 < bt < _MAX_BLOCK_TOKENS:
+                    raise InputError(f"{path}:{lineno}: header field 'block_tokens'={bt} must be a positive "
+                                     "integer below 2**48 (tokens per block)")
             trace = Trace(name=os.path.basename(path), block_tokens=bt)
             continue
         if trace is None:
             trace = Trace(name=os.path.basename(path), block_tokens=256 if bt is None else bt)
-        if limit is not None and len(trace.requests) >= limit:
-            break
         b = trace.block_tokens
         if "block_keys" in rec and "token_ids" in rec:
             raise InputError(f"{path}:{lineno}: a request has 'block_keys' or 'token_ids', not both")
@@ -316,6 +330,8 @@ def read_radixkv(path: str, *, block_tokens: int | None = None, limit: int | Non
                 session=_opt_str(path, lineno, rec, "session"),
             )
         )
+        if limit is not None and len(trace.requests) >= limit:
+            break
     if trace is None:
         trace = Trace(name=os.path.basename(path), block_tokens=256 if bt is None else bt)
     return trace
