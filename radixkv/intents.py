@@ -97,25 +97,33 @@ class WriteDeleteIntents:
             now = time.monotonic()
             with self.cond:
                 pending = self._retry_deletes[t]
+                dropped = []
                 for k in keys:
-                    if len(pending) < _RETRY_DELETES_MAX:
+                    if len(pending) < _RETRY_DELETES_MAX or (ns, k) in pending:
                         pending.setdefault((ns, k), now)
+                    else:
+                        dropped.append(k)
+                # Past the bound the delete is given up at once (see retry_deletes).
+                self._forget_locked(t, ns, dropped)
         return ok
 
     def retry_deletes(self, t: int) -> bool:
         """Retry the deletes tier ``t`` failed earlier, for keys the tree does not place there now
         and nobody is writing. A medium that was down keeps bytes the tree forgot, and a tier that
         counts what it stores (Redis) would count them against its capacity forever. At most once
-        per second per tier; a key is given up ``_RETRY_DELETES_FOR_S`` after its first failure.
-        Returns True if a retry ran."""
+        per second per tier. A key is given up when a retry fails ``_RETRY_DELETES_FOR_S`` or more
+        after its first failure: the tier then forgets it (stops counting it against its capacity,
+        :meth:`_forget_locked`). Dropped and still counted, a Redis tier's books stayed full of
+        chunks the store had evicted, and the tier refused every later write. Returns True if a
+        retry ran."""
         now = time.monotonic()
         with self.cond:
             if now < self._retry_after[t] or not self._retry_deletes[t]:
                 return False
             self._retry_after[t] = now + 1.0
             pending, self._retry_deletes[t] = self._retry_deletes[t], {}
-            keep = {i: t0 for i, t0 in pending.items() if now - t0 < _RETRY_DELETES_FOR_S}
-            todo = [(t, ns, k) for ns, k in keep if not self._resident_locked(t, ns, k)]
+            # (a key the tree places in the tier again was written since: it counts once, rightly)
+            todo = [(t, ns, k) for ns, k in pending if not self._resident_locked(t, ns, k)]
             entries = self.mark_deleting_locked(todo)
         groups: dict[str, list[str]] = defaultdict(list)
         for _t, ns, k in entries:
@@ -139,8 +147,14 @@ class WriteDeleteIntents:
                     ran = False
                 if not ran:
                     with self.cond:  # still unreachable: keep them (with their first-failure time)
+                        given_up = []
                         for k in keys:
-                            self._retry_deletes[t].setdefault((ns, k), keep[(ns, k)])
+                            t0 = pending[(ns, k)]
+                            if now - t0 < _RETRY_DELETES_FOR_S:
+                                self._retry_deletes[t].setdefault((ns, k), t0)
+                            else:
+                                given_up.append(k)
+                        self._forget_locked(t, ns, given_up)
         finally:
             self._unmark_deleting(entries)
         return True
@@ -314,7 +328,7 @@ class WriteDeleteIntents:
         # A tier that counts other processes' chunks it read (a shared disk) stops counting them;
         # its own lock only (no I/O), so calling it under ours is safe.
         forget = getattr(self.tiers[t], "forget_many", None)
-        if forget is not None:
+        if forget is not None and keys:
             forget(ns, keys)
 
     def watch_locked(self, namespace: str) -> AdoptionWatch:

@@ -209,6 +209,54 @@ class TestRedisDown:
         finally:
             store.close()
 
+    def test_a_delete_given_up_is_forgotten_by_the_tier(self, redis_server_factory, monkeypatch):
+        """Found by an audit: a failed delete is retried only when a put fails, and was given up
+        ``_RETRY_DELETES_FOR_S`` after its first failure by being dropped, while the Redis tier's
+        ledger went on counting the chunk. After an outage followed by a quiet spell the ledger
+        stayed full of chunks the tree had forgotten, and Redis refused every later write. A
+        retry now still runs for such a key, and a key given up is forgotten by the tier."""
+        import radixkv.intents as intents
+
+        monkeypatch.setattr(intents, "_RETRY_DELETES_FOR_S", 1.0)
+        server = redis_server_factory()
+        cfg = StoreConfig(
+            tiers=[
+                TierConfig(url="mem://", capacity_bytes=4 * CHUNK_BYTES),
+                TierConfig(url=server.url, capacity_bytes=4 * (CHUNK_BYTES + FRAME_SLACK),
+                           options=dict(REDIS_OPTIONS)),
+            ],
+            write_policy="write_back",
+            promote_on_hit=False,
+        )
+        store = HierarchicalStore(cfg)
+        try:
+            redis = store.tiers[1]
+            ns = new_namespace()
+            c = [chain(170 + i, 4)[1] for i in range(4)]
+            put_chain(store, ns, c[0])
+            put_chain(store, ns, c[1])  # c[0] is demoted: Redis's ledger is full
+            assert redis.contains_many(ns.digest, c[0]) == 4
+            server.stop()
+            store.delete(ns, c[0])  # the deletes fault and wait for a retry
+            server.start()
+            time.sleep(1.5)  # past the give-up time, with no failed put meanwhile
+            for i in (2, 3):
+                put_chain(store, ns, c[i])  # demotes c[i - 1]
+                assert redis.contains_many(ns.digest, c[i - 1]) == 4, (
+                    f"Redis refused the demotion: its ledger counts {redis.usage_bytes()} bytes"
+                )
+            # Given up while the server is still down: the ledger forgets the chunks.
+            server.stop()
+            store.delete(ns, c[2])
+            time.sleep(1.2)
+            assert store._stack.retry_deletes(1)
+            assert redis.usage_bytes() == 0, f"the ledger still counts {redis.usage_bytes()} bytes"
+            assert not store._stack._retry_deletes[1]
+            server.start()
+            store.check_integrity()
+        finally:
+            store.close()
+
     @pytest.mark.parametrize("lower", ["disk", "redis"])
     def test_deletes_of_keys_a_healthy_tier_lacks_are_not_retried(self, make_store, redis_url, lower):
         """Found by a soak hunt: ``store.delete`` of chunks a healthy lower tier never held (memory
