@@ -60,6 +60,7 @@ TIER_OPTIONS = {"capacity": "capacity_bytes", "capacity_bytes": "capacity_bytes"
                 "down_backoff_s": "down_backoff_s", "batch_bytes": "batch_bytes",
                 "max_connections": "max_connections", "key_prefix": "key_prefix", "name": "name"}
 _DEFAULT_PORT = 6379
+_MAX_TTL_S = 1e9  # seconds (~31 years): Redis refuses an expiry past its 64-bit milliseconds
 NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,128}")  # namespaces and key prefixes
 
 
@@ -80,7 +81,8 @@ class RedisUrl:
         """The URL without the password (safe for logs and error messages)."""
         scheme = ("rediss" if self.tls else "redis") + ("+cluster" if self.cluster else "")
         auth = f"{self.username or ''}{':***' if self.password else ''}@" if (self.username or self.password) else ""
-        return f"{scheme}://{auth}" + ",".join(f"{h}:{p}" for h, p in self.hosts) + f"/{self.db}"
+        hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.hosts)  # IPv6: brackets
+        return f"{scheme}://{auth}{hosts}/{self.db}"
 
 
 def _bad(url: str, why: str) -> ConfigError:
@@ -191,8 +193,12 @@ class RedisTierConfig:
             not isinstance(self.capacity_bytes, int) or self.capacity_bytes <= 0
         ):
             raise ConfigError(f"capacity_bytes={self.capacity_bytes!r} must be a positive int or None (unbounded)")
-        if self.ttl_s is not None and not (isinstance(self.ttl_s, (int, float)) and self.ttl_s >= 0.001):
-            raise ConfigError(f"ttl_s={self.ttl_s!r} must be None (no expiry) or a number of seconds >= 0.001")
+        # At most ~31 years: inf failed in the constructor (OverflowError), and 1e17 s passed here
+        # but Redis refused every put ("invalid expire time").
+        ttl = self.ttl_s
+        if ttl is not None and not (isinstance(ttl, (int, float)) and 0.001 <= ttl <= _MAX_TTL_S):
+            raise ConfigError(f"ttl_s={self.ttl_s!r} must be None (no expiry) or a number of seconds in "
+                              f"[0.001, {_MAX_TTL_S:.0e}]")
         for name in ("socket_timeout_s", "socket_connect_timeout_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 < value <= 600:
@@ -386,8 +392,10 @@ def make_client(
     (host0, port0), *others = parsed.hosts
     klass = FrameSSLConnection if parsed.tls else FrameConnection
     extra = _tls_kwargs(parsed) if parsed.tls else {}
+    # An IPv6 address goes in brackets, or redis-py reads its last group as the port.
+    seed = f"[{host0}]" if ":" in host0 else host0
     client = RedisCluster(
-        url=f"redis://{host0}:{port0}", startup_nodes=[ClusterNode(h, p) for h, p in others],
+        url=f"redis://{seed}:{port0}", startup_nodes=[ClusterNode(h, p) for h, p in others],
         connection_class=klass, connection_pool_class=BlockingConnectionPool, timeout=_POOL_WAIT_S,
         **common, **extra,
     )

@@ -615,6 +615,8 @@ def test_tls_cluster(make, redis_tls_cluster):
     ("redis://127.0.0.1?cluster=true", "unknown option 'cluster'"),
     ("redis://127.0.0.1?capacity=lots", "capacity"),
     ("redis://127.0.0.1?ttl_s=-1", "ttl_s"),
+    ("redis://127.0.0.1?ttl_s=inf", r"ttl_s=inf must be None \(no expiry\) or a number of seconds in"),
+    ("redis://127.0.0.1?ttl_s=1e17", "ttl_s=1e[+]17"),  # Redis refused every put: invalid expire time
     ("rediss://127.0.0.1?ssl_cert_reqs=maybe", "ssl_cert_reqs"),
     ("127.0.0.1:6379", "not a URL"),
 ])
@@ -633,6 +635,7 @@ def test_url_options_and_keywords(redis_tls_files):
     assert dict(parsed.tls_options) == {"ssl_ca_certs": str(ca), "ssl_cert_reqs": "none"}
     assert tier.capacity_bytes == 2 << 20 and tier.config.ttl_s == 60 and tier.config.socket_timeout_s == 0.2
     assert "p@ss" not in repr(tier)
+    assert parsed.redacted() == "rediss+cluster://u:***@10.0.0.1:7000,[::1]:7001/0"  # IPv6 in brackets
     with pytest.raises(ConfigError, match="one way"):
         RedisTier("redis://h?ttl_s=5", ttl_s=6)
     with pytest.raises(ConfigError, match="unknown option"):
