@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from radixkv.forksafe import hold_across_fork
 from radixkv.tiers.base import capacity_limit
 
 __all__ = ["StoreMetrics"]
@@ -216,6 +217,9 @@ class StoreMetrics:
     ) -> None:
         self.tier_names = tuple(tier_names)
         self._lock = threading.Lock()
+        # A leaf lock every get and put takes: a fork while another thread held it left it held in
+        # the child forever (its first get or put hung).
+        hold_across_fork(self)
         self._counts: dict[str, int] = defaultdict(int)
         self._gauges: dict[str, int] = {}
         # Prometheus series: family name -> label values -> value; latency: (op, tier) -> [counts

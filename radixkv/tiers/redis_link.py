@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import redis
 from redis.exceptions import RedisClusterException
 
+from radixkv.forksafe import hold_across_fork
 from radixkv.tiers.redis_client import RedisTierConfig, check_tls_files, make_client, parse_redis_url
 
 __all__ = ["RedisLink", "DOWN_ERRORS", "is_topology_error"]
@@ -58,6 +59,7 @@ class RedisLink:
         self.fast_fail_calls = 0
         self.stale_map_calls = 0  # calls with MOVED/ASK replies (in fault_mark, not in errors)
         self._lock = threading.Lock()
+        hold_across_fork(self)  # as the tier's lock: a child must not inherit it held
         self._client: Any = None
         self._down_until = 0.0
         # The outage in progress (from its first fault to the next call that works): logged once at
