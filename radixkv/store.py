@@ -646,14 +646,17 @@ class HierarchicalStore:
             held = [h - (s.used_locked(t) - s.reserved[t]) for t, h in enumerate(held)]
             for t, h in enumerate(held):
                 s.reserved[t] += h
-            # A copy between tiers that began before this clear holds bytes read before it: let it
-            # land (and find its chunks gone) before the tiers are wiped, so no pre-clear bytes
-            # survive under a key a later put of the namespace would trust.
-            s.wait_copies_locked(nsd)
         # The tiers are cleared outside the lock (a Redis SCAN over a large keyspace takes seconds;
         # other namespaces' calls go on). Meanwhile puts and adoptions of this namespace stand
         # aside, and a put that overlapped the clear reports False and deletes what it wrote.
         try:
+            # A copy between tiers that began before this clear holds bytes read before it: let it
+            # land (and find its chunks gone) before the tiers are wiped, so no pre-clear bytes
+            # survive under a key a later put of the namespace would trust. (Inside the try: a
+            # Ctrl-C during this wait, as long as a slow copy, left the namespace "clearing" and
+            # its bytes reserved for good, so every later put of it failed.)
+            with s.cond:
+                s.wait_copies_locked(nsd)
             for t in s.tiers:
                 try:
                     t.clear(nsd)
