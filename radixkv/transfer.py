@@ -60,6 +60,7 @@ class ChunkRef(NamedTuple):
     key: str
     size_bytes: int
     tokens: int
+    born: int  # the node's creation serial: a later node reusing the id after a delete differs
 
 
 class Calls:
@@ -199,7 +200,11 @@ class TierStack(WriteDeleteIntents):
         return [make(f) for f in self.tree.nodes_fields(node_ids)]
 
     def alive_locked(self, ref: ChunkRef) -> bool:
-        return self.tree.lookup(ref.namespace, ref.key) == ref.node_id
+        # The id alone is not enough: the tree hands a freed id to its next new node, so after a
+        # delete and a put of the same chain another thread's ref named the new nodes (a failed
+        # read then forgot them and deleted their fresh bytes; found by an audit).
+        n = ref.node_id
+        return self.tree.lookup(ref.namespace, ref.key) == n and self.tree.node_born(n) == ref.born
 
     def mask_locked(self, ref: ChunkRef) -> int:
         return self.tree.node_tier_mask(ref.node_id) if self.alive_locked(ref) else 0

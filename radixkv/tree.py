@@ -108,24 +108,32 @@ class RadixTree(TreeEviction):
         self._alive(node_id)
         return int(self._size[node_id])
 
-    def node_fields(self, node_id: int) -> tuple[str, str, int, int]:
-        """``(namespace, key, size_bytes, tokens)`` of a live node: one check for the four."""
+    def node_fields(self, node_id: int) -> tuple[str, str, int, int, int]:
+        """``(namespace, key, size_bytes, tokens, born)`` of a live node: one check for the five.
+        ``born`` is its creation serial (:meth:`node_born`)."""
         self._alive(node_id)
         return (self._ns[node_id], self._key[node_id], int(self._size[node_id]),  # type: ignore[return-value]
-                int(self._tokens[node_id]))
+                int(self._tokens[node_id]), int(self._born[node_id]))
 
-    def nodes_fields(self, node_ids: Sequence[int]) -> list[tuple[int, str, str, int, int]]:
-        """``(node_id, namespace, key, size_bytes, tokens)`` of each live node, in one call (a read
-        pins a run of hundreds of chunks); InputError for the first node that is not in the tree."""
-        key, ns, size, tokens = self._key, self._ns, self._size, self._tokens
+    def nodes_fields(self, node_ids: Sequence[int]) -> list[tuple[int, str, str, int, int, int]]:
+        """``(node_id, namespace, key, size_bytes, tokens, born)`` of each live node, in one call (a
+        read pins a run of hundreds of chunks); InputError for the first node that is not in the
+        tree."""
+        key, ns, size, tokens, born = self._key, self._ns, self._size, self._tokens, self._born
         n_slots = len(key)
         out = []
         for n in node_ids:
             k = key[n] if 0 <= n < n_slots else None
             if k is None:
                 self._alive(n)  # raises
-            out.append((n, ns[n], k, int(size[n]), int(tokens[n])))
+            out.append((n, ns[n], k, int(size[n]), int(tokens[n]), int(born[n])))
         return out  # type: ignore[return-value]
+
+    def node_born(self, node_id: int) -> int:
+        """The node's creation serial: unique over the tree's life (a node id is reused after a
+        removal; this is not), so ``(node_id, born)`` names one node for good."""
+        self._alive(node_id)
+        return int(self._born[node_id])
 
     def node_tokens(self, node_id: int) -> int:
         self._alive(node_id)

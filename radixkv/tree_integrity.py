@@ -20,8 +20,8 @@ _NO_PARENT = -1
 def check_tree(tree: RadixTree) -> None:
     """Verify every invariant of ``tree``; raises AssertionError naming the broken one with numbers."""
     n_slots = len(tree._key)
-    for name in ("_ns", "_parent", "_depth", "_nchild", "_mask", "_tokens", "_size", "_kid", "_next", "_prev",
-                 "_ids"):
+    for name in ("_ns", "_parent", "_depth", "_nchild", "_mask", "_tokens", "_size", "_born", "_kid", "_next",
+                 "_prev", "_ids"):
         assert len(getattr(tree, name)) == n_slots, f"field {name} has the wrong length"
     wrong = [n for n, i in enumerate(tree._ids) if i != n]
     assert not wrong, f"slots {wrong[:5]} keep another id than their own"
@@ -73,6 +73,10 @@ def check_tree(tree: RadixTree) -> None:
                 if p != _NO_PARENT:
                     tchild[t][p] += 1
     assert alive == indexed == len(tree), f"alive={alive} indexed={indexed} len={len(tree)}"
+    born = [tree._born[n] for n in range(n_slots) if tree._key[n] is not None]
+    assert len(set(born)) == len(born) and all(0 < b <= tree._births for b in born), (
+        f"creation serials repeat or lie past the {tree._births} nodes created"
+    )
     for n in range(n_slots):
         if tree._key[n] is not None:
             assert tree._nchild[n] == nchild[n], f"node {n} child count {tree._nchild[n]} != {nchild[n]}"

@@ -99,6 +99,11 @@ class TreeNodes:
         # was a cache miss of its own per evicted chunk.
         self._tokens: vec[i64] = vec[i64]()
         self._size: vec[i64] = vec[i64]()
+        # Each node's creation serial (1, 2, ...; never reused, unlike its id): a caller that
+        # captured a node (the store's ChunkRef) tells it from a later node of the same key that
+        # reuses the id after a delete (the free list hands freed ids back first).
+        self._born: vec[i64] = vec[i64]()
+        self._births: i64 = 0
         self._free: list[int] = []
         # Each slot's id as one int object, the one the key index and the free list hold: a removal
         # hands it to the free list without a read of the index (one probe, the delete, not two).
@@ -268,7 +273,8 @@ class TreeNodes:
             # machine integers: in a replay that evicts, nearly every chunk is created here.
             kc, nsc, pc, dc, ncc, mc = self._key, self._ns, self._parent, self._depth, self._nchild, self._mask
             tkc, szc, tct = self._tokens, self._size, self._tchild[t]
-            kid, nxt, prv = self._kid, self._next, self._prev
+            kid, nxt, prv, born = self._kid, self._next, self._prev, self._born
+            births: i64 = self._births
             bit: i64 = 1 << t
             p: i64 = parent
             d: i64 = depth
@@ -291,7 +297,10 @@ class TreeNodes:
                 mc[n] = bit
                 tkc[n] = chunk_tokens
                 szc[n] = size_bytes
+                births += 1
+                born[n] = births
                 p = n
+            self._births = births
             if not n_new:
                 ncc[p] = tct[p] = 0  # ...but the chain's last node has no child yet
             if len(self._tchild) > 1:
@@ -310,6 +319,9 @@ class TreeNodes:
             self._ns.extend([ns] * k)
             self._tokens = extend(self._tokens, vec[i64]([chunk_tokens] * k))
             self._size = extend(self._size, vec[i64]([size_bytes] * k))
+            b0 = self._births
+            self._born = extend(self._born, vec[i64]([b for b in range(b0 + 1, b0 + k + 1)]))
+            self._births = b0 + k
             # node ids[j]'s parent is the node before it (the chain's first: `parent`)
             parents = vec[i64]([ids[j - 1] if j else parent for j in range(r, m)])
             self._parent = extend(self._parent, parents)

@@ -209,3 +209,45 @@ def test_delete_removes_untracked_copies_of_a_tracked_chunk(tmp_path):
         assert third.lookup(ns, keys[:1], chunk_bytes=CHUNK_BYTES) == 0
     finally:
         third.close()
+
+
+def test_a_failed_read_never_forgets_the_nodes_a_put_made_again_with_the_same_ids(make_store):
+    """Found by an audit: the tree hands freed node ids to its next new nodes, so a chain deleted
+    and put again (another thread) while a get read it gets the very ids the get had captured. The
+    get's read of the deleted bytes failed, and its cleanup took the new nodes for the ones it read:
+    it cleared their residency and deleted their fresh bytes, though that put had reported them
+    stored. A ChunkRef now carries the node's creation serial, which a reused id does not share."""
+    store = make_store("mem-disk")
+    ns = new_namespace()
+    _, keys = chain(7, 3)
+    data = [payload_for(k) for k in keys]
+    assert store.put(ns, keys, data) == [True] * 3
+    assert store.flush(10)
+    with store.lock:
+        before = [store.tree.lookup(ns.digest, k) for k in keys]
+    mem = store.tiers[0]
+    real_get = mem.get_many
+    seen = []
+
+    def racing_get(namespace, ks, bufs):
+        if not seen:
+            seen.append(store.delete(ns, keys[:1]))  # another thread: delete the chain...
+            out = real_get(namespace, ks, bufs)  # (the get's read: its bytes are gone)
+            seen.append(store.put(ns, keys, data))  # ...and put it again, before the get's cleanup
+            with store.lock:
+                seen.append([store.tree.lookup(ns.digest, k) for k in keys])
+            return out
+        return real_get(namespace, ks, bufs)
+
+    mem.get_many = racing_get
+    try:
+        store.get(ns, keys, buffers(3))
+    finally:
+        mem.get_many = real_get
+    assert seen[1] == [True] * 3 and seen[2] == before  # the put made new nodes with the old ids
+    assert store.lookup(ns, keys) == 3, "the put's chunks were forgotten by another call's failed read"
+    bufs = buffers(3)
+    assert store.get(ns, keys, bufs) == 3
+    assert_exact(keys, bufs, 3)
+    assert store.flush(10)
+    store.check_integrity()
