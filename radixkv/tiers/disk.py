@@ -348,16 +348,21 @@ class DiskTier:
                 frames[ident] = self._index.pop(ident)
                 self._usage -= frames[ident]
                 self._unindexed_locked(ident[0])
-            for ns, key, path in self._layout.walk(namespace):
-                frame = frames.get((ns, key))
+            unlisted: list[OSError] = []
+            for ns, key, path in self._layout.walk(namespace, errors=unlisted):
+                frame = frames.pop((ns, key), None)
                 if frame is not None and self._recycle_locked(path, frame):
                     continue
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
-                except OSError:  # cannot be removed (read-only): it is still there, so still indexed
-                    self._keep_undeleted_locked((ns, key), frame)
+                self._unlink_cleared_locked(ns, key, path, frame)
+            # Indexed chunks the walk did not reach (a directory it could not list: EMFILE, EIO)
+            # are removed by name. Left there, untracked, they outlived the clear, and the scan
+            # of a restart served the pre-clear bytes again.
+            for (ns, key), frame in frames.items():
+                self._unlink_cleared_locked(ns, key, self._layout.path(ns, key), frame)
+            if unlisted:
+                logger.warning("radixkv: disk tier %r: clear(%r) could not list %d directories (%s); "
+                               "chunk files there that this process did not index are left",
+                               self.name, namespace, len(unlisted), unlisted[0])
             if namespace is None:
                 self._ns_payload_bytes.clear()
                 self._scanned_sizes.clear()
@@ -366,6 +371,14 @@ class DiskTier:
                 self._scanned_sizes.discard(namespace)
             self._retire_emptied_locked()
         self._remove_detached()
+
+    def _unlink_cleared_locked(self, ns: str, key: str, path: str, frame: int | None) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError:  # cannot be removed (read-only): it is still there, so still indexed
+            self._keep_undeleted_locked((ns, key), frame)
 
     @property
     def shared(self) -> bool:
@@ -762,10 +775,11 @@ class DiskTier:
         """Drop spare files, then evict LRU entries, until ``frame`` more bytes fit (lock held); False
         if puts in flight block it. With ``take_victim`` (an empty list) the first victim's file is
         moved aside, appended there as ``(path, size)`` for the caller to overwrite into the frame."""
+        stuck = 0  # victims whose file could not be removed, back in the index (at its recent end)
         while self._usage + self._reserved + self._spares.bytes + frame > self.capacity_bytes:
             if self._spares.drop_oldest():
                 continue
-            if not self._index:
+            if not self._index or stuck >= len(self._index):
                 return False
             ident, victim = self._index.popitem(last=False)
             self._usage -= victim
@@ -776,7 +790,17 @@ class DiskTier:
                 take_victim.append((aside, victim))  # type: ignore[union-attr]
                 frame = max(frame, victim)  # the put overwrites this file: its bytes hold the frame
             else:
-                unlink_quietly(self._layout.path(*ident))
+                try:
+                    os.unlink(self._layout.path(*ident))
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    # Read-only, EIO: the file is still there, so it stays indexed and counted
+                    # (forgotten, as before, the disk held more than its capacity, uncounted and
+                    # never evicted again until a restart); the next victim is another one.
+                    self._keep_undeleted_locked(ident, victim)
+                    stuck += 1
+                    continue
             if len(self._evicted) == self._evicted.maxlen:
                 self._stats.extra["evictions_unreported"] += 1  # drain_evicted was not called in time
             self._evicted.append(ident)

@@ -212,21 +212,31 @@ class DiskLayout:
 
     # ----------------------------------------------------------------------------- scan
 
-    def walk(self, namespace: str | None, foreign_dirs: list[str] | None = None) -> Iterator[tuple[str, str, str]]:
+    def walk(self, namespace: str | None, foreign_dirs: list[str] | None = None,
+             errors: list[OSError] | None = None) -> Iterator[tuple[str, str, str]]:
         """Yield (namespace, key, path) of committed chunk files. A namespace directory that is a
         symbolic link is not walked: ``os.walk`` follows a top that is a link, and the scan and
         ``clear`` delete what the walk yields, so they would delete files outside the root.
         ``foreign_dirs``, if given, collects the directories below a namespace's 256 that the layout
-        never makes (an earlier release's ``<h[0:2]>/<h[2:4]>`` level), parents before children."""
+        never makes (an earlier release's ``<h[0:2]>/<h[2:4]>`` level), parents before children.
+        ``errors``, if given, collects the directories that could not be listed (EMFILE, EIO):
+        their files were not yielded (a missing namespace directory is no error)."""
         try:
             ns_names = [namespace] if namespace is not None else sorted(os.listdir(self.root))
-        except OSError:
+        except OSError as e:
+            if errors is not None and not isinstance(e, FileNotFoundError):
+                errors.append(e)
             return
+
+        def unlisted(e: OSError) -> None:
+            if errors is not None and not isinstance(e, FileNotFoundError):
+                errors.append(e)
+
         for ns in ns_names:
             if not KEY_RE.fullmatch(ns) or os.path.islink(os.path.join(self.root, ns)):
                 continue
             top = os.path.join(self.root, ns)
-            for dirpath, _dirs, files in os.walk(top):
+            for dirpath, _dirs, files in os.walk(top, onerror=unlisted):
                 if foreign_dirs is not None and dirpath.count(os.sep) > top.count(os.sep) + 1 and all(
                     _HASH_DIR_RE.fullmatch(part) for part in os.path.relpath(dirpath, top).split(os.sep)
                 ):  # only levels of the layout's shape: others are not the tier's to remove

@@ -1189,3 +1189,56 @@ def test_a_shared_tier_forgets_its_records_of_namespaces_it_no_longer_holds(root
         t.check_integrity()
     finally:
         t.close()
+
+
+@pytest.mark.parametrize("recycle", [False, True])
+def test_an_eviction_that_cannot_remove_its_victim_keeps_it_counted(tmp_path, monkeypatch, recycle):
+    """Found by an audit: eviction took the victim out of the index and usage, then removed its file
+    quietly; a file it could not remove (EIO, immutable) stayed on disk uncounted and never evicted
+    again, so the disk held more than its capacity. It stays indexed now, and the put that needed
+    the room fails instead."""
+    n = 4096
+    t = DiskTier(root=str(tmp_path / "r"), capacity_bytes=2 * (n + 100), io_threads=1, recycle=recycle)
+    assert t.put_many("ns0", ["a", "b"], [torch.full((n,), 1, dtype=torch.uint8)] * 2) == [True, True]
+    held = t.usage_bytes()  # two frames: a third does not fit
+
+    def eio(*a, **k):
+        raise OSError(errno.EIO, "Input/output error (injected)")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "unlink", eio)
+        m.setattr(os, "rename", eio)  # (recycling first moves the victim aside)
+        assert t.put_many("ns0", ["c", "d"], [torch.full((n,), 2, dtype=torch.uint8)] * 2) == [False, False]
+    assert t.usage_bytes() == held and t.contains_many("ns0", ["a", "b"]) == 2
+    files = [f for _dp, _dd, fs in os.walk(t.root) for f in fs if f.endswith(".kv")]
+    assert sorted(files) == ["a.kv", "b.kv"]
+    t.check_integrity()
+    # Removable again: eviction goes on as usual.
+    assert t.put_many("ns0", ["c"], [torch.full((n,), 2, dtype=torch.uint8)]) == [True]
+    t.check_integrity()
+    t.close()
+
+
+@pytest.mark.parametrize("namespace, failing", [(None, "listdir"), ("ns0", "scandir")])
+def test_clear_removes_indexed_chunks_in_directories_it_cannot_list(tmp_path, monkeypatch, namespace, failing):
+    """Found by an audit: clear() dropped the index, then removed the files its directory walk
+    found; a listing that failed (EMFILE, EIO) left every file there, untracked, and a restart's
+    scan served the cleared chunks again. Indexed chunks the walk missed are removed by name."""
+    root = str(tmp_path / "r")
+    t = DiskTier(root=root, capacity_bytes=1 << 20)
+    keys = ["k0", "k1", "k2"]
+    assert t.put_many("ns0", keys, [torch.full((64,), i, dtype=torch.uint8) for i in range(3)]) == [True] * 3
+
+    def emfile(*a, **k):
+        raise OSError(errno.EMFILE, "Too many open files (injected)")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, failing, emfile)
+        t.clear(namespace)
+    assert t.usage_bytes() == 0
+    assert not [f for _dp, _dd, fs in os.walk(root) for f in fs if f.endswith(".kv")]
+    t.check_integrity()
+    t.close()
+    again = DiskTier(root=root, capacity_bytes=1 << 20)
+    assert again.contains_many("ns0", keys) == 0
+    again.close()
