@@ -124,19 +124,28 @@ class DiskTierConfig:
     recycle: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.root, (str, os.PathLike)) or not isinstance(os.fspath(self.root), str):
+            raise ConfigError(f"DiskTierConfig.root={self.root!r} must be a directory path (a str)")
         self.root = os.fspath(self.root)
         if not self.root:
             raise ConfigError("DiskTierConfig.root must be a directory path")
+        # A string is not a switch: shared="false" turned shared mode on (any non-empty str is true).
+        for attr in ("fsync", "shared", "recycle"):
+            v = getattr(self, attr)
+            if not isinstance(v, bool):
+                raise ConfigError(f"DiskTierConfig.{attr}={v!r} must be True or False")
         for attr in ("capacity_bytes", "io_threads"):
             v = getattr(self, attr)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"DiskTierConfig.{attr}={v!r} must be a positive integer")
-        if not self.stale_temp_s >= 0:
+        if (not isinstance(self.stale_temp_s, (int, float)) or isinstance(self.stale_temp_s, bool)
+                or not self.stale_temp_s >= 0):
             raise ConfigError(f"DiskTierConfig.stale_temp_s={self.stale_temp_s!r} must be >= 0 seconds")
         if not self.name:
             raise ConfigError("DiskTierConfig.name must be a non-empty tier name")
         if self.overlap_min_bytes is not None and (
-            not isinstance(self.overlap_min_bytes, int) or self.overlap_min_bytes <= 0
+            not isinstance(self.overlap_min_bytes, int) or isinstance(self.overlap_min_bytes, bool)
+            or self.overlap_min_bytes <= 0
         ):
             raise ConfigError(f"DiskTierConfig.overlap_min_bytes={self.overlap_min_bytes!r} must be a "
                               "positive number of bytes or None (off)")

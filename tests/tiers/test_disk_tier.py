@@ -1242,3 +1242,14 @@ def test_clear_removes_indexed_chunks_in_directories_it_cannot_list(tmp_path, mo
     again = DiskTier(root=root, capacity_bytes=1 << 20)
     assert again.contains_many("ns0", keys) == 0
     again.close()
+
+
+@pytest.mark.parametrize("option", [{"shared": "false"}, {"fsync": "0"}, {"recycle": "no"}, {"fsync": 1},
+                                    {"overlap_min_bytes": True}, {"stale_temp_s": "600"}, {"root": b"/tmp/x"}])
+def test_disk_options_of_the_wrong_type_are_config_errors(tmp_path, option):
+    # Found by an audit: shared="false" turned shared mode on (a non-empty str is true), fsync="0"
+    # and recycle="no" read as True, and stale_temp_s="600" raised a bare TypeError.
+    kwargs = {"root": str(tmp_path / "r"), "capacity_bytes": 1 << 20, **option}
+    name = next(iter(option))
+    with pytest.raises(ConfigError, match=f"DiskTierConfig.{name}="):
+        DiskTier(**kwargs)
