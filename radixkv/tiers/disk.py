@@ -304,21 +304,23 @@ class DiskTier:
         for k in keys:
             with self._lock:
                 present = (namespace, k) in self._index
-            if self.config.shared:
-                # Other processes add and remove files here: the file decides, not our index (a
-                # stale entry would keep reconcile() from seeing a chunk the owner deleted).
+            if self.config.shared or present:
+                # The file decides, not our index: other processes add and remove files in a shared
+                # directory, and anyone may remove one by hand (a stale entry kept reconcile() from
+                # seeing the loss: a private tier answered from its index alone).
                 if not os.path.exists(self._layout.path(namespace, k)):
                     if present:
                         self._forget_missing(namespace, k)
                     break
-            elif not present:
+            else:
                 break
             n += 1
         return n
 
     def _forget_missing(self, namespace: str, key: str) -> None:
-        """Drop the index entry of a file another process removed (shared mode). Checked again under
-        the lock: a put of ours that committed the key meanwhile keeps its entry."""
+        """Drop the index entry of a file removed behind our back (another process of a shared
+        directory, or by hand). Checked again under the lock: a put of ours that committed the key
+        meanwhile keeps its entry."""
         with self._lock:
             if (namespace, key) in self._index and not os.path.exists(self._layout.path(namespace, key)):
                 self._usage -= self._index.pop((namespace, key))

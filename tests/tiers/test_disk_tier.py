@@ -1253,3 +1253,16 @@ def test_disk_options_of_the_wrong_type_are_config_errors(tmp_path, option):
     name = next(iter(option))
     with pytest.raises(ConfigError, match=f"DiskTierConfig.{name}="):
         DiskTier(**kwargs)
+
+
+def test_contains_sees_a_file_removed_by_hand_from_a_private_tier(tmp_path):
+    # Found by an audit: a private tier answered contains from its index alone, so the store's
+    # reconcile() (documented to find "files removed by hand") never saw them.
+    t = DiskTier(root=str(tmp_path / "r"), capacity_bytes=1 << 20)
+    assert t.put_many("ns0", ["a", "b"], [torch.full((64,), 1, dtype=torch.uint8)] * 2) == [True, True]
+    os.unlink(t._layout.path("ns0", "a"))
+    assert t.contains_many("ns0", ["a", "b"]) == 0
+    assert t.contains_many("ns0", ["b"]) == 1
+    assert t.usage_bytes() > 0 and t.stats().extra["chunks"] == 1  # "a" is forgotten, "b" kept
+    t.check_integrity()
+    t.close()
