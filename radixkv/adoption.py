@@ -126,6 +126,15 @@ def _adopt_once(
     try:
         rest = list(keys[hit:])
         runs = probe(s, nsd, rest)
+        if size is None and chunk_bytes is not None:
+            # A tier that knows another size for the namespace's chunks (a disk's files, read by its
+            # startup scan) holds nothing of this size: adopting them at the caller's size (a get
+            # with wrong-size buffers) fixed that size for the namespace, the reads failed, and the
+            # valid files were deleted (found by an audit). A miss instead, nothing changed.
+            for t, tier in enumerate(s.tiers):
+                known = getattr(tier, "chunk_bytes_of", None)
+                if runs[t] and known is not None and known(nsd) not in (None, chunk_bytes):
+                    runs[t] = 0
         if any(runs) and size is None:  # chunks of a namespace new to this store: fix its size
             assert chunk_bytes is not None
             size = register_namespace(store, nsd, chunk_bytes, "chunk_bytes")

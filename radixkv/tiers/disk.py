@@ -298,6 +298,12 @@ class DiskTier:
             self._stats.bytes_out += sum(n for n, h in zip(sizes, hits) if h)
         return hits
 
+    def chunk_bytes_of(self, namespace: str) -> int | None:
+        """The payload size of ``namespace``'s chunks here (its first put's, or the one the startup
+        scan found), None if this tier knows none (adoption: :mod:`radixkv.adoption`)."""
+        with self._lock:
+            return self._ns_payload_bytes.get(namespace)
+
     def contains_many(self, namespace: str, keys: Sequence[str]) -> int:
         check_ident(namespace, keys)
         n = 0

@@ -71,6 +71,24 @@ class TestRestart:
             b.check_integrity()
             assert read(b, ns, keys) == 6  # promoted: now from memory
 
+    def test_a_get_with_buffers_of_another_size_adopts_nothing_and_deletes_nothing(self, tmp_path):
+        """Found by an audit: after a restart, one get with wrong-size buffers adopted the disk's
+        chunks at that size, fixing it for the namespace; the reads failed, the valid files were
+        deleted, and correct puts then raised InputError until a clear()."""
+        import torch
+
+        ns = new_namespace()
+        keys = chain(3, 4)[1]
+        with HierarchicalStore(disk_config(tmp_path)) as a:
+            fill(a, ns, keys)
+        with HierarchicalStore(disk_config(tmp_path)) as b:
+            wrong = [torch.zeros(CHUNK_BYTES // 2, dtype=torch.uint8) for _ in keys]
+            assert b.get(ns, keys, wrong) == 0
+            assert b.tiers[1].contains_many(ns.digest, keys) == 4  # the files are still there
+            assert read(b, ns, keys) == 4  # and a get of the right size adopts them
+            b.flush(30)
+            b.check_integrity()
+
     def test_get_alone_adopts_sized_by_its_buffers(self, tmp_path):
         ns = new_namespace()
         keys = chain(2, 5)[1]
