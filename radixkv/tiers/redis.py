@@ -67,6 +67,7 @@ store that reaches its chain again adopts it; else its TTL, an overwrite, a clea
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import re
 import threading
@@ -75,7 +76,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 import torch
-from redis.exceptions import NoScriptError
+from redis.exceptions import AskError, ClusterDownError, NoScriptError, ResponseError, TryAgainError
 
 from radixkv.errors import CapacityError, InputError
 from radixkv.forksafe import hold_across_fork
@@ -92,6 +93,8 @@ from radixkv.tiers.redis_accounting import ByteLedger
 from radixkv.tiers.redis_client import NAME_RE, FramedValue, RedisTierConfig, RedisUrl, build_config
 from radixkv.tiers.redis_direct import BadValue, Reply, get_frames_into
 from radixkv.tiers.redis_link import RedisLink
+
+log = logging.getLogger("radixkv.tiers.redis")
 
 __all__ = ["RedisTier", "RedisTierConfig", "UNBOUNDED_BYTES"]
 
@@ -149,6 +152,8 @@ class RedisTier:
         hold_across_fork(self)
         self._stats = TierStats()
         self._pending_clears: set[str | None] = set()  # clears a fault interrupted (retried)
+        self._clear_retry_after = 0.0  # a clear the server refused is retried no sooner (monotonic)
+        self._warned_refused_clear = False
         self._clearing: set[str | None] = set()  # clears running now
 
     @property
@@ -444,7 +449,7 @@ class RedisTier:
     def _retry_clears(self) -> None:
         """Run the clears a fault interrupted (cheap when there are none). A namespace stays pending
         until its clear succeeded, so puts of it are refused meanwhile (see :meth:`_cleared_out`)."""
-        if not self._pending_clears:
+        if not self._pending_clears or time.monotonic() < self._clear_retry_after:
             return
         with self._lock:
             pending = set(self._pending_clears)
@@ -480,11 +485,17 @@ class RedisTier:
 
         def action(client: Any) -> bool:
             batch: list[bytes] = []
-            for rkey in client.scan_iter(match=pattern, count=1000):  # every primary in a cluster
-                batch.append(rkey)
-                if len(batch) >= 1000:
-                    _unlink(client, batch)
-                    batch = []
+            try:
+                for rkey in client.scan_iter(match=pattern, count=1000):  # every primary in a cluster
+                    batch.append(rkey)
+                    if len(batch) >= 1000:
+                        _unlink(client, batch)
+                        batch = []
+            except ResponseError as e:
+                if isinstance(e, (AskError, ClusterDownError, TryAgainError)):  # (MOVED is an AskError)
+                    raise  # the cluster's topology moving: a fault, retried
+                self._refused_clear(namespace, e)
+                return False
             if batch:
                 _unlink(client, batch)
             return True
@@ -495,6 +506,21 @@ class RedisTier:
                 self._forget_if_gone(ns, [key for n, key in kept if n == ns])
             return True
         return False
+
+    def _refused_clear(self, namespace: str | None, exc: ResponseError) -> None:
+        """The server refused the clear's SCAN (an ACL without +scan: NOPERM; a renamed command).
+        Not a fault of the medium: the link stays up for every other call. The clear stays pending
+        (its namespace's puts refused, its gets missing: pre-clear bytes are never served) and is
+        retried no sooner than ``max(1 s, down_backoff_s)``. Before, each retry, run by every call
+        of any namespace, opened the fail-fast window: the whole tier served misses for good."""
+        self._clear_retry_after = time.monotonic() + max(1.0, self.config.down_backoff_s)
+        with self._lock:
+            self._stats.errors += 1
+        if not self._warned_refused_clear:
+            self._warned_refused_clear = True
+            log.warning("redis tier %s: the server refused clear(%r) (%s); the namespace's chunks stay "
+                        "unserved and it is retried; grant the user +scan and +unlink on the tier's "
+                        "keys", self._link.url.redacted(), namespace, exc)
 
     def _forget_if_gone(self, namespace: str, keys: Sequence[str]) -> None:
         """Forget the keys the server does not hold now. For a put and a delete (or clear) of one

@@ -1166,3 +1166,36 @@ def test_a_clear_a_malformed_scan_reply_broke_stays_pending(make, scripted):
     assert tier.get_many(ns, [key], empty(1)) == [False]
     assert tier.put_many(ns, [key], [value]) == [False]  # a retried clear would delete it
     assert tier.stats().errors >= 1
+
+
+def test_a_clear_the_server_refuses_keeps_only_its_namespace_unserved(redis_server_factory, caplog):
+    """Found by an audit: an ACL user without +scan cannot clear; the SCAN's NOPERM was taken as a
+    fault of the medium, and the pending clear, retried by every later call of any namespace,
+    opened the fail-fast window each time: the whole tier served misses for good. Now only the
+    cleared namespace stays unserved (its pre-clear bytes are never served), retried now and then."""
+    import redis
+
+    server = redis_server_factory()
+    admin = redis.Redis.from_url(server.url)
+    admin.execute_command("ACL", "SETUSER", "kv", "on", ">pw", "~radixkv:*", "+get", "+set", "+exists",
+                          "+unlink", "+evalsha", "+eval", "+ping")
+    admin.close()
+    host_port = server.url.split("://", 1)[1].split("/", 1)[0]
+    tier = RedisTier(f"redis://kv:pw@{host_port}/0", capacity_bytes=1 << 20, down_backoff_s=0.3)
+    try:
+        value = torch.arange(1000, dtype=torch.int32).to(torch.uint8)
+        assert tier.put_many("other", ["k"], [value]) == [True]
+        assert tier.put_many("old", ["k"], [value]) == [True]
+        with caplog.at_level(logging.WARNING, logger="radixkv.tiers.redis"):
+            tier.clear("old")
+        assert "refused clear('old')" in caplog.text and "+scan" in caplog.text
+        out = torch.empty(1000, dtype=torch.uint8)
+        for _ in range(3):
+            time.sleep(0.35)  # past the window each time
+            assert tier.get_many("other", ["k"], [out]) == [True]
+            assert torch.equal(out, value)
+        assert tier.get_many("old", ["k"], [out]) == [False]  # pre-clear bytes are not served
+        assert tier.put_many("old", ["k2"], [value]) == [False]
+        assert tier.stats().extra["fast_fail_calls"] == 0
+    finally:
+        tier.close()
