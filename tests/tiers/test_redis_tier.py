@@ -1199,3 +1199,20 @@ def test_a_clear_the_server_refuses_keeps_only_its_namespace_unserved(redis_serv
         assert tier.stats().extra["fast_fail_calls"] == 0
     finally:
         tier.close()
+
+
+def test_a_large_payload_is_packed_in_slices_each_sent_within_the_timeout():
+    """Found by an audit: redis-py sends each packed item with one sock.sendall, whose timeout
+    bounds the whole call; a 12 MiB chunk over an 8 MiB/s link timed out at every put and the tier
+    was taken for unreachable. The payload goes in 1 MiB views (no copy), each sent on its own."""
+    from radixkv.tiers.redis_client import FramedValue, _FramePacker, _SEND_SLICE_BYTES
+
+    payload = torch.arange(3 * _SEND_SLICE_BYTES + 123, dtype=torch.int64).to(torch.uint8).numpy()
+    value = FramedValue(b"HDR", memoryview(payload))
+    packer = _FramePacker(6000, lambda a: a.encode() if isinstance(a, str) else a)
+    items = packer.pack("SET", "key", value)
+    views = [i for i in items if isinstance(i, memoryview)]
+    assert len(views) == 4 and all(v.nbytes <= _SEND_SLICE_BYTES for v in views)
+    assert all(v.obj is payload or v.obj is value.payload.obj for v in views)  # views, not copies
+    expect = b"*3\r\n$3\r\nSET\r\n$3\r\nkey\r\n$%d\r\nHDR" % value.nbytes + payload.tobytes() + b"\r\n"
+    assert b"".join(bytes(i) for i in items) == expect
