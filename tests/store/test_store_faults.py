@@ -84,6 +84,28 @@ class TestCorruptedDisk:
         store.check_integrity()
 
 
+
+def _full_redis_behind_memory(server, seed: int, **redis_options):
+    """write_back mem -> redis, 4 chunks each, with chains c[0..3] of 4 chunks; c[0] and c[1] put,
+    so c[0] is demoted and Redis's ledger is full. Returns (store, redis tier, namespace, c)."""
+    cfg = StoreConfig(
+        tiers=[
+            TierConfig(url="mem://", capacity_bytes=4 * CHUNK_BYTES),
+            TierConfig(url=server.url, capacity_bytes=4 * (CHUNK_BYTES + FRAME_SLACK),
+                       options={**REDIS_OPTIONS, **redis_options}),
+        ],
+        write_policy="write_back",
+        promote_on_hit=False,
+    )
+    store = HierarchicalStore(cfg)
+    redis = store.tiers[1]
+    ns = new_namespace()
+    c = [chain(seed + i, 4)[1] for i in range(4)]
+    put_chain(store, ns, c[0])
+    put_chain(store, ns, c[1])
+    assert redis.contains_many(ns.digest, c[0]) == 4
+    return store, redis, ns, c
+
 class TestRedisDown:
     def test_killed_mid_run_then_restarted(self, make_store, redis_server_factory):
         """mem -> redis: killing the server turns Redis reads into misses within the timeouts;
@@ -173,23 +195,8 @@ class TestRedisDown:
         forever and Redis refuses every later write (the store never recovers). (The deletes come
         from a ``delete``: a Redis read that faults only forgets its chunks.)"""
         server = redis_server_factory()
-        cfg = StoreConfig(
-            tiers=[
-                TierConfig(url="mem://", capacity_bytes=4 * CHUNK_BYTES),
-                TierConfig(url=server.url, capacity_bytes=4 * (CHUNK_BYTES + FRAME_SLACK),
-                           options={**REDIS_OPTIONS, "down_backoff_s": 3.0}),
-            ],
-            write_policy="write_back",
-            promote_on_hit=False,
-        )
-        store = HierarchicalStore(cfg)
+        store, redis, ns, c = _full_redis_behind_memory(server, 150, down_backoff_s=3.0)
         try:
-            redis = store.tiers[1]
-            ns = new_namespace()
-            c = [chain(150 + i, 4)[1] for i in range(4)]
-            put_chain(store, ns, c[0])
-            put_chain(store, ns, c[1])  # c[0] is demoted: Redis's ledger is full
-            assert redis.contains_many(ns.digest, c[0]) == 4
             server.stop()
             store.delete(ns, c[0])  # the deletes fault (opening the window) and wait
             t_fault = time.monotonic()
@@ -219,23 +226,8 @@ class TestRedisDown:
 
         monkeypatch.setattr(intents, "_RETRY_DELETES_FOR_S", 1.0)
         server = redis_server_factory()
-        cfg = StoreConfig(
-            tiers=[
-                TierConfig(url="mem://", capacity_bytes=4 * CHUNK_BYTES),
-                TierConfig(url=server.url, capacity_bytes=4 * (CHUNK_BYTES + FRAME_SLACK),
-                           options=dict(REDIS_OPTIONS)),
-            ],
-            write_policy="write_back",
-            promote_on_hit=False,
-        )
-        store = HierarchicalStore(cfg)
+        store, redis, ns, c = _full_redis_behind_memory(server, 170)
         try:
-            redis = store.tiers[1]
-            ns = new_namespace()
-            c = [chain(170 + i, 4)[1] for i in range(4)]
-            put_chain(store, ns, c[0])
-            put_chain(store, ns, c[1])  # c[0] is demoted: Redis's ledger is full
-            assert redis.contains_many(ns.digest, c[0]) == 4
             server.stop()
             store.delete(ns, c[0])  # the deletes fault and wait for a retry
             server.start()
