@@ -118,23 +118,19 @@ class MatchResult:
         ids = self._ids
         if ids is None:
             ids = []
-            n = self.hit_chunks
-            if n:
-                index = self._index
-                try:
-                    for key in self._keys:
-                        ids.append(index[key])
-                        if len(ids) == n:
-                            break
-                except KeyError as e:
-                    # The fast match trusts a list that looks like one chain (its depth span and
-                    # last link agree); keys that are not one (never a real hash chain) can pass
-                    # that check while a key in between is absent.
-                    raise InputError(
-                        f"keys are not one chain: key {e.args[0]!r} is not in the tree although "
-                        "the keys around it are; pass one chain of chunk keys (match(..., "
-                        "verify=True) walks it link by link)"
-                    ) from None
+            index, keys = self._index, self._keys
+            try:
+                for i in range(self.hit_chunks):
+                    ids.append(index[keys[i]])
+            except KeyError as e:
+                # The fast match trusts a list that looks like one chain (its depth span and last
+                # link agree); keys that are not one (never a real hash chain) can pass that check
+                # while a key in between is absent.
+                raise InputError(
+                    f"keys are not one chain: key {e.args[0]!r} is not in the tree although the keys "
+                    "around it are; pass one chain of chunk keys (match(..., verify=True) walks it "
+                    "link by link)"
+                ) from None
             self._ids = ids
         return ids
 

@@ -119,7 +119,7 @@ def _tier(text: str) -> _TierArg:
         except ValueError:
             gbps = math.nan
         # An empty, negative, zero or infinite bandwidth would silently model a tier that is not there.
-        if not 0 < gbps < math.inf or not math.isfinite(gbps * 1e9):
+        if not 0 < gbps * 1e9 < math.inf:  # (in bytes/s: 1e308 GB/s overflows)
             raise RadixKVError(f"--tiers: tier {text.strip()!r}: bandwidth {bw!r} must be a finite number of GB/s "
                                f"> 0, as in {name}@7; the syntax is {_TIER_SYNTAX}")
         base = DEFAULT_TIER_MODELS.get(name)

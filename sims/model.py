@@ -35,7 +35,7 @@ import numpy as np
 from radixkv.errors import ConfigError
 
 __all__ = ["ModelSpec", "MODEL_PRESETS", "TierModel", "DEFAULT_TIER_MODELS", "parse_model", "ttft_s",
-           "estimate_ttft", "TTFTEstimate", "parse_size_bytes"]
+           "estimate_ttft", "TTFTEstimate", "parse_size_bytes", "SizeTooLarge"]
 
 # RadixTree.insert's bound of a chunk's size_bytes (its columns are 64-bit integers).
 _MAX_BLOCK_BYTES = 1 << 48
@@ -184,6 +184,10 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 
 _MAX_BYTES = (1 << 63) - 1  # as radixkv.sizes: more is a unit slip, not a budget
 
 
+class SizeTooLarge(ConfigError):
+    """A byte size in the right syntax, past ``_MAX_BYTES``."""
+
+
 def parse_size_bytes(text: str) -> int:
     """``64GiB``, ``1.5TB``, ``4096`` -> bytes (a fraction of a byte is dropped)."""
     m = _SIZE_RE.match(text)
@@ -196,7 +200,7 @@ def parse_size_bytes(text: str) -> int:
     except ValueError:  # over 4,300 digits: int()'s limit on the text it converts
         value = _MAX_BYTES + 1
     if value > _MAX_BYTES:
-        raise ConfigError(f"size {text!r} is too large to be a byte size; give one like 64GiB or 1.5TB")
+        raise SizeTooLarge(f"size {text!r} is too large to be a byte size; give one like 64GiB or 1.5TB")
     return value
 
 

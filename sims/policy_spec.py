@@ -9,7 +9,6 @@ takes as ``policy_options``, so what is tuned here is what is deployed.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -18,7 +18,8 @@ from typing import Sequence
 import numpy as np
 
 from radixkv.errors import ConfigError
-from radixkv.sims.model import DEFAULT_TIER_MODELS, ModelSpec, TierModel, estimate_ttft, parse_size_bytes
+from radixkv.sims.model import (DEFAULT_TIER_MODELS, ModelSpec, SizeTooLarge, TierModel, estimate_ttft,
+                                 parse_size_bytes)
 from radixkv.sims.opt import next_use_table
 from radixkv.sims.policy_spec import PolicySpec, parse_policy_spec
 from radixkv.sims.replay import TierCapacity, replay
@@ -107,9 +108,9 @@ def parse_capacity(text: str, unique_blocks: int, block_bytes: int | None) -> Ca
                           "a percentage of unique blocks (e.g. 2.5%) or a byte size with a unit (e.g. 64GiB)")
     try:
         size = parse_size_bytes(t)
-    except ConfigError as e:
-        if "too large" in str(e):  # a byte size, just too big: say that, not "not a capacity"
-            raise ConfigError(f"capacity {text!r} is too large to be a byte size; give one like 64GiB") from None
+    except SizeTooLarge:  # a byte size, just too big: say that, not "not a capacity"
+        raise ConfigError(f"capacity {text!r} is too large to be a byte size; give one like 64GiB") from None
+    except ConfigError:
         # Not "a byte size like ... 4096": a bare number here is a block count, and a percentage works too.
         raise ConfigError(f"capacity {text!r} is not a capacity; give a percentage of unique blocks (e.g. 5%), "
                           "whole blocks (e.g. 1828) or a byte size with a unit (e.g. 64GiB)") from None

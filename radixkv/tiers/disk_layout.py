@@ -221,17 +221,15 @@ class DiskLayout:
         never makes (an earlier release's ``<h[0:2]>/<h[2:4]>`` level), parents before children.
         ``errors``, if given, collects the directories that could not be listed (EMFILE, EIO):
         their files were not yielded (a missing namespace directory is no error)."""
-        try:
-            ns_names = [namespace] if namespace is not None else sorted(os.listdir(self.root))
-        except OSError as e:
-            if errors is not None and not isinstance(e, FileNotFoundError):
-                errors.append(e)
-            return
-
         def unlisted(e: OSError) -> None:
             if errors is not None and not isinstance(e, FileNotFoundError):
                 errors.append(e)
 
+        try:
+            ns_names = [namespace] if namespace is not None else sorted(os.listdir(self.root))
+        except OSError as e:
+            unlisted(e)
+            return
         for ns in ns_names:
             if not KEY_RE.fullmatch(ns) or os.path.islink(os.path.join(self.root, ns)):
                 continue

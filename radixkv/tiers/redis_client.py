@@ -81,8 +81,12 @@ class RedisUrl:
         """The URL without the password (safe for logs and error messages)."""
         scheme = ("rediss" if self.tls else "redis") + ("+cluster" if self.cluster else "")
         auth = f"{self.username or ''}{':***' if self.password else ''}@" if (self.username or self.password) else ""
-        hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.hosts)  # IPv6: brackets
-        return f"{scheme}://{auth}{hosts}/{self.db}"
+        return f"{scheme}://{auth}" + ",".join(_host_port(h, p) for h, p in self.hosts) + f"/{self.db}"
+
+
+def _host_port(host: str, port: int) -> str:
+    """``host:port`` for a URL; an IPv6 address in brackets, or its last group reads as the port."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _bad(url: str, why: str) -> ConfigError:
@@ -401,10 +405,8 @@ def make_client(
     (host0, port0), *others = parsed.hosts
     klass = FrameSSLConnection if parsed.tls else FrameConnection
     extra = _tls_kwargs(parsed) if parsed.tls else {}
-    # An IPv6 address goes in brackets, or redis-py reads its last group as the port.
-    seed = f"[{host0}]" if ":" in host0 else host0
     client = RedisCluster(
-        url=f"redis://{seed}:{port0}", startup_nodes=[ClusterNode(h, p) for h, p in others],
+        url=f"redis://{_host_port(host0, port0)}", startup_nodes=[ClusterNode(h, p) for h, p in others],
         connection_class=klass, connection_pool_class=BlockingConnectionPool, timeout=_POOL_WAIT_S,
         **common, **extra,
     )
