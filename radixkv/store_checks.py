@@ -128,6 +128,13 @@ def register_namespace(store: HierarchicalStore, nsd: str, nbytes: int, what: st
                 f"tier {tier.name!r} has capacity_bytes={cap}, smaller than one {nbytes}-byte chunk "
                 f"({need} bytes as stored); raise its capacity to at least {need} bytes"
             )
+        limit = getattr(tier, "max_frame_bytes", None)  # a remote store's largest value
+        if limit is not None and limit < need:
+            raise CapacityError(
+                f"tier {tier.name!r} stores values of at most {limit} bytes, smaller than one "
+                f"{nbytes}-byte chunk ({need} bytes as stored); use smaller chunks, or raise that "
+                "limit (Redis: proto-max-bulk-len on the server, max_value_bytes on the tier)"
+            )
     with s.cond:
         return store._ns_bytes.setdefault(nsd, nbytes)
 

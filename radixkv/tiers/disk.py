@@ -73,7 +73,7 @@ from radixkv.tiers.disk_io import (
     read_frame,
     write_frame,
 )
-from radixkv.tiers.disk_layout import DiskLayout, check_ident
+from radixkv.tiers.disk_layout import DiskLayout, check_ident, fsync_dir
 from radixkv.tiers.disk_spares import SpareFiles, unlink_quietly
 from radixkv.tiers.framing import HEADER_BYTES, Hasher, decode_header, encode_header, payload_checksum
 
@@ -98,7 +98,9 @@ class DiskTierConfig:
     and not be writable by group or others, docs/tiers.md "Trust"); capacity_bytes: bound on indexed frame bytes;
     io_threads: parallel reads/writes of one batch (default: one per CPU, at most 4 -- each I/O thread
     also hashes what it moves, so threads beyond the cores only contend: on 2 cores, 4 threads made
-    page-cache reads of a 128 MiB batch ~25% slower than 2); fsync: fsync each file before its commit rename;
+    page-cache reads of a 128 MiB batch ~25% slower than 2); fsync: fsync each file before its commit rename,
+    and its directory after it (and each directory the tier makes into its parent), so a put reported
+    done survives a crash;
     shared: other processes use the same directory; stale_temp_s (shared mode only): age after which
     a leftover temp file (a crashed writer's) is removed by the startup scan, on the clock that
     stamps the directory's files (a network filesystem's server), not this host's; a directory the tier
@@ -164,7 +166,7 @@ class DiskTier:
         self.config = config
         self.name = config.name
         self.capacity_bytes = config.capacity_bytes
-        self._layout = DiskLayout(config.root, config.name)
+        self._layout = DiskLayout(config.root, config.name, sync_dirs=config.fsync)
         self.root = self._layout.root
         self._lock = threading.Lock()
         self._index: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
@@ -568,6 +570,8 @@ class DiskTier:
                 self._stats.puts += 1
                 self._stats.bytes_in += nbytes
                 self._stats.extra["recycled_puts"] += spare is not None
+            if self.config.fsync:
+                self._sync_commit(path)
             return True
         except BaseException as e:
             # Give the reservation and the temp file back whatever failed (an OSError is a failed
@@ -585,6 +589,18 @@ class DiskTier:
                                 "this tier", _describe_os_error(e))
                 return False
             raise
+
+    def _sync_commit(self, path: str) -> None:
+        """fsync mode: make the commit rename durable. The file's bytes were synced before the
+        rename, but the rename itself lives in the directory, which a crash could still lose. A
+        failure leaves the committed chunk readable (the put stands); it is logged as a fault."""
+        try:
+            fsync_dir(os.path.dirname(path))
+        except OSError as e:
+            with self._lock:
+                self._stats.errors += 1
+            self._log_fault("put", "syncing a chunk's directory failed (%s); the chunk is kept but may "
+                            "not survive a crash", _describe_os_error(e))
 
     def _overlap(self, nbytes: int) -> bool:
         threshold = self.config.overlap_min_bytes

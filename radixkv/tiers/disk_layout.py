@@ -52,11 +52,23 @@ def check_ident(namespace: object, keys: object) -> None:
             raise InputError(f"key {k!r} must be 1-128 chars of [A-Za-z0-9_-] (a hex chunk key)")
 
 
+def fsync_dir(d: str) -> None:
+    """Make ``d``'s entries (a rename into it, a directory made in it) durable; OSError if not."""
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class DiskLayout:
     """Paths and directories of one tier root. ``path(ns, key)`` is the chunk's committed file."""
 
-    def __init__(self, root: str, tier_name: str) -> None:
+    def __init__(self, root: str, tier_name: str, sync_dirs: bool = False) -> None:
         self.root = os.path.abspath(root)
+        # fsync mode: a directory this process makes is synced into its parent, so that a crash
+        # cannot lose the directory (and every file committed into it) after puts reported done.
+        self._sync_dirs = sync_dirs
         self.spare_dir = os.path.join(self.root, SPARE_DIR)
         self._prefix = os.path.join(self.root, "")  # root with one trailing separator
         self._tier_name = tier_name
@@ -149,6 +161,8 @@ class DiskLayout:
                 os.mkdir(d, 0o700)
             except FileExistsError:
                 pass
+        if self._sync_dirs:
+            fsync_dir(os.path.dirname(d))
         self._dirs.add(d)
 
     def prepare_root(self) -> None:

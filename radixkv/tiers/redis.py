@@ -162,6 +162,11 @@ class RedisTier:
         return True
 
     @property
+    def max_frame_bytes(self) -> int:
+        """The largest chunk frame (payload and header) one value may hold (``max_value_bytes``)."""
+        return self.config.max_value_bytes
+
+    @property
     def redis_client(self) -> Any:
         """The underlying redis-py ``Redis``/``RedisCluster`` (for diagnostics and tests)."""
         return self._link.client()
@@ -214,6 +219,12 @@ class RedisTier:
         for i, (view, frame_bytes) in enumerate(zip(views, frame_sizes)):
             if view.nbytes == 0:
                 raise InputError(f"payloads[{i}] is empty; a chunk payload must have at least one byte")
+            if frame_bytes > self.config.max_value_bytes:
+                raise CapacityError(
+                    f"payloads[{i}] needs a {frame_bytes}-byte Redis value but tier {self.name!r} has "
+                    f"max_value_bytes={self.config.max_value_bytes} (the server's proto-max-bulk-len); "
+                    "use smaller chunks, or raise proto-max-bulk-len on the server and max_value_bytes here"
+                )
             if frame_bytes > self.capacity_bytes:
                 raise CapacityError(
                     f"payloads[{i}] needs {frame_bytes} bytes (payload + {frame_bytes - view.nbytes} bytes "

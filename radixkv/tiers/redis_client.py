@@ -58,7 +58,8 @@ _TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", 
 TIER_OPTIONS = {"capacity": "capacity_bytes", "capacity_bytes": "capacity_bytes", "ttl_s": "ttl_s",
                 "socket_timeout_s": "socket_timeout_s", "socket_connect_timeout_s": "socket_connect_timeout_s",
                 "down_backoff_s": "down_backoff_s", "batch_bytes": "batch_bytes",
-                "max_connections": "max_connections", "key_prefix": "key_prefix", "name": "name"}
+                "max_connections": "max_connections", "max_value_bytes": "max_value_bytes",
+                "key_prefix": "key_prefix", "name": "name"}
 _DEFAULT_PORT = 6379
 _MAX_TTL_S = 1e9  # seconds (~31 years): Redis refuses an expiry past its 64-bit milliseconds
 NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,128}")  # namespaces and key prefixes
@@ -182,6 +183,10 @@ class RedisTierConfig:
     max_connections: int = 64  # per server/node connection pool
     key_prefix: str = "radixkv"  # Redis keys are <key_prefix>:<namespace>:<chunk key>
     name: str = "redis"
+    # The largest value the server takes: its proto-max-bulk-len (512 MB by default in Redis and
+    # Valkey). A larger value makes the server drop the connection mid-send, so such a chunk is
+    # refused up front (CapacityError) instead of looking like a server outage.
+    max_value_bytes: int = 512 << 20
 
     def __repr__(self) -> str:  # the URL's password stays out of logs (the dataclass repr showed it)
         shown = ", ".join(f"{f}={getattr(self, f)!r}" for f in self.__dataclass_fields__ if f != "url")
@@ -190,7 +195,7 @@ class RedisTierConfig:
     def __post_init__(self) -> None:
         parse_redis_url(self.url)  # raises ConfigError with the reason
         for name in ("capacity_bytes", "ttl_s", "socket_timeout_s", "socket_connect_timeout_s",
-                     "down_backoff_s", "batch_bytes", "max_connections"):
+                     "down_backoff_s", "batch_bytes", "max_connections", "max_value_bytes"):
             if isinstance(getattr(self, name), bool):  # an int to Python: True read as 1 (second)
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be a number, not true/false")
         if self.capacity_bytes is not None and (
@@ -211,6 +216,9 @@ class RedisTierConfig:
             raise ConfigError(f"down_backoff_s={self.down_backoff_s!r} must be in [0, 600] seconds")
         if not isinstance(self.batch_bytes, int) or self.batch_bytes < 1 << 16:
             raise ConfigError(f"batch_bytes={self.batch_bytes!r} must be an int >= 65536")
+        if not isinstance(self.max_value_bytes, int) or self.max_value_bytes < 1 << 20:
+            raise ConfigError(f"max_value_bytes={self.max_value_bytes!r} must be an int >= 1 MiB (the "
+                              "server's proto-max-bulk-len; Redis's smallest setting is 1mb)")
         if not isinstance(self.max_connections, int) or self.max_connections < 1:
             raise ConfigError(f"max_connections={self.max_connections!r} must be a positive int")
         if not NAME_RE.fullmatch(self.key_prefix):
@@ -224,7 +232,7 @@ def _url_options(url: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for field_name, raw in parse_redis_url(url).tier_options:
         try:
-            if field_name in ("capacity_bytes", "batch_bytes"):
+            if field_name in ("capacity_bytes", "batch_bytes", "max_value_bytes"):
                 out[field_name] = parse_bytes(raw, field_name)
             elif field_name == "max_connections":
                 out[field_name] = int(raw)
@@ -247,7 +255,7 @@ def build_config(url: str, options: dict[str, Any]) -> RedisTierConfig:
         raise ConfigError(f"RedisTier got unknown option(s) {unknown}; known: {sorted(known)}")
     merged = _url_options(url)
     for field_name, value in options.items():
-        if field_name in ("capacity_bytes", "batch_bytes") and isinstance(value, str):
+        if field_name in ("capacity_bytes", "batch_bytes", "max_value_bytes") and isinstance(value, str):
             from radixkv.sizes import parse_bytes  # sizes take units everywhere (docs/configuration.md)
 
             value = parse_bytes(value, field_name)

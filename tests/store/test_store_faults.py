@@ -325,6 +325,23 @@ class TestBadInput:
         finally:
             store.close()
 
+    def test_chunk_larger_than_a_redis_value(self, redis_url):
+        """A chunk over the Redis tier's max_value_bytes (the server's proto-max-bulk-len) is refused
+        at its namespace's first put, naming the limit, before anything is written anywhere."""
+        store = HierarchicalStore(StoreConfig(tiers=[
+            TierConfig("mem://", 8 << 20),
+            TierConfig(redis_url, 8 << 20, options={**REDIS_OPTIONS, "max_value_bytes": 1 << 20}),
+        ]))
+        try:
+            ns = new_namespace()
+            _, keys = chain(62, 1)
+            with pytest.raises(CapacityError, match="redis.*at most 1048576 bytes.*proto-max-bulk-len"):
+                store.put(ns, keys, [torch.zeros(2 << 20, dtype=torch.uint8)])
+            assert store._stack.tree.tier_chunks("mem") == 0
+            store.check_integrity()
+        finally:
+            store.close()
+
     def test_wrong_payload_size_and_type(self, make_store):
         store = make_store("mem")
         ns = new_namespace()

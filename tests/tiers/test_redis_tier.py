@@ -420,6 +420,24 @@ def test_server_oom_is_a_failed_put_not_an_exception(make, redis_server_factory)
     assert tier.get_many(ns, ["k0"], outs) == [True] and torch.equal(outs[0], payload("k0", 1 << 20))
 
 
+def test_value_over_the_servers_bulk_limit_is_refused_not_a_fault(make, redis_server_factory):
+    """Found by an audit: a chunk larger than the server's proto-max-bulk-len made the server drop
+    the connection mid-send, and the tier took that for an outage (every call a miss for
+    down_backoff_s). Such a chunk is now a CapacityError naming both fixes; the server stays up."""
+    server = redis_server_factory(extra_args=["--proto-max-bulk-len", "1mb"])
+    tier = make(server.url, max_value_bytes="1MiB", down_backoff_s=5.0)
+    ns = fresh_ns()
+    assert tier.put_many(ns, ["small"], [payload("small", 1000)]) == [True]
+    with pytest.raises(CapacityError, match=r"max_value_bytes=1048576 .*proto-max-bulk-len"):
+        tier.put_many(ns, ["big"], [payload("big", 2 << 20)])
+    outs = empty(1, 1000)
+    assert tier.get_many(ns, ["small"], outs) == [True] and torch.equal(outs[0], payload("small", 1000))
+    assert tier.stats().errors == 0 and tier.max_frame_bytes == 1 << 20
+    with pytest.raises(ConfigError, match="max_value_bytes"):
+        RedisTier(server.url, max_value_bytes=4096)
+    assert make(server.url + "?max_value_bytes=2MiB").config.max_value_bytes == 2 << 20
+
+
 # ------------------------------------------------------------------------------------------ capacity
 
 def test_capacity_refuses_puts_and_is_freed_by_delete(make, redis_url):
