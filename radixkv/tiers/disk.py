@@ -197,6 +197,7 @@ class DiskTier:
         self._stats.extra.update(evictions=0, evicted_bytes=0, evictions_unreported=0, scan_indexed=0, scan_skipped=0,
                                  temp_removed=0, size_mismatches=0, adopted=0, recycled_puts=0, forgotten=0)
         self._layout.prepare_root()
+        self._root_lock = self._layout.lock_root(config.shared)
         if not config.shared:
             self._spares.reset()
         # Fork-safe: a tier built before an engine forks its workers still works in the children.
@@ -465,6 +466,8 @@ class DiskTier:
         self._remove_detached()
         with self._lock:
             self._spares.drop_all()
+        if self._root_lock is not None:
+            self._root_lock.close()  # the root may now be owned by another tier
 
     def check_integrity(self) -> None:
         with self._lock:

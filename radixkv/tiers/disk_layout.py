@@ -12,6 +12,7 @@ under its own lock where that matters).
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import math
 import os
@@ -21,7 +22,7 @@ import shutil
 import stat
 import threading
 import time
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 import xxhash
 
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 _SUFFIX = ".kv"
 _TMP_SUFFIX = ".tmp"
 SPARE_DIR = ".spare"  # recycled files (not an identifier: never walked as a namespace)
+LOCK_FILE = ".lock"  # the root's owner lock (not an identifier: never walked)
 # A directory level the layout makes below a namespace (``<h[0:2]>``; the older layout one more).
 _HASH_DIR_RE = re.compile(r"[0-9a-f]{2}")
 RETIRED_PREFIX = ".retired."  # emptied namespaces' directories being removed (never walked either)
@@ -223,6 +225,38 @@ class DiskLayout:
                 f"ones or plant links that make puts and deletes act outside it; run chmod go-w {root}, "
                 "or pass a directory that does not exist yet (the tier creates it, 0700)"
             )
+
+    def lock_root(self, shared: bool) -> BinaryIO | None:
+        """Take the root's owner lock (``flock`` on ``root/.lock``): exclusive for a private tier,
+        which indexes, evicts and recycles every file under the root as its own, shared for a tier in
+        shared mode. So a second private tier on the same root (in this process or another) is a
+        ConfigError instead of two tiers evicting, recycling and overwriting each other's files, and
+        a private tier cannot open a root that shared tiers use, nor the reverse. The lock goes with
+        the returned file (close it to release; a killed process releases it). A filesystem without
+        ``flock`` (ENOLCK, EOPNOTSUPP) leaves the root unlocked (returns None), as before."""
+        path = os.path.join(self.root, LOCK_FILE)
+        try:
+            f = open(path, "a+b")  # noqa: SIM115 -- held open for the tier's lifetime
+        except OSError as e:
+            logger.warning("radixkv: disk tier %r: cannot open %s (%s); the root is not locked",
+                           self._tier_name, path, e.strerror)
+            return None
+        try:
+            fcntl.flock(f.fileno(), (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            mine, theirs = ("shared", "a private") if shared else ("private", "another (private or shared)")
+            raise ConfigError(
+                f"disk tier {self._tier_name!r}: directory {self.root!r} is in use by {theirs} disk tier "
+                f"(in this process or another), so this {mine} tier cannot own it; give each private "
+                "tier its own directory, or set shared=True on every tier that shares one"
+            ) from None
+        except OSError as e:
+            f.close()
+            logger.warning("radixkv: disk tier %r: %s cannot be locked (%s); the root is not locked",
+                           self._tier_name, self.root, e.strerror)
+            return None
+        return f
 
     # ----------------------------------------------------------------------------- scan
 
