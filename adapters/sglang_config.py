@@ -252,6 +252,7 @@ def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, 
     A pool whose state has a second dtype (Mamba: conv ``dtype``, SSM ``temporal_dtype``) carries
     that one in ``extra`` as ``/ssm-<dtype>``, also where the two are equal: earlier releases
     stored every SSM dtype's state without it, so a name without it may hold any SSM dtype's state.
+    A pool with a page format of its own (``storage_format_tag``) carries it as ``/fmt-<tag>``.
     ``model_digest`` (:func:`sglang_model_digest`) ends ``extra`` as ``/m<hex>``."""
     model = opts.model or getattr(config, "model_name", None) or "unnamed-model"
     pp = f"pp{config.pp_rank}of{config.pp_size}"
@@ -269,13 +270,19 @@ def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, 
     # Always named, even when it equals the conv dtype: releases before the suffix wrote states of
     # every SSM dtype under the bare name (a float16 state there would load into a bfloat16 pool).
     state = f"/ssm-{_dtype_name(temporal)}" if temporal is not None else ""
+    # A host pool with a page format of its own (UnifiedPageEnvelopeHostPool: token-major envelopes)
+    # names it; SGLang appends it to the model name it hands backends (storage_model_name), but the
+    # ``model`` option replaces that name, so without this a unified server's pages and a page_first
+    # server's (same dtype, layout and page bytes, another byte order) shared one namespace.
+    tag = getattr(pool, "storage_format_tag", None)
+    fmt = f"/fmt-{tag}" if tag else ""
     return Namespace(
         model=str(model),
         dtype=dtype,
         layout=layout or str(getattr(pool, "layout", "flat")),
         chunk_tokens=page_size,
         shard=shard,
-        extra=f"sglang-0.5.23/{pool_name}/{plan_tag}{state}" + (f"/m{model_digest}" if model_digest else ""),
+        extra=f"sglang-0.5.23/{pool_name}/{plan_tag}{state}{fmt}" + (f"/m{model_digest}" if model_digest else ""),
     )
 
 

@@ -35,14 +35,15 @@ def test_prefix_hits_after_restart_on_disk_tier(tmp_path, layout):
         store = unwrap(b.backend)
         assert store.counters["adopted_chunks"] > 0
         store.check_integrity()
-        # Another model (namespace) on the same directory sees nothing.
-        other = ControllerHarness(spec, extra_config=cfg, model_name="other-model")
-        try:
-            assert other.prefetch(toks).hit_tokens == 0
-        finally:
-            other.close()
     finally:
         b.close()
+    # Another model (namespace) on the same directory sees nothing (one server at a time: a second
+    # process on a non-shared directory is refused, docs/sglang.md "Ranks and disk directories").
+    other = ControllerHarness(spec, extra_config=cfg, model_name="other-model")
+    try:
+        assert other.prefetch(toks).hit_tokens == 0
+    finally:
+        other.close()
 
 
 def test_two_backends_share_a_redis_tier(redis_url):
@@ -224,6 +225,45 @@ def test_server_args_that_change_the_kv_are_part_of_the_namespace(tmp_path, monk
         finally:
             other.close()
     same = serve()  # a restart with the same arguments finds its pages
+    try:
+        res = same.prefetch(toks)
+        assert res.hit_tokens == 32 and same.page_bytes_at(res.host_indices) == want
+    finally:
+        same.close()
+
+
+@pytest.mark.parametrize("interface_v1", [1, 0])
+def test_a_pools_page_format_is_part_of_the_namespace_under_the_model_option(tmp_path, monkeypatch, interface_v1):
+    """Found by an audit: SGLang tells page formats apart by appending the host pool's
+    ``storage_format_tag`` (``unified-token-major``: token-major envelopes) to the model name it
+    hands a backend, but radixkv's ``model`` option replaced that name, so a unified server and a
+    page_first server of one served model shared a namespace: pages of one byte order loaded into
+    a pool of the other. The tag now is part of the namespace whatever names the model."""
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+
+    spec = PoolSpec(layout="page_first", page_size=4, host_tokens=256)
+    cfg = extra_config([disk_tier(tmp_path / "l3", shared=True)], interface_v1, model="served-model")
+    toks = tokens(32, seed=41)
+
+    def serve(tag):
+        with monkeypatch.context() as m:
+            m.setattr(MHATokenToKVPoolHost, "storage_format_tag", tag)
+            return ControllerHarness(spec, extra_config=cfg)
+
+    a = serve("unified-token-major")
+    try:
+        src = a.alloc(32)
+        a.fill_random(src, seed=7)
+        want = a.page_bytes_at(src)
+        assert a.backup(toks, src) == 32
+    finally:
+        a.close()
+    plain = serve(None)  # same model option, dtype, layout and page bytes; another page format
+    try:
+        assert plain.prefetch(toks).hit_tokens == 0
+    finally:
+        plain.close()
+    same = serve("unified-token-major")
     try:
         res = same.prefetch(toks)
         assert res.hit_tokens == 32 and same.page_bytes_at(res.host_indices) == want

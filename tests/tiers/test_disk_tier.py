@@ -8,6 +8,7 @@ import multiprocessing as mp
 import os
 import stat
 import subprocess
+import sys
 import threading
 import time
 
@@ -668,6 +669,35 @@ class TestCapacity:
 
 
 class TestConstructionErrors:
+    def test_a_root_has_one_private_owner(self, root):
+        """Found by an audit: two private tiers on one root (one process or two) evicted, recycled and
+        cleaned up each other's files (their spare files even shared names). The root is now locked:
+        the second is a ConfigError until the first closes or its process ends."""
+        first = DiskTier(root=root, capacity_bytes=1 << 20)
+        with pytest.raises(ConfigError, match="in use by another .*shared=True"):
+            DiskTier(root=root, capacity_bytes=1 << 20)
+        with pytest.raises(ConfigError, match="in use by a private disk tier"):
+            DiskTier(root=root, capacity_bytes=1 << 20, shared=True)
+        probe = ("from radixkv.tiers.disk import DiskTier\n"
+                 f"t = DiskTier(root={root!r}, capacity_bytes=1 << 20)\n")
+        other = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+        assert other.returncode != 0 and "in use by another" in other.stderr
+        first.close()
+        holder = subprocess.Popen([sys.executable, "-c", probe + "import time; print('up', flush=True); "
+                                   "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline().strip() == "up"  # the other process owns it now
+            with pytest.raises(ConfigError, match="in use by another"):
+                DiskTier(root=root, capacity_bytes=1 << 20)
+        finally:
+            holder.kill()  # a killed owner releases the root
+            holder.wait()
+        again = DiskTier(root=root, capacity_bytes=1 << 20)
+        again.close()
+        a, b = (DiskTier(root=root, capacity_bytes=1 << 20, shared=True) for _ in range(2))  # shared: many
+        a.close()
+        b.close()
+
     def test_root_under_a_regular_file(self, tmp_path):
         f = tmp_path / "file"
         f.write_bytes(b"x")

@@ -24,10 +24,13 @@ def tokens(n: int, seed: int) -> list[int]:
 
 
 def files_of(root: Path) -> dict[str, tuple[int, int, int]]:
-    """Every file under ``root``: (inode, mtime in ns, size in bytes), by relative path."""
+    """Every chunk file under ``root``: (inode, mtime in ns, size in bytes), by relative path (the
+    tiers' ``.lock`` is not a chunk)."""
     out = {}
     for dirpath, _dirs, names in os.walk(root):
         for name in names:
+            if name == ".lock":
+                continue
             path = os.path.join(dirpath, name)
             st = os.stat(path)
             out[os.path.relpath(path, root)] = (st.st_ino, st.st_mtime_ns, st.st_size)
