@@ -159,6 +159,17 @@ def _check_policy(name: Any, what: str) -> None:
     known = _known_policies()
     if known is not None and name not in known:
         raise ConfigError(f"{what}={name!r} is not a known eviction policy; choose one of {known}")
+    if known is not None and _is_offline(name):
+        # opt is registered once radixkv.sims is imported; it needs the trace's future, which a
+        # store never has (before, such a config was valid or not by import order).
+        raise ConfigError(f"{what}={name!r} is an offline policy (the simulator's upper bound, it needs "
+                          "the future); choose a runtime policy such as 'lru' or 'oddsref'")
+
+
+def _is_offline(name: str) -> bool:
+    from radixkv.policies import POLICIES
+
+    return bool(getattr(POLICIES.get(name), "offline", False))
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ other's chunks.
 from __future__ import annotations
 
 import hashlib
+import operator
 import re
 import struct
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ _NAMESPACE_TAG = b"sglang-cache-namespace-v1"
 _U32_MAX = (1 << 32) - 1
 _I64_MAX = (1 << 63) - 1
 _HEX_KEY_CHARS = 64
+_HEX_KEY_RE = re.compile(r"[0-9a-fA-F]{64}")
 
 
 def _part(value: str | None) -> bytes:
@@ -78,17 +80,24 @@ def hash_page(prior: bytes | None, tokens: Sequence[int]) -> bytes:
     except struct.error:
         # A token outside uint32: the whole page uses the wide encoding (the odd 0xff byte keeps
         # it from colliding with any uint32 page), after validating the ids.
+        wide: list[int] = []
         for t in tokens:
-            if not isinstance(t, int) or not 0 <= t <= _I64_MAX:
+            try:
+                v = operator.index(t)  # a numpy integer too, as the uint32 path takes it
+            except TypeError:
+                raise InputError(f"token id {t!r:.40} is not an integer: token ids must be integers in "
+                                 "[0, 2**63); check the tokenizer output") from None
+            if not 0 <= v <= _I64_MAX:
                 raise InputError(
-                    f"token id {t} is out of range: token ids must be integers in [0, 2**63); "
+                    f"token id {v} is out of range: token ids must be integers in [0, 2**63); "
                     "check the tokenizer output"
                 ) from None
+            wide.append(v)
         h = hashlib.sha256()
         if prior is not None:
             h.update(prior)
         h.update(b"\xff")
-        h.update(struct.pack(f"<{len(tokens)}Q", *tokens))
+        h.update(struct.pack(f"<{len(wide)}Q", *wide))
     return h.digest()
 
 
@@ -131,10 +140,9 @@ def sglang_page_keys(
 def _parse_hex_key(key: str) -> bytes:
     if not isinstance(key, str) or len(key) != _HEX_KEY_CHARS:
         raise InputError(f"prior_key={key!r} must be a 64-character hex chunk key")
-    try:
-        return bytes.fromhex(key)
-    except ValueError:
-        raise InputError(f"prior_key={key!r} is not valid hex") from None
+    if not _HEX_KEY_RE.fullmatch(key):  # bytes.fromhex skips whitespace: 64 chars could be 31 bytes
+        raise InputError(f"prior_key={key!r} is not valid hex")
+    return bytes.fromhex(key)
 
 
 def chunk_keys(

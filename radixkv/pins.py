@@ -14,6 +14,8 @@ from radixkv.errors import PinError
 
 __all__ = ["PinTable"]
 
+_FOREVER_S = float("inf")
+
 
 class PinTable:
     """node id -> {owner: lease expiry (clock seconds)}. ``n in table`` is true while any pin, expired
@@ -39,15 +41,17 @@ class PinTable:
     def pin(self, node_ids: Iterable[int], owner: str, lease_s: float) -> None:
         """Record ``owner``'s pin on each node until ``lease_s`` seconds from now (pinning again
         renews the lease). The caller checks the nodes exist."""
-        if not owner:
-            raise PinError("pin owner must be a non-empty string naming the holder (request id, ...)")
+        if not isinstance(owner, str) or not owner:
+            raise PinError(f"pin owner={owner!r:.60} must be a non-empty string naming the holder (request id, ...)")
+        if isinstance(lease_s, bool):
+            raise PinError(f"lease_s={lease_s!r} must be a number of seconds, not a bool")
         # Seconds as floats, whatever number the caller or the clock gives: the compiled build
         # converts them at the call (float annotations), so the Python build does too. (With an
         # integer clock past 2**53 the Python build compared exact ints and kept a pin the compiled
         # one had let expire; an int lease named itself as 0 in one build and 0.0 in the other.)
         lease = lease_s + 0.0  # float(), without accepting a str
-        if not lease > 0:
-            raise PinError(f"lease_s={lease!r} must be > 0 seconds")
+        if not 0 < lease < _FOREVER_S:  # an infinite lease is a pin a crashed owner leaks for good
+            raise PinError(f"lease_s={lease!r} must be a finite number of seconds > 0")
         expiry = float(self._clock()) + lease
         for n in node_ids:
             self.by_node.setdefault(n, {})[owner] = expiry

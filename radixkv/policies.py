@@ -27,6 +27,7 @@ one iterator for a whole batch while staying exact.
 from __future__ import annotations
 
 import inspect
+import math
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generator, Protocol, Sequence
 
 from mypy_extensions import i64
@@ -179,6 +180,11 @@ def _check_option_types(name: str, cls: type, options: dict[str, Any]) -> None:
                               f"(default {p.default!r})")
         if isinstance(p.default, int) and not isinstance(value, int):
             raise ConfigError(f"option {key}={value!r} of eviction policy {name!r} must be an integer "
+                              f"(default {p.default!r})")
+        if isinstance(value, float) and not math.isfinite(value):
+            # inf passed each policy's "> 0" checks: an infinite half-life made every priority NaN
+            # (the heap's order lost), an infinite ghost_factor a history that never trims.
+            raise ConfigError(f"option {key}={value!r} of eviction policy {name!r} must be a finite number "
                               f"(default {p.default!r})")
 
 

@@ -14,7 +14,7 @@ __all__ = ["copy_conflict", "first_overlap", "merged", "overlaps_any"]
 
 def first_overlap(spans: Iterable[tuple[int, int]]) -> tuple[int, int] | None:
     """Indices (in the given order, smaller first) of two spans that overlap, or None."""
-    order = sorted((a, b, i) for i, (a, b) in enumerate(spans))
+    order = sorted((a, b, i) for i, (a, b) in enumerate(spans) if a < b)  # empty spans overlap nothing
     for (_a0, b0, i0), (a1, _b1, i1) in zip(order, order[1:]):
         if a1 < b0:
             return min(i0, i1), max(i0, i1)
@@ -25,6 +25,8 @@ def merged(spans: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     """The spans sorted and merged where they touch or overlap (for :func:`overlaps_any`)."""
     out: list[list[int]] = []
     for a, b in sorted(spans):
+        if a >= b:
+            continue
         if out and a <= out[-1][1]:
             out[-1][1] = max(out[-1][1], b)
         else:
@@ -35,6 +37,8 @@ def merged(spans: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
 def overlaps_any(span: tuple[int, int], sorted_spans: Sequence[tuple[int, int]]) -> bool:
     """Whether ``span`` overlaps one of ``sorted_spans`` (sorted, disjoint: :func:`merged`)."""
     a, b = span
+    if a >= b:
+        return False  # an empty span overlaps nothing (as in copy_conflict)
     k = bisect.bisect_right(sorted_spans, (a, float("inf"))) - 1
     return (k >= 0 and sorted_spans[k][1] > a) or (k + 1 < len(sorted_spans) and sorted_spans[k + 1][0] < b)
 

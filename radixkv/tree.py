@@ -25,9 +25,9 @@ binary search: a match costs O(log n) dict lookups, not a walk over every chunk.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence, cast
 
-from radixkv.errors import ConfigError, InputError
+from radixkv.errors import ConfigError, InputError, PinError
 from radixkv.policies import EvictionPolicy, make_policy
 from radixkv.policy_base import TierPolicy
 from radixkv.tree_eviction import TreeEviction
@@ -352,6 +352,12 @@ class RadixTree(TreeEviction):
         bytes_per_chunk: int = size_bytes
         if isinstance(keys, (str, bytes)):
             raise InputError(f"keys={keys!r:.60} must be a sequence of chunk keys, not one str")
+        # Said here for both builds (the compiled one raised a bare TypeError at the call, the
+        # Python one made a namespace None, or looked an int parent_key up and found nothing).
+        if not isinstance(namespace, str):
+            raise InputError(f"namespace={namespace!r:.60} must be a str (a Namespace's digest)")
+        if parent_key is not None and not isinstance(parent_key, str):
+            raise InputError(f"parent_key={parent_key!r:.60} must be a chunk key (a str) or None")
         if not keys:
             return InsertResult()
         ks: list[str] = keys if isinstance(keys, list) else list(keys)  # indexed natively (see match)
@@ -432,10 +438,17 @@ class RadixTree(TreeEviction):
 
     # ------------------------------------------------------------------ pins
 
-    def pin(self, node_ids: Iterable[int], owner: str, lease_s: float = 60.0) -> None:
+    def pin(self, node_ids: Iterable[int], owner: str, lease_s: object = 60.0) -> None:
         """Protect nodes from eviction for ``owner`` until unpinned or ``lease_s`` seconds pass
         (so a crashed owner cannot leak pins). Pinning again renews the lease."""
         ids = list(node_ids)
+        # Checked as objects, before a compiled build's typed loop would take a bool for an int.
+        for o in cast("list[object]", ids):
+            if type(o) is not int:
+                raise InputError(f"node id {o!r} must be an int (a node id the tree returned), "
+                                 f"not {type(o).__name__}")
+        if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)):
+            raise PinError(f"lease_s={lease_s!r:.40} must be a number of seconds")
         for n in ids:
             self._alive(n)
         self._pins.pin(ids, owner, lease_s)
@@ -510,6 +523,11 @@ def _options_for(
     tier: str,
     tiers: tuple[str, ...],
 ) -> dict[str, object]:
+    if policy_options is None:
+        return {}
+    if not isinstance(policy_options, Mapping):
+        raise ConfigError(f"policy_options={policy_options!r:.80} must be a mapping of option name to value "
+                          "(or of tier name to such a mapping)")
     if not policy_options:
         return {}
     if all(k in tiers for k in policy_options) and all(isinstance(v, Mapping) for v in policy_options.values()):

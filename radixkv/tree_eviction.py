@@ -27,10 +27,20 @@ from radixkv.tree_results import DropResult
 __all__ = ["TreeEviction"]
 
 
+def _chunk_count(n_chunks: object) -> int:
+    """``n_chunks`` as an int; InputError for what is not an integer (a float, a bool, a str)."""
+    if isinstance(n_chunks, bool):
+        raise InputError(f"n_chunks={n_chunks!r} must be an integer number of chunks, not a bool")
+    try:
+        return operator.index(n_chunks)  # type: ignore[arg-type]
+    except TypeError:
+        raise InputError(f"n_chunks={n_chunks!r} must be an integer number of chunks") from None
+
+
 class TreeEviction(TreeJoins):
     """Evicting from a tier: :meth:`evict` and :meth:`evict_candidates`."""
 
-    def evict_candidates(self, tier: str, n_chunks: int, drop: bool = False) -> list[int]:
+    def evict_candidates(self, tier: str, n_chunks: SupportsIndex, drop: bool = False) -> list[int]:
         """Up to ``n_chunks`` nodes to evict from ``tier``, best first per the tier's policy.
 
         Every candidate is resident in ``tier``, unpinned, and has no child resident in ``tier``.
@@ -38,7 +48,8 @@ class TreeEviction(TreeJoins):
         unless another tier holds it, so dropping it never orphans anything. Does not mutate the tree.
         """
         t = self.tier_index(tier)
-        if n_chunks <= 0:
+        want = _chunk_count(n_chunks)
+        if want <= 0:
             return []
         out: list[int] = []
         seen: set[int] = set()
@@ -51,7 +62,7 @@ class TreeEviction(TreeJoins):
                     continue
                 seen.add(n)
                 out.append(n)
-                if len(out) >= n_chunks:
+                if len(out) >= want:
                     break
         finally:
             gen.close()
@@ -88,13 +99,10 @@ class TreeEviction(TreeJoins):
             t = self.tier_index(tier)  # raises: unknown tier
         removed: list[int] = []
         removed_o = cast("list[object]", removed)  # filled with the index's int objects
-        if isinstance(n_chunks, int):  # the replay's case: no call into operator
+        if type(n_chunks) is int:  # the replay's case: no call into operator
             n_evict: int = n_chunks
         else:
-            try:
-                n_evict = operator.index(n_chunks)
-            except TypeError:
-                raise InputError(f"n_chunks={n_chunks!r} must be an integer number of chunks") from None
+            n_evict = _chunk_count(n_chunks)
         if n_evict <= 0:
             return DropResult()
         pol = self._policies[t]

@@ -71,7 +71,12 @@ class TreeNodes:
 
     def __init__(self, tiers: Sequence[str], clock: Callable[[], float] = time.monotonic,
                  max_awaiting_runs: int = _MAX_AWAITING_RUNS) -> None:
+        if isinstance(tiers, (str, bytes)):  # tuple("disk") would be four tiers d, i, s, k
+            raise ConfigError(f"tiers={tiers!r} must be a sequence of tier names, e.g. ({tiers!r},)")
         tiers = tuple(tiers)
+        for name in tiers:
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"tier name {name!r} must be a non-empty str")
         if (not isinstance(max_awaiting_runs, int) or isinstance(max_awaiting_runs, bool)
                 or max_awaiting_runs < 0):
             raise ConfigError(f"max_awaiting_runs={max_awaiting_runs!r} must be an integer >= 0")
@@ -140,6 +145,11 @@ class TreeNodes:
         return len(self._key) - len(self._free)
 
     def _alive(self, node_id: int) -> bool:
+        # Exactly int: a numpy integer (the compiled build refuses it at the call) or a bool would
+        # be stored as such in the pins and the policies' tables, which then fail their checks.
+        if type(node_id) is not int:
+            raise InputError(f"node id {node_id!r} must be an int (a node id the tree returned), "
+                             f"not {type(node_id).__name__}")
         if not (0 <= node_id < len(self._key)) or self._key[node_id] is None:
             raise InputError(f"node id {node_id} is not in the tree (removed or never inserted)")
         return True

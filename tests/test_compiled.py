@@ -273,4 +273,57 @@ def test_pin_leases_are_float_seconds_in_both_builds():
     cur.pop("compiled")
     assert cur == src
     assert src["pinned"] == [False, True]  # 1 s is below the float clock's step there, 10,000 s not
-    assert src["errors"] == [f"lease_s={v} must be > 0 seconds" for v in ("0.0", "-1.0", "0.0")]
+    assert src["errors"] == [f"lease_s={v} must be a finite number of seconds > 0" for v in ("0.0", "-1.0", "0.0")]
+
+
+_BAD_CALLS = r"""
+import json, math, numpy as np
+import radixkv.compiled as c
+from radixkv.errors import RadixKVError
+from radixkv.tree import RadixTree
+t = RadixTree(("mem",))
+t.insert("ns", ["k0", "k1"], "mem", 16, 1)
+calls = {
+    "pin(np.int64)": lambda: t.pin([np.int64(0)], "o"),
+    "pin(True)": lambda: t.pin([True], "o"),
+    "touch(np.int64)": lambda: t.touch([np.int64(1)]),
+    "set_resident(np.int64)": lambda: t.set_resident([np.int64(1)], "mem"),
+    "insert(namespace=None)": lambda: t.insert(None, ["a"], "mem", 16, 1),
+    "insert(parent_key=5)": lambda: t.insert("ns", ["b"], "mem", 16, 1, parent_key=5),
+    "pin(owner=7)": lambda: t.pin([0], 7),
+    "pin(lease_s=inf)": lambda: t.pin([0], "o", math.inf),
+    "pin(lease_s=True)": lambda: t.pin([0], "o", True),
+    "evict_candidates(1.5)": lambda: t.evict_candidates("mem", 1.5),
+    "evict_candidates(True)": lambda: t.evict_candidates("mem", True),
+    "RadixTree('disk')": lambda: RadixTree("disk"),
+    "RadixTree((1, 2))": lambda: RadixTree((1, 2)),
+    "RadixTree(policy_options=pairs)": lambda: RadixTree(("mem",), "s3fifo", [("small_fraction", 0.2)]),
+    "agedref(initial_half_life=inf)": lambda: RadixTree(("mem",), "agedref", {"initial_half_life": math.inf}),
+    "agedref(ghost_factor=inf)": lambda: RadixTree(("mem",), "agedref", {"ghost_factor": math.inf}),
+    "oddsref(odds_weight=nan)": lambda: RadixTree(("mem",), "oddsref", {"odds_weight": math.nan}),
+}
+out = {"compiled": c.active(), "calls": {}}
+for name, call in calls.items():
+    try:
+        call()
+        out["calls"][name] = "accepted"
+    except (RadixKVError, TypeError) as e:  # TypeError: the compiled build's own check at the call
+        out["calls"][name] = type(e).__name__
+t.check_integrity()
+out["namespaces"] = t.namespaces()
+print(json.dumps(out))
+"""
+
+
+def test_bad_arguments_are_refused_in_both_builds():
+    """Found by an audit: the Python build accepted what the compiled one refused at the call (a
+    numpy node id stored in the pins, which then failed their check; a namespace None; an int
+    parent_key; a str as the tier list: four tiers d, i, s, k), and both took an infinite lease or
+    policy option (an infinite half-life made every heap priority NaN)."""
+    for env in ({"RADIXKV_COMPILED": "0"}, {}):
+        got = json.loads(_run(_BAD_CALLS, **env))
+        accepted = [name for name, how in got["calls"].items() if how == "accepted"]
+        assert not accepted, (got["compiled"], accepted)
+        assert got["namespaces"] == ["ns"]
+        if not got["compiled"]:  # the Python build names the problem itself: no bare TypeError
+            assert "TypeError" not in got["calls"].values(), got["calls"]

@@ -353,3 +353,14 @@ def test_tiers_in_separate_places_are_accepted():
         "redis://127.0.0.1:6400/0", "redis://127.0.0.1:6400/1", "redis://127.0.0.1:6400/0?key_prefix=other",
         "redis://127.0.0.1:6401/0"]}).tiers
     assert len(tiers) == 8
+
+
+def test_an_offline_policy_is_refused_whatever_was_imported():
+    """Found by an audit: StoreConfig(policy="opt") was refused in a fresh process but accepted once
+    radixkv.sims had registered opt; a store would then run a policy that never learns the future."""
+    import radixkv.sims.opt  # noqa: F401  (registers opt)
+
+    with pytest.raises(ConfigError, match="offline policy"):
+        StoreConfig(tiers=[TierConfig("mem://", 1 << 20)], policy="opt")
+    with pytest.raises(ConfigError, match="offline policy"):
+        TierConfig("mem://", 1 << 20, policy="opt")

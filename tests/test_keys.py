@@ -103,7 +103,7 @@ def test_chunk_keys_multiple_of_page():
 @pytest.mark.parametrize(
     "tokens, page, match",
     [([1, -2, 3, 4], 2, "out of range"), ([1, 2], 0, "page_size"), ([1, 2], -1, "page_size"),
-     ([1.5, 2], 2, "out of range"), ([2**64, 1], 2, "out of range"), (None, 2, "token_ids=None"),
+     ([1.5, 2], 2, "not an integer"), ([2**64, 1], 2, "out of range"), (None, 2, "token_ids=None"),
      ("1234", 2, "sequence of int"), (7, 2, "sequence of int")],
 )
 def test_bad_input(tokens, page, match):
@@ -168,3 +168,22 @@ def test_namespace_refuses_chunk_tokens_the_tree_cannot_hold(chunk_tokens):
     with pytest.raises(ConfigError, match="below 2\\*\\*48"):
         Namespace("llama", "bfloat16", "page_first", chunk_tokens)
     Namespace("llama", "bfloat16", "page_first", (1 << 48) - 1)
+
+
+def test_numpy_token_ids_hash_like_ints_also_on_wide_pages():
+    """Found by an audit: numpy ids of a page holding an id >= 2**32 were refused, with an error
+    naming a valid id (the wide-page check asked isinstance(t, int)); SGLang hashes them."""
+    np = pytest.importorskip("numpy")
+    ids = [1, 2**33, 3, 4, 5, 6, 7, 8]
+    assert sglang_page_keys(np.array(ids, dtype=np.int64), 4) == sglang_page_keys(ids, 4)
+    assert sglang_page_keys([np.int64(t) for t in ids], 4) == sglang_page_keys(ids, 4)
+    with pytest.raises(InputError, match=r"token id '1' is not an integer"):
+        sglang_page_keys(["1", 2**33, 3, 4], 4)
+
+
+def test_a_prior_key_with_whitespace_is_refused():
+    """bytes.fromhex skips whitespace: 64 characters with spaces were taken as a 31-byte prior."""
+    with pytest.raises(InputError, match="not valid hex"):
+        sglang_page_keys([1, 2, 3, 4], 4, prior_key="ab" * 30 + " cd ")
+    good = sglang_page_keys([1, 2, 3, 4], 4)[0]
+    assert sglang_page_keys([5, 6, 7, 8], 4, prior_key=good.upper()) == sglang_page_keys([5, 6, 7, 8], 4, prior_key=good)

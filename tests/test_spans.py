@@ -47,3 +47,11 @@ def test_copy_conflict_matches_brute_force():
         assert (got is None) == (want is None), (dsts, srcs, got, want)
         if want == "source" and got is not None:
             assert got == "source" or brute(dsts, []) == "destinations"
+
+
+def test_an_empty_span_overlaps_nothing_in_every_helper():
+    """As in copy_conflict: a zero-size view (a == b) never conflicts with anything."""
+    assert first_overlap([(0, 10), (5, 5)]) is None
+    assert first_overlap([(5, 5), (0, 10), (8, 12)]) == (1, 2)
+    assert not overlaps_any((5, 5), merged([(0, 10)]))
+    assert merged([(3, 3), (0, 2), (2, 4)]) == ((0, 4),)
