@@ -233,11 +233,20 @@ def _page_buffers(pool: Any) -> list[torch.Tensor]:
     return list(out.values())
 
 
+def _pages_move(pool: Any) -> bool:
+    """A pool whose pages have no fixed address: SGLang's unified host pool
+    (``UnifiedPageEnvelopeHostPool``, the one with a page format of its own) translates logical pages
+    to physical ones per call and moves them when it compacts, so addresses read from three probe
+    pages (which may look affine at the time) would name other pages later. Its own page calls
+    translate under its layout lease: it is stored through its flat page."""
+    return getattr(pool, "storage_format_tag", None) is not None or hasattr(pool, "_shared_backing")
+
+
 def plan_for(pool: Any, flat: bool = False) -> PagePlan:
     """The best plan SGLang's host pool allows (``flat=True`` forces the flat data-page format).
     Raises :class:`ConfigError` for a pool radixkv cannot store (neither plan works)."""
     page_size = int(getattr(pool, "page_size", 1) or 1)
-    if flat:
+    if flat or _pages_move(pool):
         return _flat_plan(pool, page_size)
     meta = getattr(pool, "get_page_buffer_meta", None)
     bases = _page_buffers(pool)

@@ -292,3 +292,22 @@ def test_mxfp8_kv_pool_is_refused_with_the_way_out():
     with pytest.raises(ValueError, match=r"mxfp8.*another --kv-cache-dtype.*without an L3 storage backend") as e:
         ControllerHarness(spec, extra_config=extra_config([mem_tier()]), pools=pools)
     assert isinstance(e.value.__cause__, ConfigError)
+
+
+def test_a_pool_whose_pages_move_is_stored_through_its_flat_page(monkeypatch):
+    """Found by an audit (a suspicion, made concrete here): SGLang's unified host pool translates
+    logical pages to physical ones per call and moves them when it compacts. Attached while its
+    probe pages happened to map affinely, radixkv would have cached a zero-copy address plan that
+    names other pages after the next compaction. A pool with a page format of its own (or a shared
+    backing) is now always stored through its own flat page calls, which translate."""
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+
+    from radixkv.adapters.sglang_pages import plan_for
+
+    host = build_pools(PoolSpec(layout="page_first", page_size=PS, host_tokens=HOST_TOKENS)).host_pool
+    assert plan_for(host).mode == "parts"  # fixed addresses: the zero-copy plan
+    monkeypatch.setattr(MHATokenToKVPoolHost, "storage_format_tag", "unified-token-major")
+    assert plan_for(host).mode == "flat"
+    monkeypatch.undo()
+    host._shared_backing = object()
+    assert plan_for(host).mode == "flat"
