@@ -175,6 +175,7 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
                 num_kv_cache_groups=len(kv_cache_config.kv_cache_groups),
                 # A kv_consumer only reads: it borrows the shared tiers (never writes or deletes).
                 writes=bool(self._kv_transfer_config.is_kv_producer),
+                loads=bool(self._kv_transfer_config.is_kv_consumer),
             )
 
     # ---- class-level hooks ---------------------------------------------------------------------

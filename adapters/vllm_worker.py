@@ -146,6 +146,7 @@ class WorkerSide:
         pcp_rank: int = 0,
         pcp_size: int = 1,
         writes: bool = True,
+        loads: bool = True,
     ) -> None:
         """``model_digest``: :func:`~radixkv.adapters.vllm_options.model_identity_digest` of the
         deployment, part of every group's namespace (``""`` only for tools without a vLLM config).
@@ -156,7 +157,8 @@ class WorkerSide:
         ``writes``: whether this engine stores chunks (``kv_role`` kv_both or kv_producer). A
         kv_consumer (False) only reads the shared tiers: it borrows its namespaces there
         (:meth:`~radixkv.store.HierarchicalStore.borrow`), so it never writes into them nor
-        deletes the chunks another engine stored there."""
+        deletes the chunks another engine stored there. ``loads``: whether it loads chunks (kv_both
+        or kv_consumer); only a loading worker's ``max_staging_bytes`` must hold a chunk."""
         self.options = options
         self.geometries = groups
         self.chunk_tokens = chunk_tokens
@@ -174,6 +176,7 @@ class WorkerSide:
         self.worker_dir = worker_dir(tp_rank, tp_size, pp_rank, pp_size, pcp_rank, pcp_size, dp_rank)
         self.store = store
         self.writes = writes
+        self.loads = loads
         # The cache generation of the namespaces in use: "" until the scheduler side's first
         # reset_cache reaches this worker in a step's metadata (then that reset's token).
         self.generation = ""
@@ -274,6 +277,14 @@ class WorkerSide:
             raise ConfigError("this worker holds no layer of any KV-cache group; nothing to store")
         self._borrow_if_reader()
         self._pin = self.present[0].layout.device.type == "cuda"
+        per_chunk = sum(g.chunk_bytes for g in self.present)
+        if self.loads and self.options.max_staging_bytes < per_chunk:
+            # Every lookup would offer no chunk: a silent write-only engine.
+            logger.warning(
+                "radixkv: max_staging_bytes=%d is below one chunk (%d bytes over this worker's KV "
+                "groups): no chunk will ever be loaded; raise it to at least %d, or use kv_role "
+                "kv_producer for an engine that only stores", self.options.max_staging_bytes, per_chunk,
+                per_chunk)
 
     def _borrow_if_reader(self) -> None:
         """A kv_consumer reads what other engines (kv_producer, kv_both) store in the shared tiers

@@ -105,3 +105,18 @@ def test_a_consumer_neither_deletes_nor_writes_the_producers_chunks(model_dir, t
     w.store.close()  # and its close flushes nothing into the shared tiers either
     assert files_of(root) == files_before
     assert {k: client.get(k) for k in client.scan_iter(match=f"{prefix}:*")} == values_before
+
+
+@pytest.mark.parametrize("role, warned", [("kv_both", True), ("kv_consumer", True), ("kv_producer", False)])
+def test_a_staging_budget_below_one_chunk_is_reported(model_dir, tmp_path, caplog, role, warned):
+    """Found by an audit: max_staging_bytes below one chunk (0, say) made every lookup offer
+    nothing, silently: an engine that never loads. Said at start where the engine loads."""
+    cfg = make_vllm_config(model_dir, {"chunk_tokens": CHUNK, "max_staging_bytes": CHUNK_BYTES - 1,
+                                       "store": {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 20}]}})
+    cfg.kv_transfer_config.kv_role = role
+    with caplog.at_level("WARNING", logger="radixkv.adapters.vllm_worker"):
+        eng = Engine(cfg, make_kv_cache_config())
+    try:
+        assert ("no chunk will ever be loaded" in caplog.text) is warned, caplog.text
+    finally:
+        eng.close()
