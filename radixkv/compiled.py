@@ -28,7 +28,7 @@ import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 __all__ = ["STAMP_FORMAT", "active", "decide", "install", "modules", "reason"]
 
@@ -87,9 +87,14 @@ def _built_modules(here: Path = _HERE) -> list[str]:
     return sorted(out)
 
 
+def _switched_off(environ: Mapping[str, str]) -> bool:
+    # Read as RADIXKV_NATIVE reads its switch: "false" ran the compiled build before.
+    return environ.get("RADIXKV_COMPILED", "1").strip().lower() in ("0", "false", "no", "off")
+
+
 def decide(stamp: dict[str, Any], environ: dict[str, str], here: Path = _HERE) -> str:
     """'' when this Python's build recorded in ``stamp`` may run, else the reason it may not."""
-    if environ.get("RADIXKV_COMPILED", "1") == "0":
+    if _switched_off(environ):
         return "switched off by RADIXKV_COMPILED=0"
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]  # the one the importer tries first
     build = stamp.get("builds", {}).get(suffix) if stamp.get("format") == STAMP_FORMAT else None
@@ -133,7 +138,7 @@ def install() -> None:
     else:
         stamp = loaded if isinstance(loaded, dict) else {}
         why = decide(stamp, dict(os.environ))
-    if os.environ.get("RADIXKV_COMPILED", "1") == "0":  # the reason even where no build is recorded
+    if _switched_off(os.environ):  # the reason even where no build is recorded
         why = "switched off by RADIXKV_COMPILED=0"
     recorded = [m for b in stamp.get("builds", {}).values() if isinstance(b, dict)
                 for m in b.get("sources", {})] if isinstance(stamp.get("builds"), dict) else []

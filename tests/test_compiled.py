@@ -95,6 +95,8 @@ def test_decide_accepts_a_complete_unchanged_build(tmp_path):
     assert compiled.decide(_fake_build(tmp_path), {}, tmp_path) == ""
     assert "RADIXKV_COMPILED=0" in compiled.decide(_fake_build(tmp_path), {"RADIXKV_COMPILED": "0"},
                                                    tmp_path)
+    for off in ("false", "No", " off "):  # as RADIXKV_NATIVE reads its switch
+        assert "RADIXKV_COMPILED=0" in compiled.decide(_fake_build(tmp_path), {"RADIXKV_COMPILED": off}, tmp_path)
 
 
 @pytest.mark.parametrize("damage,expect", [
