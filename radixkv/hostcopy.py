@@ -161,4 +161,11 @@ def _nbytes(t: object, what: str, i: int) -> int:
         desc = f"{type(t).__name__}" if not isinstance(t, torch.Tensor) else (
             f"a tensor on {t.device}, contiguous={t.is_contiguous()}")
         raise InputError(f"{what} {i} is {desc}; pass contiguous CPU tensors")
+    if t.is_conj() or t.is_neg():
+        # a lazy conjugate / negative view: its storage holds the untransformed values, which a byte
+        # copy would move as they are (wrong values in the destination, or read back through it)
+        lazy = "conjugate" if t.is_conj() else "negative"
+        fix = ".resolve_conj()" if t.is_conj() else ".resolve_neg()"
+        raise InputError(f"{what} {i} is a lazy {lazy} view (its bytes are not its values); "
+                         f"pass t{fix} instead")
     return t.nbytes

@@ -31,6 +31,28 @@ from radixkv.bench.__main__ import main
         (["store", "--sizes-mib", "0"], "--sizes-mib: '0'"),
         (["store", "--batch", "0"], "--batch: '0'"),
         (["store", "--reps", "0"], "--reps: '0'"),
+        # sglang: checked before SGLang is imported (they were an IndexError, a ZeroDivisionError,
+        # an empty min() after every round ran, and SGLang's own ValueError)
+        (["sglang", "--pages", "0"], "--pages: '0'"),
+        (["sglang", "--page-size", "0"], "--page-size: '0'"),
+        (["sglang", "--rounds", "0"], "--rounds: '0'"),
+        (["sglang", "--disk-io-threads", "0"], "--disk-io-threads: '0'"),
+        (["sglang", "--layers", "x"], "--layers: 'x'"),
+        (["tiers", "--batch-mib", "0"], "--batch-mib: '0'"),
+        (["tiers", "--tiers", ","], "--tiers ',' names no tier"),  # measured nothing, exit 0
+        # kernels: --threads 0 / -5 were clamped to 1 silently; a bad device was a RuntimeError (or
+        # for meta a misleading aliasing error) after a banner saying "on CPU"
+        (["kernels", "--threads", "0"], "--threads: '0'"),
+        (["kernels", "--threads", "-5"], "--threads: '-5'"),
+        (["kernels", "--device", "foo"], "--device: 'foo' is not a device"),
+        (["kernels", "--device", "meta"], "--device: 'meta' is not a device"),
+        (["kernels", "--device", "cuda:x"], "--device: 'cuda:x' is not a device"),
+        # vllm: checked before vLLM is imported
+        (["vllm", "--repeats", "0"], "--repeats: '0'"),
+        (["vllm", "--block", "0"], "--block: '0'"),
+        (["vllm", "--chunks", "-1"], "--chunks: '-1'"),
+        (["vllm", "--chunk-tokens", "0"], "--chunk-tokens: '0'"),
+        (["vllm", "--chunk-tokens", "24", "--block", "16"], "--chunk-tokens 24 is not a multiple of --block 16"),
     ],
 )
 def test_bad_counts_and_sizes_are_usage_errors(argv, named, capsys):
@@ -38,6 +60,65 @@ def test_bad_counts_and_sizes_are_usage_errors(argv, named, capsys):
         main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and "Traceback" not in err and named in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--reps", "0"], "--reps: '0'"),  # statistics.StatisticsError after the server started
+        (["--batch-mib", "0"], "--batch-mib: '0'"),
+        (["--sizes-mib", "0"], "'0' must be a number > 0"),  # ZeroDivisionError
+        (["--sizes-mib", "x"], "'x' must be a number > 0"),  # ValueError traceback
+    ],
+)
+def test_redis_tier_bench_bad_arguments_are_usage_errors(argv, named, capsys):
+    pytest.importorskip("redis")
+    from radixkv.bench._redis_tier import main as redis_main
+
+    with pytest.raises(SystemExit) as e:
+        redis_main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err and named in err, err
+
+
+def _refused_url() -> str:
+    """A loopback port nothing listens on (connections are refused at once)."""
+    import socket
+
+    with socket.socket() as s:  # bound but never listening: connecting is refused
+        s.bind(("127.0.0.1", 0))
+        return f"redis://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_bench_tiers_with_an_unreachable_redis_url_says_so_before_any_row(capsys):
+    """It ran the other rows, then ended in `AssertionError: tier put failed` (the tier turns a down
+    server into failed puts by design)."""
+    pytest.importorskip("redis")
+    url = _refused_url()
+    with pytest.raises(SystemExit) as e:
+        main(["tiers", "--tiers", "memory,redis", "--sizes-mib", "0.001", "--reps", "1", "--redis-url", url])
+    captured = capsys.readouterr()
+    assert e.value.code == 2 and "cannot reach the Redis server" in captured.err and url in captured.err
+    assert "| memory |" not in captured.out  # checked before the memory rows ran
+    from radixkv.bench._redis_tier import main as redis_main
+
+    assert redis_main(["--url", url, "--sizes-mib", "0.001", "--reps", "1"]) == 2
+    assert "cannot reach the Redis server" in capsys.readouterr().err
+
+
+def test_bench_vllm_without_vllm_prints_a_hint(capsys):
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    else:
+        pytest.skip("vllm is installed here")
+    with pytest.raises(SystemExit) as e:  # was a ModuleNotFoundError traceback
+        main(["vllm", "--repeats", "1"])
+    assert "vllm==0.33.0 is not installed here" in str(e.value.code)
+    assert "setup_vllm_env.sh" in str(e.value.code)
 
 
 def test_bench_sim_bad_policy_fails_before_any_run(capsys):

@@ -67,6 +67,29 @@ def test_non_contiguous_and_count_mismatch_rejected():
         HostCopier(1).copy([t, t], [t])
 
 
+@pytest.mark.parametrize("lazy", ["conj", "neg"])
+@pytest.mark.parametrize("side", ["source", "destination"])
+def test_lazy_conj_and_neg_views_are_refused_before_any_byte_moves(lazy, side):
+    """A conj/neg view's storage holds the untransformed values: a byte copy would give wrong ones."""
+    if lazy == "conj":
+        base = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+        view, fix = base.conj(), r"\.resolve_conj\(\)"
+    else:
+        base = torch.tensor([1.0, -2.0])
+        view, fix = torch._neg_view(base), r"\.resolve_neg\(\)"
+    plain = torch.zeros_like(base)
+    first_d, first_s = torch.zeros(8, dtype=torch.uint8), torch.ones(8, dtype=torch.uint8)
+    d, s = (plain, view) if side == "source" else (view, base.clone())
+    with pytest.raises(InputError, match=rf"{side} 1 is a lazy .*{fix}"):
+        HostCopier(1).copy([first_d, d], [first_s, s])
+    assert int(first_d.sum()) == 0  # validated before the first byte moved
+    # resolved, the same values copy exactly
+    if side == "source":
+        resolved = view.resolve_conj() if lazy == "conj" else view.resolve_neg()
+        HostCopier(1).copy([plain], [resolved])
+        assert torch.equal(plain, view)
+
+
 def test_overlapping_buffers_are_refused_before_any_byte_moves():
     # Documented from the start but unchecked: a 4-thread copy of overlapping halves garbled bytes.
     buf = rnd(3, 40 * MiB)

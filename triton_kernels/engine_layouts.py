@@ -63,10 +63,15 @@ def vllm_views(
     return tuple(views)
 
 
+def _check_page_tokens(page_tokens: object) -> None:
+    # bool is an int: True would be taken as pages of 1 token
+    if not isinstance(page_tokens, int) or isinstance(page_tokens, bool) or page_tokens < 1:
+        raise InputError(f"page_tokens must be a positive int; got {page_tokens!r}")
+
+
 def _pages(t: torch.Tensor, page_tokens: int, what: str) -> torch.Tensor:
     """``[tokens, heads, dim]`` -> ``[tokens // page_tokens, page_tokens, heads, dim]`` view."""
-    if not isinstance(page_tokens, int) or page_tokens < 1:
-        raise InputError(f"page_tokens must be a positive int; got {page_tokens!r}")
+    _check_page_tokens(page_tokens)
     num_pages = t.shape[0] // page_tokens
     if num_pages < 1:
         raise InputError(f"{what} has {t.shape[0]} tokens, fewer than one page of {page_tokens}")
@@ -112,6 +117,7 @@ def sglang_host_views(
     page_head          (2, page_num, H, page_size, L, D)   not an MLA layout
     =================  ==================================  ================================
     """
+    _check_page_tokens(page_tokens)  # also for the layouts that only compare it with a page size
     if layout not in SGLANG_HOST_LAYOUTS or (mla and layout == "page_head"):
         raise InputError(
             f"unsupported SGLang host layout {layout!r}{' for MLA' if mla else ''}; choose one of "

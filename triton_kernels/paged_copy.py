@@ -708,7 +708,13 @@ def _chunk_views(layout, chunks, num_chunks: int, pages_per_chunk: int) -> tuple
     if isinstance(chunks, torch.Tensor):
         items = [chunks[i] for i in range(chunks.shape[0])] if chunks.dim() > 0 else []
     else:
-        items = list(chunks)
+        try:
+            items = list(chunks)
+        except TypeError:
+            raise InputError(
+                f"chunks must be one tensor of all chunks or a sequence of chunk tensors; got "
+                f"{type(chunks).__name__} (allocate them with alloc_chunks)"
+            ) from None
     if len(items) != num_chunks:
         raise InputError(
             f"page_ids has {num_chunks} rows but {len(items)} chunk buffers were given"

@@ -71,7 +71,7 @@ class PagedLayout:
     storage_spans: tuple[tuple[int, int], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        views = tuple(tuple(layer) for layer in self.views)
+        views = _nested_views(self.views)
         if not views:
             raise InputError("a PagedLayout needs at least one layer; got views=[]")
         first = views[0]
@@ -85,6 +85,13 @@ class PagedLayout:
                 "each view must be a 4-D tensor [num_pages, page_tokens, num_heads, head_dim]; "
                 f"layer 0 component 0 is {type(ref).__name__} of shape "
                 f"{getattr(ref, 'shape', None)}"
+            )
+        if ref.device.type == "meta":
+            # Meta tensors have no memory: a copy would move nothing (and the aliasing checks, all
+            # at address 0, would blame the chunk buffers).
+            raise InputError(
+                "the views are meta tensors (shapes without memory); build the layout over the "
+                "engine's allocated KV tensors (CPU or CUDA)"
             )
         word_dtype(ref.dtype)
         for li, layer in enumerate(views):
@@ -134,7 +141,7 @@ class PagedLayout:
     @classmethod
     def from_views(cls, views: Sequence[Sequence[torch.Tensor]]) -> PagedLayout:
         """Layout from ``views[layer][component]``, 4-D ``[pages, page_tokens, heads, dim]``."""
-        return cls(tuple(tuple(layer) for layer in views))
+        return cls(_nested_views(views))
 
     @classmethod
     def from_vllm(
@@ -270,6 +277,18 @@ class PagedLayout:
             )
 
 
+def _nested_views(views: object) -> tuple[tuple[torch.Tensor, ...], ...]:
+    """``views[layer][component]`` as tuples; InputError unless it is a sequence of sequences."""
+    try:
+        return tuple(tuple(layer) for layer in views)  # type: ignore[union-attr]
+    except TypeError as exc:
+        raise InputError(
+            "views must be a sequence of layers, each a sequence of 4-D tensors [num_pages, "
+            f"page_tokens, num_heads, head_dim] (views[layer][component]); got {type(views).__name__}"
+            f": {exc}"
+        ) from None
+
+
 def _overlaps_itself(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """Whether a strided view may map two indices to one element: checked as nesting (each stride,
     in increasing order, must pass the furthest element the smaller-stride dims reach). Engine
@@ -322,6 +341,11 @@ def alloc_chunks(
     if pin_memory:
         if target.type != "cpu":
             raise InputError(f"pin_memory=True needs a CPU device; got device={target}")
+        if not torch.cuda.is_available():
+            raise InputError(
+                "pin_memory=True needs CUDA (page-locked memory is a CUDA allocation) and none is "
+                "available; pass pin_memory=False (CPU layouts read pageable memory)"
+            )
         return torch.empty(shape, dtype=layout.dtype, pin_memory=True)
     return torch.empty(shape, dtype=layout.dtype, device=target)
 
@@ -373,7 +397,16 @@ def pages_from_token_indices(token_indices: torch.Tensor, page_tokens: int) -> t
     that each page's indices are one aligned run of consecutive tokens.
     """
     _check_positive(page_tokens, "page_tokens")
-    raw = torch.as_tensor(token_indices)
+    if token_indices is None or isinstance(token_indices, (str, bytes)):
+        raise InputError(
+            f"token_indices must be a 1-D integer tensor or a list of ints; got {token_indices!r:.80}"
+        )
+    try:
+        raw = torch.as_tensor(token_indices)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+        raise InputError(
+            f"token_indices must be a 1-D integer tensor or a list of ints: {exc}"
+        ) from None
     check_integer_dtype(raw.dtype, "token indices")
     idx = raw.to("cpu", torch.int64).reshape(-1)
     if idx.numel() == 0 or idx.numel() % page_tokens:

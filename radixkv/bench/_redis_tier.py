@@ -25,6 +25,8 @@ from typing import Any, Callable, Sequence
 import redis
 import torch
 
+from radixkv.bench import positive_int, positive_list
+from radixkv.errors import ConfigError
 from radixkv.tiers.redis import RedisTier
 from radixkv.tiers.redis_client import parse_redis_url
 
@@ -51,6 +53,22 @@ def _raw_client(url: str) -> Any:
                        password=parsed.password, ssl=parsed.tls, **({"ssl_ca_certs": dict(parsed.tls_options).get("ssl_ca_certs")} if parsed.tls else {}))
 
 
+def check_server(url: str) -> None:
+    """ConfigError naming the URL unless a Redis server answers a PING there. The tier turns an
+    unreachable server into failed puts (a cache miss, by design): the timed loop would then end in
+    an AssertionError, after every other row ran."""
+    try:
+        client = _raw_client(url)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError) as e:
+        raise ConfigError(f"cannot reach the Redis server at {parse_redis_url(url).redacted()} "
+                          f"({type(e).__name__}: {e}); start one there, or give the URL of a running "
+                          "server (without a URL a private redis-server is started)") from None
+
+
 def _timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -61,6 +79,7 @@ def bench_redis(sizes_bytes: Sequence[int], url: str, reps: int = 12, batch_byte
     """Rows ``{size_bytes, batch, op, tier_gbps, raw_gbps, ratio, tier_p50_ms, tier_p99_ms, raw_p50_ms,
     raw_p99_ms}`` for ``op`` in put/get; ``batch`` chunks per call (1, and up to ``batch_bytes``)."""
     rows: list[dict] = []
+    check_server(url)
     tier = RedisTier(url, socket_timeout_s=30.0)
     raw = _raw_client(url)
     ns = "bench" + uuid.uuid4().hex[:16]
@@ -144,11 +163,12 @@ def format_rows(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m radixkv.bench._redis_tier", description=__doc__.split("\n")[0])
     ap.add_argument("--url", help="Redis URL (default: start a private redis-server on loopback)")
-    ap.add_argument("--sizes-mib", default="1,8,32", help="comma-separated payload sizes in MiB")
-    ap.add_argument("--reps", type=int, default=12, help="timed calls per (size, batch, op, side)")
-    ap.add_argument("--batch-mib", type=int, default=64, help="bytes per batched call, MiB")
+    ap.add_argument("--sizes-mib", type=lambda t: positive_list(t, float), default="1,8,32",
+                    help="comma-separated payload sizes in MiB")
+    ap.add_argument("--reps", type=positive_int, default=12, help="timed calls per (size, batch, op, side)")
+    ap.add_argument("--batch-mib", type=positive_int, default=64, help="bytes per batched call, MiB")
     args = ap.parse_args(argv)
-    sizes = [int(float(s) * _MIB) for s in args.sizes_mib.split(",")]
+    sizes = [max(1, int(s * _MIB)) for s in args.sizes_mib]
     server = None
     url = args.url
     if url is None:
@@ -158,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         url = server.url
     try:
         rows = bench_redis(sizes, url, reps=args.reps, batch_bytes=args.batch_mib * _MIB)
+    except ConfigError as e:  # an unreachable or malformed --url: one line, no traceback
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
+        return 2
     finally:
         if server is not None:
             server.stop()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import statistics
 import sys
 import time
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixkv.bench import positive_int
 from radixkv.kernels import PagedLayout, alloc_chunks, gather_chunks, scatter_chunks
 
 TARGET_RATIO = 0.85
@@ -278,7 +280,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m radixkv.bench kernels", description=__doc__.split("\n")[0]
     )
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cuda:N or cpu")
+    p.add_argument("--device", type=_device, default="auto",
+                   help="auto (cuda if available), cuda, cuda:N or cpu")
     p.add_argument("--layers", type=int, default=None, help="default 32 on GPU, 8 on CPU")
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
@@ -309,11 +312,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--threads",
-        type=int,
+        type=positive_int,
         default=1,
         help="CPU runs: torch threads (default 1: stable on shared machines)",
     )
     return p
+
+
+def _device(text: str) -> str:
+    """argparse ``type=`` of --device: auto, cpu, cuda or cuda:N (anything else, e.g. meta, has no
+    kernels to time: a usage error, not a traceback after the banner)."""
+    if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device to time; choose auto, cpu, cuda or cuda:N")
+    return text
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
@@ -335,9 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     if device.startswith("cuda") and not torch.cuda.is_available():
         print(f"--device {device}: no CUDA device here; use --device cpu", file=sys.stderr)
         return 2
+    if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
+        print(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s) "
+              f"(cuda:0..cuda:{torch.cuda.device_count() - 1})", file=sys.stderr)
+        return 2
     on_gpu = device.startswith("cuda")
     if not on_gpu:
-        torch.set_num_threads(max(1, args.threads))
+        torch.set_num_threads(args.threads)
     try:
         cfg = BenchConfig(
             device=device,

@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from radixkv.bench import positive_int
+
 __all__ = ["main"]
 
 
@@ -212,15 +214,15 @@ class _RawCopy:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m radixkv.bench sglang", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pages", type=int, default=128, help="pages per round (default 128)")
-    ap.add_argument("--page-size", type=int, default=64, help="tokens per page (default 64)")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--pages", type=positive_int, default=128, help="pages per round (default 128)")
+    ap.add_argument("--page-size", type=positive_int, default=64, help="tokens per page (default 64)")
+    ap.add_argument("--layers", type=positive_int, default=4)
+    ap.add_argument("--heads", type=positive_int, default=8)
+    ap.add_argument("--head-dim", type=positive_int, default=128)
     ap.add_argument("--layout", default="page_first", choices=["layer_first", "page_first", "page_first_direct"])
-    ap.add_argument("--rounds", type=int, default=5,
+    ap.add_argument("--rounds", type=positive_int, default=5,
                     help="timed rounds per backend (interleaved); targets are decided on the median per-round ratio")
-    ap.add_argument("--disk-io-threads", type=int, default=None,
+    ap.add_argument("--disk-io-threads", type=positive_int, default=None,
                     help="I/O threads of radixkv's disk tier (default: the tier's default)")
     ap.add_argument("--dir", default=None, help="directory for the disk tier and the file backend (default: a temp dir)")
     args = ap.parse_args(argv)

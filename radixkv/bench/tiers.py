@@ -40,6 +40,7 @@ from typing import Any, Callable
 import torch
 
 from radixkv.bench import machine_line, positive_int, positive_list
+from radixkv.errors import ConfigError
 from radixkv.tiers.disk import DiskTier
 from radixkv.tiers.memory import MemoryTier
 
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m radixkv.bench tiers", description=__doc__.split("\n")[0])
     ap.add_argument("--sizes-mib", type=lambda t: positive_list(t, float), default="1,8,32",
                     help="comma-separated payload sizes in MiB")
-    ap.add_argument("--batch-mib", type=int, default=64, help="bytes per batched call, MiB (also 1 chunk/call)")
+    ap.add_argument("--batch-mib", type=positive_int, default=64, help="bytes per batched call, MiB (also 1 chunk/call)")
     ap.add_argument("--reps", type=positive_int, default=10, help="timed calls per (tier, size, batch, op, side)")
     ap.add_argument("--tiers", default="memory,disk,redis", help="comma-separated subset of memory,disk,redis")
     ap.add_argument("--disk-dir", default=None, help="directory for disk files (default: a temp dir in /tmp)")
@@ -275,6 +276,18 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(tiers) - set(TARGETS)
     if unknown:
         ap.error(f"unknown tiers {sorted(unknown)}; choose from {sorted(TARGETS)}")
+    if not tiers:
+        ap.error(f"--tiers {args.tiers!r} names no tier; choose one or more of {','.join(TARGETS)}")
+    if "redis" in tiers and args.redis_url is not None:
+        try:  # before the memory and disk rows: a wrong URL should not cost their minutes
+            from radixkv.bench._redis_tier import check_server
+        except ImportError:
+            pass  # redis-py missing: the redis rows are skipped with a note
+        else:
+            try:
+                check_server(args.redis_url)
+            except ConfigError as e:  # the URL names no running server (or is malformed)
+                ap.error(f"--redis-url: {e}")
     batch_bytes = args.batch_mib * _MiB
     started = time.perf_counter()
     rows: list[dict] = []

@@ -23,7 +23,22 @@ import time
 
 import torch
 
+from radixkv.bench import positive_int
+
 __all__ = ["main"]
+
+
+def _prepare_imports() -> None:
+    """The worker half imports vLLM: without it, a hint (as bench sglang gives), not a traceback."""
+    import importlib.metadata
+
+    # Asks for the installed distribution (imports nothing). Not find_spec("vllm"): a source
+    # checkout's tests/vllm is a namespace package of that name when tests/ is on sys.path.
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        raise SystemExit("vllm==0.33.0 is not installed here: run `bash scripts/setup_vllm_env.sh` and use "
+                         ".envs/vllm/bin/python -m radixkv.bench vllm")
 
 
 def _views(layers: int, blocks: int, heads: int, head_dim: int, block: int, dtype: torch.dtype):
@@ -70,14 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m radixkv.bench vllm", description=__doc__.split("\n\n")[0]
     )
-    ap.add_argument("--layers", type=int, default=8, help="attention layers (Llama-3.1-8B has 32)")
-    ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--block", type=int, default=16, help="vLLM block size (tokens)")
-    ap.add_argument("--chunk-tokens", type=int, default=256)
-    ap.add_argument("--chunks", type=int, default=4, help="chunks per batch")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--layers", type=positive_int, default=8, help="attention layers (Llama-3.1-8B has 32)")
+    ap.add_argument("--kv-heads", type=positive_int, default=8)
+    ap.add_argument("--head-dim", type=positive_int, default=128)
+    ap.add_argument("--block", type=positive_int, default=16, help="vLLM block size (tokens)")
+    ap.add_argument("--chunk-tokens", type=positive_int, default=256)
+    ap.add_argument("--chunks", type=positive_int, default=4, help="chunks per batch")
+    ap.add_argument("--repeats", type=positive_int, default=5)
     args = ap.parse_args(argv)
+    if args.chunk_tokens % args.block:
+        ap.error(f"--chunk-tokens {args.chunk_tokens} is not a multiple of --block {args.block}; a chunk "
+                 "is whole blocks")
+    _prepare_imports()
 
     from radixkv.adapters.vllm_meta import LoadOp, LookupOp, RadixKVMetadata, SaveOp
 

@@ -209,6 +209,54 @@ def test_payload_errors() -> None:
         alloc_chunks(lay, 0, 1)
 
 
+@pytest.mark.parametrize("bad", [None, 5, [5], [[None]]], ids=repr)
+def test_views_that_are_not_nested_sequences_are_an_input_error(bad) -> None:
+    """from_views(None) and PagedLayout(None) raised a bare TypeError."""
+    for build in (PagedLayout.from_views, PagedLayout):
+        with pytest.raises(InputError, match="views must be|4-D tensor"):
+            build(bad)
+
+
+def test_meta_views_are_refused() -> None:
+    """Meta tensors have no memory: a layout over them was accepted, and its copies then blamed the
+    chunk buffers for aliasing the engine (every address is 0)."""
+    base = torch.empty(1, 2, 4, 2, 1, 8, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(InputError, match="meta tensors"):
+        PagedLayout.from_views([[base[0, 0], base[0, 1]]])
+    with pytest.raises(InputError, match="meta tensors"):
+        PagedLayout.from_sglang_host(torch.empty(2, 2, 8, 1, 4, device="meta"), layout="layer_first",
+                                     page_tokens=4)
+
+
+def test_pin_memory_without_cuda_is_an_input_error() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: pinning works")
+    lay = make_case("vllm_lbnhc", torch.bfloat16).layout
+    with pytest.raises(InputError, match="pin_memory=True needs CUDA.*pin_memory=False"):
+        alloc_chunks(lay, 1, 1, pin_memory=True)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda pt: PagedLayout.from_sglang_host(torch.zeros(2, 2, 8, 1, 4), layout="layer_first",
+                                                page_tokens=pt),
+        lambda pt: PagedLayout.from_sglang_host(torch.zeros(2, 2, 2, 1, 1, 4), layout="page_first_direct",
+                                                page_tokens=pt),
+        lambda pt: PagedLayout.from_sglang_host(torch.zeros(2, 2, 1, 1, 2, 4), layout="page_head",
+                                                page_tokens=pt),
+        lambda pt: PagedLayout.from_sglang_device([torch.zeros(8, 1, 4)], None, page_tokens=pt),
+    ],
+    ids=["layer_first", "page_first_direct", "page_head", "device"],
+)
+@pytest.mark.parametrize("bad", [True, 1.0, 0])
+def test_page_tokens_must_be_a_positive_int_not_a_bool(build, bad) -> None:
+    """page_tokens=True was taken as pages of 1 token (chunk_shape / alloc_chunks refuse bools)."""
+    with pytest.raises(InputError, match="page_tokens must be a positive int"):
+        build(bad)
+    assert build(1).page_tokens == 1
+
+
 def test_word_dtype() -> None:
     assert word_dtype(torch.bfloat16) == torch.int16
     assert word_dtype(torch.float8_e4m3fn) == torch.int8
@@ -229,6 +277,9 @@ def test_pages_from_token_indices() -> None:
     ]:
         with pytest.raises(InputError, match=match):
             pages_from_token_indices(torch.tensor(bad, dtype=torch.int64), 4)
+    for bad in (None, "0123", object(), [[0, 1], [2]]):  # torch.as_tensor raised raw errors
+        with pytest.raises(InputError, match="token_indices must be"):
+            pages_from_token_indices(bad, 2)
 
 
 @pytest.mark.parametrize(

@@ -170,6 +170,18 @@ def test_stacked_chunks_inside_the_engine_name_the_offending_chunk() -> None:
             fn(layout, [[0], [1]], chunks)
 
 
+@pytest.mark.parametrize("bad", [None, 5, 1.5], ids=repr)
+def test_chunks_that_are_not_a_sequence_are_an_input_error(bad) -> None:
+    """list(chunks) raised a bare TypeError; docs/kernels.md promises InputError."""
+    from radixkv.kernels import prepare_gather, prepare_scatter
+
+    layout = make_case("vllm_lbnhc", torch.float16).layout
+    for fn in (gather_chunks, scatter_chunks, gather_chunks_reference, scatter_chunks_reference,
+               prepare_gather, prepare_scatter):
+        with pytest.raises(InputError, match="chunks must be one tensor of all chunks or a sequence"):
+            fn(layout, [[0, 1]], bad)
+
+
 @pytest.mark.parametrize("layers", [0, 2, range(1, 3)], ids=["first", "last", "range"])
 def test_per_layer_touches_only_selected_layers(layers) -> None:
     case = make_case("vllm_lbnhc", torch.float16, seed=3)

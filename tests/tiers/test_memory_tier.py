@@ -100,6 +100,30 @@ class TestSizes:
         with pytest.raises(InputError, match="empty"):
             small.put_many("ns", ["a"], [torch.empty(0, dtype=torch.uint8)])
 
+    @pytest.mark.parametrize("bad", [None, 5, "", ("x",), b"k", "a/b", "a b", "\u00e9", "k\n", "x" * 129],
+                             ids=repr)
+    @pytest.mark.parametrize("op", ["put_many", "get_many", "lease", "get_views", "contains_many",
+                                    "delete_many"])
+    def test_every_call_refuses_a_key_the_other_tiers_cannot_store(self, small, op, bad):
+        """Keys are checked like the disk tier checks them (radixkv.keys.KEY_RE), in any position of a
+        batch, before anything is stored: the error names the key."""
+        small.put_many("ns", ["a"], [pl(1, KiB)])
+        keys = ["a", bad, "b"]
+        args = {"put_many": ([pl(1, KiB)] * 3,), "get_many": ([torch.empty(KiB, dtype=torch.uint8)
+                                                               for _ in keys],)}.get(op, ())
+        with pytest.raises(InputError, match=r"key .* must be 1-128 chars"):
+            getattr(small, op)("ns", keys, *args)
+        assert small.contains_many("ns", ["a"]) == 1 and small.contains_many("ns", ["b"]) == 0
+        assert small.stats().puts == 1
+
+    def test_keys_that_the_other_tiers_store_are_taken(self, small):
+        keys = ["0" * 64, "a-b_C9", "x" * 128, "k"]
+        assert small.put_many("ns", tuple(keys), [pl(i, KiB) for i in range(4)]) == [True] * 4
+        assert small.contains_many("ns", keys) == 4
+        assert small.contains_many("ns", []) == 0
+        with pytest.raises(InputError, match="sequence of str keys"):
+            small.contains_many("ns", None)
+
     @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
     def test_bad_capacity(self, bad):
         with pytest.raises(ConfigError, match="capacity_bytes"):
