@@ -316,9 +316,23 @@ class TierStack(WriteDeleteIntents):
             with self.cond:
                 self.spoil_locked([(t, ns, key) for ns, key in gone])
                 self.lose_writes_locked([(t, ns, key) for ns, key in gone])
-                ids = [n for ns, key in gone if (n := self.tree.lookup(ns, key)) is not None]
+                ids = [n for ns, key in gone
+                       if (n := self.tree.lookup(ns, key)) is not None and not self._held_again_locked(t, ns, key)]
                 entries = self.mark_deleting_locked(self.owned_entries_locked(self.clear_locked(ids, t)))
             self.delete_entries(entries)
+
+    def _held_again_locked(self, t: int, ns: str, key: str) -> bool:
+        """Whether tier ``t`` holds ``key`` again although it reported evicting it: a report names a
+        key, not a put, and the key may have been deleted and put again (a new node) between the
+        tier's eviction and this drain; clearing it then would forget a copy the tier holds. Asked
+        under the lock, where residency is marked, so a put that lands later marks it itself. A key
+        being written now is the writer's to judge (lose_writes_locked: it treats the write as failed)."""
+        if (t, ns, key) in self._writing:
+            return False
+        try:
+            return self.tiers[t].contains_many(ns, [key]) == 1
+        except Exception:  # a fault: as before, the report is applied (a miss at worst)
+            return False
 
     # ------------------------------------------------------------------ residency changes
     def clear_locked(self, node_ids: Sequence[int], t: int) -> list[tuple[int, str, str]]:

@@ -251,3 +251,35 @@ def test_a_failed_read_never_forgets_the_nodes_a_put_made_again_with_the_same_id
     assert_exact(keys, bufs, 3)
     assert store.flush(10)
     store.check_integrity()
+
+
+def test_a_tiers_own_eviction_report_spares_a_key_put_again_since(make_store):
+    """Found by an audit (the same class as the failed-read fix above): a tier's report of a chunk
+    it evicted on its own names a key, not a put. If the key was deleted and put again (a new node,
+    a new file) before the report was drained, the store cleared the new node's residency and kept
+    no record of the tier's copy. A key the tier holds again is now spared; one it lacks is still
+    forgotten."""
+    store = make_store(("mem", "disk"), chunks={"mem": 8, "disk": 8})
+    disk = store.tiers[1]
+    ns = new_namespace()
+    _, keys = chain(71, 2)
+    assert _put(store, ns, keys) == [True, True]
+    assert store.delete(ns, keys[1:]) >= 1
+    assert _put(store, ns, keys[1:], parent=keys[0]) == [True]  # a new node and a new file
+    assert store.flush(timeout_s=30)  # its write-through copy is on disk
+    tree = store._stack.tree
+    n = tree.lookup(ns.digest, keys[1])
+    assert disk.name in tree.node_tiers(n)
+    disk._evicted.append((ns.digest, keys[1]))  # the report of the first file's eviction, drained late
+    _, other = chain(72, 1)
+    assert _put(store, ns, other) == [True] and store.flush(timeout_s=30)  # its disk put drains the report
+    assert disk.name in tree.node_tiers(tree.lookup(ns.digest, keys[1]))
+    disk._evicted.append((ns.digest, keys[0]))  # a report of a key the tier really lost
+    assert disk.delete_many(ns.digest, [keys[0]]) == 1
+    _, more = chain(73, 1)
+    assert _put(store, ns, more) == [True] and store.flush(timeout_s=30)
+    assert disk.name not in tree.node_tiers(tree.lookup(ns.digest, keys[0]))
+    bufs = buffers(2)
+    assert store.get(ns, keys, bufs) == 2  # from memory, exactly
+    assert_exact(keys, bufs, 2)
+    store.check_integrity()
