@@ -254,6 +254,14 @@ class DiskTier:
             self._ns_dirs.add(namespace)
             self._ns_writing[namespace] += 1
         try:
+            if keys and self._layout.root_replaced():
+                # Removed (rm -rf) and perhaps made again by another tier, which now owns the new
+                # directory: this tier must not write into it (nor re-create its own under it).
+                self._log_fault("put", "the tier's directory was removed or replaced; puts fail until "
+                                "this tier is opened again (%s)", self.root)
+                with self._lock:
+                    self._stats.put_failures += len(keys)
+                return [False] * len(keys)
             if fresh_ns:
                 self._layout.make_ns_dirs(namespace)
             ok = self._run(lambda i: self._put_one(namespace, keys[i], views[i]), len(keys))

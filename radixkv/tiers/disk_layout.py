@@ -74,6 +74,7 @@ class DiskLayout:
         self.spare_dir = os.path.join(self.root, SPARE_DIR)
         self._prefix = os.path.join(self.root, "")  # root with one trailing separator
         self._tier_name = tier_name
+        self._root_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the root once prepared
         self._dirs: set[str] = set()  # directories known to exist (made or seen by this process)
 
     def path(self, ns: str, key: str) -> str:
@@ -195,6 +196,24 @@ class DiskLayout:
             logger.warning("radixkv: disk tier %r: %s is full (%s); puts fail until space frees",
                            self._tier_name, root, errno.errorcode.get(e.errno))
         self._check_private(os.geteuid() if owner is None else owner)
+        try:
+            st = os.stat(root)
+            self._root_id = (st.st_dev, st.st_ino)
+        except OSError:
+            self._root_id = None
+
+    def root_replaced(self) -> bool:
+        """Whether the root directory is gone or is another directory than the one this tier opened
+        (removed, then made again, e.g. by a second tier, which then holds the root lock): one stat."""
+        if self._root_id is None:
+            return False
+        try:
+            st = os.stat(self.root)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False  # cannot tell (EIO, EACCES): the put finds out
+        return (st.st_dev, st.st_ino) != self._root_id
 
     def _check_private(self, owner: int) -> None:
         """Refuse a root that another user owns or may write (group or others): that user could

@@ -698,6 +698,27 @@ class TestConstructionErrors:
         a.close()
         b.close()
 
+    def test_a_removed_root_is_not_written_again(self, root, caplog):
+        """Found by an audit: after an rm -rf of a private root, a second tier made it again and took
+        the new lock, while the first tier re-created its directories in it and wrote on: two private
+        tiers in one directory again. A tier whose root is gone or replaced now fails its puts."""
+        import shutil
+
+        a = DiskTier(root=root, capacity_bytes=1 << 20)
+        assert a.put_many(NS, ["k1"], [pl(1)]) == [True]
+        shutil.rmtree(root)
+        with caplog.at_level(logging.WARNING):
+            assert a.put_many(NS, ["k2"], [pl(2)]) == [False]  # gone: nothing re-created
+        assert not os.path.exists(root) and "removed or replaced" in caplog.text
+        b = DiskTier(root=root, capacity_bytes=1 << 20)  # the directory is b's now
+        assert b.put_many(NS, ["k3"], [pl(3)]) == [True]
+        assert a.put_many(NS, ["k4"], [pl(4)]) == [False]  # replaced: not a's to write
+        files = sorted(f for _d, _s, fs in os.walk(root) for f in fs if f.endswith(".kv"))
+        assert files == ["k3.kv"]
+        b.check_integrity()
+        a.close()
+        b.close()
+
     def test_root_under_a_regular_file(self, tmp_path):
         f = tmp_path / "file"
         f.write_bytes(b"x")
