@@ -174,7 +174,19 @@ def _before_fork() -> None:
         _held_now.append((owner, lock))
 
 
+_forked = False  # set in a forked child (see forked())
+
+
+def forked() -> bool:
+    """Whether this process is a fork child of a process that imported radixkv. torch's OpenMP pool
+    does not survive a fork, so a torch parallel kernel may hang here (a large ``zero_``)."""
+    return _forked
+
+
 def _after_fork(child: bool) -> None:
+    global _forked
+    if child:
+        _forked = True
     try:
         for owner, lock in reversed(_held_now):
             entry = _held_owners.get(owner)

@@ -217,6 +217,11 @@ class DiskTier:
         self._spares.forget_all()
         self._reserved = 0
         self._ns_writing.clear()
+        if self._root_lock is not None:
+            # Drop the child's reference to the parent's lock (no unlock: that would release the
+            # parent's), so the root is free once the parent ends even while this child lives.
+            self._root_lock.close()
+            self._root_lock = None
 
     # ----------------------------------------------------------------------------- public API
 
@@ -475,7 +480,8 @@ class DiskTier:
         with self._lock:
             self._spares.drop_all()
         if self._root_lock is not None:
-            self._root_lock.close()  # the root may now be owned by another tier
+            self._layout.release_root(self._root_lock)  # the root may now be owned by another tier
+            self._root_lock = None
 
     def check_integrity(self) -> None:
         with self._lock:

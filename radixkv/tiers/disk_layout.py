@@ -63,6 +63,11 @@ def fsync_dir(d: str) -> None:
         os.close(fd)
 
 
+# Roots this process (or, in a fork child, the process it was forked from) holds the lock of, with
+# that process's id: a child tells its parent's lock from another process's (see lock_root).
+_LOCKED_ROOTS: dict[str, int] = {}
+
+
 class DiskLayout:
     """Paths and directories of one tier root. ``path(ns, key)`` is the chunk's committed file."""
 
@@ -250,12 +255,16 @@ class DiskLayout:
         which indexes, evicts and recycles every file under the root as its own, shared for a tier in
         shared mode. So a second private tier on the same root (in this process or another) is a
         ConfigError instead of two tiers evicting, recycling and overwriting each other's files, and
-        a private tier cannot open a root that shared tiers use, nor the reverse. The lock goes with
-        the returned file (close it to release; a killed process releases it). A filesystem without
-        ``flock`` (ENOLCK, EOPNOTSUPP) leaves the root unlocked (returns None), as before."""
+        a private tier cannot open a root that shared tiers use, nor the reverse. Release it with
+        :func:`release_root` (a killed process releases it). A forked child drops its copy of the
+        parent's lock (:meth:`DiskTier._after_fork_in_child`), so a helper child does not keep a
+        dead parent's root locked; a child may open a root its parent process locked afresh (the
+        fork pattern of docs/store.md), unlocked while the parent's lock protects it. A filesystem
+        without ``flock`` (ENOLCK, EOPNOTSUPP) leaves the root unlocked (returns None), as before."""
         path = os.path.join(self.root, LOCK_FILE)
         try:
-            f = open(path, "a+b")  # noqa: SIM115 -- held open for the tier's lifetime
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            f = os.fdopen(fd, "r+b")  # held open for the tier's lifetime
         except OSError as e:
             logger.warning("radixkv: disk tier %r: cannot open %s (%s); the root is not locked",
                            self._tier_name, path, e.strerror)
@@ -264,6 +273,12 @@ class DiskLayout:
             fcntl.flock(f.fileno(), (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             f.close()
+            holder = _LOCKED_ROOTS.get(self.root)
+            if holder is not None and holder != os.getpid():
+                # Locked by the process this one was forked from (its table came with the fork).
+                logger.debug("radixkv: disk tier %r: %s is locked by parent process %d; opened under "
+                             "its lock", self._tier_name, self.root, holder)
+                return None
             mine, theirs = ("shared", "a private") if shared else ("private", "another (private or shared)")
             raise ConfigError(
                 f"disk tier {self._tier_name!r}: directory {self.root!r} is in use by {theirs} disk tier "
@@ -275,7 +290,19 @@ class DiskLayout:
             logger.warning("radixkv: disk tier %r: %s cannot be locked (%s); the root is not locked",
                            self._tier_name, self.root, e.strerror)
             return None
+        _LOCKED_ROOTS[self.root] = os.getpid()
         return f
+
+    def release_root(self, f: BinaryIO) -> None:
+        """Release the lock :meth:`lock_root` returned: explicitly, since a forked child may still
+        share the open file (closing ours alone would keep the root locked while that child lives)."""
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        except OSError:
+            pass
+        f.close()
+        if _LOCKED_ROOTS.get(self.root) == os.getpid():
+            del _LOCKED_ROOTS[self.root]
 
     # ----------------------------------------------------------------------------- scan
 

@@ -21,6 +21,7 @@ the caller guarantees nobody deletes the chunks (the hierarchical store's pin on
 
 from __future__ import annotations
 
+import ctypes
 import heapq
 import mmap
 import re
@@ -31,7 +32,7 @@ from typing import Sequence
 import torch
 
 from radixkv.errors import CapacityError, ConfigError, InputError
-from radixkv.forksafe import hold_across_fork
+from radixkv.forksafe import forked, hold_across_fork
 from radixkv.hostcopy import HostCopier
 from radixkv.keys import KEY_RE
 from radixkv.tiers.base import (
@@ -197,7 +198,12 @@ class MemoryTier:
         else:
             self._buffer = torch.empty(config.capacity_bytes, dtype=torch.uint8, pin_memory=self.pinned)
         if config.prefault and not self.pinned:
-            self._buffer.zero_()
+            if forked():
+                # torch's parallel fill hangs in a fork child whose parent started torch's OpenMP
+                # pool (a store opened in the child, as docs/store.md advises): one libc memset.
+                ctypes.memset(self._buffer.data_ptr(), 0, self._buffer.numel())
+            else:
+                self._buffer.zero_()
         self._unit = config.unit_bytes
         self._unit_owner: list[int] = [-1] * (config.capacity_bytes // self._unit)  # slab id or -1
         self._slabs: dict[int, _Slab] = {}

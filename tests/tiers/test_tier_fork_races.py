@@ -193,3 +193,75 @@ def test_forked_child_drops_the_redis_ledgers_reservations_of_the_parents_puts_i
     ledger.settle("ns", ["b", "c"], [40, 30], [True, True], [True, True])
     ledger.check_integrity()
     assert ledger.used_bytes() == 100
+
+
+def test_a_forked_child_does_not_keep_its_parents_root_locked(tmp_path):
+    """Found by an audit: the root lock (an flock) went with the open file, which a forked child
+    shares: a helper child that never touched the tier kept the root locked after its parent closed
+    the tier or was killed, so a restarted engine failed at start. The child now drops its copy,
+    close() unlocks explicitly, and a child may open its parent's root afresh (docs/store.md)."""
+    import subprocess
+    import sys
+
+    root = str(tmp_path / "disk")
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import os, sys, time
+from radixkv.tiers.disk import DiskTier
+t = DiskTier(root={root!r}, capacity_bytes=1 << 20)
+if os.fork() == 0:  # a helper child that never uses the tier, and outlives its parent
+    time.sleep(600)
+    os._exit(0)
+print("up", flush=True)
+time.sleep(600)
+"""], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert holder.stdout.readline().strip() == "up"
+        holder.kill()  # the holder dies; its helper child lives on
+        holder.wait()
+        t = DiskTier(root=root, capacity_bytes=1 << 20)  # the root is free again
+        t.close()
+    finally:
+        os.killpg(holder.pid, 9)  # the helper child too
+
+    parent = DiskTier(root=root, capacity_bytes=1 << 20)
+    assert parent.put_many("ns", ["a"], [_bytes(1)]) == [True]
+
+    def child_opens_the_root_afresh() -> bool:
+        t = DiskTier(root=root, capacity_bytes=1 << 20)  # under the parent's lock
+        ok = t.contains_many("ns", ["a"]) == 1
+        t.close()
+        return ok
+
+    in_child(child_opens_the_root_afresh)
+    pid = os.fork()
+    if pid == 0:  # a helper child holding its copy while the parent closes and reopens
+        import time
+
+        time.sleep(30)
+        os._exit(0)
+    try:
+        parent.close()
+        again = DiskTier(root=root, capacity_bytes=1 << 20)
+        again.close()
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+
+
+def test_a_store_opened_in_a_forked_child_does_not_hang_in_its_memory_tier():
+    """Found by an audit: a memory tier prefaulted its buffer with torch's parallel zero_, which
+    hangs in a fork child whose parent started torch's OpenMP pool (docs/store.md advises opening a
+    new store in the child). In a child the buffer is prefaulted with one libc memset."""
+    parent = MemoryTier(capacity_bytes=64 << 20)  # its zero_ starts torch's OpenMP pool here
+    torch.zeros(1 << 24, dtype=torch.uint8).fill_(1)  # and a parallel kernel, surely
+
+    def child_opens_a_memory_tier() -> bool:
+        t = MemoryTier(capacity_bytes=64 << 20)
+        ok = t.put_many("ns", ["a"], [_bytes(3)]) == [True]
+        out = [torch.empty(4 * KiB, dtype=torch.uint8)]
+        ok = ok and t.get_many("ns", ["a"], out) == [True] and same_bytes(out, [_bytes(3)])
+        t.close()
+        return ok
+
+    in_child(child_opens_a_memory_tier, deadline_s=60)
+    parent.close()
