@@ -47,7 +47,9 @@ deletes included, takes one node's connection at a time (a cluster pipeline hold
 node's could deadlock threads on the pools). A cluster client dropped for rediscovery is closed only
 after a grace period (other threads may still be in it), and any failure of the cluster client is a
 fault, never an exception. A ``clear`` the server could not complete is retried by later calls (so
-the byte ledger frees); until it ran, its namespace misses and refuses puts. ``ping`` asks every
+the byte ledger frees) and once more by ``close()``, which logs the namespaces it still could not
+clear (a pending clear lives in this process only: their pre-clear values stay on the server for the
+next process); until it ran, its namespace misses and refuses puts. ``ping`` asks every
 primary of a cluster; ``fault_mark`` (unchanged across a call = no fault) lets callers tell
 "unreachable" from "absent" (``store.reconcile`` forgets nothing a faulted tier could not confirm).
 
@@ -544,7 +546,20 @@ class RedisTier:
             self._ledger.forget(namespace, gone, seen_at=started)
 
     def close(self) -> None:
-        """Idempotent; later calls raise RuntimeError."""
+        """Idempotent; later calls raise RuntimeError. A clear a fault interrupted is tried once more
+        first (its pre-clear values would otherwise be served to the next process that adopts
+        them); one that still fails is logged by namespace."""
+        if self._pending_clears and not self._link.is_closed():
+            self._clear_retry_after = 0.0
+            try:
+                self._retry_clears()
+            except Exception:  # noqa: BLE001 - a fault: logged below, the close goes on
+                pass
+            if self._pending_clears:
+                left = sorted("(all)" if ns is None else ns for ns in self._pending_clears)
+                log.warning("radixkv: redis tier %s: clear of namespace(s) %s could not complete before "
+                            "close; their pre-clear values stay on the server (until their TTL): clear "
+                            "them again once it answers", self.name, left)
         self._link.close()
 
     def check_integrity(self) -> None:

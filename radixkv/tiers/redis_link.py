@@ -221,6 +221,9 @@ class RedisLink:
         for c in old:
             _close_quietly(c)
 
+    def is_closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
