@@ -40,7 +40,9 @@ def test_cpu_run_prints_table_with_ratios_and_says_cpu(capsys: pytest.CaptureFix
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         kernel, ceiling, ratio = float(cells[5]), float(cells[6]), float(cells[7])
-        assert kernel >= 0 and ceiling > 0 and ratio >= 0
+        # One timed iteration of a few KiB: a scheduler hiccup can print a rate that rounds to 0.0
+        # GB/s (a fresh CI run did), so only the signs are checked here, and the ratio below.
+        assert kernel >= 0 and ceiling >= 0 and ratio >= 0
         if ceiling > 0.1:  # the printed GB/s are rounded to 0.05: the ratio must lie within that
             assert (kernel - 0.05) / (ceiling + 0.05) - 0.01 <= ratio
             assert ratio <= (kernel + 0.05) / (ceiling - 0.05) + 0.01
