@@ -40,11 +40,10 @@ class PinTable:
 
     def pin(self, node_ids: Iterable[int], owner: str, lease_s: float) -> None:
         """Record ``owner``'s pin on each node until ``lease_s`` seconds from now (pinning again
-        renews the lease). The caller checks the nodes exist."""
+        renews the lease). The caller checks the nodes exist and that ``lease_s`` is a number
+        (:meth:`RadixTree.pin`, before a compiled call would take a bool for 1.0)."""
         if not isinstance(owner, str) or not owner:
             raise PinError(f"pin owner={owner!r:.60} must be a non-empty string naming the holder (request id, ...)")
-        if isinstance(lease_s, bool):
-            raise PinError(f"lease_s={lease_s!r} must be a number of seconds, not a bool")
         # Seconds as floats, whatever number the caller or the clock gives: the compiled build
         # converts them at the call (float annotations), so the Python build does too. (With an
         # integer clock past 2**53 the Python build compared exact ints and kept a pin the compiled
