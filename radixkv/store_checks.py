@@ -177,7 +177,8 @@ def check_store(store: HierarchicalStore, deep: bool = True) -> None:
     takes while it runs (:func:`_check_idle_locked`).
     Deep checks cost one ``contains`` per chunk: meant for tests and small stores. In a tier other
     processes share (a shared disk directory, a Redis server) the deep check assumes none of them
-    removed (evicted, deleted) a chunk this store placed there since its last :meth:`reconcile`:
+    removed (evicted, deleted; a Redis server's own ``maxmemory`` eviction included) a chunk this
+    store placed there since its last :meth:`reconcile`:
     call ``reconcile()`` first where one may have (reads find such losses anyway, as misses)."""
     s = store._stack
     with s.cond:

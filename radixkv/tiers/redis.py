@@ -504,13 +504,13 @@ class RedisTier:
                     if len(batch) >= 1000:
                         _unlink(client, batch)
                         batch = []
+                if batch:
+                    _unlink(client, batch)
             except ResponseError as e:
                 if isinstance(e, (AskError, ClusterDownError, TryAgainError)):  # (MOVED is an AskError)
                     raise  # the cluster's topology moving: a fault, retried
                 self._refused_clear(namespace, e)
                 return False
-            if batch:
-                _unlink(client, batch)
             return True
 
         if self._link.guard(action):
@@ -521,7 +521,7 @@ class RedisTier:
         return False
 
     def _refused_clear(self, namespace: str | None, exc: ResponseError) -> None:
-        """The server refused the clear's SCAN (an ACL without +scan: NOPERM; a renamed command).
+        """The server refused the clear's SCAN or UNLINK (an ACL without them: NOPERM; a renamed command).
         Not a fault of the medium: the link stays up for every other call. The clear stays pending
         (its namespace's puts refused, its gets missing: pre-clear bytes are never served) and is
         retried no sooner than ``max(1 s, down_backoff_s)``. Before, each retry, run by every call
@@ -609,10 +609,16 @@ def _compare_and_delete(node: Any, items: list[tuple[str, BadValue]], by_sha1: b
 
 
 def _unlink(client: Any, rkeys: list[bytes]) -> None:
+    """UNLINK the keys; raises the first error reply. A clear counts as done only if every UNLINK
+    ran: the replies were not read, so a refused UNLINK (NOPERM) or a cluster node that timed out
+    (a ClusterPipeline returns those inline too) left chunks that were served after a clear that
+    reported success (a failover brought a paused node's chunks back)."""
     pipe = client.pipeline(transaction=False)
     for k in rkeys:
         pipe.unlink(k)
-    pipe.execute(raise_on_error=False)
+    for reply in pipe.execute(raise_on_error=False):
+        if isinstance(reply, BaseException):
+            raise reply
 
 
 def _joined(parts: Sequence[torch.Tensor]) -> torch.Tensor:

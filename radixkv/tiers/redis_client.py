@@ -223,6 +223,8 @@ class RedisTierConfig:
             raise ConfigError(f"max_connections={self.max_connections!r} must be a positive int")
         if not NAME_RE.fullmatch(self.key_prefix):
             raise ConfigError(f"key_prefix={self.key_prefix!r} must match {NAME_RE.pattern}")
+        if not isinstance(self.name, str) or not self.name:  # as the memory and disk tiers
+            raise ConfigError(f"RedisTierConfig.name={self.name!r} must be a non-empty tier name")
 
 
 def _url_options(url: str) -> dict[str, Any]:

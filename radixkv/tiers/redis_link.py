@@ -59,7 +59,12 @@ class RedisLink:
         self.fast_fail_calls = 0
         self.stale_map_calls = 0  # calls with MOVED/ASK replies (in fault_mark, not in errors)
         self._lock = threading.Lock()
-        hold_across_fork(self)  # as the tier's lock: a child must not inherit it held
+        # Building a client does network I/O (a cluster client reads the slot map from its seeds, a
+        # socket timeout per seed that does not answer): it runs under this lock of its own, never
+        # under _lock, which calls inside the fail-fast window take to count themselves (they waited
+        # for another thread's rediscovery, up to seconds, where they must answer at once).
+        self._build_lock = threading.Lock()
+        hold_across_fork(self, in_child=_fresh_build_lock)  # a child must not inherit _lock held
         self._client: Any = None
         self._down_until = 0.0
         # The outage in progress (from its first fault to the next call that works): logged once at
@@ -69,6 +74,7 @@ class RedisLink:
         self._down_fast_fails = 0
         self._closed = False
         self._warned_moved = False
+        self._warned_kinds: set[str] = set()  # error replies already logged (see _warn_refusals)
         self._warned_unexpected = False  # the first non-medium exception is logged with its traceback
         # Cluster clients dropped for rediscovery: other threads may still be inside them (a
         # pipeline, a SCAN), so they are closed only after a grace period, or at close().
@@ -77,16 +83,25 @@ class RedisLink:
     def client(self) -> Any:
         """The redis-py client (``Redis`` or ``RedisCluster``), built on first use."""
         client = self._client
-        if client is None:
+        if client is not None:
+            return client
+        with self._build_lock:  # one build at a time; the others then take its client
+            if self._closed:
+                raise RuntimeError(f"RedisTier {self.config.name!r} is closed; open a new one")
+            client = self._client
+            if client is not None:
+                return client
+            client = make_client(
+                self.url, socket_timeout_s=self.config.socket_timeout_s,
+                connect_timeout_s=self.config.socket_connect_timeout_s,
+                max_connections=self.config.max_connections)
             with self._lock:
-                if self._closed:
-                    raise RuntimeError(f"RedisTier {self.config.name!r} is closed; open a new one")
-                if self._client is None:
-                    self._client = make_client(
-                        self.url, socket_timeout_s=self.config.socket_timeout_s,
-                        connect_timeout_s=self.config.socket_connect_timeout_s,
-                        max_connections=self.config.max_connections)
-                client = self._client
+                closed = self._closed
+                if not closed:
+                    self._client = client
+        if closed:  # close() ran during the build: it could not see this client
+            _close_quietly(client)
+            raise RuntimeError(f"RedisTier {self.config.name!r} is closed; open a new one")
         return client
 
     def guard(self, action: Callable[[Any], Any]) -> Any:
@@ -192,6 +207,8 @@ class RedisLink:
         the map is right while a slot migrates (a rebuilt client gets ASK again), and rebuilding
         at every call held sockets of hundreds of retired clients open for the grace period."""
         stale = [r for r in replies if is_topology_error(r)]
+        if len(stale) < len(replies):
+            self._warn_refusals([r for r in replies if not is_topology_error(r)])
         if not stale:
             return 0
         if not self.url.cluster and not self._warned_moved:
@@ -203,6 +220,24 @@ class RedisLink:
             if not all(_is_migrating(r) for r in stale):
                 self._retire_locked()
         return len(stale)
+
+    def _warn_refusals(self, replies: Sequence[object]) -> None:
+        """Log the first error reply of each kind (NOPERM, READONLY, OOM, WRONGTYPE, ...) once: the
+        server refused those commands, which stay failed puts and misses (counted in ``errors``), but
+        a refusal of *every* command (an ACL whose key pattern misses ``key_prefix``, a replica's
+        address) looked like a healthy, empty tier: ``ping`` answered, nothing was logged."""
+        for reply in replies:
+            kind = _refusal_kind(reply)
+            if kind in self._warned_kinds:
+                continue
+            with self._lock:
+                if kind in self._warned_kinds:
+                    continue
+                self._warned_kinds.add(kind)
+            log.warning("redis tier %s: the server refused a command (%s; %s: %s); those chunks are failed "
+                        "puts or misses (stats: errors). Logged once per kind: check the ACL user's "
+                        "commands and key pattern (%s:*), the server's role and maxmemory",
+                        self.url.redacted(), kind, type(reply).__name__, reply, self.config.key_prefix)
 
     def rediscover(self) -> None:
         """Drop a cluster client so the next call reads the slot map and the primaries again."""
@@ -231,6 +266,26 @@ class RedisLink:
             self._client, self._retired = None, []
         for c in clients:
             _close_quietly(c)
+
+
+# redis-py strips the prefix of the errors it maps to a class of its own; the direct GET path keeps
+# the server's text ("NOPERM ..."): one kind either way.
+_PREFIX_OF = {redis.exceptions.NoPermissionError: "NOPERM", redis.exceptions.OutOfMemoryError: "OOM",
+              redis.exceptions.ReadOnlyError: "READONLY"}
+
+
+def _refusal_kind(reply: object) -> str:
+    """The kind of an error reply: its prefix (NOPERM, OOM, WRONGTYPE, ...) or its class's name."""
+    prefix = _PREFIX_OF.get(type(reply))  # type: ignore[call-overload]
+    if prefix is not None:
+        return prefix
+    word = str(reply).split(" ", 1)[0]
+    return word if word.isupper() else type(reply).__name__
+
+
+def _fresh_build_lock(link: RedisLink) -> None:
+    """In a fork child: a build another thread of the parent was running never ends here."""
+    link._build_lock = threading.Lock()
 
 
 def _close_quietly(client: Any) -> None:

@@ -1256,3 +1256,90 @@ def test_a_large_payload_is_packed_in_slices_each_sent_within_the_timeout():
     assert all(v.obj is payload or v.obj is value.payload.obj for v in views)  # views, not copies
     expect = b"*3\r\n$3\r\nSET\r\n$3\r\nkey\r\n$%d\r\nHDR" % value.nbytes + payload.tobytes() + b"\r\n"
     assert b"".join(bytes(i) for i in items) == expect
+
+
+def test_a_clear_whose_unlinks_the_server_refuses_stays_pending(redis_server_factory, caplog):
+    """Found by an audit: the clear's UNLINK replies were never read, so an ACL user without
+    +unlink (or, in a cluster, a node that timed out mid-pipeline) got a clear reported done, the
+    ledger forgot the chunks and their pre-clear values were served as hits."""
+    server = redis_server_factory()
+    admin = redis.Redis.from_url(server.url)
+    admin.execute_command("ACL", "SETUSER", "kv", "on", ">pw", "~radixkv:*", "+@all", "-unlink")
+    host_port = server.url.split("://", 1)[1].split("/", 1)[0]
+    tier = RedisTier(f"redis://kv:pw@{host_port}/0")
+    try:
+        ns, keys = fresh_ns(), ["a", "b", "c"]
+        assert tier.put_many(ns, keys, [payload(k) for k in keys]) == [True] * 3
+        used = tier.usage_bytes()
+        with caplog.at_level(logging.WARNING, logger="radixkv.tiers.redis"):
+            tier.clear(ns)
+        assert "refused clear" in caplog.text and "unlink" in caplog.text
+        assert admin.dbsize() == 3  # nothing was deleted ...
+        assert tier.get_many(ns, keys, empty(3)) == [False] * 3  # ... and nothing is served
+        assert tier.contains_many(ns, keys) == 0
+        assert tier.usage_bytes() == used  # still on the server: still counted
+        admin.execute_command("ACL", "SETUSER", "kv", "+unlink")
+        tier._clear_retry_after = 0.0  # the next call retries it (no waiting for the back-off)
+        assert tier.get_many(ns, keys, empty(3)) == [False] * 3
+        assert admin.dbsize() == 0 and tier.usage_bytes() == 0
+        tier.check_integrity()
+    finally:
+        tier.close()
+        admin.close()
+
+
+def test_commands_the_server_refuses_are_logged_once_per_kind(make, redis_server_factory, caplog):
+    """Found by an audit: an ACL whose key pattern misses ``key_prefix`` refused every command, and
+    the tier looked healthy and empty (ping answered, nothing logged); the first refusal of each
+    kind is logged, naming the key pattern to grant."""
+    server = redis_server_factory(extra_args=["--user", "default", "off",
+                                              "--user", "cache", "on", ">kv-pass", "~radixkv:*", "+@all"])
+    tier = make(f"redis://cache:kv-pass@127.0.0.1:{server.port}/0", key_prefix="prod")
+    ns = fresh_ns()
+    with caplog.at_level(logging.WARNING, logger="radixkv.tiers.redis"):
+        for _ in range(3):
+            assert tier.put_many(ns, ["k", "l"], [payload("k"), payload("l")]) == [False, False]
+            assert tier.get_many(ns, ["k"], empty(1)) == [False]  # the direct GET path: text replies
+    warned = [r.getMessage() for r in caplog.records if "refused a command" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "NOPERM" in warned[0] and "prod:*" in warned[0]
+    assert tier.ping() and tier.stats().errors == 9
+
+
+def test_a_call_inside_the_fail_fast_window_does_not_wait_for_a_client_build(redis_url, monkeypatch):
+    """Found by an audit: a client was built (a cluster client reads the slot map: a socket timeout
+    per seed that does not answer) under the lock that calls inside the fail-fast window take to
+    count themselves, so they waited seconds for another thread's rediscovery."""
+    import radixkv.tiers.redis_link as redis_link
+
+    tier = RedisTier(redis_url, down_backoff_s=30.0)
+    try:
+        building, release = threading.Event(), threading.Event()
+        real = redis_link.make_client
+
+        def slow_make_client(*args, **kwargs):
+            building.set()
+            release.wait(10)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(redis_link, "make_client", slow_make_client)
+        tier._link.mark_down(OSError("injected fault"))  # the window opens ...
+        tier._link.rediscover()  # ... and the client is dropped, as after a cluster fault
+        builder = threading.Thread(target=tier.ping)  # ping ignores the window: it builds
+        builder.start()
+        assert building.wait(10)
+        started = time.monotonic()
+        assert tier.get_many(fresh_ns(), ["k"], empty(1)) == [False]
+        assert time.monotonic() - started < 1.0
+        assert tier.stats().extra["fast_fail_calls"] == 1
+        release.set()
+        builder.join(10)
+        assert not builder.is_alive()
+    finally:
+        release.set()
+        tier.close()
+
+
+def test_a_redis_tier_needs_a_name():
+    with pytest.raises(ConfigError, match="non-empty tier name"):
+        RedisTier("redis://127.0.0.1:6379/0", name="")
