@@ -15,9 +15,10 @@ Contract (what engines and adapters rely on)::
   (and at a flushing :meth:`close`, which persists what only memory holds: :mod:`radixkv.writeback`).
   Chunks are ``keys`` of one chain (continuing ``parent_key``); only a leading run can be stored, so
   the result is True up to the first chunk that could not be (tier full of pinned chunks, medium
-  down) and False after it. A chain whose ``parent_key`` the tree lacks is not stored, unless
-  ``root_if_missing``: then it hangs at the namespace root and awaits that key (a later put or
-  adoption creating it grafts the run under it: ``RadixTree.insert``).
+  down) and False after it. A chain longer than the top tier goes in runs that push the earlier
+  runs down, so with a lower tier it is stored whole. A chain whose ``parent_key`` the tree lacks
+  is not stored, unless ``root_if_missing``: then it hangs at the namespace root and awaits that key
+  (a later put or adoption creating it grafts the run under it: ``RadixTree.insert``).
 * **eviction** (to make room for a write) demotes a chunk to the next tier unless that tier already
   holds it; from the last tier it drops, leaf first (the tree's candidates never orphan anything).
 * **get**: one tree lookup finds the longest prefix held by any tier; the chunks are pinned and read
@@ -253,7 +254,59 @@ class HierarchicalStore:
         ``root_if_missing``: then the chain is stored as without ``parent_key`` (at the namespace
         root, or where its first key is) and, at the root, awaits ``parent_key``: the put (or
         adoption) that later creates that key grafts it under it, so the two are one chain for
-        eviction (the tree bounds how many runs wait: ``RadixTree.insert``)."""
+        eviction (the tree bounds how many runs wait: ``RadixTree.insert``).
+
+        A chain longer than the top tier takes goes in runs, each hanging from the last chunk
+        stored: a run makes room by evicting the chain's earlier runs like any other chunks (demoted
+        with ``write_back``; with ``write_through`` their copies below stay), so with a lower tier
+        the whole chain is stored (SGLang backs up 128 pages per batch: ~1 GiB for an 8B model at
+        page 64, more than many memory tiers)."""
+        with self.metrics.timed("put"):
+            return self._put_runs(ns, keys, payloads, parent_key, root_if_missing)
+
+    def _put_runs(
+        self,
+        ns: Namespace,
+        keys: Sequence[str],
+        payloads: Sequence[ChunkBytes],
+        parent_key: str | None,
+        root_if_missing: bool,
+    ) -> list[bool]:
+        run = sum(self._put_run(ns, keys, payloads, parent_key, root_if_missing))
+        got = run
+        while run < len(keys) and len(self._stack.tiers) > 1:
+            if not got:
+                # Nothing went in: the chunks the put pins (the chain's own the top tier holds, which
+                # must not leave it while the put runs) may be all the room there is. A chain the
+                # store holds below stays stored; the put goes on after it.
+                held = self._held_run(ns, keys[run:])
+                if not held:  # a top tier full of other pinned chunks, a fault, a missing parent
+                    break
+                run += held
+                if run == len(keys):
+                    break
+            got = sum(self._put_run(ns, keys[run:], payloads[run:], keys[run - 1], False))
+            run += got
+        return [i < run for i in range(len(keys))]
+
+    def _held_run(self, ns: Namespace, keys: Sequence[str]) -> int:
+        """How many leading ``keys`` the tree holds (in any tier)."""
+        nsd = self._check_chain(ns, keys)
+        with self._stack.cond:
+            tree, n = self._stack.tree, 0
+            while n < len(keys) and tree.lookup(nsd, keys[n]) is not None:
+                n += 1
+        return n
+
+    def _put_run(
+        self,
+        ns: Namespace,
+        keys: Sequence[str],
+        payloads: Sequence[ChunkBytes],
+        parent_key: str | None,
+        root_if_missing: bool,
+    ) -> list[bool]:
+        """:meth:`put` of what the top tier can take now: a leading run of True."""
         self._check_open()
         nsd = self._check_chain(ns, keys, parent_key)
         checks.check_list(payloads, "payloads")
@@ -273,112 +326,111 @@ class HierarchicalStore:
         size = self._check_tensors(ns, payloads, "payloads")
         if not keys:
             return []
-        with self.metrics.timed("put"):
-            owner = s.owner("put")
-            pinned: list[ChunkRef] = []  # held for the put: its own chunks in the top tier
-            anchor: ChunkRef | None = None  # the chunk it hangs from
+        owner = s.owner("put")
+        pinned: list[ChunkRef] = []  # held for the put: its own chunks in the top tier
+        anchor: ChunkRef | None = None  # the chunk it hangs from
+        with s.cond:
+            if parent_key is not None:
+                pid = s.tree.lookup(nsd, parent_key)
+                if pid is None and not root_if_missing:  # the chain's prefix is gone: nothing
+                    return [False] * len(keys)  # here is reachable
+                # Making room for this chain must not *drop* the chunk it hangs from (a demotion
+                # keeps it reachable), in whichever tier it is when room-making reaches it: a
+                # chunk in memory now may be demoted to the last tier by this very put.
+                if pid is not None:
+                    anchor = s.ref_locked(pid)
+                    s.anchor_locked(anchor, owner)
+            have = [_has(s.tree, nsd, k, 0) for k in keys]
+            # Nor may it evict the chain's own chunks the top tier already holds (the oldest leaf
+            # there may be this chain's first chunk): the run would then start with a hole.
+            held = [s.ref_locked(n) for k, h in zip(keys, have)
+                    if h and (n := s.tree.lookup(nsd, k)) is not None]
+            pinned += s.pin_locked(held, owner)
+        todo = [i for i, h in enumerate(have) if not h]
+        charges = [s.charge(0, size)] * len(todo)
+        try:
+            granted = s.reserve(0, charges, wait_for_transfers=True)
+        except BaseException:
             with s.cond:
-                if parent_key is not None:
-                    pid = s.tree.lookup(nsd, parent_key)
-                    if pid is None and not root_if_missing:  # the chain's prefix is gone: nothing
-                        return [False] * len(keys)  # here is reachable
-                    # Making room for this chain must not *drop* the chunk it hangs from (a demotion
-                    # keeps it reachable), in whichever tier it is when room-making reaches it: a
-                    # chunk in memory now may be demoted to the last tier by this very put.
-                    if pid is not None:
-                        anchor = s.ref_locked(pid)
-                        s.anchor_locked(anchor, owner)
-                have = [_has(s.tree, nsd, k, 0) for k in keys]
-                # Nor may it evict the chain's own chunks the top tier already holds (the oldest leaf
-                # there may be this chain's first chunk): the run would then start with a hole.
-                held = [s.ref_locked(n) for k, h in zip(keys, have)
-                        if h and (n := s.tree.lookup(nsd, k)) is not None]
-                pinned += s.pin_locked(held, owner)
-            todo = [i for i, h in enumerate(have) if not h]
-            charges = [s.charge(0, size)] * len(todo)
-            try:
-                granted = s.reserve(0, charges, wait_for_transfers=True)
-            except BaseException:
-                with s.cond:
-                    s.unpin_locked(pinned, owner)
-                    s.unanchor_locked(anchor, owner)
-                raise
-            wrote = todo[:granted]
-            wkeys = [keys[i] for i in wrote]
-            with s.cond:
-                s.begin_write_locked(0, nsd, wkeys)
-                clears = (s.clears[None], s.clears[nsd])
-            try:
-                ok_w = s.put_refit(0, nsd, wkeys, [payloads[i] for i in wrote], charges[:granted],
-                                   wait_for_transfers=True, clears=clears)
-            except BaseException:
-                with s.cond:
-                    s.end_write_locked(0, nsd, wkeys)
-                    s.release_locked(0, sum(charges[:granted]))
-                    s.unpin_locked(pinned, owner)
-                    s.unanchor_locked(anchor, owner)
-                    lost = s.take_lost_writes_locked(0, nsd, wkeys)
-                    due = s.mark_deleting_locked(
-                        s.settle_writes_locked(0, nsd, wkeys) + [(0, nsd, k) for k in lost]
-                    )
-                s.delete_entries(due)
-                raise
-            written = dict(zip(wrote, ok_w))
+                s.unpin_locked(pinned, owner)
+                s.unanchor_locked(anchor, owner)
+            raise
+        wrote = todo[:granted]
+        wkeys = [keys[i] for i in wrote]
+        with s.cond:
+            s.begin_write_locked(0, nsd, wkeys)
+            clears = (s.clears[None], s.clears[nsd])
+        try:
+            ok_w = s.put_refit(0, nsd, wkeys, [payloads[i] for i in wrote], charges[:granted],
+                               wait_for_transfers=True, clears=clears)
+        except BaseException:
             with s.cond:
                 s.end_write_locked(0, nsd, wkeys)
-                lost = s.take_lost_writes_locked(0, nsd, wkeys)  # the tier evicted them meanwhile
-                written = {i: o and keys[i] not in lost for i, o in written.items()}
-                # what we wrote may be gone (a clear overtook us, or is clearing the tiers now)
-                cleared = (s.clears[None], s.clears[nsd]) != clears or s.clearing_locked(nsd)
-                # A clear of the namespace that ended before this put's write began forgot the chunk
-                # size _check_tensors fixed (store.clear pops it): what the put inserts now fixes it
-                # again, unless a put of another size fixed that meanwhile (then nothing is stored).
-                # Before, the chunks went in with no size on record, and a later put of the
-                # namespace could fix another one: its first chain then read back as an InputError.
-                cleared = cleared or self._ns_bytes.setdefault(nsd, size) != size
-                if cleared:
-                    leaked_by_clear = [(0, nsd, keys[i]) for i, o in written.items() if o]
-                    written = {}
-                run = 0  # chunks already in the top tier count only if still there now
-                while run < len(keys) and (
-                    written.get(run, False) or _has(s.tree, nsd, keys[run], 0)
-                ):
-                    run += 1
-                r, error = None, None
-                if run:
-                    try:
-                        r = s.tree.insert(
-                            nsd,
-                            list(keys[:run]),
-                            tier=s.names[0],
-                            chunk_tokens=ns.chunk_tokens,
-                            size_bytes=size,
-                            parent_key=parent_key,
-                            root_if_missing=root_if_missing,
-                        )
-                    except InputError as e:  # keys contradict the tree: undo, then re-raise
-                        run, error = 0, e
-                if r is not None and not r.node_ids:
-                    run = 0  # the parent vanished between our check and the insert
                 s.release_locked(0, sum(charges[:granted]))
                 s.unpin_locked(pinned, owner)
                 s.unanchor_locked(anchor, owner)
-                refs: list[ChunkRef] = []
-                if run and self.config.write_policy == "write_through" and len(s.tiers) > 1:
-                    full = (1 << len(s.tiers)) - 1
-                    new_ids = r.node_ids  # type: ignore[union-attr]
-                    refs = s.refs_locked([n for n in new_ids if s.tree.node_tier_mask(n) != full])
-                    refs = s.pin_locked(refs, owner)
-                    s.transfers_inflight += bool(refs)
-                leaked = s.mark_deleting_locked(
-                    [(0, nsd, keys[i]) for i, o in written.items() if o and i >= run]
-                    + (leaked_by_clear if cleared else [])
-                    + s.settle_writes_locked(0, nsd, wkeys)
-                    + [(0, nsd, k) for k in lost]
+                lost = s.take_lost_writes_locked(0, nsd, wkeys)
+                due = s.mark_deleting_locked(
+                    s.settle_writes_locked(0, nsd, wkeys) + [(0, nsd, k) for k in lost]
                 )
-            s.delete_entries(leaked)
-            if error is not None:
-                raise error
+            s.delete_entries(due)
+            raise
+        written = dict(zip(wrote, ok_w))
+        with s.cond:
+            s.end_write_locked(0, nsd, wkeys)
+            lost = s.take_lost_writes_locked(0, nsd, wkeys)  # the tier evicted them meanwhile
+            written = {i: o and keys[i] not in lost for i, o in written.items()}
+            # what we wrote may be gone (a clear overtook us, or is clearing the tiers now)
+            cleared = (s.clears[None], s.clears[nsd]) != clears or s.clearing_locked(nsd)
+            # A clear of the namespace that ended before this put's write began forgot the chunk
+            # size _check_tensors fixed (store.clear pops it): what the put inserts now fixes it
+            # again, unless a put of another size fixed that meanwhile (then nothing is stored).
+            # Before, the chunks went in with no size on record, and a later put of the
+            # namespace could fix another one: its first chain then read back as an InputError.
+            cleared = cleared or self._ns_bytes.setdefault(nsd, size) != size
+            if cleared:
+                leaked_by_clear = [(0, nsd, keys[i]) for i, o in written.items() if o]
+                written = {}
+            run = 0  # chunks already in the top tier count only if still there now
+            while run < len(keys) and (
+                written.get(run, False) or _has(s.tree, nsd, keys[run], 0)
+            ):
+                run += 1
+            r, error = None, None
+            if run:
+                try:
+                    r = s.tree.insert(
+                        nsd,
+                        list(keys[:run]),
+                        tier=s.names[0],
+                        chunk_tokens=ns.chunk_tokens,
+                        size_bytes=size,
+                        parent_key=parent_key,
+                        root_if_missing=root_if_missing,
+                    )
+                except InputError as e:  # keys contradict the tree: undo, then re-raise
+                    run, error = 0, e
+            if r is not None and not r.node_ids:
+                run = 0  # the parent vanished between our check and the insert
+            s.release_locked(0, sum(charges[:granted]))
+            s.unpin_locked(pinned, owner)
+            s.unanchor_locked(anchor, owner)
+            refs: list[ChunkRef] = []
+            if run and self.config.write_policy == "write_through" and len(s.tiers) > 1:
+                full = (1 << len(s.tiers)) - 1
+                new_ids = r.node_ids  # type: ignore[union-attr]
+                refs = s.refs_locked([n for n in new_ids if s.tree.node_tier_mask(n) != full])
+                refs = s.pin_locked(refs, owner)
+                s.transfers_inflight += bool(refs)
+            leaked = s.mark_deleting_locked(
+                [(0, nsd, keys[i]) for i, o in written.items() if o and i >= run]
+                + (leaked_by_clear if cleared else [])
+                + s.settle_writes_locked(0, nsd, wkeys)
+                + [(0, nsd, k) for k in lost]
+            )
+        s.delete_entries(leaked)
+        if error is not None:
+            raise error
         if refs:
             self._submit_write(lambda job: jobs.write_through(s, refs, owner), refs, owner)
         elif run and self._closed and self.config.write_policy == "write_back" and len(s.tiers) > 1:

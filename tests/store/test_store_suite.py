@@ -265,6 +265,28 @@ class TestEviction:
             assert_exact(keys, bufs, 5)
         store.check_integrity()
 
+    @pytest.mark.parametrize("write_policy", ["write_through", "write_back"])
+    def test_a_chain_longer_than_the_top_tier_is_stored_whole(self, make_store, stack, write_policy):
+        """Found by an audit: a put reserved the whole chain in the top tier at once and pinned the
+        chain's own chunks held there, so a chain longer than the top tier (SGLang backs up 128
+        pages per batch) stored only its first top-tier-full, on every retry, however much room the
+        tiers below had. It now goes in runs; a single tier still stores the leading run it holds."""
+        store = make_store(stack, write_policy=write_policy)
+        ns = new_namespace()
+        _, keys = chain(77, 14)  # the top tier holds 8; every lower tier at least 16
+        for attempt in range(2):  # the second put (a retry, a backup again) keeps it all
+            ok = put_chain(store, ns, keys)
+            store.flush()
+            stored = 8 if len(store.tiers) == 1 else 14
+            assert ok == [True] * stored + [False] * (14 - stored), attempt
+            assert store.lookup(ns, keys) == stored
+            bufs = buffers(14)
+            assert store.get(ns, keys, bufs) == stored
+            assert_exact(keys, bufs, stored)
+            assert_within_capacity(store)
+            store.flush()
+            store.check_integrity()
+
     def test_last_tier_drops_leaf_first(self, make_store):
         """From the last tier, eviction drops leaves first: a chain shortens from its end."""
         store = make_store("mem", chunks={"mem": 4})
