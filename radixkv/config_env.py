@@ -8,6 +8,7 @@ variables are errors.
 from __future__ import annotations
 
 import difflib
+import logging
 import re
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Mapping
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from radixkv.config import StoreConfig
 
 __all__ = ["store_config_from_env", "env_overrides"]
+
+logger = logging.getLogger(__name__)
 
 _ENV_PREFIX = "RADIXKV_"
 # Process-wide switches of other radixkv components (docs/configuration.md): never "misspelt".
@@ -38,7 +41,10 @@ def store_config_from_env(
             TierConfig(t.url, t.capacity_bytes, t.name, t.policy, dict(t.options), t.policy_options)
             for t in base.tiers
         ]
-    data.update(env_overrides(cls, env))  # (it reports misspelt variables)
+    # (it reports misspelt variables, and drops the YAML's policy_options if RADIXKV_POLICY replaces
+    # their policy)
+    config_name = f"RADIXKV_CONFIG={env.get(_ENV_PREFIX + 'CONFIG')}"
+    data.update(env_overrides(cls, env, base=data or None, base_name=config_name))
     tiers = _tiers_from_env(env)
     if tiers is not None:
         data["tiers"] = tiers
@@ -52,17 +58,41 @@ def store_config_from_env(
     return cls(**data)
 
 
-def env_overrides(cls: type[StoreConfig], env: Mapping[str, str]) -> dict[str, str]:
+def env_overrides(
+    cls: type[StoreConfig],
+    env: Mapping[str, str],
+    base: StoreConfig | Mapping[str, Any] | None = None,
+    base_name: str = "the base config",
+) -> dict[str, Any]:
     """The store fields other than ``tiers`` that ``RADIXKV_<FIELD>`` variables set (raw strings; the
     StoreConfig parses them), for a caller layering them over a config of its own. A variable that
     nearly spells one of them is a ConfigError here too, as in :func:`store_config_from_env`: the
-    engine adapters read the environment only through this when their own config names the tiers."""
+    engine adapters read the environment only through this when their own config names the tiers.
+
+    ``base`` (a StoreConfig or a mapping of its fields; ``base_name`` names it in the log) is the
+    config the result will be layered over. When ``RADIXKV_POLICY`` replaces its policy with another
+    and ``RADIXKV_POLICY_OPTIONS`` is unset, the result also sets ``policy_options`` to ``{}``: the
+    base's options belong to its policy (they would be unknown options of the new one), so they are
+    dropped, logged at info. Without ``base`` nothing is dropped."""
     _check_misspelt(cls, env)
-    out: dict[str, str] = {}
+    out: dict[str, Any] = {}
     for f in fields(cls):
         key = _ENV_PREFIX + f.name.upper()
         if f.name != "tiers" and key in env:
             out[f.name] = env[key]
+    if base is not None and "policy" in out and "policy_options" not in out:
+        if isinstance(base, Mapping):
+            default = next(f.default for f in fields(cls) if f.name == "policy")
+            base_policy, base_options = base.get("policy", default), base.get("policy_options")
+        else:
+            base_policy, base_options = base.policy, base.policy_options
+        if base_options and out["policy"] != base_policy:
+            logger.info(
+                "radixkv: RADIXKV_POLICY=%s replaces policy %r of %s; its policy_options %r (options of %r) "
+                "are dropped. Set RADIXKV_POLICY_OPTIONS to give %s options",
+                out["policy"], base_policy, base_name, dict(base_options), base_policy, out["policy"],
+            )
+            out["policy_options"] = {}
     return out
 
 

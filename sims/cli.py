@@ -234,10 +234,19 @@ def _main(args: argparse.Namespace) -> int:
     block_bytes = model.block_bytes(trace.block_tokens) if model else None
     unique = trace.unique_blocks
     capacity_texts = [c.strip() for c in args.capacity.split(",") if c.strip()]
-    repeated = sorted({c for c in capacity_texts if capacity_texts.count(c) > 1})
-    if repeated:  # as a repeated --policy: the same points twice, and duplicate records
-        raise RadixKVError(f"--capacity names {', '.join(map(repr, repeated))} twice; name each capacity once")
     capacities = [parse_capacity(c, unique, block_bytes) for c in capacity_texts]
+    # As a repeated --policy: the same points twice, and duplicate records. Compared parsed (5% and
+    # 5.0%, 1828 and "1828 blocks" are one capacity), not as text.
+    for i, c in enumerate(capacities):
+        j = capacities.index(c)
+        if j < i:
+            a, b = capacity_texts[j], capacity_texts[i]
+            if a == b:
+                raise RadixKVError(f"--capacity names {a!r} twice; name each capacity once")
+            what = f"{c.blocks:,} block{'s' * (c.blocks != 1)}" if c.fraction is None \
+                else f"{c.fraction * 100:g}% of unique blocks"
+            raise RadixKVError(f"--capacity names one capacity twice: {a!r} and {b!r} are both {what}; "
+                               "name each capacity once")
     tiers = [_tier(t) for t in args.tiers.split(",") if t.strip()]
     if not tiers:
         raise RadixKVError("--tiers needs at least one tier name")

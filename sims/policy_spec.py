@@ -28,6 +28,12 @@ class PolicySpec:
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def identity(self) -> tuple[str, tuple[tuple[str, bool, Any], ...]]:
+        """What the spec runs: its name and parsed options, in any order (``s3fifo:small_fraction=0.2``
+        and ``s3fifo:small_fraction=.2`` are one policy; ``x=true`` and ``x=1`` are not)."""
+        return self.name, tuple(sorted((k, isinstance(v, bool), v) for k, v in self.options.items()))
+
+    @property
     def offline(self) -> bool:
         """True for policies that need the trace's future (``opt``)."""
         return bool(getattr(POLICIES.get(self.name), "offline", False))

@@ -102,6 +102,11 @@ def parse_capacity(text: str, unique_blocks: int, block_bytes: int | None) -> Ca
         number = None
     if number is not None and number.is_integer() and number < 1:  # -1, -3 blocks, 0.0
         raise ConfigError(f"capacity {text!r} must be at least 1 block")
+    if number is not None and number.is_integer():  # finite: inf.is_integer() is False
+        # Whole, but not in digits (1e3, 1.0): refused rather than read, as 1.0 may be meant as 100%.
+        raise ConfigError(f"capacity {text!r} is a block count only when written in digits: give "
+                          f"{int(number)} (blocks), a percentage of unique blocks (e.g. 2.5%) or a byte size "
+                          "with a unit (e.g. 64GiB)")
     if number is not None or unit_blocks:
         # A bare number is a block count (a byte size needs a unit), so 2.5 is not 2.5 bytes.
         raise ConfigError(f"capacity {text!r} is not a whole number of blocks; give whole blocks (e.g. 1828), "
@@ -202,8 +207,14 @@ def run_sweep(
         raise ConfigError("a sweep needs at least one policy and one capacity")
     specs = [parse_policy_spec(p) for p in policies]
     labels = [s.label for s in specs]
-    if len(set(labels)) < len(labels):
-        raise ConfigError(f"policies {labels} name the same spec twice; list each once")
+    # By the parsed spec, not its text: s3fifo:small_fraction=0.2 and ...=.2 would replay one policy twice.
+    first: dict[tuple, str] = {}
+    for s in specs:
+        if s.identity in first:
+            seen = first[s.identity]
+            same = repr(seen) if seen == s.label else f"{seen!r} and {s.label!r}: one policy, the same options"
+            raise ConfigError(f"policies {labels} name the same spec twice ({same}); list each once")
+        first[s.identity] = s.label
     block_bytes = model.block_bytes(trace.block_tokens) if model else None
     unique = trace.unique_blocks
     models = tier_models(top_tier, top_tier_model, lower_tiers)

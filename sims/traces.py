@@ -8,7 +8,8 @@ Readers (each returns a :class:`Trace`; :func:`read_trace` picks one by sniffing
 
 * Mooncake JSONL (FAST'25 release): ``{"timestamp": ms, "input_length": n, "output_length": m,
   "hash_ids": [ints]}``, one id per 512-token block, chained. The last block may be partial.
-* radixkv JSONL: an optional header line ``{"radixkv_trace": 1, "block_tokens": 256}`` and then one
+* radixkv JSONL: an optional header line ``{"radixkv_trace": 1, "block_tokens": 256}`` (fields
+  ``radixkv_trace``, ``block_tokens`` and ``name`` only; any other is an error) and then one
   record per request::
 
       {"arrival_s": 0.25, "output_tokens": 64, "block_keys": ["a1", "a2"], "input_tokens": 600,
@@ -26,6 +27,10 @@ Readers (each returns a :class:`Trace`; :func:`read_trace` picks one by sniffing
   request's ``cache_salt``: it seeds the key chain, so two tenants with the same tokens share no
   block (as a salted runtime isolates them). For ``block_keys`` it is only a label: the keys are
   used as given, so tenants share whatever keys they have in common; isolate them in the keys.
+
+  The header's ``block_tokens`` (default 256) is the block size. A ``block_tokens`` argument
+  (``--block-tokens``) replaces it for ``token_ids`` records, which are hashed here, but must equal
+  it for ``block_keys`` records: those keys were cut by the trace's writer and cannot be re-cut.
 
 Keys of every trace are strings (the tree's key type); Mooncake integer ids become their decimal text.
 Files ending in ``.xz`` or ``.gz`` are read compressed.
@@ -55,6 +60,8 @@ __all__ = [
 ]
 
 _MAX_BLOCK_TOKENS = 1 << 48  # the tree's bound on a chunk's tokens (a 48-bit field)
+# The fields a radixkv_trace header may have (write_radixkv writes all three); any other is an error.
+_HEADER_FIELDS = frozenset({"radixkv_trace", "block_tokens", "name"})
 
 
 @dataclass(slots=True)
@@ -250,6 +257,7 @@ def read_mooncake(path: str, *, block_tokens: int | None = None, limit: int | No
 def read_radixkv(path: str, *, block_tokens: int | None = None, limit: int | None = None) -> Trace:
     """Read radixkv's own JSONL trace format (see the module docstring)."""
     bt = block_tokens
+    header_bt: int | None = None  # the header's block_tokens: the block size its block keys were cut at
     trace: Trace | None = None
     interned: dict[object, str] = {}
     _check_limit(limit)
@@ -262,12 +270,24 @@ def read_radixkv(path: str, *, block_tokens: int | None = None, limit: int | Non
             if rec["radixkv_trace"] != 1:
                 raise InputError(f"{path}:{lineno}: radixkv_trace={rec['radixkv_trace']!r} is not a version "
                                  "this reader knows (1)")
-            if bt is None:
-                bt = _int_field(path, lineno, rec, "block_tokens", 256)
-                if not 0 < bt < _MAX_BLOCK_TOKENS:
-                    raise InputError(f"{path}:{lineno}: header field 'block_tokens'={bt} must be a positive "
-                                     "integer below 2**48 (tokens per block)")
-            trace = Trace(name=os.path.basename(path), block_tokens=bt)
+            # A misspelt key (say 'block_token') would silently mean the default 256 tokens per block.
+            unknown = sorted(set(rec) - _HEADER_FIELDS)
+            if unknown:
+                raise InputError(
+                    f"{path}:{lineno}: unknown header field(s) {', '.join(map(repr, unknown))}; a radixkv_trace "
+                    f"header has only {', '.join(map(repr, sorted(_HEADER_FIELDS)))} (is a name misspelt?)"
+                )
+            if "name" in rec and not isinstance(rec["name"], str):
+                raise InputError(f"{path}:{lineno}: header field 'name'={rec['name']!r} must be a string")
+            if "block_tokens" in rec:
+                # Checked even when block_tokens is given: it is what the header's keys were cut at.
+                header_bt = _int_field(path, lineno, rec, "block_tokens")
+                if not 0 < header_bt < _MAX_BLOCK_TOKENS:
+                    raise InputError(f"{path}:{lineno}: header field 'block_tokens'={header_bt} must be a "
+                                     "positive integer below 2**48 (tokens per block)")
+                if bt is None:
+                    bt = header_bt
+            trace = Trace(name=os.path.basename(path), block_tokens=256 if bt is None else bt)
             continue
         if trace is None:
             trace = Trace(name=os.path.basename(path), block_tokens=256 if bt is None else bt)
@@ -275,6 +295,15 @@ def read_radixkv(path: str, *, block_tokens: int | None = None, limit: int | Non
         if "block_keys" in rec and "token_ids" in rec:
             raise InputError(f"{path}:{lineno}: a request has 'block_keys' or 'token_ids', not both")
         if "block_keys" in rec:
+            if header_bt is not None and header_bt != b:
+                # Block keys are opaque: they cannot be re-cut, so another block size would only rescale
+                # the prompt lengths (TTFT, token hits, byte capacities) without a word. Token ids can.
+                raise InputError(
+                    f"{path}:{lineno}: block_tokens={b} (--block-tokens) differs from the header's "
+                    f"block_tokens={header_bt}: this trace's block_keys were cut at {header_bt} tokens per block "
+                    f"by its writer and cannot be re-cut; drop --block-tokens (or give {header_bt}). Only "
+                    "token_ids records can be replayed at another block size"
+                )
             raw = rec["block_keys"]
             if not isinstance(raw, list):
                 raise InputError(f"{path}:{lineno}: 'block_keys' must be a list of chain keys")

@@ -184,3 +184,97 @@ def test_a_prefill_speed_below_one_token_per_second_is_refused_and_json_stays_js
                "layers=32,kv_heads=8,head_dim=128,prefill_tps=1", "--jobs", "1", "--no-progress", "--json", str(out)])
     assert rc == 0
     json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+
+
+# A radixkv block-key trace's block size is its header's: the keys were cut by the trace's writer.
+def _keyed(tmp_path, header, name="k.jsonl"):
+    path = tmp_path / name
+    rows = [header] + [{"arrival_s": i, "block_keys": ["s1", "s2", f"u{i}"]} for i in range(3)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_block_tokens_that_differ_from_a_block_key_headers_are_refused(tmp_path, capsys):
+    path = _keyed(tmp_path, {"radixkv_trace": 1, "block_tokens": 16})
+    assert read_trace(str(path)).requests[0].input_tokens == 48
+    assert read_trace(str(path), block_tokens=16).block_tokens == 16  # the header's own value is fine
+    with pytest.raises(InputError, match=r"k\.jsonl:2: block_tokens=512 \(--block-tokens\) differs from the "
+                                         r"header's block_tokens=16: .*drop --block-tokens \(or give 16\)"):
+        read_trace(str(path), block_tokens=512)
+    rc, err = _sim(["--trace", str(path), "--block-tokens", "512", "--capacity", "1", "--policy", "lru"], capsys)
+    assert rc == 2 and "differs from the header's block_tokens=16" in err, err
+
+
+def test_block_tokens_still_recut_a_token_id_trace(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"radixkv_trace": 1, "block_tokens": 16}) + "\n"
+                    + json.dumps({"token_ids": list(range(64))}) + "\n")
+    trace = read_trace(str(path), block_tokens=32)  # token ids are hashed here, at any block size
+    assert trace.block_tokens == 32 and len(trace.requests[0].block_keys) == 2
+
+
+@pytest.mark.parametrize("header, named", [({"radixkv_trace": 1, "block_token": 16}, "'block_token'"),
+                                           ({"radixkv_trace": 1, "block_tokens": 16, "tokenizer": "x"},
+                                            "'tokenizer'")])
+def test_an_unknown_header_field_is_an_error_naming_it(tmp_path, header, named):
+    with pytest.raises(InputError, match=rf"k\.jsonl:1: unknown header field\(s\) {named}; a radixkv_trace header "
+                                         r"has only 'block_tokens', 'name', 'radixkv_trace'"):
+        read_trace(str(_keyed(tmp_path, header)))
+    with pytest.raises(InputError, match="unknown header field"):  # also when --block-tokens is given
+        read_trace(str(_keyed(tmp_path, header)), block_tokens=16)
+
+
+def test_a_trace_written_by_write_radixkv_reads_back_at_its_block_size(tmp_path):
+    from radixkv.sims.traces import write_radixkv
+
+    src = read_trace(str(_keyed(tmp_path, {"radixkv_trace": 1, "block_tokens": 16})))
+    write_radixkv(src, str(tmp_path / "w.jsonl"))  # its header has a 'name'
+    again = read_trace(str(tmp_path / "w.jsonl"))
+    assert again.block_tokens == 16 and [r.block_keys for r in again.requests] == [r.block_keys for r in src.requests]
+
+
+@pytest.mark.parametrize("capacities, named", [("5%,5.0%", "'5%' and '5.0%' are both 5% of unique blocks"),
+                                               ("1,+1%,1blocks", "'1' and '1blocks' are both 1 block;"),
+                                               ("2,2 blocks", "'2' and '2 blocks' are both 2 blocks;")])
+def test_a_capacity_named_twice_in_other_words_is_refused(tmp_path, capsys, capacities, named):
+    rc, err = _sim(["--trace", str(_mooncake(tmp_path)), "--capacity", capacities, "--policy", "lru"], capsys)
+    assert rc == 2 and f"--capacity names one capacity twice: {named}" in err, err
+
+
+def test_a_capacity_that_rounds_to_the_same_blocks_is_still_a_point(tmp_path, capsys):
+    # 1% and 2% of a tiny trace are both 1 block, but two different shares (two records): not a repeat.
+    out = tmp_path / "o.json"
+    rc, err = _sim(["--trace", str(_mooncake(tmp_path)), "--capacity", "1%,2%", "--policy", "lru",
+                    "--json", str(out)], capsys)
+    assert rc == 0, err
+    assert [r["capacity_fraction"] for r in json.loads(out.read_text())] == [0.01, 0.02]
+
+
+@pytest.mark.parametrize("policies", [["s3fifo:small_fraction=0.2", "s3fifo:small_fraction=.2"],
+                                      ["oddsref:gap_quantile=0.7:gap_step=0.003",
+                                       "oddsref:gap_step=3e-3:gap_quantile=0.70"]])
+def test_a_policy_spec_named_twice_in_other_words_is_refused(tmp_path, capsys, policies):
+    rc, err = _sim(["--trace", str(_mooncake(tmp_path)), "--capacity", "1", "--policy", ",".join(policies)], capsys)
+    assert rc == 2 and "name the same spec twice" in err and "one policy, the same options" in err, err
+
+
+def test_a_spec_identity_tells_bool_from_number():
+    from radixkv.sims.policy_spec import PolicySpec
+
+    assert PolicySpec("p:x=true", "p", {"x": True}).identity != PolicySpec("p:x=1", "p", {"x": 1}).identity
+    assert PolicySpec("p:x=1", "p", {"x": 1}).identity == PolicySpec("p:x=1.0", "p", {"x": 1.0}).identity
+
+
+@pytest.mark.parametrize("capacity, digits", [("1e3", "1000"), ("1.0", "1"), ("2e1 blocks", "20")])
+def test_a_whole_block_count_not_in_digits_names_the_digits(capacity, digits):
+    with pytest.raises(ConfigError, match=rf"capacity '{capacity}' is a block count only when written in digits: "
+                                          rf"give {digits} \(blocks\)"):
+        parse_capacity(capacity, 5000, None)
+    with pytest.raises(ConfigError, match="is not a whole number of blocks"):
+        parse_capacity("2.5", 5000, None)
+
+
+def test_a_lower_tier_block_count_not_in_digits_names_the_digits(tmp_path, capsys):
+    rc, err = _sim(["--trace", str(_mooncake(tmp_path)), "--capacity", "1", "--policy", "lru",
+                    "--tiers", "mem,disk=1e3"], capsys)
+    assert rc == 2 and "tier 'disk': capacity '1e3' is a block count only when written in digits: give 1000" in err, err
