@@ -24,9 +24,12 @@ Per-rank state (:func:`per_rank_config`, :func:`check_mla_sharing`): every sched
 (TP x PP x CP x DP) builds its own store from the same extra config. A disk tier that is not
 ``shared`` is then one directory per rank, ``<root>/tp<r>of<n>.pp<r>of<n>.cp<r>of<n>.dp<r>`` (the DP
 part: the attention-DP rank, or the replica's index under plain ``--dp-size``), and its capacity is
-per rank; ``shared`` disk tiers and Redis are used as given. An MLA model with non-writer
-TP ranks needs a tier those ranks share (Redis, or a ``shared`` disk tier) and ``probe_tiers`` on,
-and cannot store an MHA draft model's KV (:func:`check_draft_sharding`).
+per rank; ``shared`` disk tiers and Redis are used as given. Rank directories beside this one
+whose coordinates no rank of this server has (another TP/PP/CP size) are logged at attach
+(:func:`warn_foreign_rank_dirs`). An MLA model with non-writer TP ranks needs a tier those ranks
+share (Redis, or a ``shared`` disk tier), ``probe_tiers`` on and ``write_policy`` write_through
+unless its first tier is shared, and cannot store an MHA draft model's KV
+(:func:`check_draft_sharding`).
 
 Without ``tiers``/``config_file``, the store comes from the ``RADIXKV_*`` environment
 (``StoreConfig.from_env``), with one 4 GiB memory tier when it names no tiers and no config file.
@@ -43,8 +46,10 @@ import hashlib
 import json
 import os
 import logging
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
+from urllib.parse import unquote, urlsplit
 
 from radixkv.config import StoreConfig, private_disk_dirs, tier_is_shared
 from radixkv.config_env import env_overrides
@@ -53,7 +58,7 @@ from radixkv.keys import Namespace
 
 __all__ = ["RadixKVOptions", "namespace_for", "sglang_model_digest", "tp_replicated", "DEFAULT_TIERS", "interface_v1_of",
            "dp_rank_of", "rank_dir", "per_rank_config", "tier_is_shared", "check_mla_sharing",
-           "check_draft_sharding"]
+           "check_draft_sharding", "foreign_rank_dirs", "warn_foreign_rank_dirs"]
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +156,8 @@ class RadixKVOptions:
         if self.config_file:
             base = StoreConfig.from_yaml(self.config_file)
             data = {f: getattr(base, f) for f in _STORE_FIELDS}
-            data.update(env_overrides(StoreConfig, os.environ))
+            data.update(env_overrides(StoreConfig, os.environ, base=base,
+                                      base_name=f"config_file={self.config_file}"))
             data.update(self.store)
             return StoreConfig(**data)
         if "tiers" not in self.store:  # the RADIXKV_* environment, DEFAULT_TIERS unless it names tiers
@@ -248,7 +254,8 @@ def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, 
     """The storage identity of one host pool's pages (SGLang passes no dtype/layout: sglang#33268).
 
     Shard: MLA KV is replicated across TP, so its pages are shared by all TP ranks (only the PP/CP
-    slice and the DCP rank matter); otherwise every TP/PP/CP/DP coordinate is part of it.
+    slice and the DCP rank matter); otherwise the TP/PP/CP coordinates are part of it, but not the
+    DP rank: every DP group (DP attention) and replica (plain DP) holds the same KV per TP shard.
     A pool whose state has a second dtype (Mamba: conv ``dtype``, SSM ``temporal_dtype``) carries
     that one in ``extra`` as ``/ssm-<dtype>``, also where the two are equal: earlier releases
     stored every SSM dtype's state without it, so a name without it may hold any SSM dtype's state.
@@ -260,7 +267,12 @@ def namespace_for(config: Any, opts: RadixKVOptions, pool: Any, pool_name: str, 
     if tp_replicated(config, pool_name):
         shard = f"mla.{pp}.{cp}.dcp{getattr(config, 'dcp_rank', 0)}of{getattr(config, 'dcp_size', 1)}"
     else:
-        shard = f"tp{config.tp_rank}of{config.tp_size}.{pp}.{cp}.dp{getattr(config, 'dp_rank', 0)}"
+        # The DP part is the constant ``dp0``, never the DP rank: the DP groups of DP attention
+        # (SGLang passes the attention-TP rank and size with them) hold the same KV per attention-TP
+        # rank, as plain-DP replicas do, so they share pages (SGLang's own file and mooncake
+        # backends key MHA pages by TP rank too). Kept in the name so that servers without DP
+        # attention keep their namespaces.
+        shard = f"tp{config.tp_rank}of{config.tp_size}.{pp}.{cp}.dp0"
     page_size = int(getattr(pool, "page_size", 1) or 1)
     dtype = _dtype_name(getattr(pool, "dtype", "uint8"))
     # A Mamba pool's ``dtype`` is its conv state's; the SSM (temporal) state has its own
@@ -313,7 +325,7 @@ def dp_rank_of(config: Any) -> int:
 
 def rank_dir(config: Any) -> str:
     """The name of this scheduler rank's own directory under a non-shared disk tier's root: its
-    coordinates, as MHA namespaces spell them (``tp0of2.pp0of1.cp0of1.dp0``), the DP part being
+    coordinates (``tp0of2.pp0of1.cp0of1.dp0``), the DP part being
     :func:`dp_rank_of` (the replica's index under plain data parallelism, so replicas on one host
     get a directory each; ``dp0`` without DP, as before). Stable across restarts (a rank finds its
     own files again) and distinct for every scheduler of a server. The dots keep it apart from
@@ -338,7 +350,63 @@ def per_rank_config(store: StoreConfig, config: Any) -> StoreConfig:
     files, restarts find them again, and a tier's ``capacity`` is per rank. Shared disk tiers are
     made for several processes and stay as given (their chunks are named by namespace, which
     carries the shard)."""
+    warn_foreign_rank_dirs(store, config)
     return private_disk_dirs(store, rank_dir(config), "SGLang rank")
+
+
+_RANK_DIR_RE = re.compile(r"tp(\d+)of(\d+)\.pp(\d+)of(\d+)\.cp(\d+)of(\d+)\.dp(\d+)")
+_warned_foreign: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def _sizes(config: Any) -> tuple[int, int, int]:
+    def get(name: str) -> int:
+        v = getattr(config, name, 1)
+        return int(1 if v is None else v)
+
+    return get("tp_size"), get("pp_size"), get("attn_cp_size")
+
+
+def foreign_rank_dirs(root: str, config: Any) -> list[str]:
+    """The rank directories (:func:`rank_dir` names) directly under ``root`` that no rank of this
+    server can own: another TP, PP or CP size (a server started before with another layout), or a
+    rank beyond its size. The DP part carries no size, so a directory of a DP rank the server no
+    longer has is not told apart."""
+    sizes = _sizes(config)
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        m = _RANK_DIR_RE.fullmatch(name)
+        if not m or not os.path.isdir(os.path.join(root, name)):
+            continue
+        tp, tp_n, pp, pp_n, cp, cp_n, _ = (int(g) for g in m.groups())
+        if (tp_n, pp_n, cp_n) != sizes or tp >= tp_n or pp >= pp_n or cp >= cp_n:
+            out.append(name)
+    return out
+
+
+def warn_foreign_rank_dirs(store: StoreConfig, config: Any) -> None:
+    """Log, once per process for a root and set of directories, the :func:`foreign_rank_dirs` of
+    every non-shared disk tier: no rank of this server reads, evicts or removes them, so the pages
+    there keep their disk space (up to the tier's capacity each) until removed by hand."""
+    for tc in store.tiers:
+        if tc.kind != "disk" or tier_is_shared(tc):
+            continue
+        root = unquote(urlsplit(tc.url).path.rstrip("/")) or "/"
+        foreign = foreign_rank_dirs(root, config)
+        key = (root, tuple(foreign))
+        if not foreign or key in _warned_foreign:
+            continue
+        _warned_foreign.add(key)
+        logger.warning(
+            "radixkv: disk tier root %s holds %d rank directories that belong to no rank of this "
+            "server (its ranks use %s): a server with another TP/PP/CP layout left them; no rank of "
+            "this one reads, evicts or removes them, so their pages keep their disk space. Unless a "
+            "server of that layout still runs on this root, remove them: rm -r %s", root, len(foreign),
+            "tp<r>of{}.pp<r>of{}.cp<r>of{}.dp<r>".format(*_sizes(config)),
+            " ".join(os.path.join(root, n) for n in foreign))
 
 
 def check_mla_sharing(store: StoreConfig, config: Any) -> None:
@@ -347,7 +415,9 @@ def check_mla_sharing(store: StoreConfig, config: Any) -> None:
     With MLA only the storage-writer rank of each DCP shard writes (SGLang's ``is_storage_writer``:
     ``tp_rank == dcp_rank``); the other TP ranks find its pages only by probing a tier they share
     with it. SGLang all-reduces ``batch_exists`` with MIN over the ranks, so without such a tier the
-    non-writers answer 0 and every prefetch misses, silently. Raises :class:`ConfigError`."""
+    non-writers answer 0 and every prefetch misses, silently. The same holds when the pages reach
+    the shared tier only on eviction: ``write_back`` with a process-local first tier. Raises
+    :class:`ConfigError`."""
     if not getattr(config, "is_mla_model", False):
         return
     tp_size = int(getattr(config, "tp_size", 1) or 1)
@@ -369,6 +439,16 @@ def check_mla_sharing(store: StoreConfig, config: Any) -> None:
             "writer rank's pages only by probing the shared tier, so L3 would never hit (SGLang takes "
             "the minimum hit count over the ranks); set probe_tiers to true (the default) in the "
             "extra config, store, config_file and RADIXKV_PROBE_TIERS")
+    if store.write_policy == "write_back" and not tier_is_shared(store.tiers[0]):
+        # The writer's pages land in its first tier, private to its process, and reach the shared
+        # tier only when evicted from the tiers above it: hot prefixes, never evicted, never do.
+        raise ConfigError(
+            f"MLA model with tp_size={tp_size} and write_policy='write_back': the storage-writer rank's "
+            f"pages stay in its process-local first tier ({store.tiers[0].url}) and reach the shared "
+            "tier the other ranks read only when evicted, so the pages in use would never hit (SGLang "
+            "takes the minimum hit count over the ranks); set \"write_policy\": \"write_through\" (the "
+            "default) wherever it is set (extra config, store, config_file, RADIXKV_WRITE_POLICY), or "
+            "make the first tier a shared one")
 
 
 # Draft pools SGLang 0.5.23 backs up per TP rank when their host pool is MHA (heads split across

@@ -246,3 +246,142 @@ def test_plain_dp_replicas_own_a_directory_and_a_metrics_port_each(tmp_path):
     # no DP controller keeps dp0, so a server without --dp-size keeps its directory
     assert roots == {r: str(root / f"tp0of1.pp0of1.cp0of1.dp{r}") for r in (0, 1)}
     assert ports == {0: base, 1: base + 1}
+
+
+@pytest.mark.parametrize("tiers", ["mem-first", "private-disk-first"])
+def test_mla_tp_with_write_back_under_a_private_first_tier_fails_the_attach(tmp_path, rank, tiers):
+    # Before: the attach succeeded; the writer's pages stayed in its process-local first tier
+    # (write_back copies down only on eviction), the non-writer's batch_exists answered 0 for them and
+    # SGLang's MIN over the ranks made every hot prefix miss.
+    spec = PoolSpec(kind="mla", layout="page_first", page_size=4, host_tokens=256)
+    first = mem_tier() if tiers == "mem-first" else disk_tier(tmp_path / "own")
+    shared = disk_tier(tmp_path / "s", shared=True)
+    for tp_rank in (0, 1):  # the writer refuses too: every rank gets the same config
+        rank(tp_rank, 2)
+        with pytest.raises(ValueError, match=r"write_policy='write_back'.*write_through") as e:
+            ControllerHarness(spec, extra_config=extra_config([first, shared], write_policy="write_back"))
+        assert isinstance(e.value.__cause__, ConfigError)
+    # write_through over the same tiers, and TP 1 with write_back, are valid.
+    rank(1, 2)
+    ControllerHarness(spec, extra_config=extra_config([first, shared])).close()
+    rank(0, 1)
+    ControllerHarness(spec, extra_config=extra_config([first, shared], write_policy="write_back")).close()
+
+
+def test_mla_tp_with_write_back_to_a_shared_first_tier_hits_on_every_rank(tmp_path, rank):
+    # write_back with the shared tier first: the writer's pages land where the non-writer probes.
+    spec = PoolSpec(kind="mla", layout="page_first", page_size=4, host_tokens=256)
+    cfg = extra_config([disk_tier(tmp_path / "s", shared=True), disk_tier(tmp_path / "cold", shared=True)],
+                       write_policy="write_back")
+    rank(1, 2)
+    r1 = ControllerHarness(spec, extra_config=cfg)
+    rank(0, 2)
+    r0 = ControllerHarness(spec, extra_config=cfg)
+    try:
+        toks = tokens(32, seed=110)
+        src = r0.alloc(32)
+        r0.fill_random(src, seed=111)
+        want = r0.page_bytes_at(src)
+        assert r0.backup(toks, src) == 32
+        for h in (r0, r1):
+            res = h.prefetch(toks)
+            assert res.hit_tokens == 32 and res.loaded_tokens == 32
+            assert h.page_bytes_at(res.host_indices) == want
+    finally:
+        r0.close()
+        r1.close()
+
+
+@pytest.fixture
+def dp_attention(monkeypatch):
+    """SGLang with DP attention: switch a harness to attention-TP rank ``attn_tp`` of ``attn_tp_size``
+    in DP group ``dp`` of ``dp_size`` (its HiCacheController then passes those, as a server's does)."""
+    import contextlib
+
+    import sglang.srt.layers.dp_attention as dp_attention
+    import sglang.srt.managers.cache_controller as cache_controller
+    from sglang.srt.runtime_context import get_parallel
+
+    monkeypatch.setattr(cache_controller, "is_dp_attention_enabled", lambda: True)
+    monkeypatch.setattr(dp_attention, "is_dp_attention_enabled", lambda: True)
+
+    @contextlib.contextmanager
+    def use(attn_tp: int, attn_tp_size: int, dp: int, dp_size: int):
+        with get_parallel().override(tp_rank=dp * attn_tp_size + attn_tp, tp_size=attn_tp_size * dp_size,
+                                     attn_tp_rank=attn_tp, attn_tp_size=attn_tp_size, attn_dp_rank=dp,
+                                     attn_dp_size=dp_size):
+            yield
+
+    return use
+
+
+def test_dp_attention_groups_share_mha_pages(tmp_path, dp_attention):
+    # Before: the MHA namespace carried the attention-DP rank (.dp1), so over a shared tier a DP group
+    # never hit the pages another DP group stored for the same attention-TP shard (SGLang's own file
+    # backend shares them), while plain-DP replicas did.
+    spec = PoolSpec(kind="mha", layout="page_first", page_size=4, host_tokens=256)
+    cfg = extra_config([mem_tier(), disk_tier(tmp_path / "own"), disk_tier(tmp_path / "s", shared=True)])
+    toks = tokens(32, seed=120)
+
+    def open_rank(attn_tp: int, dp: int) -> ControllerHarness:
+        with dp_attention(attn_tp, 2, dp, 2):  # 4 GPUs: attention TP 2 x DP 2
+            return ControllerHarness(spec, extra_config=cfg)
+
+    w = open_rank(0, 0)
+    try:
+        src = w.alloc(32)
+        w.fill_random(src, seed=121)
+        want = w.page_bytes_at(src)
+        assert w.backup(toks, src) == 32
+        unwrap(w.backend).store.flush(timeout_s=30)
+    finally:
+        w.close()
+    r = open_rank(0, 1)  # the same attention-TP shard in the other DP group
+    other = open_rank(1, 1)  # another attention-TP shard: other heads, never the same pages
+    try:
+        c = r.backend.storage_config
+        assert (c.tp_rank, c.tp_size, c.dp_rank) == (0, 2, 1)  # what SGLang passes under DP attention
+        res = r.prefetch(toks)
+        assert res.hit_tokens == 32 and res.loaded_tokens == 32
+        assert r.page_bytes_at(res.host_indices) == want
+        assert other.prefetch(toks).hit_tokens == 0
+        # The DP rank still names the rank's private directory.
+        roots = {str(t.config.root) for t in unwrap(r.backend).store.tiers if type(t).__name__ == "DiskTier"}
+        assert str(tmp_path / "own" / "tp0of2.pp0of1.cp0of1.dp1") in roots
+    finally:
+        r.close()
+        other.close()
+    own = [f"tp{t}of2.pp0of1.cp0of1.dp{d}" for t, d in ((0, 0), (0, 1), (1, 1))]
+    assert sorted(os.listdir(tmp_path / "own")) == own
+
+
+def test_rank_directories_of_another_layout_are_reported_at_attach(tmp_path, rank, caplog):
+    # Before: after a restart with another TP size the old rank directories kept their pages forever,
+    # never read, evicted, removed or mentioned.
+    import logging
+
+    spec = PoolSpec(kind="mha", layout="page_first", page_size=4, host_tokens=256)
+    root = tmp_path / "l3"
+    cfg = extra_config([disk_tier(root)])
+    toks = tokens(32, seed=130)
+    h = ControllerHarness(spec, extra_config=cfg)  # TP 1
+    src = h.alloc(32)
+    h.fill_random(src, seed=131)
+    assert h.backup(toks, src) == 32
+    h.close()
+    (root / "notes").mkdir()  # not a rank directory: never named
+    for tp_rank in (1, 0):  # restart with TP 2: rank 1's directory is this server's own, not reported
+        rank(tp_rank, 2)
+        with caplog.at_level(logging.WARNING, logger="radixkv"):
+            caplog.clear()
+            ControllerHarness(spec, extra_config=cfg).close()
+        reports = [rec.getMessage() for rec in caplog.records if "belong to no rank" in rec.getMessage()]
+        if tp_rank == 1:
+            (msg,) = reports
+            assert f"rm -r {root / 'tp0of1.pp0of1.cp0of1.dp0'}" in msg and "tp<r>of2" in msg
+            assert "tp1of2" not in msg and "notes" not in msg
+        else:
+            assert reports == []  # once per process for the same directories
+    # The old directory is left as it was (only the operator removes it).
+    assert sorted(os.listdir(root)) == ["notes", "tp0of1.pp0of1.cp0of1.dp0", "tp0of2.pp0of1.cp0of1.dp0",
+                                        "tp1of2.pp0of1.cp0of1.dp0"]

@@ -103,6 +103,16 @@ def test_environment_applies_under_explicit_tiers_and_config_files(tmp_path, mon
         assert f.store.config.policy == "lfu" and f.store.config.write_policy == "write_through"
     finally:
         f.close()
+    # Found by an audit: the file's options of its own policy went along with RADIXKV_POLICY's
+    # policy, which refused them as unknown options; they are dropped (RADIXKV_POLICY_OPTIONS
+    # gives the new policy's).
+    y.write_text("tiers:\n  - url: mem://\n    capacity: 8MiB\npolicy: s3fifo\n"
+                 "policy_options:\n  small_fraction: 0.2\n")
+    g = RadixKVStore(_config({"config_file": str(y)}), {})
+    try:
+        assert g.store.config.policy == "lfu" and g.store.config.policy_options == {}
+    finally:
+        g.close()
 
 
 def test_lookup_metrics_and_tokens_count_pages_once():
