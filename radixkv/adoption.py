@@ -123,6 +123,11 @@ def _adopt_once(
     owner = s.owner("adopt")
     room: dict[int, int] = {}  # tier -> bytes reserved for this adoption (released before the insert)
     pinned: list[ChunkRef] = []
+    for t in range(len(s.tiers)):
+        # Deletes a fault interrupted (a Redis blip): their bytes are still there, and _busy keeps
+        # them out of the tree until a retry ran (at most once a second per tier).
+        if s._retry_deletes[t]:
+            s.retry_deletes(t)
     try:
         rest = list(keys[hit:])
         runs = probe(s, nsd, rest)
@@ -265,6 +270,9 @@ def _insert_locked(
 
 def _busy(s: TierStack, watch: AdoptionWatch, t: int, nsd: str, key: str) -> bool:
     """Bytes of ``key`` in tier ``t`` that may be going: deleted since the probe began, a delete in
-    flight, or a write in flight (its writer decides whether they stay)."""
+    flight or one a fault interrupted (still to retry: adopted, a deleted chunk's bytes were
+    served once the server answered again), or a write in flight (its writer decides whether they
+    stay)."""
     ident = (t, nsd, key)
-    return (t, key) in watch.spoiled or ident in s._deleting or ident in s._writing
+    return ((t, key) in watch.spoiled or ident in s._deleting or ident in s._writing
+            or (nsd, key) in s._retry_deletes[t])

@@ -180,6 +180,13 @@ class HierarchicalStore:
         # the tree, evicted by the tier itself as it fills. check_integrity allows for them.
         self._foreign_chunks = [int(t.stats().extra.get("chunks", 0)) for t in opened]
         self._closed = False
+        # A second close() (an engine's shutdown path and an exit hook) waits for the first one to
+        # end: it returned at once, while the first still flushed write_back chunks with the tiers
+        # open, and a caller exiting after it lost chunks only memory held. (Re-entered on the
+        # closing thread, from a signal handler, it returns: waiting there would never end.)
+        self._close_lock = threading.Lock()
+        self._close_done = threading.Event()
+        self._closer: int | None = None
         self._writer = WorkerPool(
             "write",
             config.io_threads,
@@ -546,7 +553,9 @@ class HierarchicalStore:
         between."""
         self._check_open()
         refs, masks, owner, clears = self._match_and_pin(ns, keys, buffers, parent_key)
-        if not refs:
+        if not refs:  # nothing to read: counted as get counts it (every chunk a miss in every tier)
+            with self.metrics.timed("prefetch"):
+                jobs.account(self._stack, ns, [], [], 0, len(buffers))
             return PrefetchHandle(None)
         try:
             job = self._reader.submit(
@@ -681,6 +690,11 @@ class HierarchicalStore:
                 entries += [(t, nsd, s.tree.node_key(n)) for n in held]
                 entries += s.clear_locked(held, t)
             entries = s.mark_deleting_locked(entries)
+            # A barrier, as clear() is: a copy between tiers that began before (a write-through
+            # of the old bytes inside a disk write) could commit after the delete's own deletes and
+            # after a put of the key's new bytes, which it then overwrote there (wrong bytes once
+            # memory released the key). The tree no longer holds the chunks, so no copy begins now.
+            s.wait_copies_locked(nsd)
         s.delete_entries(entries)
         return found
 
@@ -770,14 +784,26 @@ class HierarchicalStore:
         ``write_back`` store first copies what only memory tiers hold to a persistent tier below."""
         if flush is not None and not isinstance(flush, bool):  # "no" would be truthy: a flush
             raise InputError(f"flush={flush!r} must be True, False or None (the config's flush_on_close)")
-        if self._closed:
+        timeout = self.config.close_timeout_s
+        with self._close_lock:
+            second = self._closed
+            self._closed = True  # first: callers racing close() get "the store is closed", not a tier's error
+            if not second:
+                self._closer = threading.get_ident()
+        if second:
+            if self._closer != threading.get_ident() and not self._close_done.wait(3 * timeout + 10):
+                logger.warning("radixkv: close() gave up waiting for another thread's close() to end")
             return
-        self._closed = True  # first: callers racing close() get "the store is closed", not a tier's error
+        try:
+            self._close(flush, timeout)
+        finally:
+            self._close_done.set()
+
+    def _close(self, flush: bool | None, timeout: float) -> None:
         # Reads already running fail once the tiers close: that must not count as lost chunks
         # (forgetting them deletes their bytes from the persistent tiers).
         self._stack.closing = True
         flush = self.config.flush_on_close if flush is None else flush
-        timeout = self.config.close_timeout_s
         self._reader.close(flush=False, timeout_s=timeout)
         self._writer.close(flush=flush, timeout_s=timeout)
         if self.config.write_policy == "write_back" and len(self._stack.tiers) > 1:

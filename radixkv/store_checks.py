@@ -312,10 +312,12 @@ def reconcile_store(store: HierarchicalStore) -> int:
         # An answer holds only for the node it was asked for, and only if nothing wrote the key into
         # that tier since: a chunk deleted and put again meanwhile (another thread) is a new node
         # whose fresh bytes the tier holds now; "lost" would delete them and drop its descendants.
+        # Nor for a residency that ended meanwhile (an eviction from that tier): not a loss.
         lost = [
             (t, nsd, key)
             for t, nsd, key, n in lost
             if t not in faulted and (t, nsd, key) not in written and s.tree.lookup(nsd, key) == n
+            and s.tree.node_tier_mask(n) >> t & 1
         ]
         # Deleting the lost keys too lets a private disk tier's index forget them.
         entries: list[tuple[int, str, str]] = list(lost)

@@ -164,7 +164,7 @@ class TierStack(WriteDeleteIntents):
             self.cond.wait(1.0)
             if time.monotonic() - warned >= _COPY_WAIT_WARN_S:  # a tier call hangs (NFS, a custom tier)
                 warned = time.monotonic()
-                logger.warning("radixkv: clear() has waited %.0f s for copies between tiers to end",
+                logger.warning("radixkv: clear()/delete() has waited %.0f s for copies between tiers to end",
                                warned - start)
 
     def clearing_locked(self, nsd: str) -> bool:

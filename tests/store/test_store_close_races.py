@@ -26,6 +26,36 @@ def _stall_queue_put(pool, thread_name, entered, go):
     pool._queue.put = put
 
 
+def test_a_second_close_returns_only_once_the_store_is_closed(make_store, monkeypatch):
+    """Found by an audit: a second close() (an engine's shutdown path and an exit hook) returned at
+    once while the first still persisted write_back chunks with the tiers open; a caller exiting
+    after it lost chunks only memory held."""
+    import radixkv.store as store_mod
+
+    store = make_store("mem-disk", write_policy="write_back")
+    ns = new_namespace()
+    _, keys = chain(2, 3)
+    assert store.put(ns, keys, [payload_for(k) for k in keys]) == [True] * 3
+    entered, go = threading.Event(), threading.Event()
+    real = store_mod.writeback.persist_volatile
+
+    def slow_persist(*args, **kwargs):
+        entered.set()
+        assert go.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store_mod.writeback, "persist_volatile", slow_persist)
+    first = threading.Thread(target=store.close)
+    first.start()
+    assert entered.wait(30)
+    threading.Timer(0.5, go.set).start()
+    store.close()  # the second call
+    assert go.is_set(), "the second close() returned while the first was still persisting"
+    assert store.tiers[1].contains_many(ns.digest, keys) == 3
+    first.join(30)
+    store.close()  # and a third, after both: at once
+
+
 def test_a_prefetch_submitted_as_close_ends_still_completes(make_store):
     store = make_store("mem-disk")
     ns = new_namespace()

@@ -81,6 +81,20 @@ def test_reads_continued_across_calls_count_each_miss_once(make_store):
     assert store.stats()["store"]["mem.miss_chunks"] == 2
 
 
+def test_a_prefetch_that_finds_nothing_counts_its_misses_as_get_does(make_store):
+    """Found by an audit: a prefetch with no chunk to read returned before counting anything (get
+    counted every chunk a miss in every tier), so a vLLM load of chunks that left between its
+    lookup and its read went uncounted."""
+    store = make_store("mem-disk")
+    ns = new_namespace()
+    _, keys = chain(5, 4)
+    assert store.get(ns, keys, buffers(4)) == 0
+    assert store.prefetch(ns, keys, buffers(4)).wait(5) == 0
+    st = store.stats()["store"]
+    assert st["mem.miss_chunks"] == 8 and st["disk.miss_chunks"] == 8
+    assert samples(store)[("radixkv_latency_seconds_count", (("op", "prefetch"), ("tier", "")))] == 1
+
+
 def test_every_metric_name_carries_its_unit(make_store):
     # docs/design.md: names carry units (chunks, tokens, bytes, jobs, errors, seconds).
     store = make_store("mem-disk")
