@@ -104,7 +104,9 @@ def _refuse_context_parallel_kv(vllm_config: VllmConfig) -> None:
 class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
     """A best-effort hierarchical KV cache: a miss is never an error (``requires_kv_delivery`` False)."""
 
-    _cache_hit_source = CacheHitSource.HOST
+    # Where a hit came from is known per lookup (get_external_cache_hit_sources); this is vLLM's
+    # fallback label only.
+    _cache_hit_source = CacheHitSource.EXTERNAL_UNSPECIFIED
 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
@@ -205,6 +207,18 @@ class RadixKVConnector(KVConnectorBase_V1, SupportsHMA):
     ) -> None:
         assert self._scheduler is not None
         self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def get_external_cache_hit_sources(
+        self, request: Request, num_external_tokens: int
+    ) -> dict[CacheHitSource, int]:
+        """vLLM's per-source hit metrics: the whole load under the slowest tier its chunks were
+        staged from (the worker's memory tier: ``host``; a disk tier: ``disk``; Redis or a tier the
+        workers did not name: ``external_unspecified``)."""
+        if num_external_tokens == 0:
+            return {}
+        assert self._scheduler is not None
+        source = self._scheduler.hit_source(request)
+        return {CacheHitSource(source) if source else self._cache_hit_source: num_external_tokens}
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self._scheduler is not None

@@ -15,6 +15,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorWorkerMetadata,
 )
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 __all__ = ["LookupOp", "LoadOp", "SaveOp", "RadixKVMetadata", "LookupReport", "RadixKVWorkerMeta"]
 
@@ -46,7 +47,10 @@ class LoadOp:
 @dataclass(slots=True)
 class SaveOp:
     """Copy the engine blocks of chunks ``keys`` (whose tokens are computed by the end of this step)
-    out and store them; ``parent_key`` is the key of the chunk before ``keys[0]`` (None = first)."""
+    out and store them; ``parent_key`` is the key of the chunk before ``keys[0]`` (None = first).
+    A worker first skips the leading chunks its store already holds (nothing of them is copied); a
+    ``-1`` page (a sliding-window group's skipped block) makes its chunk, and the rest of the chain,
+    unstorable unless the store holds it."""
 
     req_id: str
     keys: list[str]
@@ -72,11 +76,13 @@ class RadixKVMetadata(KVConnectorMetadata):
 class LookupReport:
     """One worker's answer to a :class:`LookupOp`: ``hit_chunks`` leading chunks found (counted from
     chunk 0), and whether the staged ones were already read (``ready``: a synchronous load can use them
-    in the next step; otherwise the scheduler asks for an asynchronous load)."""
+    in the next step; otherwise the scheduler asks for an asynchronous load). ``source``: the
+    slowest tier the staged chunks are read from, as a ``CacheHitSource`` value ("": none staged)."""
 
     seq: int
     hit_chunks: int
     ready: bool
+    source: str = ""
 
 
 @dataclass
@@ -90,7 +96,7 @@ class RadixKVWorkerMeta(KVConnectorWorkerMetadata):
         """Merge two workers' answers; the result does not depend on the merge order.
 
         A chunk is a hit only where every worker holds its shard: the minimum of the hit counts, AND of
-        the ready flags. A lookup that only one side answered, or that the two answered for different
+        the ready flags, and the slowest of the sources. A lookup that only one side answered, or that the two answered for different
         lookups (``seq``), is a miss: ``LookupReport(seq, 0, True)`` (nothing to read, so ready), with
         the newer ``seq`` (the scheduler numbers lookups increasingly and keeps only its latest)."""
         assert isinstance(other, RadixKVWorkerMeta), type(other)
@@ -103,8 +109,18 @@ class RadixKVWorkerMeta(KVConnectorWorkerMetadata):
                 merged[req_id] = LookupReport(seq, 0, True)
             else:
                 merged[req_id] = LookupReport(
-                    mine.seq, min(mine.hit_chunks, theirs.hit_chunks), mine.ready and theirs.ready
+                    mine.seq,
+                    min(mine.hit_chunks, theirs.hit_chunks),
+                    mine.ready and theirs.ready,
+                    outermost_source(mine.source, theirs.source),
                 )
         return RadixKVWorkerMeta(
             lookups=merged, failed_loads=self.failed_loads | other.failed_loads
         )
+
+
+def outermost_source(a: str, b: str) -> str:
+    """The ``CacheHitSource`` value of ``a`` and ``b`` farthest from the accelerator ("": none)."""
+    if not a or not b:
+        return a or b
+    return CacheHitSource.outermost([CacheHitSource(a), CacheHitSource(b)]).value

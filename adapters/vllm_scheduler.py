@@ -13,7 +13,11 @@ process owns the store. So a lookup is a round trip through vLLM's own per-step 
    from a slow tier (vLLM parks the request until the worker reports it in ``finished_recving``);
 4. ``update_state_after_alloc`` turns the hit into a :class:`LoadOp` on the allocated blocks;
 5. every step, chunks that become fully computed (prompt chunks; generated ones with
-   ``save_generated``) and are not yet stored become :class:`SaveOp` s.
+   ``save_generated``) and are not known to be stored become :class:`SaveOp` s. Known to be stored
+   means confirmed by a lookup answer (or planned by an earlier save of the request): vLLM's local
+   prefix-cache hit is no evidence (it also holds generated tokens, never stored without
+   ``save_generated``), so a request that was not looked up plans its saves from chunk 0 and the
+   workers skip the leading chunks their store already holds before copying anything.
 
 A failed load is reported by the worker (block ids to vLLM, request id to us); the request is then never
 offered an external hit again (vLLM's "recompute" policy recomputes it; a stale hit would loop).
@@ -60,9 +64,14 @@ class _RequestState:
     hit_ready: bool = False
     matched_from_tokens: int = 0  # num_computed_tokens of the call that returned the hit
     failed: bool = False  # a load failed: never offer an external hit again
-    stored_chunks: int = 0  # chunks known to be in the store (hit, or saved by us)
-    stored_known: bool = False
+    # Leading chunks known to be in the store: a lookup's answer, or planned by an earlier save of
+    # this request. Never inferred from vLLM's local prefix-cache hit.
+    stored_chunks: int = 0
+    stored_known: bool = False  # get_num_new_matched_tokens ran since (re)start: saves may be planned
     async_inflight: bool = False
+    # The slowest tier the answered lookup's staged chunks came from (a CacheHitSource value, "":
+    # unknown), which vLLM's per-source hit metrics read after the load is planned.
+    hit_source: str = ""
 
 
 class SchedulerSide:
@@ -102,7 +111,9 @@ class SchedulerSide:
             "hit_tokens": 0,
             "loads": 0,
             "async_loads": 0,
-            "saved_chunks": 0,
+            # Chunks offered to the workers for saving (a worker skips those its store already holds
+            # and counts what it stored in its own saved_chunks).
+            "planned_save_chunks": 0,
             "failed_loads": 0,
             "resets": 0,
         }
@@ -133,18 +144,26 @@ class SchedulerSide:
             or not self.loads_enabled
             or getattr(request, "skip_reading_prefix_cache", False)
         ):
-            if not st.stored_known:  # nothing looked up: save from the local hit on
-                st.stored_chunks = num_computed_tokens // self.chunk_tokens
-                st.stored_known = True
+            # Nothing looked up: saves start at the last store-confirmed chunk (0 if none). The
+            # local hit may hold chunks no one stored (generated tokens of an earlier turn); the
+            # workers skip the leading ones their store holds.
+            st.stored_known = True
             return 0, False
         usable = self._usable_chunks(request)
         first = num_computed_tokens // self.chunk_tokens
         if usable - first < self.options.lookup_min_chunks:
-            if not st.stored_known:
-                # Nothing to look up: the local prefix cache holds these chunks, so whoever computed
-                # them saved them (a store eviction since then only costs a later miss).
-                st.stored_chunks, st.stored_known = min(first, usable), True
+            st.stored_known = True  # as above: nothing looked up, nothing assumed stored
             return 0, False
+        if (
+            st.hit_chunks is not None
+            and num_computed_tokens < st.lookup_first_chunk * self.chunk_tokens
+            and min(st.hit_chunks, usable) * self.chunk_tokens > num_computed_tokens
+        ):
+            # vLLM's local hit shrank during the round trip (it evicted free cached blocks): the
+            # staged chunks start after it. The store holds more: ask again from the smaller local
+            # hit (the new lookup replaces the staged read).
+            st.stored_chunks = max(st.stored_chunks, st.hit_chunks)
+            st.hit_chunks, st.lookup_seq = None, None
         if st.hit_chunks is None:
             if st.lookup_seq is None:
                 if len(st.keys) < usable:
@@ -159,13 +178,16 @@ class SchedulerSide:
                 self.stats["lookups"] += 1
             return None, False
         hit_tokens = min(st.hit_chunks, usable) * self.chunk_tokens
-        if (
-            hit_tokens <= num_computed_tokens
-            or num_computed_tokens < st.lookup_first_chunk * self.chunk_tokens
-        ):
+        if hit_tokens <= num_computed_tokens:
             return 0, False
         st.matched_from_tokens = num_computed_tokens
         return hit_tokens - num_computed_tokens, self._load_is_async(st)
+
+    def hit_source(self, request: Request) -> str:
+        """The tier the request's planned load reads from, as a ``CacheHitSource`` value: the
+        slowest tier the workers staged its chunks from ("" when they did not say)."""
+        st = self._requests.get(request.request_id)
+        return "" if st is None else st.hit_source
 
     def _load_is_async(self, st: _RequestState) -> bool:
         # With several KV-cache groups (HMA), vLLM 0.33 can only recover a failed load by request
@@ -264,29 +286,38 @@ class SchedulerSide:
         if block_ids is None:
             return None
         first = st.stored_chunks
-        page_ids: list[list[list[int]]] = []
-        for g in self.groups:
-            ids = block_ids[g.group_id]  # vLLM's ids cover every group, stored or not
-            per_chunk = self.chunk_tokens // g.block_size
-            rows = []
-            for c in range(first, end_chunk):
-                row = ids[c * per_chunk : (c + 1) * per_chunk]
-                if len(row) < per_chunk or NULL_BLOCK_ID in row:
-                    # A skipped (sliding-window) or missing block: this chunk cannot be stored whole,
-                    # and chunks are stored as an unbroken chain, so stop here.
+        per_group = [
+            (block_ids[g.group_id], self.chunk_tokens // g.block_size)  # ids cover every group
+            for g in self.groups
+        ]
+        page_ids: list[list[list[int]]] = [[] for _ in self.groups]
+        live = False  # a chunk of this op whose blocks are all there in every group
+        for c in range(first, end_chunk):
+            rows = [list(ids[c * n : (c + 1) * n]) for ids, n in per_group]
+            if any(len(row) < n for row, (_, n) in zip(rows, per_group)):
+                end_chunk = c  # a missing block: nothing from here on is computed in blocks
+                break
+            if any(NULL_BLOCK_ID in row for row in rows):
+                # A sliding-window group's skipped block (outside the window of vLLM's local hit,
+                # or freed during a long prefill): this chunk cannot be gathered whole. Leading
+                # ones go as -1 pages (a worker whose store holds them skips them, and stores the
+                # rest only then); after a gatherable chunk, the chain ends here.
+                if live:
                     end_chunk = c
                     break
-                rows.append(list(row))
-            page_ids.append(rows)
+                rows = [[-1 if b == NULL_BLOCK_ID else b for b in row] for row in rows]
+            else:
+                live = True
+            for gi, row in enumerate(rows):
+                page_ids[gi].append(row)
         if end_chunk <= first:
             return None
-        page_ids = [rows[: end_chunk - first] for rows in page_ids]
         if len(st.keys) < end_chunk:
             st.keys = chunk_keys_from_block_hashes(
                 request.block_hashes, self.hash_block_size, self.chunk_tokens, end_chunk
             )
         st.stored_chunks = end_chunk
-        self.stats["saved_chunks"] += end_chunk - first
+        self.stats["planned_save_chunks"] += end_chunk - first
         return SaveOp(
             request.request_id,
             st.keys[first:end_chunk],
@@ -302,14 +333,14 @@ class SchedulerSide:
                 st = self._requests.get(req_id)
                 if st is not None and st.lookup_seq == rep.seq:
                     st.hit_chunks, st.hit_ready = rep.hit_chunks, rep.ready
+                    st.hit_source = rep.source
             for req_id in wm.failed_loads:
                 st = self._requests.get(req_id)
                 if st is not None:
                     st.failed = True
-                    # What we thought was stored may not be: let this request save its chunks again.
-                    st.stored_chunks = min(
-                        st.stored_chunks, st.matched_from_tokens // self.chunk_tokens
-                    )
+                    # What we thought was stored may not be: plan this request's saves from chunk 0
+                    # again (the workers skip what their store still holds).
+                    st.stored_chunks = 0
                     self.stats["failed_loads"] += 1
         for req_id in getattr(connector_output, "finished_recving", None) or ():
             st = self._requests.get(req_id)

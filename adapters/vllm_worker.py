@@ -12,9 +12,12 @@ One instance per vLLM worker process (one per TP/PP/PCP rank). Per step, with th
   side stream while layer ``i - 1`` computes and ``wait_for_layer_load`` only orders the streams;
   asynchronous loads (chunks still coming from a slow tier) are copied once their reads finish, polled
   in ``get_finished``, which then reports them in ``finished_recving``;
-* saves: blocks -> fresh chunk buffers with ``gather_chunks``, layer by layer in ``save_kv_layer``
-  (overlapping the forward on GPU); ``wait_for_save`` gathers the layers whose hook did not run (full
-  CUDA graphs skip the per-layer hooks), waits for the copies and ``put`` s the chunks.
+* saves: the leading chunks of a save that the store already holds are skipped first (one tree-only
+  ``store.lookup`` per group), then blocks -> fresh chunk buffers with ``gather_chunks``, layer by
+  layer in ``save_kv_layer`` (overlapping the forward on GPU); ``wait_for_save`` gathers the layers
+  whose hook did not run (full CUDA graphs skip the per-layer hooks), waits for the copies and
+  ``put`` s the chunks. A save whose parent chunk the store does not hold is dropped (the store
+  would refuse it) and counted in ``orphaned_chunks``.
 
 A chunk that cannot be read (evicted between lookup and load, checksum mismatch, tier down) is a failed
 load: its block ids go to ``get_block_ids_with_load_errors`` (vLLM's ``kv_load_failure_policy``
@@ -56,6 +59,24 @@ __all__ = ["WorkerSide", "open_store"]
 logger = logging.getLogger(__name__)
 
 
+def _tier_sources(store: Any) -> list[str]:
+    """Per tier of ``store``: the ``CacheHitSource`` value vLLM's metrics report for a hit read
+    there (memory: host; disk: disk; Redis and anything else: external_unspecified)."""
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+    from radixkv.tiers.disk import DiskTier
+    from radixkv.tiers.memory import MemoryTier
+
+    def source(tier: Any) -> CacheHitSource:
+        if isinstance(tier, MemoryTier):
+            return CacheHitSource.HOST
+        if isinstance(tier, DiskTier):
+            return CacheHitSource.DISK
+        return CacheHitSource.EXTERNAL_UNSPECIFIED  # vLLM's label for a remote store
+
+    return [source(t).value for t in getattr(store, "tiers", ())]
+
+
 def open_store(options: VllmConnectorOptions, rank: int = 0, directory: str | None = None) -> Any:
     """The worker's :class:`radixkv.store.HierarchicalStore` for ``options`` (see VllmConnectorOptions):
     the ``store`` mapping, else ``store_config_file``, each over the non-tier ``RADIXKV_*``
@@ -75,7 +96,8 @@ def open_store(options: VllmConnectorOptions, rank: int = 0, directory: str | No
         cfg = StoreConfig.from_dict({**env_overrides(StoreConfig, os.environ), **options.store})
     elif options.store_config_file is not None:
         cfg = StoreConfig.from_yaml(options.store_config_file)
-        cfg = dataclasses.replace(cfg, **env_overrides(StoreConfig, os.environ))
+        cfg = dataclasses.replace(cfg, **env_overrides(
+            StoreConfig, os.environ, base=cfg, base_name=f"store_config_file={options.store_config_file}"))
     else:  # the RADIXKV_* environment, with one 4 GiB memory tier unless it names tiers
         cfg = StoreConfig.from_env(default_tiers=[{"url": "mem://", "capacity_bytes": 4 << 30}])
     # Every worker of every engine on the host reads the same config: a private disk directory each.
@@ -93,6 +115,7 @@ class _Staged:
     buffers: list[list[torch.Tensor] | None]  # [group][chunk] 1-D uint8 payloads (None: not here)
     handles: list[Any]  # one prefetch handle per group (None: nothing to read)
     nbytes: int
+    source: str = ""  # the slowest tier the chunks are read from (a CacheHitSource value)
 
     def done(self) -> bool:
         return all(h is None or h.done() for h in self.handles)
@@ -123,6 +146,9 @@ class _PendingSave:
     op: SaveOp
     buffers: list[list[torch.Tensor]]  # [group][chunk]
     layers_done: list[set[int]] = field(default_factory=list)
+    # Leading chunks of op the first held group's store already held (another group lacked them):
+    # its put reports them stored, but they do not count as saved.
+    held_first: int = 0
 
 
 class WorkerSide:
@@ -198,14 +224,20 @@ class WorkerSide:
         # A copy of this step raised: its saves are dropped and not rebuilt from the metadata by a
         # later hook of the step (vLLM calls wait_for_save in a `finally` after a failed forward).
         self._step_failed = False
+        self._saves_built = False  # this step's saves were built from the metadata
         # Per group: (the pending saves it covers, their prepared gather); reset with the saves.
         self._gather_preps: dict[int, tuple[tuple[Any, ...], Any]] = {}
+        self._tier_sources: list[str] = []  # per store tier: its CacheHitSource value
+        self._orphans_logged = False
         self.stats = {
             "lookups": 0,
             "loaded_chunks": 0,
             "failed_chunks": 0,
-            "saved_chunks": 0,
+            "saved_chunks": 0,  # chunks this worker stored (not those its store already held)
             "put_failures": 0,
+            # Chunks of saves dropped because the store does not hold the chunk before them
+            # (evicted since the lookup or the save that stored it): they stay unstored.
+            "orphaned_chunks": 0,
             "generation_switches": 0,
         }
 
@@ -276,6 +308,7 @@ class WorkerSide:
         if not self.present:
             raise ConfigError("this worker holds no layer of any KV-cache group; nothing to store")
         self._borrow_if_reader()
+        self._tier_sources = _tier_sources(self.store)
         self._pin = self.present[0].layout.device.type == "cuda"
         per_chunk = sum(g.chunk_bytes for g in self.present)
         if self.loads and self.options.max_staging_bytes < per_chunk:
@@ -337,6 +370,7 @@ class WorkerSide:
         self._meta = meta
         self._sync_loads_started = False
         self._step_failed = False
+        self._saves_built = False
         if meta.generation != self.generation:
             self._switch_generation(meta.generation)
         self._reap_draining()
@@ -415,8 +449,13 @@ class WorkerSide:
             hit = min(hit, int(n))
             if hit <= op.first_chunk:
                 break
-        # One engine lookup counts once in the metrics, with the hit every group holds (what vLLM uses).
-        self.store.record_lookup(self.present[0].namespace, hit, len(op.keys))
+        # One engine lookup counts once in the metrics, with the hit every group holds (what vLLM
+        # uses), over the chunks beyond vLLM's local hit (as vLLM's own connector hit stats).
+        asked = len(op.keys) - op.first_chunk
+        if asked > 0:
+            self.store.record_lookup(
+                self.present[0].namespace, max(0, hit - op.first_chunk), asked
+            )
         to_read = max(0, hit - op.first_chunk)
         per_chunk_bytes = sum(g.chunk_bytes for g in self.present)
         budget = self.options.max_staging_bytes - self._staged_bytes
@@ -425,17 +464,34 @@ class WorkerSide:
             hit = op.first_chunk + to_read
         buffers: list[list[torch.Tensor] | None] = [[] if g is not None else None for g in self.groups]
         handles: list[Any] = [None] * len(self.groups)
+        source = ""
         if to_read:
             keys = op.keys[op.first_chunk : hit]
+            source = self._read_source(keys)
             for gi, grp in enumerate(self.groups):
                 if grp is None:
                     continue
                 buffers[gi] = [self._alloc_payload(grp) for _ in range(to_read)]
                 handles[gi] = self.store.prefetch(grp.namespace, keys, buffers[gi])
         nbytes = to_read * per_chunk_bytes
-        self._staged[op.req_id] = _Staged(op.seq, op.first_chunk, hit, buffers, handles, nbytes)
+        self._staged[op.req_id] = _Staged(
+            op.seq, op.first_chunk, hit, buffers, handles, nbytes, source
+        )
         self._staged_bytes += nbytes
         self._new_lookups.append(op.req_id)
+
+    def _read_source(self, keys: list[str]) -> str:
+        """The slowest tier a read of ``keys`` takes chunks from (each chunk is read from the
+        fastest tier holding it), over every group, as a ``CacheHitSource`` value ("": unknown)."""
+        if not self._tier_sources:
+            return ""
+        worst = -1
+        with self.store.lock:
+            tree = self.store.tree
+            for grp in self.present:
+                for mask in tree.match(grp.namespace.digest, keys, touch=False).tier_masks:
+                    worst = max(worst, (mask & -mask).bit_length() - 1)
+        return self._tier_sources[worst] if 0 <= worst < len(self._tier_sources) else ""
 
     def start_load_kv(self) -> None:
         """Start this step's synchronous loads (layer-wise on GPU) and register its async loads."""
@@ -549,15 +605,34 @@ class WorkerSide:
 
     # ---- saves ---------------------------------------------------------------------------------
     def _ensure_saves(self) -> None:
-        if self._saves or self._step_failed or self._meta is None or not self._meta.saves:
+        if self._saves_built or self._step_failed or self._meta is None or not self._meta.saves:
             return
+        self._saves_built = True  # once per step, whichever hook comes first
         for op in self._meta.saves:
+            try:
+                held = self._held_chunks(op)
+            except Exception:  # a store fault must not fail the step: the chunks are just not cached
+                self.stats["put_failures"] += 1
+                logger.exception("radixkv: looking up the %d chunks to save of %s failed",
+                                 len(op.keys), op.req_id)
+                continue
+            if held is None:  # the chunk before it is gone: the store would refuse the chain
+                self._orphaned(op, len(op.keys))
+                continue
+            skip = min(held)
+            if skip:  # already stored (vLLM's local hit, an exact-multiple prompt's last chunk)
+                op = SaveOp(op.req_id, op.keys[skip:], op.keys[skip - 1],
+                            [rows[skip:] for rows in op.page_ids])
+            if not op.keys:
+                continue
             n = self._storable_chunks(op)
             if n < len(op.keys):
                 # A buffer is put only if a gather fills it: a chunk without its pages in some group
                 # (rows missing, short or skipped) would store uninitialised bytes that a later hit
                 # loads into the blocks. Chunks form a chain: keep the leading run every group has.
-                logger.warning(
+                # A sliding-window group's skipped block (-1) is expected; anything else is not.
+                skipped = any(p < 0 for rows in op.page_ids for row in rows[n : n + 1] for p in row)
+                (logger.debug if skipped else logger.warning)(
                     "radixkv: save of %s names pages for %d of its %d chunks in every group; "
                     "storing those", op.req_id, n, len(op.keys)
                 )
@@ -567,7 +642,34 @@ class WorkerSide:
                             [rows[:n] for rows in op.page_ids])
             bufs = [[self._alloc_payload(grp) for _ in op.keys] if grp is not None else []
                     for grp in self.groups]
-            self._saves.append(_PendingSave(op, bufs, [set() for _ in self.groups]))
+            held_first = held[0] - skip  # held[0]: the first group held here, the one counted
+            self._saves.append(
+                _PendingSave(op, bufs, [set() for _ in self.groups], min(held_first, len(op.keys)))
+            )
+
+    def _held_chunks(self, op: SaveOp) -> list[int] | None:
+        """Per group held here: how many leading chunks of ``op`` the store holds (any tier; a
+        tree-only lookup, not counted in the lookup metrics). None: it lacks ``op.parent_key``."""
+        keys = op.keys if op.parent_key is None else [op.parent_key, *op.keys]
+        held = []
+        for grp in self.present:
+            n = int(self.store.lookup(grp.namespace, keys, probe=False, record=False))
+            if op.parent_key is not None:
+                if n == 0:
+                    return None
+                n -= 1
+            held.append(n)
+        return held
+
+    def _orphaned(self, op: SaveOp, chunks: int) -> None:
+        self.stats["orphaned_chunks"] += chunks
+        (logger.debug if self._orphans_logged else logger.info)(
+            "radixkv: %d chunks of %s not stored: the store does not hold the chunk before them "
+            "(evicted since it was looked up or stored, or a sliding-window chunk vLLM's local hit "
+            "skipped that was never stored)%s", chunks, op.req_id,
+            "" if self._orphans_logged else "; further such saves are logged at DEBUG",
+        )
+        self._orphans_logged = True
 
     def _storable_chunks(self, op: SaveOp) -> int:
         """Leading chunks of ``op`` whose row holds all of its pages in every group held here."""
@@ -664,7 +766,14 @@ class WorkerSide:
                     ok = self.store.put(
                         grp.namespace, ps.op.keys, ps.buffers[gi], parent_key=ps.op.parent_key
                     )
-                    self.stats["saved_chunks"] += sum(bool(x) for x in ok) if gi == first else 0
+                    if gi == first:
+                        stored = sum(bool(x) for x in ok)
+                        self.stats["saved_chunks"] += max(0, stored - ps.held_first)
+                        if ok and not ok[0] and ps.op.parent_key is not None and not int(
+                            self.store.lookup(grp.namespace, [ps.op.parent_key], probe=False,
+                                              record=False)
+                        ):  # the parent went between _ensure_saves and this put
+                            self._orphaned(ps.op, len(ps.op.keys))
                 except (
                     Exception
                 ):  # a store fault must not fail the step: the chunks are just not cached
@@ -707,7 +816,7 @@ class WorkerSide:
                     if ready and st.hit_chunks > st.first_chunk
                     else st.hit_chunks
                 )
-                self._reports[req_id] = LookupReport(st.seq, hit, ready)
+                self._reports[req_id] = LookupReport(st.seq, hit, ready, st.source)
             self._new_lookups = []
         if not self._reports and not self._failed_loads:
             return None

@@ -251,7 +251,7 @@ def test_chunked_prefill_saves_each_completed_chunk(model_dir, save_generated):
     ]  # 40 tokens a step: one prompt chunk completes per step
     # 100 prompt tokens -> 3 whole chunks; + 40 generated -> 139 tokens known -> 4 chunks
     assert w.stats["saved_chunks"] == (4 if save_generated else 3)
-    assert eng.connector._scheduler.stats["saved_chunks"] == w.stats["saved_chunks"]
+    assert eng.connector._scheduler.stats["planned_save_chunks"] == w.stats["saved_chunks"]
 
 
 @pytest.mark.parametrize("role", ["kv_producer", "kv_consumer"])
