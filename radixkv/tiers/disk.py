@@ -131,6 +131,9 @@ class DiskTierConfig:
         self.root = os.fspath(self.root)
         if not self.root:
             raise ConfigError("DiskTierConfig.root must be a directory path")
+        if "\0" in self.root:  # the OS refuses it: os.stat would raise ValueError ("embedded null byte")
+            raise ConfigError(f"DiskTierConfig.root={self.root!r} holds a NUL character, which no path can; "
+                              "pass the directory's path without it (file:///abs/dir)")
         # A string is not a switch: shared="false" turned shared mode on (any non-empty str is true).
         for attr in ("fsync", "shared", "recycle"):
             v = getattr(self, attr)
@@ -256,6 +259,11 @@ class DiskTier:
                     del self._ns_payload_bytes[namespace]
                 raise
             fresh_ns = namespace not in self._ns_dirs
+            if fresh_ns and not self.config.shared and self._layout.replace_namespace_link(namespace):
+                # Under the lock, before any put of the namespace: none writes through the link.
+                logger.warning("radixkv: disk tier %r: removed a symbolic link in place of namespace "
+                               "directory %s (puts would have written through it, out of the root)",
+                               self.name, os.path.join(self.root, namespace))
             self._ns_dirs.add(namespace)
             self._ns_writing[namespace] += 1
         try:
@@ -952,12 +960,12 @@ class DiskTier:
         # a killed writer's, whatever its age. A shared one may have live writers: only old temps go.
         stale_s = self.config.stale_temp_s if self.config.shared else -math.inf
         self._stats.extra["temp_removed"] += self._layout.remove_stale_temps(stale_s)
-        if not self.config.shared:  # the directory is ours alone: no link of another's setup to keep
-            self._stats.extra["scan_skipped"] += self._layout.remove_namespace_links()
+        if not self.config.shared:
             self._layout.remove_detached()  # emptied namespaces a killed process had moved aside
         found: list[tuple[float, tuple[str, str], int]] = []
         foreign_dirs: list[str] | None = None if self.config.shared else []
-        for ns, key, path in self._layout.walk(None, foreign_dirs):
+        unknown: list[str] | None = None if self.config.shared else []
+        for ns, key, path in self._layout.walk(None, foreign_dirs, None, unknown):
             entry = self._layout.read_entry(ns, key, path)
             if entry is None:
                 self._stats.extra["scan_skipped"] += 1
@@ -1006,6 +1014,14 @@ class DiskTier:
         if foreign_dirs:  # an earlier layout's deeper directories, emptied by the loop above
             self._layout.remove_empty_dirs(foreign_dirs)
         self._remove_detached()
+        if unknown:
+            # Not an error (the tier leaves them alone), but a private root is meant to be the
+            # tier's alone: a root of "/" or a data disk's mount point is a misconfiguration.
+            shown = ", ".join(unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+            logger.warning("radixkv: disk tier %r: %s holds %d entries that are not the tier's (%s); "
+                           "they are left alone, but a private tier's root should be a directory of "
+                           "its own: name one that does not exist yet (the tier makes it)",
+                           self.name, self.root, len(unknown), shown)
 
 
 

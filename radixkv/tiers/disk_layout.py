@@ -5,6 +5,13 @@ per namespace, made once: a deeper fan-out made nearly every put of a fresh cach
 Temp files are ``.<key>.<pid>.<thread>.<rand>.tmp`` beside their chunk; ``root/.spare`` holds
 recycled files (:mod:`radixkv.tiers.disk_spares`). Directories are created 0700, files 0600.
 
+The tier touches only names of this layout: chunk files (``<key>.kv``) and its temp files in
+two-hex-digit directories of namespace directories (and of the older layout's one more level), and
+at the root ``.lock``, ``.spare``, ``.retired.<ns>.<rand>`` and its probes
+(``.probe.<pid>.<rand>.tmp``, ``.clock.<pid>.<thread>.<rand>.tmp``). A root that holds other
+entries (a misconfigured ``/`` or a data disk's mount point) keeps them: no walk descends into a
+directory of another shape, and nothing else is removed.
+
 This module knows names and directories only: no index, no capacity, no locking (the tier calls it
 under its own lock where that matters).
 """
@@ -41,6 +48,13 @@ LOCK_FILE = ".lock"  # the root's owner lock (not an identifier: never walked)
 # A directory level the layout makes below a namespace (``<h[0:2]>``; the older layout one more).
 _HASH_DIR_RE = re.compile(r"[0-9a-f]{2}")
 RETIRED_PREFIX = ".retired."  # emptied namespaces' directories being removed (never walked either)
+# The names the tier makes, and only those, are the ones it removes or reads as its own:
+_CHUNK_FILE_RE = re.compile(rf"({KEY_RE.pattern}){re.escape(_SUFFIX)}")  # <key>.kv
+# temp_path's ``.<key>.<pid>.<thread>.<rand>.tmp`` (an earlier release's rand was hex too)
+_TEMP_FILE_RE = re.compile(rf"\.{KEY_RE.pattern}\.[0-9]+\.[0-9]+\.[0-9A-Za-z]+{re.escape(_TMP_SUFFIX)}")
+# prepare_root's and filesystem_now's probes at the root (removed at once unless the process died)
+_ROOT_TEMP_RE = re.compile(rf"\.(?:probe\.[0-9]+|clock\.[0-9]+\.[0-9]+)\.[0-9a-f]+{re.escape(_TMP_SUFFIX)}")
+_RETIRED_RE = re.compile(rf"{re.escape(RETIRED_PREFIX)}{KEY_RE.pattern}\.[0-9a-f]+")  # detach_ns_dirs
 
 
 def check_ident(namespace: object, keys: object) -> None:
@@ -134,7 +148,7 @@ class DiskLayout:
         else:
             try:
                 paths = [os.path.join(self.root, n) for n in os.listdir(self.root)
-                         if n.startswith(RETIRED_PREFIX)]
+                         if _RETIRED_RE.fullmatch(n)]
             except OSError:
                 return 0
         removed = 0
@@ -180,8 +194,7 @@ class DiskLayout:
         owner: int | None = None  # who the files this process makes here belong to
         try:
             if not os.path.isdir(root):
-                os.makedirs(root, mode=0o700, exist_ok=True)
-                os.chmod(root, 0o700)
+                self._make_root()
             probe = os.path.join(root, f".probe.{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
             fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
@@ -206,6 +219,27 @@ class DiskLayout:
             self._root_id = (st.st_dev, st.st_ino)
         except OSError:
             self._root_id = None
+
+    def _make_root(self) -> None:
+        """Create the root and each missing parent, every one 0700 (``os.makedirs`` applies its mode
+        to the last directory only: the parents got 0777 less the umask), each synced into its
+        parent in fsync mode. A directory another process makes meanwhile is left as it is."""
+        missing = []
+        d = self.root
+        while not os.path.isdir(d):
+            missing.append(d)
+            parent = os.path.dirname(d)
+            if parent == d:
+                break
+            d = parent
+        for d in reversed(missing):
+            try:
+                os.mkdir(d, 0o700)
+            except FileExistsError:
+                continue  # made meanwhile (or a file: the probe below names the error)
+            os.chmod(d, 0o700)  # the umask may have taken more than group and others' bits
+            if self._sync_dirs:
+                fsync_dir(os.path.dirname(d))
 
     def root_replaced(self) -> bool:
         """Whether the root directory is gone or is another directory than the one this tier opened
@@ -307,35 +341,107 @@ class DiskLayout:
     # ----------------------------------------------------------------------------- scan
 
     def walk(self, namespace: str | None, foreign_dirs: list[str] | None = None,
-             errors: list[OSError] | None = None) -> Iterator[tuple[str, str, str]]:
-        """Yield (namespace, key, path) of committed chunk files. A namespace directory that is a
-        symbolic link is not walked: ``os.walk`` follows a top that is a link, and the scan and
-        ``clear`` delete what the walk yields, so they would delete files outside the root.
-        ``foreign_dirs``, if given, collects the directories below a namespace's 256 that the layout
-        never makes (an earlier release's ``<h[0:2]>/<h[2:4]>`` level), parents before children.
-        ``errors``, if given, collects the directories that could not be listed (EMFILE, EIO):
-        their files were not yielded (a missing namespace directory is no error)."""
+             errors: list[OSError] | None = None,
+             unknown: list[str] | None = None) -> Iterator[tuple[str, str, str]]:
+        """Yield (namespace, key, path) of the chunk-named files (``<key>.kv``) in the layout's
+        directories: ``root/<ns>/<hh>/`` and the older layout's ``root/<ns>/<hh>/<hh>/`` (``hh`` two
+        hex digits), nothing else. The scan and ``clear`` delete what the walk yields (a private
+        tier's scan the invalid ones), so it never descends into a directory of another shape (a
+        root that also holds a user's files keeps them) nor through a symbolic link (a namespace
+        directory that is one is not walked: its target lies outside the root).
+        ``foreign_dirs``, if given, collects the older layout's ``<hh>/<hh>`` directories, parents
+        before children. ``errors``, if given, collects the directories that could not be listed
+        (EMFILE, EIO): their files were not yielded (a missing namespace directory is no error).
+        ``unknown``, if given, collects the paths (relative to the root) of entries the layout does
+        not make: at the root, anything but namespace directories and the tier's own dot-names; in a
+        namespace directory, anything but two-hex-digit directories; in those, anything but chunk
+        and temp files (and the older layout's level). A private start warns of them."""
+        for ns, dirpath, depth, files in self._layout_dirs(namespace, errors, unknown):
+            if foreign_dirs is not None and depth == 2:
+                foreign_dirs.append(dirpath)
+            for f in files:
+                m = _CHUNK_FILE_RE.fullmatch(f)
+                if m is not None:
+                    yield ns, m.group(1), os.path.join(dirpath, f)
+                elif unknown is not None and not _TEMP_FILE_RE.fullmatch(f):
+                    unknown.append(os.path.relpath(os.path.join(dirpath, f), self.root))
+
+    def _layout_dirs(self, namespace: str | None, errors: list[OSError] | None,
+                     unknown: list[str] | None = None) -> Iterator[tuple[str, str, int, list[str]]]:
+        """``(namespace, path, depth, names of its entries that are not directories)`` of each
+        directory of the layout's shape under the root (or under one namespace): depth 1 is
+        ``<ns>/<hh>``, depth 2 the older layout's ``<ns>/<hh>/<hh>``. Links are never followed."""
+
         def unlisted(e: OSError) -> None:
             if errors is not None and not isinstance(e, FileNotFoundError):
                 errors.append(e)
 
-        try:
-            ns_names = [namespace] if namespace is not None else sorted(os.listdir(self.root))
-        except OSError as e:
-            unlisted(e)
-            return
+        def other(path: str) -> None:
+            if unknown is not None:
+                unknown.append(os.path.relpath(path, self.root))
+
+        def listing(path: str) -> tuple[list[str], list[str]] | None:
+            """(directories, other entries) of ``path``, links among the others; None if unlisted."""
+            dirs: list[str] = []
+            rest: list[str] = []
+            try:
+                with os.scandir(path) as it:
+                    for entry in it:
+                        try:
+                            is_dir = entry.is_dir(follow_symlinks=False)
+                        except OSError:
+                            is_dir = False
+                        (dirs if is_dir else rest).append(entry.name)
+            except OSError as e:
+                unlisted(e)
+                return None
+            dirs.sort()
+            rest.sort()
+            return dirs, rest
+
+        if namespace is not None:
+            ns_names = [namespace]
+        else:
+            top = listing(self.root)
+            if top is None:
+                return
+            ns_names = top[0]
+            if unknown is not None:
+                for name in top[1]:  # files, links (a link named as a namespace too) and the like
+                    if name != LOCK_FILE and not _ROOT_TEMP_RE.fullmatch(name):
+                        other(os.path.join(self.root, name))
+                for name in top[0]:
+                    if not KEY_RE.fullmatch(name) and name != SPARE_DIR and not _RETIRED_RE.fullmatch(name):
+                        other(os.path.join(self.root, name))
         for ns in ns_names:
-            if not KEY_RE.fullmatch(ns) or os.path.islink(os.path.join(self.root, ns)):
+            top_dir = os.path.join(self.root, ns)
+            if not KEY_RE.fullmatch(ns) or os.path.islink(top_dir):
                 continue
-            top = os.path.join(self.root, ns)
-            for dirpath, _dirs, files in os.walk(top, onerror=unlisted):
-                if foreign_dirs is not None and dirpath.count(os.sep) > top.count(os.sep) + 1 and all(
-                    _HASH_DIR_RE.fullmatch(part) for part in os.path.relpath(dirpath, top).split(os.sep)
-                ):  # only levels of the layout's shape: others are not the tier's to remove
-                    foreign_dirs.append(dirpath)
-                for f in files:
-                    if f.endswith(_SUFFIX) and not f.startswith("."):
-                        yield ns, f[: -len(_SUFFIX)], os.path.join(dirpath, f)
+            level1 = listing(top_dir)
+            if level1 is None:
+                continue
+            for name in level1[1]:
+                other(os.path.join(top_dir, name))
+            for h1 in level1[0]:
+                d1 = os.path.join(top_dir, h1)
+                if not _HASH_DIR_RE.fullmatch(h1):
+                    other(d1)  # not a directory this layout makes: not walked
+                    continue
+                level2 = listing(d1)
+                if level2 is None:
+                    continue
+                yield ns, d1, 1, level2[1]
+                for h2 in level2[0]:
+                    d2 = os.path.join(d1, h2)
+                    if not _HASH_DIR_RE.fullmatch(h2):
+                        other(d2)
+                        continue
+                    level3 = listing(d2)
+                    if level3 is None:
+                        continue
+                    for name in level3[0]:
+                        other(os.path.join(d2, name))
+                    yield ns, d2, 2, level3[1]
 
     def namespace_dirs(self) -> list[tuple[float, str]]:
         """``(mtime, namespace)`` of every namespace directory under the root (links excluded)."""
@@ -386,40 +492,43 @@ class DiskLayout:
                 pass
         return removed
 
-    def remove_namespace_links(self) -> int:
-        """Remove symbolic links where namespace directories belong (a private root's start, before
-        the scan): puts would write through them, out of the root, and :meth:`walk` never follows
-        them. Returns how many."""
+    def replace_namespace_link(self, ns: str) -> bool:
+        """Remove a symbolic link where namespace ``ns``'s directory belongs (a private tier, before
+        its first put of ``ns`` in this process): puts would write through it, out of the root, and
+        :meth:`walk` never follows it. Only the namespace a put is about to use: a link at the root
+        that no put names (``bin -> usr/bin`` under a misconfigured ``/``) is not the tier's.
+        Returns whether one was removed."""
+        path = f"{self._prefix}{ns}"
         try:
-            names = os.listdir(self.root)
+            if not stat.S_ISLNK(os.lstat(path).st_mode):
+                return False
+            os.unlink(path)
         except OSError:
-            return 0
-        removed = 0
-        for ns in names:
-            path = os.path.join(self.root, ns)
-            if KEY_RE.fullmatch(ns) and os.path.islink(path):
-                try:
-                    os.unlink(path)
-                    removed += 1
-                except OSError:
-                    pass
-        return removed
+            return False
+        self.forget_ns_dirs(ns)
+        return True
 
     def remove_stale_temps(self, older_than_s: float) -> int:
-        """Remove temp files (crashed writers') older than ``older_than_s``; returns how many. Ages
-        are measured on the clock that stamped the files (:meth:`filesystem_now`), not this host's."""
+        """Remove the tier's temp files (crashed writers') older than ``older_than_s``: the names
+        :meth:`temp_path` makes, in the layout's directories (:meth:`_layout_dirs`), and the probes
+        at the root; a file of any other name is not the tier's and stays. Returns how many. Ages are
+        measured on the clock that stamped the files (:meth:`filesystem_now`), not this host's."""
         now = self.filesystem_now() if older_than_s > -math.inf else math.inf
+        try:
+            at_root = [os.path.join(self.root, f) for f in os.listdir(self.root) if _ROOT_TEMP_RE.fullmatch(f)]
+        except OSError:
+            at_root = []
+        paths = at_root + [os.path.join(d, f) for _ns, d, _depth, files in self._layout_dirs(None, None)
+                           for f in files if _TEMP_FILE_RE.fullmatch(f)]
         removed = 0
-        for dirpath, _dirs, files in os.walk(self.root):
-            for f in files:
-                if f.startswith(".") and f.endswith(_TMP_SUFFIX):
-                    p = os.path.join(dirpath, f)
-                    try:
-                        if now - os.stat(p).st_mtime > older_than_s:
-                            os.unlink(p)
-                            removed += 1
-                    except OSError:
-                        pass
+        for p in paths:
+            try:
+                st = os.lstat(p)
+                if stat.S_ISREG(st.st_mode) and now - st.st_mtime > older_than_s:
+                    os.unlink(p)
+                    removed += 1
+            except OSError:
+                pass
         return removed
 
     def filesystem_now(self) -> float:

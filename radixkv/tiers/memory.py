@@ -2,9 +2,13 @@
 
 Layout::
 
-    buffer (capacity_bytes, torch.uint8)   [unit 0][unit 1][unit 2] ... [unit n-1]   (unit_bytes each)
-    slab = a run of whole units assigned to ONE slot size, cut into equal slots:
+    buffer (capacity_bytes, torch.uint8)   [unit 0][unit 1][unit 2] ... [unit n-1]   (unit_bytes each;
+                                           the last one shorter if capacity_bytes is no multiple)
+    slab = a run of units assigned to ONE slot size, cut into equal slots:
            [slot 0 | slot 1 | ... | slot k-1 | waste < slot_bytes]
+
+Every byte of the buffer can hold chunks: a chunk is a :class:`CapacityError` only when it is larger
+than ``capacity_bytes``.
 
 A namespace's slot size is fixed by its first put (a later payload of another size is an
 :class:`InputError` naming both sizes). An empty slab keeps its size until another size needs room;
@@ -87,8 +91,17 @@ class MemoryTierConfig:
             v = getattr(self, attr)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"MemoryTierConfig.{attr}={v!r} must be a positive integer (bytes)")
-        if not self.name:
-            raise ConfigError("MemoryTierConfig.name must be a non-empty tier name")
+        # A string is not a switch: huge_pages="false" turned huge pages on (any non-empty str is
+        # true), and pin="false" failed with "pin=True needs CUDA". The URL form parses them.
+        for attr in ("prefault", "huge_pages"):
+            v = getattr(self, attr)
+            if not isinstance(v, bool):
+                raise ConfigError(f"MemoryTierConfig.{attr}={v!r} must be True or False")
+        if self.pin is not None and not isinstance(self.pin, bool):
+            raise ConfigError(f"MemoryTierConfig.pin={self.pin!r} must be True, False or None (pin when "
+                              "CUDA is available)")
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"MemoryTierConfig.name={self.name!r} must be a non-empty tier name (a str)")
         # A capacity below one unit is legal: the unit shrinks to the capacity.
         self.unit_bytes = min(self.unit_bytes, self.capacity_bytes)
 
@@ -153,12 +166,12 @@ _KEYS_RE = re.compile(f"{KEY_RE.pattern}(?:/{KEY_RE.pattern})*")
 
 
 def _check_ident(namespace: object, keys: object) -> None:
-    """InputError unless ``namespace`` is a non-empty str and every key one the other tiers can store
-    too (:data:`radixkv.keys.KEY_RE`, as the disk tier checks): a key the memory tier took but the
-    disk tier refuses would fail only later, when an eviction demotes it. Called outside the lock;
-    ~0.1 us a key, small against the chunk copies a batch does."""
-    if not isinstance(namespace, str) or not namespace:
-        raise InputError(f"namespace={namespace!r} must be a non-empty str (Namespace.digest)")
+    """InputError unless ``namespace`` and every key are names the other tiers can store too
+    (:data:`radixkv.keys.KEY_RE`, as the disk tier checks): a namespace or key the memory tier took
+    but the disk tier refuses would fail only later, when an eviction demotes it. Called outside the
+    lock; ~0.1 us a key, small against the chunk copies a batch does."""
+    if not isinstance(namespace, str) or _key_ok(namespace) is None:
+        raise InputError(f"namespace={namespace!r:.80} must be 1-128 chars of [A-Za-z0-9_-] (Namespace.digest)")
     if isinstance(keys, (str, bytes)):
         raise InputError(f"keys={keys!r} must be a sequence of str keys, not a single str")
     if keys.__class__ is list or keys.__class__ is tuple:
@@ -193,10 +206,22 @@ class MemoryTier:
         self.pinned = bool(pin)
         self._mapping: mmap.mmap | None = None
         self.huge_pages = False
-        if not self.pinned and config.huge_pages:
-            self._buffer = self._huge_buffer(config.capacity_bytes)
-        else:
-            self._buffer = torch.empty(config.capacity_bytes, dtype=torch.uint8, pin_memory=self.pinned)
+        try:
+            if not self.pinned and config.huge_pages:
+                self._buffer = self._huge_buffer(config.capacity_bytes)
+            else:
+                self._buffer = torch.empty(config.capacity_bytes, dtype=torch.uint8, pin_memory=self.pinned)
+        except (RuntimeError, MemoryError, OSError, ValueError, OverflowError) as e:
+            # torch says "DefaultCPUAllocator: can't allocate memory" (a RuntimeError): a capacity
+            # the host cannot give is the configuration's fault, named with its fix.
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if "allocate memory" in why or isinstance(e, MemoryError) or "out of memory" in why:
+                why = "out of memory"
+            raise ConfigError(
+                f"tier {self.name!r}: cannot allocate capacity_bytes={config.capacity_bytes} "
+                f"({config.capacity_bytes / (1 << 30):.1f} GiB) of {'pinned' if self.pinned else 'host'} "
+                f"memory ({why[:160]}); lower capacity_bytes (?capacity= in the URL) to what the host can hold"
+            ) from None
         if config.prefault and not self.pinned:
             if forked():
                 # torch's parallel fill hangs in a fork child whose parent started torch's OpenMP
@@ -205,7 +230,9 @@ class MemoryTier:
             else:
                 self._buffer.zero_()
         self._unit = config.unit_bytes
-        self._unit_owner: list[int] = [-1] * (config.capacity_bytes // self._unit)  # slab id or -1
+        # Units of unit_bytes, the last one shorter when the capacity is not a whole number of
+        # units: every byte of the buffer belongs to a unit, so the whole capacity holds chunks.
+        self._unit_owner: list[int] = [-1] * -(-config.capacity_bytes // self._unit)  # slab id or -1
         self._slabs: dict[int, _Slab] = {}
         self._partial: dict[int, set[int]] = {}  # slot_bytes -> slab ids with a free slot
         # The same ids as a min-heap per slot size (entries of reclaimed slabs left until they
@@ -417,7 +444,7 @@ class MemoryTier:
             st.extra = dict(self._stats.extra)
             st.extra["chunks"] = self._indexed_locked()
             st.extra["slabs"] = len(self._slabs)
-            st.extra["slab_bytes"] = sum(s.n_units for s in self._slabs.values()) * self._unit
+            st.extra["slab_bytes"] = sum(self._run_bytes(s.first_unit, s.n_units) for s in self._slabs.values())
             st.extra["huge_pages"] = int(self.huge_pages)
             st.extra["leased_dead_slots"] = len(self._dead)
             return st
@@ -468,6 +495,9 @@ class MemoryTier:
             for sid, slab in self._slabs.items():
                 if owned.get(sid) != slab.n_units:
                     raise RuntimeError(f"slab {sid}: owns {owned.get(sid)} units, expected {slab.n_units}")
+                if slab.n_slots * slab.slot_bytes > self._run_bytes(slab.first_unit, slab.n_units):
+                    raise RuntimeError(f"slab {sid}: {slab.n_slots} slots of {slab.slot_bytes} bytes exceed "
+                                       f"its {self._run_bytes(slab.first_unit, slab.n_units)} bytes")
                 if len(set(slab.free)) != len(slab.free) or any(not 0 <= f < slab.fresh for f in slab.free):
                     raise RuntimeError(f"slab {sid}: corrupt free list {slab.free} (fresh from {slab.fresh})")
                 if len(slab.free) + slab.used != slab.fresh or slab.fresh > slab.n_slots:
@@ -546,13 +576,15 @@ class MemoryTier:
     def _check_size(self, namespace: str, nbytes: int, what: str) -> None:
         fixed = self._ns_slot_bytes.get(namespace)
         check_payload_size(self.name, namespace, fixed, nbytes, what)
-        need_units = -(-nbytes // self._unit)
-        if need_units > len(self._unit_owner):
+        if nbytes > self.capacity_bytes:
             raise CapacityError(
                 f"a {nbytes}-byte chunk cannot fit tier {self.name!r} of capacity {self.capacity_bytes} "
-                f"bytes ({len(self._unit_owner)} units of {self._unit}); raise capacity_bytes to at "
-                f"least {need_units * self._unit}"
+                f"bytes; raise capacity_bytes to at least {nbytes}"
             )
+
+    def _run_bytes(self, first: int, n_units: int) -> int:
+        """Bytes of the ``n_units`` units from unit ``first`` (the last unit may be short)."""
+        return min((first + n_units) * self._unit, self.capacity_bytes) - first * self._unit
 
     def _acquire(self, namespace: str, keys: Sequence[str], sizes: list[int] | None) -> list[_Slot | None]:
         """The keys' slots (None where absent), each with one more reader. Sizes are checked first, so
@@ -663,32 +695,38 @@ class MemoryTier:
 
     def _new_slab(self, slot_bytes: int) -> int | None:
         min_units = -(-slot_bytes // self._unit)
-        # A slab is at most 1/4 of the tier, so a small tier still has room for other size classes
-        # (a KV pool and a sidecar pool sharing one tier) instead of one slab taking it all.
+        # The target is at most 1/4 of the tier, so a small tier still has room for other size
+        # classes (a KV pool and a sidecar pool sharing one tier) instead of one slab taking it all.
         target_bytes = min(self.config.slab_target_bytes, self.config.capacity_bytes // 4)
         want_units = max(min_units, target_bytes // self._unit)
-        # Of the slab sizes up to the target (or up to two slots, within a quarter of the tier), the
-        # one whose slots fill it best (among equals the largest up to the target, so a slot size
-        # that fills the target keeps it, else the smallest above). A slab wastes less than one slot,
-        # and at the target size that was up to half the tier: a DeepSeek-V3 chunk of 256 tokens
+        # Of the slab sizes up to the target (or up to two slots, within the tier), the one whose
+        # slots fill it best (among equals the largest up to the target, so a slot size that fills
+        # the target keeps it, else the smallest above). A slab wastes less than one slot, and at
+        # the target size that was up to half the tier: a DeepSeek-V3 chunk of 256 tokens
         # (17.2 MiB) fits 3 times in 64 MiB, so a 64 GiB tier held 3,072 chunks where its bytes
         # hold 3,819 (the simulator, which counts a byte capacity in whole chunks, overstated it by
         # 24 %), and one of 512 tokens (34.3 MiB) once. Now 3 in 52 MiB (99 %) and 2 in 70 MiB (98 %).
-        top = max(want_units, min(self.config.capacity_bytes // 4 // self._unit, -(-2 * slot_bytes // self._unit)))
+        # Two slots are allowed past a quarter of the tier: a tier of a few chunks (10 MiB, 3 MiB
+        # chunks) otherwise got one-slot slabs of 4 MiB and held 2 chunks where its bytes hold 3.
+        top = max(want_units, min(len(self._unit_owner), -(-2 * slot_bytes // self._unit)))
         want_units = max(range(min_units, top + 1),
                          key=lambda n: ((n * self._unit // slot_bytes) * slot_bytes / (n * self._unit),
                                         n if n <= want_units else -n))
         first, n_units = self._largest_run(want_units)
-        if n_units < want_units and any(slab.used == 0 for slab in self._slabs.values()):
+        if (n_units < want_units or self._run_bytes(first, n_units) < slot_bytes) and any(
+            slab.used == 0 for slab in self._slabs.values()
+        ):
             self._reclaim_empty_slabs()  # other size classes' empty slabs give their units back
             first, n_units = self._largest_run(want_units)
-        if n_units < min_units:
+        n_slots = self._run_bytes(first, n_units) // slot_bytes
+        if n_slots == 0:
             return None
+        # A shorter run than wanted gives up the units its slots do not need (other sizes use them).
+        n_units = min(n_units, -(-n_slots * slot_bytes // self._unit))
         sid = self._next_slab
         self._next_slab += 1
         for u in range(first, first + n_units):
             self._unit_owner[u] = sid
-        n_slots = n_units * self._unit // slot_bytes
         self._slabs[sid] = _Slab(first, n_units, slot_bytes, n_slots, first * self._unit, free=[])
         return sid
 

@@ -96,6 +96,73 @@ class TestSizes:
             t.put_many("ns", ["a"], [pl(1, 20 * KiB)])
         t.check_integrity()
 
+    @pytest.mark.parametrize("bad", [None, 5, "", "a/b", "model/v1 \u00e9", "a.b", "a:b", "x" * 129], ids=repr)
+    @pytest.mark.parametrize("op", ["put_many", "get_many", "lease", "get_views", "contains_many",
+                                    "delete_many", "clear"])
+    def test_every_call_refuses_a_namespace_the_disk_tier_cannot_store(self, small, op, bad):
+        """Found by an audit: the memory tier took any non-empty str as a namespace ("model/v1 é"),
+        which the disk tier refuses, so a chunk it held failed only later, when an eviction demoted
+        it. Namespaces are checked like keys (radixkv.keys.KEY_RE), before anything is stored."""
+        if op == "clear" and bad is None:
+            pytest.skip("clear(None) clears every namespace")
+        small.put_many("ns", ["a"], [pl(1, KiB)])
+        args = {"put_many": (["k"], [pl(1, KiB)]), "get_many": (["k"], [torch.empty(KiB, dtype=torch.uint8)]),
+                "clear": ()}.get(op, (["k"],))
+        if op == "clear":  # clear only drops what is held: an unknown namespace holds nothing
+            getattr(small, op)(bad)
+        else:
+            with pytest.raises(InputError, match=r"namespace=.* must be 1-128 chars"):
+                getattr(small, op)(bad, *args)
+        assert small.contains_many("ns", ["a"]) == 1 and small.stats().puts == 1
+
+    @pytest.mark.parametrize("capacity_mib, chunk_mib, fits", [(3, 3, 1), (7, 7, 1), (5, 1, 5), (10, 3, 3)])
+    def test_the_whole_capacity_holds_chunks(self, capacity_mib, chunk_mib, fits):
+        """Found by an audit: the part of the capacity past the last whole 2 MiB unit was never used
+        (a 3 MiB tier refused a 3 MiB chunk with a CapacityError, a 5 MiB tier held four 1 MiB
+        chunks), and a slab was at most a quarter of the tier, so a 10 MiB tier held two 3 MiB chunks
+        (one per 4 MiB slab). The last unit is shorter; a slab may take two slots past the quarter."""
+        MiB = 1 << 20
+        t = MemoryTier(capacity_bytes=capacity_mib * MiB, prefault=False)
+        try:
+            keys = [f"k{i}" for i in range(fits + 1)]
+            data = [pl(i, chunk_mib * MiB) for i in range(fits + 1)]
+            assert t.put_many("ns", keys, data) == [True] * fits + [False]
+            assert t.usage_bytes() == fits * chunk_mib * MiB <= t.capacity_bytes
+            assert t.stats().extra["slab_bytes"] <= t.capacity_bytes
+            outs = [torch.zeros(chunk_mib * MiB, dtype=torch.uint8) for _ in range(fits)]
+            assert t.get_many("ns", keys[:fits], outs) == [True] * fits
+            assert all(torch.equal(o, d) for o, d in zip(outs, data))
+            t.check_integrity()
+            assert t.delete_many("ns", keys) == fits  # the units return: another size uses them all
+            assert t.put_many("other", ["big"], [pl(9, capacity_mib * MiB)]) == [True]
+            t.check_integrity()
+        finally:
+            t.close()
+
+    def test_a_chunk_as_large_as_the_tier_fits_and_one_byte_more_does_not(self):
+        t = MemoryTier(capacity_bytes=3 * KiB + 5, unit_bytes=KiB, prefault=False)
+        with pytest.raises(CapacityError,
+                           match=r"3078-byte chunk .* capacity 3077 bytes; raise capacity_bytes to at least 3078"):
+            t.put_many("ns", ["a"], [pl(1, 3 * KiB + 6)])
+        assert t.put_many("ns", ["a"], [pl(1, 3 * KiB + 5)]) == [True]
+        assert t.usage_bytes() == t.capacity_bytes
+        t.check_integrity()
+
+    def test_a_store_puts_a_chunk_as_large_as_its_memory_tier(self):
+        """The store checks a tier's capacity against one chunk (radixkv/store_checks.py); the tier
+        then stores it, instead of raising CapacityError from inside the store's put."""
+        from radixkv.config import StoreConfig, TierConfig
+        from radixkv.keys import Namespace
+        from radixkv.store import HierarchicalStore
+
+        MiB = 1 << 20
+        st = HierarchicalStore(StoreConfig(tiers=[TierConfig(url="mem://?prefault=0", capacity_bytes=7 * MiB)]))
+        try:
+            ns = Namespace(model="m", dtype="float16", layout="x", chunk_tokens=16)
+            assert st.put(ns, ["ab" * 32], [pl(1, 7 * MiB)]) == [True]
+        finally:
+            st.close()
+
     def test_empty_payload_rejected(self, small):
         with pytest.raises(InputError, match="empty"):
             small.put_many("ns", ["a"], [torch.empty(0, dtype=torch.uint8)])
@@ -128,6 +195,25 @@ class TestSizes:
     def test_bad_capacity(self, bad):
         with pytest.raises(ConfigError, match="capacity_bytes"):
             MemoryTierConfig(capacity_bytes=bad)
+
+    @pytest.mark.parametrize("option", ["pin", "prefault", "huge_pages"])
+    @pytest.mark.parametrize("bad", ["false", "true", 0, 1, ""], ids=repr)
+    def test_a_switch_that_is_not_a_bool_is_a_config_error(self, option, bad):
+        """Found by an audit: huge_pages="false" (a true str) turned huge pages on, and pin="false"
+        failed with "pin=True needs CUDA". Switches are True or False (pin also None); the URL form
+        parses strings (mem://?pin=false)."""
+        with pytest.raises(ConfigError, match=rf"MemoryTierConfig\.{option}={bad!r} must be True"):
+            MemoryTierConfig(capacity_bytes=KiB, **{option: bad})
+
+    def test_a_capacity_the_host_cannot_allocate_is_a_config_error(self):
+        """Found by an audit: torch's RuntimeError ("can't allocate memory") came out of make_tier
+        (mem://?capacity=100TiB). 300,000 TiB exceeds even a 57-bit address space, so no overcommit
+        setting lets the mapping succeed here."""
+        with pytest.raises(ConfigError,
+                           match=r"cannot allocate capacity_bytes=329853488332800000 .*lower capacity_bytes"):
+            make_tier("mem://?capacity=300000TiB&prefault=0")
+        with pytest.raises(ConfigError, match="cannot allocate"):
+            MemoryTier(capacity_bytes=300000 << 40, prefault=False, huge_pages=False, pin=False)
 
     def test_pin_true_without_cuda_is_config_error(self):
         if torch.cuda.is_available():

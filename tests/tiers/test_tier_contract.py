@@ -271,6 +271,21 @@ class TestBadInput:
             tier.put_many(ns, ["k"], [bad])
         assert tier.contains_many(ns, ["k"]) == 0
 
+    @pytest.mark.parametrize("bad", ["model/v1 \u00e9", "a:b", "a*b", "", "x" * 129, None], ids=repr)
+    def test_a_namespace_no_tier_can_store_is_refused_by_every_tier(self, tier, ns, bad):
+        """Found by an audit: the memory tier took any non-empty str as a namespace, so a chunk held
+        in memory failed only later, when an eviction demoted it to a tier that refuses the name.
+        Every call that names a namespace checks it first, in every tier."""
+        tier.put_many(ns, ["k"], [payload_for("k")])
+        calls = [lambda: tier.put_many(bad, ["k"], [payload_for("k")]),
+                 lambda: tier.get_many(bad, ["k"], buffers(1)),
+                 lambda: tier.contains_many(bad, ["k"]),
+                 lambda: tier.delete_many(bad, ["k"])]
+        for call in calls:
+            with pytest.raises(InputError, match="namespace"):
+                call()
+        assert tier.contains_many(ns, ["k"]) == 1
+
     def test_length_mismatch_raises(self, tier, ns):
         """keys and payloads/buffers must pair up."""
         with pytest.raises(InputError, match="payload"):
