@@ -56,7 +56,7 @@ from radixkv.config import StoreConfig
 from radixkv.errors import ConfigError, InputError
 from radixkv.keys import Namespace
 from radixkv.metrics import StoreMetrics
-from radixkv.tiers.base import ChunkBytes, chunk_nbytes
+from radixkv.tiers.base import ChunkBytes, byte_parts_all, check_buffers_disjoint, chunk_nbytes
 from radixkv.tiers.memory import MemoryTier
 from radixkv.transfer import Calls, ChunkRef, TierStack
 from radixkv.tree import RadixTree
@@ -581,6 +581,9 @@ class HierarchicalStore:
                 f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key"
             )
         size = self._check_tensors(ns, buffers, "buffers", register=False)
+        # Here, not only in the tiers' reads: a prefetch's read runs on a worker thread, where the
+        # error reached only a caller that waits (one that polls done() or drops the handle never saw it).
+        check_buffers_disjoint(byte_parts_all(buffers, "buffers"))
         s = self._stack
         owner = s.owner("get")
         probe = bool(keys) and self.config.probe_tiers
@@ -656,6 +659,19 @@ class HierarchicalStore:
                         "with options shared=true)"
                     )
         with s.cond:
+            for name in names:
+                t = s.names.index(name)
+                if s.is_borrowed_locked(t, ns.digest):
+                    continue
+                # Chunks this store wrote there already would be this store's to evict: once
+                # borrowed, evictions only forget them, and their files stayed, tracked by no store.
+                mine = sum(1 for _key, n in s.tree.items(ns.digest) if s.tree.node_tier_mask(n) >> t & 1)
+                if mine:
+                    raise InputError(
+                        f"namespace {ns} has {mine} chunks this store wrote in tier {name!r}: borrow a "
+                        "namespace before this store puts any of it there (engines borrow at start), or "
+                        "delete() them first"
+                    )
             for name in names:
                 s.borrow_locked(s.names.index(name), ns.digest)
         for name in names:

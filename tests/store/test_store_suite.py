@@ -131,6 +131,21 @@ class TestChunksInParts:
         assert_exact(keys, outs, 2)
         store.check_integrity()
 
+    def test_a_prefetch_into_overlapping_buffers_is_refused_at_the_call(self, make_store):
+        """Found by an audit: get refused overlapping buffers at once, prefetch only on its worker
+        thread, where a caller that polled done() or dropped the handle never saw the error."""
+        store = make_store("mem-disk")
+        ns = new_namespace()
+        _, keys = chain(41, 2)
+        put_chain(store, ns, keys)
+        store.flush()  # (the put's write-through copies pin its chunks until they end)
+        whole = torch.zeros(2 * CHUNK_BYTES, dtype=torch.uint8)
+        overlapping = [whole[:CHUNK_BYTES], whole[CHUNK_BYTES // 2 : CHUNK_BYTES // 2 + CHUNK_BYTES]]
+        with pytest.raises(InputError, match="overlap|share|alias"):
+            store.prefetch(ns, keys, overlapping)
+        assert store.stats()["tree"]["pinned_chunks"] == 0
+        store.check_integrity()
+
     def test_aliased_buffers_across_tiers_are_refused(self, make_store):
         """Each tier checks the buffers of its own call; a read spanning tiers checks them all
         before its second call, so one tier cannot overwrite what another delivered."""
