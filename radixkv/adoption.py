@@ -123,11 +123,6 @@ def _adopt_once(
     owner = s.owner("adopt")
     room: dict[int, int] = {}  # tier -> bytes reserved for this adoption (released before the insert)
     pinned: list[ChunkRef] = []
-    for t in range(len(s.tiers)):
-        # Deletes a fault interrupted (a Redis blip): their bytes are still there, and _busy keeps
-        # them out of the tree until a retry ran (at most once a second per tier).
-        if s._retry_deletes[t]:
-            s.retry_deletes(t)
     try:
         rest = list(keys[hit:])
         runs = probe(s, nsd, rest)
@@ -270,9 +265,9 @@ def _insert_locked(
 
 def _busy(s: TierStack, watch: AdoptionWatch, t: int, nsd: str, key: str) -> bool:
     """Bytes of ``key`` in tier ``t`` that may be going: deleted since the probe began, a delete in
-    flight or one a fault interrupted (still to retry: adopted, a deleted chunk's bytes were
-    served once the server answered again), or a write in flight (its writer decides whether they
-    stay)."""
+    flight, waiting at its copy barrier or one a fault interrupted (still to retry, which a later
+    failed write of the tier runs: adopted, a deleted chunk's bytes were served once the server
+    answered again), or a write in flight (its writer decides whether they stay)."""
     ident = (t, nsd, key)
     return ((t, key) in watch.spoiled or ident in s._deleting or ident in s._writing
-            or (nsd, key) in s._retry_deletes[t])
+            or ident in s._delete_barrier or (nsd, key) in s._retry_deletes[t])

@@ -52,6 +52,10 @@ class WriteDeleteIntents:
         # (watch_writes_locked): reconcile's "absent" answers predate those writes.
         self._write_watches: list[set[tuple[int, str, str]]] = []
         self._deleting: dict[tuple[int, str, str], int] = defaultdict(int)
+        # Deletes waiting at their copy barrier (store.delete): not yet marked deleting, so a copy
+        # that reaches its write meanwhile does not wait for them (it waited 5 s for a delete that
+        # waited for it), but adoption must not take these keys back (radixkv.adoption._busy).
+        self._delete_barrier: dict[tuple[int, str, str], int] = defaultdict(int)
         # Deletes skipped because a put of the key was in flight. That put may still fail (a full
         # tier) or not make the key resident; its writer settles these (settle_writes_locked) once
         # its tree update is done, so the bytes are deleted unless the tree places them again.

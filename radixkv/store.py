@@ -286,7 +286,7 @@ class HierarchicalStore:
                 # Nothing went in: the chunks the put pins (the chain's own the top tier holds, which
                 # must not leave it while the put runs) may be all the room there is. A chain the
                 # store holds below stays stored; the put goes on after it.
-                held = self._held_run(ns, keys[run:])
+                held = self._held_run(ns, keys[run:], keys[run - 1] if run else parent_key)
                 if not held:  # a top tier full of other pinned chunks, a fault, a missing parent
                     break
                 run += held
@@ -296,11 +296,14 @@ class HierarchicalStore:
             run += got
         return [i < run for i in range(len(keys))]
 
-    def _held_run(self, ns: Namespace, keys: Sequence[str]) -> int:
-        """How many leading ``keys`` the tree holds (in any tier)."""
+    def _held_run(self, ns: Namespace, keys: Sequence[str], parent_key: str | None) -> int:
+        """How many leading ``keys`` the tree holds (in any tier), under ``parent_key``: 0 when the
+        tree lacks it (a put under a missing parent stores nothing, whatever the tiers hold)."""
         nsd = self._check_chain(ns, keys)
         with self._stack.cond:
             tree, n = self._stack.tree, 0
+            if parent_key is not None and tree.lookup(nsd, parent_key) is None:
+                return 0
             while n < len(keys) and tree.lookup(nsd, keys[n]) is not None:
                 n += 1
         return n
@@ -552,6 +555,11 @@ class HierarchicalStore:
         pinned until the read ends (or the handle is cancelled), so they cannot be evicted in
         between."""
         self._check_open()
+        # Here, not only in the tiers' reads (get's run on its own thread, so it raises there): a
+        # prefetch's read runs on a worker thread, where the error reached only a caller that
+        # waits (one that polls done() or drops the handle never saw it).
+        checks.check_list(buffers, "buffers")
+        check_buffers_disjoint(byte_parts_all(buffers, "buffers"))
         refs, masks, owner, clears = self._match_and_pin(ns, keys, buffers, parent_key)
         if not refs:  # nothing to read: counted as get counts it (every chunk a miss in every tier)
             with self.metrics.timed("prefetch"):
@@ -581,9 +589,6 @@ class HierarchicalStore:
                 f"{len(keys)} keys but {len(buffers)} buffers; pass one buffer per key"
             )
         size = self._check_tensors(ns, buffers, "buffers", register=False)
-        # Here, not only in the tiers' reads: a prefetch's read runs on a worker thread, where the
-        # error reached only a caller that waits (one that polls done() or drops the handle never saw it).
-        check_buffers_disjoint(byte_parts_all(buffers, "buffers"))
         s = self._stack
         owner = s.owner("get")
         probe = bool(keys) and self.config.probe_tiers
@@ -637,7 +642,9 @@ class HierarchicalStore:
         SGLang's MLA non-writer ranks read what the storage-writer rank stores: without this, a
         reader making room in its own books would delete the writer's chunks from the shared tier.
         Explicit :meth:`delete` and :meth:`clear` still delete. Returns the names of the tiers
-        borrowed from; idempotent."""
+        borrowed from; idempotent. Borrow before this store puts the namespace there (engines
+        borrow at start): chunks it wrote there earlier are then only forgotten when evicted, and
+        their bytes stay, tracked by no store."""
         self._check_open()
         if not isinstance(ns, Namespace):
             raise InputError(f"ns={ns!r} must be a radixkv Namespace")
@@ -659,19 +666,6 @@ class HierarchicalStore:
                         "with options shared=true)"
                     )
         with s.cond:
-            for name in names:
-                t = s.names.index(name)
-                if s.is_borrowed_locked(t, ns.digest):
-                    continue
-                # Chunks this store wrote there already would be this store's to evict: once
-                # borrowed, evictions only forget them, and their files stayed, tracked by no store.
-                mine = sum(1 for _key, n in s.tree.items(ns.digest) if s.tree.node_tier_mask(n) >> t & 1)
-                if mine:
-                    raise InputError(
-                        f"namespace {ns} has {mine} chunks this store wrote in tier {name!r}: borrow a "
-                        "namespace before this store puts any of it there (engines borrow at start), or "
-                        "delete() them first"
-                    )
             for name in names:
                 s.borrow_locked(s.names.index(name), ns.digest)
         for name in names:
@@ -705,12 +699,26 @@ class HierarchicalStore:
                 held = [n for n in ids if _alive(s.tree, n) and s.tree.node_tier_mask(n) & (1 << t)]
                 entries += [(t, nsd, s.tree.node_key(n)) for n in held]
                 entries += s.clear_locked(held, t)
-            entries = s.mark_deleting_locked(entries)
             # A barrier, as clear() is: a copy between tiers that began before (a write-through
             # of the old bytes inside a disk write) could commit after the delete's own deletes and
             # after a put of the key's new bytes, which it then overwrote there (wrong bytes once
-            # memory released the key). The tree no longer holds the chunks, so no copy begins now.
-            s.wait_copies_locked(nsd)
+            # memory released the key). The tree no longer holds the chunks, so no copy of them
+            # begins now; adoption skips them while the delete waits (_delete_barrier), and they
+            # are marked deleting only after the wait (a copy's write waits for marked deletes).
+            barrier = list(dict.fromkeys(entries))
+            s.spoil_locked(barrier)
+            for e in barrier:
+                s._delete_barrier[e] += 1
+            try:
+                s.wait_copies_locked(nsd)
+            finally:
+                for e in barrier:
+                    left = s._delete_barrier[e] - 1
+                    if left:
+                        s._delete_barrier[e] = left
+                    else:
+                        del s._delete_barrier[e]
+            entries = s.mark_deleting_locked(entries)
         s.delete_entries(entries)
         return found
 

@@ -203,20 +203,3 @@ def test_a_borrowers_disk_budget_never_counts_the_owners_files(tmp_path):
         owner.close()
         reader.close()
 
-
-def test_a_namespace_this_store_wrote_there_cannot_be_borrowed(shared_tier):
-    """Found by an audit: borrowing a namespace after this store had put chunks of it in the shared
-    tier turned their evictions into forgets, and their files stayed, tracked by no store."""
-    store = HierarchicalStore(StoreConfig(tiers=[shared_tier(8)]))
-    try:
-        ns = new_namespace()
-        _, keys = chain(3, 2)
-        assert store.put(ns, keys, [payload_for(k) for k in keys]) == [True, True]
-        with pytest.raises(InputError, match="has 2 chunks this store wrote"):
-            store.borrow(ns)
-        assert store.delete(ns, keys) == 2
-        assert store.borrow(ns) == [store.tiers[0].name]  # nothing of it here now
-        assert store.borrow(ns) == [store.tiers[0].name]  # idempotent
-        store.check_integrity()
-    finally:
-        store.close()
