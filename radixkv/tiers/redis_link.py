@@ -227,6 +227,8 @@ class RedisLink:
         a refusal of *every* command (an ACL whose key pattern misses ``key_prefix``, a replica's
         address) looked like a healthy, empty tier: ``ping`` answered, nothing was logged."""
         for reply in replies:
+            if isinstance(reply, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)):
+                continue  # a cluster pipeline's inline transport fault: no refusal by the server
             kind = _refusal_kind(reply)
             if kind in self._warned_kinds:
                 continue

@@ -1306,6 +1306,19 @@ def test_commands_the_server_refuses_are_logged_once_per_kind(make, redis_server
     assert tier.ping() and tier.stats().errors == 9
 
 
+def test_inline_transport_faults_are_not_logged_as_refusals(redis_url, caplog):
+    """A cluster pipeline returns a node's timeout inline among the replies: not a command the
+    server refused (found by a review of the refusal log)."""
+    tier = RedisTier(redis_url)
+    try:
+        with caplog.at_level(logging.WARNING, logger="radixkv.tiers.redis"):
+            tier._link.note_error_replies([redis.exceptions.TimeoutError("Timeout reading from socket"),
+                                           redis.exceptions.ConnectionError("Connection reset")])
+        assert "refused a command" not in caplog.text
+    finally:
+        tier.close()
+
+
 def test_a_call_inside_the_fail_fast_window_does_not_wait_for_a_client_build(redis_url, monkeypatch):
     """Found by an audit: a client was built (a cluster client reads the slot map: a socket timeout
     per seed that does not answer) under the lock that calls inside the fail-fast window take to
