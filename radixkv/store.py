@@ -286,7 +286,7 @@ class HierarchicalStore:
                 # Nothing went in: the chunks the put pins (the chain's own the top tier holds, which
                 # must not leave it while the put runs) may be all the room there is. A chain the
                 # store holds below stays stored; the put goes on after it.
-                held = self._held_run(ns, keys[run:], keys[run - 1] if run else parent_key)
+                held = self._held_run(ns.digest, keys[run:], keys[run - 1] if run else parent_key)
                 if not held:  # a top tier full of other pinned chunks, a fault, a missing parent
                     break
                 run += held
@@ -296,10 +296,10 @@ class HierarchicalStore:
             run += got
         return [i < run for i in range(len(keys))]
 
-    def _held_run(self, ns: Namespace, keys: Sequence[str], parent_key: str | None) -> int:
-        """How many leading ``keys`` the tree holds (in any tier), under ``parent_key``: 0 when the
-        tree lacks it (a put under a missing parent stores nothing, whatever the tiers hold)."""
-        nsd = self._check_chain(ns, keys)
+    def _held_run(self, nsd: str, keys: Sequence[str], parent_key: str | None) -> int:
+        """How many leading ``keys`` (checked by the put's first run) the tree holds (in any tier),
+        under ``parent_key``: 0 when the tree lacks it (a put under a missing parent stores
+        nothing, whatever the tiers hold)."""
         with self._stack.cond:
             tree, n = self._stack.tree, 0
             if parent_key is not None and tree.lookup(nsd, parent_key) is None:
@@ -703,21 +703,8 @@ class HierarchicalStore:
             # of the old bytes inside a disk write) could commit after the delete's own deletes and
             # after a put of the key's new bytes, which it then overwrote there (wrong bytes once
             # memory released the key). The tree no longer holds the chunks, so no copy of them
-            # begins now; adoption skips them while the delete waits (_delete_barrier), and they
-            # are marked deleting only after the wait (a copy's write waits for marked deletes).
-            barrier = list(dict.fromkeys(entries))
-            s.spoil_locked(barrier)
-            for e in barrier:
-                s._delete_barrier[e] += 1
-            try:
-                s.wait_copies_locked(nsd)
-            finally:
-                for e in barrier:
-                    left = s._delete_barrier[e] - 1
-                    if left:
-                        s._delete_barrier[e] = left
-                    else:
-                        del s._delete_barrier[e]
+            # begins now.
+            s.wait_copies_before_delete_locked(nsd, entries)
             entries = s.mark_deleting_locked(entries)
         s.delete_entries(entries)
         return found

@@ -167,6 +167,23 @@ class TierStack(WriteDeleteIntents):
                 logger.warning("radixkv: clear()/delete() has waited %.0f s for copies between tiers to end",
                                warned - start)
 
+    def wait_copies_before_delete_locked(self, nsd: str, entries: Sequence[tuple[int, str, str]]) -> None:
+        """:meth:`wait_copies_locked` for a delete of ``entries``, before it marks them deleting:
+        adoption skips them meanwhile (``_delete_barrier``), and a copy that reaches its write does
+        not wait for them (its write waits for *marked* deletes: marked first, the delete and the
+        copy waited for each other up to the 5 s bound)."""
+        barrier = list(dict.fromkeys(entries))
+        self.spoil_locked(barrier)
+        for e in barrier:
+            self._delete_barrier[e] += 1
+        try:
+            self.wait_copies_locked(nsd)
+        finally:
+            for e in barrier:
+                self._delete_barrier[e] -= 1
+                if not self._delete_barrier[e]:
+                    del self._delete_barrier[e]
+
     def clearing_locked(self, nsd: str) -> bool:
         """Whether a clear() of ``nsd`` (or of everything) is running its tier calls."""
         return bool(self.clearing[None] or self.clearing[nsd])

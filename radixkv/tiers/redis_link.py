@@ -206,9 +206,12 @@ class RedisLink:
         MOVED/CLUSTERDOWN drop the client so the next call rediscovers the map. ASK/TRYAGAIN do not:
         the map is right while a slot migrates (a rebuilt client gets ASK again), and rebuilding
         at every call held sockets of hundreds of retired clients open for the grace period."""
-        stale = [r for r in replies if is_topology_error(r)]
-        if len(stale) < len(replies):
-            self._warn_refusals([r for r in replies if not is_topology_error(r)])
+        stale: list[object] = []
+        refused: list[object] = []
+        for r in replies:
+            (stale if is_topology_error(r) else refused).append(r)
+        if refused:
+            self._warn_refusals(refused)
         if not stale:
             return 0
         if not self.url.cluster and not self._warned_moved:
