@@ -50,10 +50,17 @@ _HEX_KEY_CHARS = 64
 _HEX_KEY_RE = re.compile(r"[0-9a-fA-F]{64}")
 
 
-def _part(value: str | None) -> bytes:
+def _part(name: str, value: str | None) -> bytes:
     if value is None:
         return b"\x00"
-    raw = value.encode("utf-8")
+    try:
+        raw = value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        # SGLang's own seed fails on it too: no key both sides agree on exists.
+        raise InputError(
+            f"{name}={value!r:.80} holds {value[e.start:e.end]!r}, which UTF-8 cannot encode (a lone "
+            "surrogate: a non-UTF-8 byte decoded by Python); pass the LoRA id / cache salt as valid text"
+        ) from None
     return b"\x01" + len(raw).to_bytes(8, "little") + raw
 
 
@@ -67,7 +74,8 @@ def namespace_seed(extra_key: str | None = None, cache_salt: str | None = None) 
     cache_salt = cache_salt or None
     if extra_key is None and cache_salt is None:
         return None
-    return hashlib.sha256(_NAMESPACE_TAG + _part(extra_key) + _part(cache_salt)).digest()
+    parts = _part("extra_key", extra_key) + _part("cache_salt", cache_salt)
+    return hashlib.sha256(_NAMESPACE_TAG + parts).digest()
 
 
 def hash_page(prior: bytes | None, tokens: Sequence[int]) -> bytes:
@@ -220,7 +228,9 @@ class Namespace:
             self.shard,
             self.extra,
         )
-        return b"\x00".join(f.encode("utf-8") for f in fields)
+        # surrogatepass: a model path with a non-UTF-8 byte (which Python decodes to a lone
+        # surrogate) gets a digest like any other; no valid text encodes to those bytes.
+        return b"\x00".join(f.encode("utf-8", "surrogatepass") for f in fields)
 
     @property
     def digest(self) -> str:

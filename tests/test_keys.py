@@ -119,6 +119,22 @@ def test_non_str_salt_or_extra_key_is_an_input_error(kwargs):
         chunk_keys([1, 2, 3, 4], 2, **kwargs)
 
 
+def test_a_model_path_with_a_non_utf8_byte_has_a_digest():
+    """Python decodes a non-UTF-8 byte of a path (argv, os.listdir) to a lone surrogate: such a model
+    name passed validation and then every use of the namespace raised a bare UnicodeEncodeError."""
+    model = os.fsdecode(b"/models/caf\xe9")
+    a = Namespace(model, "bfloat16", "page_first", 64)
+    assert len(a.digest) == 32 and a.digest == Namespace(model, "bfloat16", "page_first", 64).digest
+    assert a.digest != Namespace(os.fsdecode(b"/models/caf\xe8"), "bfloat16", "page_first", 64).digest
+    assert a.digest != Namespace("/models/café", "bfloat16", "page_first", 64).digest
+
+
+@pytest.mark.parametrize("name", ["extra_key", "cache_salt"])
+def test_a_salt_utf8_cannot_encode_is_an_input_error_naming_it(name):
+    with pytest.raises(InputError, match=f"{name}=.*UTF-8 cannot encode"):
+        namespace_seed(**{name: "lora-\udce9"})
+
+
 def test_keys_identical_across_processes():
     code = (
         "import json,sys; from radixkv.keys import sglang_page_keys as k, Namespace as N;"

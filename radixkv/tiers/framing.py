@@ -5,7 +5,7 @@ Every payload that leaves process memory (disk files, Redis values) is framed as
     header (36 bytes, little-endian)
       magic         4s   b"RKV1"
       version       u16  FORMAT_VERSION
-      flags         u16  reserved, 0
+      flags         u16  reserved, 0 (a reader misses on any other value)
       ns_len        u16  length of the namespace digest (ASCII)
       key_len       u16  length of the chunk key (ASCII)
       payload_len   u64  bytes of payload
@@ -218,8 +218,10 @@ def decode_header(buf: memoryview | bytes) -> FrameHeader | None:
     mv = memoryview(buf)
     if mv.nbytes < HEADER_BYTES:
         return None
-    magic, version, _flags, ns_len, key_len, n, checksum = _FIXED.unpack_from(mv, 0)
-    if magic != _MAGIC or version != FORMAT_VERSION:
+    magic, version, flags, ns_len, key_len, n, checksum = _FIXED.unpack_from(mv, 0)
+    # A flag would change what the payload means (a later format's compression, say): a frame
+    # with one this version does not know is a miss, as another version is.
+    if magic != _MAGIC or version != FORMAT_VERSION or flags != 0:
         return None
     end = HEADER_BYTES + ns_len + key_len
     if mv.nbytes < end:
@@ -242,14 +244,15 @@ _FULL = struct.Struct("<4sHHHHQQQ")  # the fixed fields and header_sum in one un
 def check_header(buf: bytes | bytearray, namespace: str, key: str) -> tuple[int, int] | None:
     """The fast path of a reader that knows which chunk it asked for: ``(payload_bytes, checksum)``
     if ``buf`` starts with a valid header naming exactly ``namespace`` / ``key``, else None. Same
-    checks as :func:`decode_header` (magic, version, identity, header checksum), no string decoding."""
+    checks as :func:`decode_header` (magic, version, flags, identity, header checksum), no string
+    decoding."""
     ident = f"{namespace}{key}".encode("ascii")
     end = HEADER_BYTES + len(ident)
     if len(buf) < end:
         return None
-    magic, version, _flags, ns_len, key_len, n, checksum, header_sum = _FULL.unpack_from(buf, 0)
-    if (magic != _MAGIC or version != FORMAT_VERSION or ns_len != len(namespace) or key_len != len(key)
-            or buf[HEADER_BYTES:end] != ident):
+    magic, version, flags, ns_len, key_len, n, checksum, header_sum = _FULL.unpack_from(buf, 0)
+    if (magic != _MAGIC or version != FORMAT_VERSION or flags != 0 or ns_len != len(namespace)
+            or key_len != len(key) or buf[HEADER_BYTES:end] != ident):
         return None
     if xxhash.xxh3_64_intdigest(bytes(buf[: _FIXED.size]) + ident) != header_sum:
         return None

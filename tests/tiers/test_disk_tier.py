@@ -25,6 +25,8 @@ from radixkv.tiers.disk_layout import DiskLayout
 from radixkv.tiers.framing import HEADER_BYTES, decode_header, payload_checksum
 from radixkv.tiers.registry import make_tier
 
+from frame_edits import reframed
+
 KiB = 1 << 10
 NS = "0123456789abcdef0123456789abcdef"
 
@@ -194,6 +196,22 @@ class TestCorruption:
         assert tier.stats().checksum_failures == 1
         assert not os.path.exists(path)
         assert tier.contains_many(NS, ["a"]) == 0
+
+    @pytest.mark.parametrize("version, flags", [(1, 1), (2, 0)])
+    def test_a_frame_of_unknown_flags_or_version_is_a_miss(self, tier, version, flags):
+        """A file whose header (its checksum intact) sets a flag this reader does not know is a miss
+        on every read path, as one of another version is: its payload may mean something else."""
+        tier.put_many(NS, ["a"], [pl(1)])
+        path = tier._layout.path(NS, "a")
+        with open(path, "rb") as f:
+            frame = f.read()
+        with open(path, "wb") as f:
+            f.write(reframed(frame, version=version, flags=flags))
+        assert tier.get_many(NS, ["a"], [buf()]) == [False]
+        assert tier.put_many(NS, ["a"], [pl(1)]) == [True]  # rewritten as this version's frame
+        out = buf()
+        assert tier.get_many(NS, ["a"], [out]) == [True] and torch.equal(out, pl(1))
+        tier.check_integrity()
 
     @pytest.mark.parametrize("cut", [1, 8 * KiB, 8 * KiB + 60])
     def test_truncated_file_is_a_miss(self, tier, cut):

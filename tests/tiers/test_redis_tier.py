@@ -22,6 +22,8 @@ from radixkv.testing_redis import make_tls_files
 from radixkv.tiers.framing import HEADER_BYTES
 from radixkv.tiers.redis_accounting import ByteLedger
 
+from frame_edits import reframed
+
 redis = pytest.importorskip("redis", reason="redis-py is not installed (pip install 'radixkv[redis]')")
 from radixkv.tiers.redis import RedisTier  # noqa: E402 - needs redis-py
 from radixkv.tiers.redis_client import parse_redis_url  # noqa: E402
@@ -146,6 +148,22 @@ def test_ttl_expires_chunks_and_their_bytes(make, redis_url):
 
 
 # ------------------------------------------------------------------------------------------ integrity
+
+def test_a_value_of_unknown_flags_or_version_is_a_miss(make, redis_url):
+    """A value whose header (its checksum intact) sets a flag this reader does not know is a miss,
+    as one of another version is: its payload may mean something else (it was served as raw KV)."""
+    tier = make(redis_url)
+    ns, r = fresh_ns(), raw_client(redis_url)
+    keys = ["flag", "version", "good"]
+    payloads = [payload(k) for k in keys]
+    assert tier.put_many(ns, keys, payloads) == [True] * 3
+    rk = {k: f"radixkv:{ns}:{k}" for k in keys}
+    r.set(rk["flag"], reframed(r.get(rk["flag"]), flags=1))
+    r.set(rk["version"], reframed(r.get(rk["version"]), version=2))
+    outs = empty(3)
+    assert tier.get_many(ns, keys, outs) == [False, False, True]
+    assert torch.equal(outs[2], payloads[2])
+
 
 def test_corrupted_values_are_counted_misses_and_a_put_repairs(make, redis_url):
     """Bit flip in payload, bit flip in header, truncation, garbage: each a miss + checksum failure;
