@@ -96,6 +96,12 @@ def sglang_device_views(
     for i, k in enumerate(ks):
         kv = _pages(_tensor(k, f"k_buffers[{i}]", 3), page_tokens, f"k_buffers[{i}]")
         if v_buffers is None:
+            if kv.shape[2] != 1:
+                # An MHA pool's k_buffer is 3-D too: a K-only layout would leave V unrestored.
+                raise InputError(
+                    f"v_buffers=None means an MLA pool (1 KV head), but k_buffers[{i}] has {kv.shape[2]} "
+                    "heads; pass the MHA pool's v_buffer list as v_buffers"
+                )
             views.append((kv,))
         else:
             v = _tensor(v_buffers[i], f"v_buffers[{i}]", 3)
@@ -149,6 +155,11 @@ def sglang_host_views(
             f"{tuple(kv.shape)} (pass mla=True for latent caches)"
         )
     comps = [kv] if mla else [kv[0], kv[1]]  # each: the MLA shape of the table above
+    if mla and comps[0].shape[-2] != 1:
+        raise InputError(
+            f"mla=True needs a latent kv_buffer ({layout}) with 1 KV head; got shape {tuple(kv.shape)} "
+            "(an MHA host pool: leave mla=False)"
+        )
     if direct and comps[0].shape[2] != page_tokens:
         raise InputError(
             f"page_first_direct kv_buffer has page_size {comps[0].shape[2]} but page_tokens="

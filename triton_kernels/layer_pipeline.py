@@ -12,6 +12,7 @@ issued on GPU, in the same order, so the protocol is testable without a GPU.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 
 import torch
@@ -44,7 +45,8 @@ class LayerPipeline:
     """
 
     def __init__(self, device: torch.device | str, *, lookahead_layers: int = 1) -> None:
-        if not isinstance(lookahead_layers, int) or lookahead_layers < 0:
+        # bool is an int: True would read as a look-ahead of one layer
+        if isinstance(lookahead_layers, bool) or not isinstance(lookahead_layers, int) or lookahead_layers < 0:
             raise InputError(f"lookahead_layers must be an int >= 0; got {lookahead_layers!r}")
         self.device = torch.device(device)
         self.lookahead_layers = lookahead_layers
@@ -90,7 +92,8 @@ class LayerPipeline:
         """
         if not self._load_jobs:
             return
-        if not isinstance(layer, int) or not 0 <= layer < len(self._load_jobs):
+        layer = _layer_index(layer)
+        if not 0 <= layer < len(self._load_jobs):
             raise InputError(
                 f"layer {layer!r} outside the load batch 0..{len(self._load_jobs) - 1}"
             )
@@ -181,3 +184,15 @@ class LayerPipeline:
             raise RuntimeError("a synchronous (CPU) pipeline recorded CUDA events")
         if self.loads_issued_total < 0 or self.saves_issued_total < 0:
             raise RuntimeError("negative job counters")
+
+
+def _layer_index(layer: object) -> int:
+    """``layer`` as an int: any integer type (a numpy index too), never a bool or a float."""
+    if isinstance(layer, bool):
+        raise InputError(f"layer must be an integer layer index, not the bool {layer!r}")
+    try:
+        return operator.index(layer)  # type: ignore[arg-type]
+    except TypeError:
+        raise InputError(
+            f"layer must be an integer layer index; got {layer!r} of type {type(layer).__name__}"
+        ) from None

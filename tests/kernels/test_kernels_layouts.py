@@ -120,6 +120,20 @@ def test_sglang_builder_errors() -> None:
         )
 
 
+def test_sglang_mla_builders_refuse_multi_head_buffers() -> None:
+    """An MHA pool's k_buffer is 3-D like an MLA pool's kv_buffer: leaving out v_buffers (or passing
+    mla=True for an MHA host pool) built a K-only layout, so a round trip left V unrestored. MLA
+    means 1 KV head, as the vLLM builder already checks."""
+    k = torch.zeros(16, 4, 8)
+    with pytest.raises(InputError, match=r"v_buffers=None means an MLA pool.*k_buffers\[0\] has 4 heads"):
+        PagedLayout.from_sglang_device([k], None, page_tokens=4)
+    assert PagedLayout.from_sglang_device([torch.zeros(16, 1, 8)], None, page_tokens=4).num_layers == 1
+    for layout, shape in (("layer_first", (2, 16, 4, 8)), ("page_first", (16, 2, 4, 8)),
+                          ("page_first_direct", (4, 2, 4, 4, 8))):
+        with pytest.raises(InputError, match="mla=True needs a latent kv_buffer"):
+            PagedLayout.from_sglang_host(torch.zeros(shape), layout=layout, page_tokens=4, mla=True)
+
+
 def test_check_integrity_notices_moved_views() -> None:
     case = make_case("sglang_device", torch.float16)
     lay = case.layout

@@ -105,6 +105,27 @@ def test_argument_errors() -> None:
         pipe.save_layer(0, None)
 
 
+def test_layer_indices_of_any_integer_type_and_never_bools() -> None:
+    """A numpy layer index inside the batch was refused as "outside the load batch"; a bool was
+    taken as layer 0 or 1, and lookahead_layers=True as a look-ahead of 1."""
+    np = pytest.importorskip("numpy")
+    with pytest.raises(InputError, match="lookahead_layers must be an int >= 0; got True"):
+        LayerPipeline("cpu", lookahead_layers=True)
+    ran: list[int] = []
+    pipe = LayerPipeline("cpu", lookahead_layers=0)
+    pipe.start_loads([lambda i=i: ran.append(i) for i in range(3)])
+    pipe.wait_layer(np.int64(1))
+    assert ran == [0, 1]
+    with pytest.raises(InputError, match="not the bool True"):
+        pipe.wait_layer(True)
+    with pytest.raises(InputError, match="integer layer index; got 2.0 of type float"):
+        pipe.wait_layer(2.0)
+    with pytest.raises(InputError, match="outside the load batch 0..2"):
+        pipe.wait_layer(np.int32(3))
+    pipe.wait_all()
+    assert ran == [0, 1, 2]
+
+
 def test_job_errors_propagate_from_the_issuing_call() -> None:
     def boom() -> None:
         raise RuntimeError("transfer failed")
