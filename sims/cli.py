@@ -311,7 +311,8 @@ def _main(args: argparse.Namespace) -> int:
     print("block/token hit: share of referenced blocks/tokens found cached (infinite cache: block hits, "
           "an upper bound); gap closed: share of the LRU-to-OPT gap at that capacity; TTFT: modelled "
           "(load the hit, prefill the rest); M acc/s: replay speed. docs/simulator.md, 'Outputs'.")
-    if model is not None:
+    if model is not None and not args.overlap:
+        # (with --overlap a load hides behind the prefill beside it: such a tier may still be loaded)
         names = [t.name for t in tiers]
         for name, tm in zip(names, tier_models(top.name, top.model, lower)):
             if tm.always_recomputed(model):

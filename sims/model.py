@@ -243,8 +243,13 @@ def estimate_ttft(
 ) -> TTFTEstimate:
     """Per-request TTFT, loaded bytes per tier and recomputed tokens under the model above.
 
-    A tier whose load would take longer than recomputing its tokens is recomputed instead (what a
-    break-even-aware engine does), so a cache never makes the estimate worse than no cache."""
+    Each request loads the hits of some of its tiers and recomputes the others' (what a
+    break-even-aware engine does), whichever gives the lower TTFT, so a cache never makes the
+    estimate worse than no cache. Without ``overlap`` the times add up, so that is each tier on its
+    own: loaded if its load is no slower than recomputing its tokens. With ``overlap`` a load is
+    hidden behind the prefill it runs beside, so a tier slower than recomputing may still be worth
+    loading: every choice of tiers is tried (up to :data:`_OVERLAP_EXACT_TIERS` tiers; beyond, the
+    per-tier choice, all or none) and the fastest kept, ties to the one loading more."""
     input_tokens = input_tokens.astype(np.float64)
     hit_tokens = np.minimum(hit_blocks.astype(np.float64) * block_tokens, input_tokens)
     # Tokens per tier, scaled so they sum to the hit tokens (the last hit block may be partial).
@@ -252,20 +257,57 @@ def estimate_ttft(
     total_raw = raw.sum(axis=1)
     scale = np.divide(hit_tokens, total_raw, out=np.zeros_like(hit_tokens), where=total_raw > 0)
     tier_tokens = raw * scale[:, None]
+    # [request, tier]: seconds to load that tier's hit tokens, and to recompute them instead
+    load_t = np.zeros_like(tier_tokens)
+    for t, tm in enumerate(tiers):
+        tok = tier_tokens[:, t]
+        load_t[:, t] = tok * model.kv_bytes_per_token / tm.bandwidth_bytes_per_s + np.where(tok > 0, tm.latency_s, 0.0)
+    recompute_t = tier_tokens / model.prefill_tokens_per_s
+    use_load = load_t <= recompute_t  # [request, tier]: the per-tier choice
+    if overlap:
+        miss_s = (input_tokens - hit_tokens) / model.prefill_tokens_per_s
+        use_load = _fastest_overlapped(load_t, recompute_t, miss_s, use_load, model.layers)
     load = np.zeros_like(input_tokens)
     recompute_tokens = input_tokens - hit_tokens
     loaded_bytes = np.zeros(len(tiers))
-    for t, tm in enumerate(tiers):
-        tok = tier_tokens[:, t]
-        load_t = tok * model.kv_bytes_per_token / tm.bandwidth_bytes_per_s + np.where(tok > 0, tm.latency_s, 0.0)
-        recompute_t = tok / model.prefill_tokens_per_s
-        use_load = load_t <= recompute_t
-        load += np.where(use_load, load_t, 0.0)
-        recompute_tokens += np.where(use_load, 0.0, tok)
-        loaded_bytes[t] = float((tok * use_load).sum() * model.kv_bytes_per_token)
+    for t in range(len(tiers)):  # tier by tier, in order: the sums' rounding as it always was
+        use, tok = use_load[:, t], tier_tokens[:, t]
+        load += np.where(use, load_t[:, t], 0.0)
+        recompute_tokens += np.where(use, 0.0, tok)
+        loaded_bytes[t] = float((tok * use).sum() * model.kv_bytes_per_token)
     prefill = recompute_tokens / model.prefill_tokens_per_s
-    if overlap:
-        ttft = np.maximum(load, prefill) + np.minimum(load, prefill) / model.layers
-    else:
-        ttft = load + prefill
+    ttft = _overlapped(load, prefill, model.layers) if overlap else load + prefill
     return TTFTEstimate(ttft, loaded_bytes, recompute_tokens)
+
+
+# With --overlap every subset of the tiers is tried per request up to this many tiers (2**8 = 256
+# vectorised passes over the requests); more tiers try the per-tier choice, all and none.
+_OVERLAP_EXACT_TIERS = 8
+
+
+def _overlapped(load: np.ndarray, prefill: np.ndarray, layers: int) -> np.ndarray:
+    # Layer-wise overlap of two stages over `layers` layers: the longer one, plus one layer's worth
+    # of the shorter (the first layer's load before compute starts, or the last layer's compute).
+    return np.maximum(load, prefill) + np.minimum(load, prefill) / layers
+
+
+def _fastest_overlapped(load_t: np.ndarray, recompute_t: np.ndarray, miss_s: np.ndarray, per_tier: np.ndarray,
+                        layers: int) -> np.ndarray:
+    """[request, tier]: the tiers to load, per request, that give the lowest overlapped TTFT (ties: the
+    choice loading more tiers). ``miss_s``: per request, seconds to prefill its misses."""
+    n, k = load_t.shape
+    if k <= _OVERLAP_EXACT_TIERS:
+        # every subset, those loading more tiers first: a later one must be strictly faster
+        masks = sorted(range(1 << k), key=lambda m: -bin(m).count("1"))
+        choices = [np.broadcast_to(np.array([(m >> t) & 1 == 1 for t in range(k)]), (n, k)) for m in masks]
+    else:
+        choices = [np.ones((n, k), dtype=bool), per_tier, np.zeros((n, k), dtype=bool)]
+    best = choices[0]
+    best_s = np.full(n, np.inf)
+    for use in choices:
+        load = np.where(use, load_t, 0.0).sum(axis=1)
+        s = _overlapped(load, miss_s + np.where(use, 0.0, recompute_t).sum(axis=1), layers)
+        better = s < best_s
+        best = np.where(better[:, None], use, best)
+        best_s = np.where(better, s, best_s)
+    return best
