@@ -120,8 +120,13 @@ def register_policy(name: str) -> Callable[[type], type]:
     return deco
 
 
-def make_policy(name: str, **options: Any) -> EvictionPolicy:
+def make_policy(name: object, **options: Any) -> EvictionPolicy:
     """A new policy instance by registered name; unknown names list the supported ones."""
+    # Typed `object`, checked here: a compiled `str` parameter refused None or 5 with a bare TypeError.
+    if not isinstance(name, str):
+        raise ConfigError(
+            f"eviction policy name {name!r:.80} must be a str; supported policies: {', '.join(sorted(POLICIES))}"
+        )
     try:
         cls = POLICIES[name]
     except KeyError:
@@ -159,9 +164,13 @@ def _check_option_types(name: str, cls: type, options: dict[str, Any]) -> None:
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
     if takes_any:  # a subclass may pass its bases' options on as **kwargs: those are named too
         for klass in cls.__mro__[1:-1]:
+            if "__init__" not in vars(klass):
+                continue
             try:
-                base = inspect.signature(vars(klass)["__init__"]).parameters
-            except (KeyError, TypeError, ValueError):
+                # The class, not its __init__: a compiled class's __init__ reads as (*args, **kwargs),
+                # which named none of a built-in base's options in the compiled build.
+                base = inspect.signature(klass).parameters
+            except (TypeError, ValueError):
                 continue
             for k, bp in base.items():
                 params.setdefault(k, bp)

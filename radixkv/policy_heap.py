@@ -393,8 +393,9 @@ class AgedRefPolicy(_HeapPolicy):
             raise ConfigError(f"{self.name}: count_weight={count_weight!r} must be in (0, 1]")
         if not ghost_factor >= 0:
             raise ConfigError(f"{self.name}: ghost_factor={ghost_factor!r} must be >= 0")
-        if not initial_half_life > 0:
-            raise ConfigError(f"{self.name}: initial_half_life={initial_half_life!r} must be > 0 requests")
+        if not initial_half_life >= 1.0:
+            # 1 is H's own floor; a tiny H (1e-310) made every priority NaN (inf - inf)
+            raise ConfigError(f"{self.name}: initial_half_life={initial_half_life!r} must be >= 1 request")
         if not 0.0 <= long_gap_share <= 1.0:
             raise ConfigError(f"{self.name}: long_gap_share={long_gap_share!r} must be in [0, 1] (0: off)")
         self._up = 1.0 + gap_step * gap_quantile  # H's step per gap above it, and below it
@@ -419,8 +420,15 @@ class AgedRefPolicy(_HeapPolicy):
         # at eviction (-1: not looked up; put hashes it); grows in _grow
         self._name_hash: vec[i64] = vec[i64]()
         self._ghost = GhostHistory()  # evicted chunks: score, last touch and tag (aux, see _WHEN)
-        # Machine integers: compared with the tree's columns on every touch and eviction.
+        # Machine integers: compared with the tree's columns on every touch and eviction. The largest
+        # chunk of the tier, and of each namespace (chunk sizes are per namespace: a chunk is partial
+        # only below its own namespace's, see _partial).
         self._full_tokens: i64 = 0
+        self._ns_full: dict[str, int] = {}
+        # _ns_full's entry of the namespace asked last (one identity test per chunk in a tier of one
+        # namespace, the simulator's, instead of a dict lookup)
+        self._space: str | None = None
+        self._space_full: i64 = 0
         self._clock: i64 = 0
 
     def _grow(self, n_slots: int) -> None:
@@ -471,7 +479,29 @@ class AgedRefPolicy(_HeapPolicy):
             # last use + count_weight * H * log2(aged references): the count's bonus is scaled down
             # without shortening the memory H of the count itself.
             s = last + self._w * (s - last)
-        return s - self._partial_penalty if self._cols.tokens[n] < self._full_tokens else s
+        t = self._cols.tokens[n]
+        return s - self._partial_penalty if t < self._full_tokens and self._short(n, t) else s
+
+    # A chunk is *partial* (a prompt's ragged end: the simulator's partial last block) when it holds
+    # fewer tokens than the largest chunk of its own namespace. A tier shared by namespaces of
+    # different chunk sizes (a store's pools, engine groups) would otherwise take every chunk of the
+    # smaller size for one. Callers test `tokens < self._full_tokens` first (a chunk of the tier's
+    # largest size is never partial: every full chunk of a one-namespace tier, the simulator's),
+    # inline, so that case costs what it did before namespaces counted; then `_short`.
+    def _short(self, n: i64, t: i64) -> bool:
+        """Whether ``n`` (``t`` tokens, below the tier's largest chunk) is partial in its namespace."""
+        space = self._ns[n]
+        if space is None:
+            return True  # (not reached: policies hear of a node before the tree forgets its name)
+        if space is not self._space:
+            self._space = space
+            self._space_full = self._ns_full.get(space, 0)
+        return t < self._space_full
+
+    def _partial(self, n: i64) -> bool:
+        """Whether ``n`` is partial (see :meth:`_short`); for the cooler paths."""
+        t = self._cols.tokens[n]
+        return t < self._full_tokens and self._short(n, t)
 
     def _admit(self, node_ids: list[int], now: int) -> None:
         score, ghost, keys, ns, tokens = self._score, self._ghost, self._keys, self._ns, self._cols.tokens
@@ -482,8 +512,17 @@ class AgedRefPolicy(_HeapPolicy):
             self._observe_gap(self._clock + 1 - self._last[p])  # the request's deepest hit chunk
         name_hash = self._name_hash
         for n in node_ids:
-            if tokens[n] > self._full_tokens:
-                self._full_tokens = tokens[n]
+            t = tokens[n]
+            if t > self._full_tokens:
+                self._full_tokens = t
+            space = ns[n]
+            if space is not None:
+                if space is not self._space:
+                    self._space = space
+                    self._space_full = self._ns_full.get(space, 0)
+                if t > self._space_full:
+                    self._space_full = t
+                    self._ns_full[space] = t
             taken = False
             h: i64 = -1  # an empty history is not asked: _forget's put hashes the name then
             if len(ghost):
@@ -501,13 +540,15 @@ class AgedRefPolicy(_HeapPolicy):
         self._inserted += 0.01 * (float(len(node_ids)) - self._inserted)
 
     def _touch(self, n: i64, now: int) -> None:
-        if self._cols.tokens[n] >= self._full_tokens:
+        t = self._cols.tokens[n]
+        if t >= self._full_tokens or not self._short(n, t):
             self._clock += 1  # a partial tail touched right after its full prefix: same request
         self._last[n] = self._clock
         self._score[n] = self._add(self._score[n], float(self._clock))
 
     def _fold(self, child: i64, parent: i64) -> None:
-        if self._cols.tokens[child] < self._full_tokens:
+        t = self._cols.tokens[child]
+        if t < self._full_tokens and self._short(child, t):
             return  # a partial tail's touch repeats its parent's (same request)
         s = self._score[child]
         base = self._restored[child]
@@ -541,7 +582,8 @@ class AgedRefPolicy(_HeapPolicy):
         self._restored[n] = math.nan
         last = self._last[n]
         self._last[n] = _NEVER  # the slot may be reused by another node
-        if self._ghost_factor and s > -math.inf and self._cols.tokens[n] >= self._full_tokens:
+        t = self._cols.tokens[n]
+        if self._ghost_factor and s > -math.inf and (t >= self._full_tokens or not self._short(n, t)):
             ghost = self._ghost
             when = last
             if last == _NEVER:  # a statement, not a conditional expression: int and i64 join as object

@@ -171,7 +171,8 @@ class OddsRefPolicy(AgedRefPolicy):
     def _prio(self, n: i64) -> float:
         s = super()._prio(n)
         k = self._cls[n]
-        if k >= 0 and s > -math.inf and self._cols.tokens[n] >= self._full_tokens:
+        t = self._cols.tokens[n]
+        if k >= 0 and s > -math.inf and (t >= self._full_tokens or not self._short(n, t)):
             # count_weight itself, not the guard's scaled weight: the guard is about the bonus
             s += self._w0 * self._h * self._penalty(k)
         return s
@@ -181,14 +182,15 @@ class OddsRefPolicy(AgedRefPolicy):
             return
         boundary = self._parent[node_ids[0]]
         super()._admit(node_ids, now)
-        full, tokens = self._full_tokens, self._cols.tokens
-        if tokens[node_ids[0]] < full:
+        if self._partial(node_ids[0]):
             return  # a request's partial tail, inserted on its own: never classed
         fresh: list[int] = []
+        full, tokens = self._full_tokens, self._cols.tokens
         # A chunk back from the ghost history is not fresh (agedref's _admit has credited its class
         # through _untag if it had left fresh).
         for n in node_ids:
-            if tokens[n] >= full and math.isnan(self._restored[n]):
+            t = tokens[n]
+            if math.isnan(self._restored[n]) and (t >= full or not self._short(n, t)):
                 fresh.append(n)
         self._credit_path(boundary)
         self._new = fresh
@@ -206,7 +208,8 @@ class OddsRefPolicy(AgedRefPolicy):
 
     def _touch(self, n: i64, now: int) -> None:
         super()._touch(n, now)
-        if self._cols.tokens[n] < self._full_tokens:
+        t = self._cols.tokens[n]
+        if t < self._full_tokens and self._short(n, t):
             return
         if self._cls[n] >= 0:
             # n not in self._new, as a native loop (`in` on a list boxes n and compares generically)
@@ -235,7 +238,7 @@ class OddsRefPolicy(AgedRefPolicy):
 
     def _untag(self, n: i64, tag: i64) -> None:
         # ... and credits it once if it comes back (as a full chunk: partial tails are never classed).
-        if self._cols.tokens[n] >= self._full_tokens:
+        if not self._partial(n):
             self._credit(tag)
 
     def _forget(self, n: i64, ordered: bool) -> None:

@@ -57,13 +57,17 @@ class RadixTree(TreeEviction):
         max_awaiting_runs: int = _MAX_AWAITING_RUNS,
     ) -> None:
         super().__init__(tiers, clock, max_awaiting_runs)
+        if not isinstance(policy, (str, Mapping)):
+            raise ConfigError(f"policy={policy!r:.80} must be a policy name or a mapping of tier name to "
+                              "policy name")
         if not isinstance(policy, str):
             stray = [t for t in policy if t not in self._tier_pos]
             if stray:  # a misspelt tier name would silently leave that tier on lru
                 raise ConfigError(f"policy names tiers {stray!r} this tree does not have; its tiers are "
                                   f"{list(self.tiers)}")
         for i, name in enumerate(self.tiers):
-            pname = policy if isinstance(policy, str) else policy.get(name, "lru")
+            # as objects: the compiled build checks a str-typed value, refusing None with a bare TypeError
+            pname = policy if isinstance(policy, str) else cast("Mapping[str, object]", policy).get(name, "lru")
             p = make_policy(pname, **_options_for(policy_options, name, self.tiers))
             p.bind(self, i)
             self._policies.append(p)
@@ -530,6 +534,11 @@ def _options_for(
                           "(or of tier name to such a mapping)")
     if not policy_options:
         return {}
-    if all(k in tiers for k in policy_options) and all(isinstance(v, Mapping) for v in policy_options.values()):
+    per_tier = all(isinstance(v, Mapping) for v in policy_options.values())
+    if per_tier and any(k in tiers for k in policy_options):
+        stray = [k for k in policy_options if k not in tiers]
+        if stray:  # else read as one option set, and the error named a tier as an unknown option
+            raise ConfigError(f"policy_options names tiers {stray!r} this tree does not have; its tiers are "
+                              f"{list(tiers)}")
         return dict(policy_options.get(tier, {}))  # type: ignore[arg-type,call-overload]
     return dict(policy_options)

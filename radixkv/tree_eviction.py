@@ -105,6 +105,10 @@ class TreeEviction(TreeJoins):
             n_evict = _chunk_count(n_chunks)
         if n_evict <= 0:
             return DropResult()
+        if n_evict > self._tier_chunks[t]:
+            # No more can go; and a count past 2**63 would overflow the compiled loop's machine
+            # integer after its first eviction (the compiled build raised there, half done).
+            n_evict = self._tier_chunks[t]
         pol = self._policies[t]
         kind = type(pol)
         # The built-in policies (their exact classes: a subclass may override any hook) are driven

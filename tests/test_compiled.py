@@ -329,3 +329,62 @@ def test_bad_arguments_are_refused_in_both_builds():
         assert got["namespaces"] == ["ns"]
         if not got["compiled"]:  # the Python build names the problem itself: no bare TypeError
             assert "TypeError" not in got["calls"].values(), got["calls"]
+
+
+_POLICY_INPUTS = r"""
+import json, math
+import radixkv.compiled as c
+from radixkv.errors import ConfigError
+from radixkv.policies import make_policy, register_policy
+from radixkv.policy_heap import AgedRefPolicy
+from radixkv.tree import RadixTree
+
+
+@register_policy("boosted")
+class Boosted(AgedRefPolicy):  # a user's subclass passing the base's options on
+    def __init__(self, boost=1.0, **kw):
+        super().__init__(**kw)
+        self.boost = boost
+
+calls = {
+    "make_policy(None)": lambda: make_policy(None),
+    "RadixTree(policy=None)": lambda: RadixTree(("mem",), None),
+    "RadixTree(policy={'mem': None})": lambda: RadixTree(("mem",), {"mem": None}),
+    "policy_options names a tier it lacks": lambda: RadixTree(
+        ("mem", "disk"), "s3fifo", {"mem": {"small_fraction": 0.2}, "dsk": {"small_fraction": 0.1}}),
+    "agedref(initial_half_life=1e-310)": lambda: make_policy("agedref", initial_half_life=1e-310),
+}
+calls["subclass, base option as str"] = lambda: make_policy("boosted", gap_quantile="0.5")
+calls["subclass, base option inf"] = lambda: make_policy("boosted", ghost_factor=math.inf)
+out = {"compiled": c.active(), "calls": {}}
+for name, call in calls.items():
+    try:
+        call()
+        out["calls"][name] = "accepted"
+    except Exception as e:
+        out["calls"][name] = f"{type(e).__name__}: {e}"
+t = RadixTree(("mem",))
+t.insert("ns", ["k0", "k1", "k2"], "mem", 16, 1)
+r = t.evict("mem", 10**30)
+out["evicted"] = list(r.removed_node_ids)
+out["left"] = t.tier_chunks("mem")
+t.check_integrity()
+print(json.dumps(out))
+"""
+
+
+def test_policy_inputs_are_config_errors_in_both_builds():
+    """Found by an audit: the compiled build answered a non-str policy name with a bare TypeError
+    (its typed parameter refused it first), never checked the options a Python subclass passes on to a
+    built-in base (a compiled __init__ reads as (*args, **kwargs)), and raised half-way through an
+    eviction of more than 2**63 chunks; both builds read per-tier options naming a tier the tree lacks
+    as one flat option set, and took a subnormal half-life that made every priority NaN."""
+    for env in ({"RADIXKV_COMPILED": "0"}, {}):
+        got = json.loads(_run(_POLICY_INPUTS, **env))
+        wrong = {k: v for k, v in got["calls"].items() if not v.startswith("ConfigError")}
+        assert not wrong, (got["compiled"], wrong)
+        calls = got["calls"]
+        assert "['dsk']" in calls["policy_options names a tier it lacks"]
+        assert "gap_quantile='0.5'" in calls["subclass, base option as str"]
+        assert "ghost_factor=inf" in calls["subclass, base option inf"]
+        assert got["evicted"] == [2, 1, 0] and got["left"] == 0, got
