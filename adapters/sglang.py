@@ -354,6 +354,9 @@ class RadixKVStore(HiCacheStorage):
         starts = plan.page_starts(host_indices, n)
         keys = list(keys)
         m = self._lookup(ns, keys, self._parent(extra_info), plan.chunk_bytes, record=False)
+        # Pages SGLang asks for past the store's run (gone since its batch_exists) are misses in
+        # every tier, as store.get counts them; the read below counts its own.
+        self.store.record_misses(ns, n - m)
         if m == 0:
             return [False] * n
         if plan.mode == "parts":
@@ -459,6 +462,7 @@ class RadixKVStore(HiCacheStorage):
             b = self._binding("kv")
             targets = list(target_locations) if target_locations is not None else b.flat.staging(len(keys))
             n = self._lookup(b.ns_flat, list(keys), None, b.flat.chunk_bytes, record=False)
+            self.store.record_misses(b.ns_flat, len(keys) - n)  # as _read_pages
             # A marker is read into scratch: the target, an empty flat page, is all there is to return.
             bufs = b.flat.staging(n) if b.flat.mode == "marker" else [self._u8(t) for t in targets[:n]]
             got = self._get_across_splits(b.ns_flat, list(keys[:n]), bufs) if n else 0

@@ -10,6 +10,7 @@ objects. Page ids are ``[chunk][page]`` lists per KV-cache group, ``-1`` = leave
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
@@ -17,7 +18,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-__all__ = ["LookupOp", "LoadOp", "SaveOp", "RadixKVMetadata", "LookupReport", "RadixKVWorkerMeta"]
+__all__ = ["LookupOp", "LoadOp", "SaveOp", "RadixKVMetadata", "LookupReport", "RadixKVWorkerMeta",
+           "merge_reach", "reach_source", "source_reach"]
 
 PageIds = list[list[int]]  # [chunk][page] for one KV-cache group
 
@@ -77,12 +79,15 @@ class LookupReport:
     """One worker's answer to a :class:`LookupOp`: ``hit_chunks`` leading chunks found (counted from
     chunk 0), and whether the staged ones were already read (``ready``: a synchronous load can use them
     in the next step; otherwise the scheduler asks for an asynchronous load). ``source``: the
-    slowest tier the staged chunks are read from, as a ``CacheHitSource`` value ("": none staged)."""
+    slowest tier the hit's staged chunks are read from, as a ``CacheHitSource`` value ("": none
+    staged, or unknown). ``reach`` (:func:`source_reach`) lets a merge of two workers' reports name
+    the source of the hit they share, which may be shorter than either's own."""
 
     seq: int
     hit_chunks: int
     ready: bool
     source: str = ""
+    reach: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -108,12 +113,12 @@ class RadixKVWorkerMeta(KVConnectorWorkerMetadata):
                 seq = max(r.seq for r in (mine, theirs) if r is not None)
                 merged[req_id] = LookupReport(seq, 0, True)
             else:
-                merged[req_id] = LookupReport(
-                    mine.seq,
-                    min(mine.hit_chunks, theirs.hit_chunks),
-                    mine.ready and theirs.ready,
-                    outermost_source(mine.source, theirs.source),
-                )
+                hit = min(mine.hit_chunks, theirs.hit_chunks)
+                reach = merge_reach(mine.reach, theirs.reach)
+                # The source of the shared hit: from the merged reach where both workers sent one
+                # (the slowest of the two sources could name a tier only past the shared hit).
+                source = reach_source(reach, hit) if reach else outermost_source(mine.source, theirs.source)
+                merged[req_id] = LookupReport(mine.seq, hit, mine.ready and theirs.ready, source, reach)
         return RadixKVWorkerMeta(
             lookups=merged, failed_loads=self.failed_loads | other.failed_loads
         )
@@ -124,3 +129,50 @@ def outermost_source(a: str, b: str) -> str:
     if not a or not b:
         return a or b
     return CacheHitSource.outermost([CacheHitSource(a), CacheHitSource(b)]).value
+
+
+# A hit's source is the slowest tier among its chunks; a report carries, per source, how far from
+# chunk 0 the chunks read from it or a nearer one reach (a few pairs, not a list per chunk), so
+# that the source of any shorter hit, a merge's included, is known.
+_RANK = {source.value: rank for rank, source in enumerate(CacheHitSource)}
+
+
+def source_reach(chunk_sources: Sequence[str], first_chunk: int) -> tuple[tuple[str, int], ...]:
+    """For staged chunks ``first_chunk, first_chunk + 1, ...`` read from ``chunk_sources`` (per
+    chunk, the slowest tier's ``CacheHitSource`` value): per source among them, nearest first, the
+    chunk count from chunk 0 that a hit read from that source or nearer ones reaches."""
+    out = []
+    for rank in sorted({_RANK[s] for s in chunk_sources}):
+        n = 0
+        for s in chunk_sources:
+            if _RANK[s] > rank:
+                break
+            n += 1
+        out.append((list(CacheHitSource)[rank].value, first_chunk + n))
+    return tuple(out)
+
+
+def reach_source(reach: Sequence[tuple[str, int]], hit_chunks: int) -> str:
+    """The source of a hit of ``hit_chunks`` chunks (from chunk 0): the nearest one reaching it."""
+    for source, n in reach:
+        if n >= hit_chunks:
+            return source
+    return reach[-1][0] if reach else ""
+
+
+def merge_reach(a: Sequence[tuple[str, int]], b: Sequence[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    """The reach of chunks both workers hold (each chunk read from the slower of their two tiers):
+    per source, the shorter of the two reaches; () if either is unknown."""
+    if not a or not b:
+        return ()
+
+    def at(reach: Sequence[tuple[str, int]], rank: int) -> int:
+        # reach is nearest first and grows with the rank: the last entry at or below it
+        n = 0
+        for source, k in reach:
+            if _RANK[source] <= rank:
+                n = k
+        return n
+
+    ranks = sorted({_RANK[s] for s, _ in a} | {_RANK[s] for s, _ in b})
+    return tuple((list(CacheHitSource)[r].value, min(at(a, r), at(b, r))) for r in ranks)

@@ -45,6 +45,8 @@ from radixkv.adapters.vllm_meta import (
     RadixKVMetadata,
     RadixKVWorkerMeta,
     SaveOp,
+    reach_source,
+    source_reach,
 )
 from radixkv.adapters.vllm_options import (
     GroupGeometry,
@@ -115,7 +117,8 @@ class _Staged:
     buffers: list[list[torch.Tensor] | None]  # [group][chunk] 1-D uint8 payloads (None: not here)
     handles: list[Any]  # one prefetch handle per group (None: nothing to read)
     nbytes: int
-    source: str = ""  # the slowest tier the chunks are read from (a CacheHitSource value)
+    # per staged chunk, the slowest tier it is read from (a CacheHitSource value; empty: unknown)
+    chunk_sources: list[str] = field(default_factory=list)
 
     def done(self) -> bool:
         return all(h is None or h.done() for h in self.handles)
@@ -464,10 +467,10 @@ class WorkerSide:
             hit = op.first_chunk + to_read
         buffers: list[list[torch.Tensor] | None] = [[] if g is not None else None for g in self.groups]
         handles: list[Any] = [None] * len(self.groups)
-        source = ""
+        sources: list[str] = []
         if to_read:
             keys = op.keys[op.first_chunk : hit]
-            source = self._read_source(keys)
+            sources = self._chunk_sources(keys)
             for gi, grp in enumerate(self.groups):
                 if grp is None:
                     continue
@@ -475,23 +478,27 @@ class WorkerSide:
                 handles[gi] = self.store.prefetch(grp.namespace, keys, buffers[gi])
         nbytes = to_read * per_chunk_bytes
         self._staged[op.req_id] = _Staged(
-            op.seq, op.first_chunk, hit, buffers, handles, nbytes, source
+            op.seq, op.first_chunk, hit, buffers, handles, nbytes, sources
         )
         self._staged_bytes += nbytes
         self._new_lookups.append(op.req_id)
 
-    def _read_source(self, keys: list[str]) -> str:
-        """The slowest tier a read of ``keys`` takes chunks from (each chunk is read from the
-        fastest tier holding it), over every group, as a ``CacheHitSource`` value ("": unknown)."""
+    def _chunk_sources(self, keys: list[str]) -> list[str]:
+        """Per chunk of ``keys``, the slowest tier a read takes it from over every group (each group's
+        chunk is read from the fastest tier holding it), as a ``CacheHitSource`` value; [] if
+        unknown. Only the leading run every group holds."""
         if not self._tier_sources:
-            return ""
-        worst = -1
+            return []
+        worst: list[int] | None = None
         with self.store.lock:
             tree = self.store.tree
             for grp in self.present:
-                for mask in tree.match(grp.namespace.digest, keys, touch=False).tier_masks:
-                    worst = max(worst, (mask & -mask).bit_length() - 1)
-        return self._tier_sources[worst] if 0 <= worst < len(self._tier_sources) else ""
+                masks = tree.match(grp.namespace.digest, keys, touch=False).tier_masks
+                tiers = [(m & -m).bit_length() - 1 for m in masks]  # the fastest tier holding it
+                worst = tiers if worst is None else [max(a, b) for a, b in zip(worst, tiers)]
+        if not worst or any(not 0 <= w < len(self._tier_sources) for w in worst):
+            return []
+        return [self._tier_sources[w] for w in worst]
 
     def start_load_kv(self) -> None:
         """Start this step's synchronous loads (layer-wise on GPU) and register its async loads."""
@@ -816,7 +823,8 @@ class WorkerSide:
                     if ready and st.hit_chunks > st.first_chunk
                     else st.hit_chunks
                 )
-                self._reports[req_id] = LookupReport(st.seq, hit, ready, st.source)
+                reach = source_reach(st.chunk_sources, st.first_chunk)
+                self._reports[req_id] = LookupReport(st.seq, hit, ready, reach_source(reach, hit), reach)
             self._new_lookups = []
         if not self._reports and not self._failed_loads:
             return None

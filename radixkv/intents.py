@@ -67,6 +67,7 @@ class WriteDeleteIntents:
         # Deletes a tier may have failed (server down): (namespace, key) -> first failure time.
         self._retry_deletes: list[dict[tuple[str, str], float]] = [{} for _ in range(n_tiers)]
         self._retry_after = [0.0] * n_tiers
+        self.deletes_given_up = [0] * n_tiers  # per tier, cumulative: deletes never run (see retry_deletes)
         # Adoptions between their probe and their insert (radixkv.adoption): a delete meanwhile
         # spoils the keys it names, so stale bytes are never adopted.
         self._watches: list[AdoptionWatch] = []
@@ -108,10 +109,11 @@ class WriteDeleteIntents:
                     else:
                         dropped.append(k)
                 # Past the bound the delete is given up at once (see retry_deletes).
+                self.deletes_given_up[t] += len(dropped)
                 self._forget_locked(t, ns, dropped)
         return ok
 
-    def retry_deletes(self, t: int) -> bool:
+    def retry_deletes(self, t: int, now_or_never: bool = False) -> bool:
         """Retry the deletes tier ``t`` failed earlier, for keys the tree does not place there now
         and nobody is writing. A medium that was down keeps bytes the tree forgot, and a tier that
         counts what it stores (Redis) would count them against its capacity forever. At most once
@@ -119,10 +121,11 @@ class WriteDeleteIntents:
         after its first failure: the tier then forgets it (stops counting it against its capacity,
         :meth:`_forget_locked`). Dropped and still counted, a Redis tier's books stayed full of
         chunks the store had evicted, and the tier refused every later write. Returns True if a
-        retry ran."""
+        retry ran. ``now_or_never`` (a closing store): retry now, whatever the rate, and keep
+        nothing for later."""
         now = time.monotonic()
         with self.cond:
-            if now < self._retry_after[t] or not self._retry_deletes[t]:
+            if (now < self._retry_after[t] and not now_or_never) or not self._retry_deletes[t]:
                 return False
             self._retry_after[t] = now + 1.0
             pending, self._retry_deletes[t] = self._retry_deletes[t], {}
@@ -154,10 +157,11 @@ class WriteDeleteIntents:
                         given_up = []
                         for k in keys:
                             t0 = pending[(ns, k)]
-                            if now - t0 < _RETRY_DELETES_FOR_S:
+                            if now - t0 < _RETRY_DELETES_FOR_S and not now_or_never:
                                 self._retry_deletes[t].setdefault((ns, k), t0)
                             else:
                                 given_up.append(k)
+                        self.deletes_given_up[t] += len(given_up)
                         self._forget_locked(t, ns, given_up)
         finally:
             self._unmark_deleting(entries)

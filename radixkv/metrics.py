@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import threading
 import time
 import weakref
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -219,7 +220,8 @@ class StoreMetrics:
         self._lock = threading.Lock()
         # A leaf lock every get and put takes: a fork while another thread held it left it held in
         # the child forever (its first get or put hung).
-        hold_across_fork(self)
+        hold_across_fork(self, in_child=StoreMetrics._after_fork_in_child)
+        self._served: tuple[Any, threading.Thread, int] | None = None  # serve()'s, in the process that serves
         self._counts: dict[str, int] = defaultdict(int)
         self._gauges: dict[str, int] = {}
         # Prometheus series: family name -> label values -> value; latency: (op, tier) -> [counts
@@ -355,13 +357,27 @@ class StoreMetrics:
                            "store.metrics.registry", addr, port, e)
             return None
         logger.info("radixkv: Prometheus metrics on http://%s:%d/metrics", addr, port)
-        return (server, thread)
+        self._served = (server, thread, os.getpid())
+        return self._served
+
+    def _after_fork_in_child(self) -> None:
+        # The child inherits the listening socket but not the thread answering it: the port would
+        # answer nothing once the parent let go of it, and held it until the child ended. The port
+        # stays the parent's; the child's numbers are in stats() and the registry.
+        if self._served is not None:
+            self._served[0].server_close()
+            self._served = None
 
     @staticmethod
     def stop_serving(handle: object | None) -> None:
         if handle is None:
             return
-        server, thread = handle  # type: ignore[misc]
+        server, thread, pid = handle  # type: ignore[misc]
+        if pid != os.getpid():
+            # A forked child's copy: the serving thread is the parent's, so shutdown() would wait
+            # forever for a loop that does not run here (a child's close() hung). Only the socket.
+            server.server_close()
+            return
         if thread is threading.current_thread():
             # A dropped store's finalizer, run by the garbage collector in the server's own thread:
             # shutdown() would wait forever for the loop this thread is running.

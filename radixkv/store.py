@@ -491,13 +491,22 @@ class HierarchicalStore:
 
     def record_lookup(self, ns: Namespace, hit_chunks: int, asked_chunks: int) -> None:
         """Count one lookup in the metrics, for a caller that composes it of several
-        ``lookup(..., record=False)`` calls (a run continued across calls)."""
-        miss = max(0, asked_chunks - hit_chunks)
+        ``lookup(..., record=False)`` calls (a run continued across calls); ``0 <= hit_chunks <=
+        asked_chunks``, else an ``InputError`` (a counter must never go down)."""
+        _check_count("asked_chunks", asked_chunks)
+        _check_count("hit_chunks", hit_chunks)
+        if hit_chunks > asked_chunks:
+            raise InputError(f"hit_chunks={hit_chunks} exceeds asked_chunks={asked_chunks}; a lookup "
+                             "hits at most the chunks it asked for")
+        miss = asked_chunks - hit_chunks
         self.metrics.lookups(hit_chunks, miss, ns.tokens_in(hit_chunks), ns.tokens_in(miss))
 
     def record_misses(self, ns: Namespace, chunks: int) -> None:
         """Count ``chunks`` asked for and read by no tier (a miss in every tier), for a caller that
-        continues a read across ``get(..., count_misses=False)`` calls."""
+        continues a read across ``get(..., count_misses=False)`` calls. ``chunks`` >= 0."""
+        _check_count("chunks", chunks)
+        if not chunks:
+            return
         for name in self._stack.names:
             self.metrics.misses(name, chunks, ns.tokens_in(chunks))
 
@@ -677,10 +686,12 @@ class HierarchicalStore:
 
     @_call
     def delete(self, ns: Namespace, keys: Sequence[str]) -> int:
-        """Remove the chunks from every tier (descendants, now unreachable, go with them); returns
-        how many of ``keys`` the store tracked. Keys it does not track are deleted from the tiers
-        too: a persistent tier may hold them (from before a restart, or put by another process
-        sharing it), and a later lookup would otherwise adopt them back."""
+        """Remove the chunks from every tier (descendants the store tracks, now unreachable, go with
+        them); returns how many of ``keys`` the store tracked. Keys it does not track are deleted
+        from the tiers too: a persistent tier may hold them (from before a restart, or put by another
+        process sharing it), and a later lookup would otherwise adopt them back. Only the keys given:
+        the store cannot name an untracked descendant, which a later put of its parent would adopt
+        back, so invalidating a chain's bytes takes its whole tail (``keys[i:]``) or ``clear(ns)``."""
         self._check_open()
         nsd = self._check_chain(ns, keys)
         s = self._stack
@@ -817,11 +828,12 @@ class HierarchicalStore:
         flush = self.config.flush_on_close if flush is None else flush
         self._reader.close(flush=False, timeout_s=timeout)
         self._writer.close(flush=flush, timeout_s=timeout)
-        if self.config.write_policy == "write_back" and len(self._stack.tiers) > 1:
+        if len(self._stack.tiers) > 1 and (flush or self.config.write_policy == "write_back"):
             try:
-                self._persist_write_back(flush, time.monotonic() + timeout)
+                self._persist_at_close(flush, time.monotonic() + timeout)
             except Exception:  # closing must still close the tiers
-                logger.exception("radixkv: persisting a write_back store at close failed")
+                logger.exception("radixkv: persisting a %s store at close failed", self.config.write_policy)
+        self._retry_deletes_at_close()
         if self._stop_serving is not None:
             self._stop_serving()  # runs once
         # Slowest first: work close() stopped waiting for that then fails on a closed memory tier
@@ -833,16 +845,40 @@ class HierarchicalStore:
             except Exception:  # closing must not leave the other tiers open
                 pass
 
-    def _persist_write_back(self, flush: bool, deadline: float) -> None:
-        """write_back writes a chunk down only when it is evicted: at a flushing close, what only
-        memory tiers hold is copied to the first tier below that outlives the process."""
+    def _retry_deletes_at_close(self) -> None:
+        """Deletes a tier missed (its server was down) are retried by later puts; at close once more,
+        or the next process (or another sharing the tier) would adopt the deleted bytes. What still
+        fails is logged: those keys stay on the medium until their TTL, an overwrite or a clear."""
+        s = self._stack
+        for t, name in enumerate(s.names):
+            with s.cond:
+                pending, before = len(s._retry_deletes[t]), s.deletes_given_up[t]
+            if not pending:
+                continue
+            try:
+                s.retry_deletes(t, now_or_never=True)
+            except Exception:  # closing must still close the tiers
+                logger.exception("radixkv: retrying the deletes tier %r missed failed at close", name)
+                continue
+            with s.cond:
+                failed = s.deletes_given_up[t] - before
+            if failed:
+                logger.warning("radixkv: %d deletes tier %r missed while unreachable could not run at "
+                               "close; those chunks stay on it until their TTL, an overwrite or a clear",
+                               failed, name)
+
+    def _persist_at_close(self, flush: bool, deadline: float) -> None:
+        """At a flushing close, what only memory tiers hold is copied to the first tier below that
+        outlives the process. write_back writes a chunk down only when it is evicted; write_through
+        copies every put down, but a copy that failed (a disk full for a moment, a Redis blip) is not
+        retried and its chunk would die with the process."""
         s = self._stack
         if flush:
             r = writeback.persist_volatile(s, deadline)
             if r.left_chunks:
-                logger.warning("radixkv: closing a write_back store: %d chunks held only in memory "
-                               "were not written to a persistent tier (%d were)", r.left_chunks,
-                               r.written_chunks)
+                logger.warning("radixkv: closing a %s store: %d chunks held only in memory were not "
+                               "written to a persistent tier (%d were)", self.config.write_policy,
+                               r.left_chunks, r.written_chunks)
             return
         with s.cond:
             only_top = s.tree.chunks_only_in(s.names[0])
@@ -885,3 +921,9 @@ def _alive(tree: RadixTree, n: int) -> bool:
         return True
     except InputError:
         return False
+
+
+def _check_count(name: str, value: object) -> None:
+    # bool is an int: True would count as one chunk
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(f"{name}={value!r} must be a chunk count (an int >= 0)")

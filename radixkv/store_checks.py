@@ -202,6 +202,7 @@ def check_store(store: HierarchicalStore, deep: bool = True) -> None:
             or s.transfers_inflight
             or s._writing
             or s._deleting
+            or s._delete_barrier  # a delete() waiting for copies: the tree let go, the tier not yet
         )
         resident: dict[int, dict[str, list[str]]] = {
             t: defaultdict(list) for t in range(len(s.tiers))

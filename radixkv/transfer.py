@@ -294,6 +294,11 @@ class TierStack(WriteDeleteIntents):
                 )
                 for i, o in zip(failed, again):
                     ok[i] = o
+            elif len(failed) < len(ok) and self._retry_deletes[t]:
+                # The tier answers again: run the deletes it missed now (at most once a second),
+                # not only when it next refuses a put, or they wait for a refusal that never comes
+                # and another process (or this one after a restart) adopts the deleted bytes.
+                self.retry_deletes(t)
         n_ok = sum(ok)
         self.metrics.written(self.names[t], n_ok, sum(chunk_nbytes(p) for p, o in zip(payloads, ok) if o))
         self.metrics.write_failures(self.names[t], len(keys) - n_ok)

@@ -570,14 +570,21 @@ class RedisTier:
 
     def ping(self) -> bool:
         """True if the server (every primary of a cluster) answers now (ignores the fail-fast window;
-        for health checks and delete retries, which must not take one live node for all). A cluster
+        for health checks and delete retries, which must not take one live node for all); a ping
+        every server answered ends the window. A cluster
         ping that fails makes the next call rediscover the primaries (a replica may have taken over)."""
+        faults = self._link.errors
         try:
             client = self._link.client()
             if not self._link.url.cluster:
-                return bool(client.ping())
-            if all(client.get_redis_connection(n).ping() for n in client.get_primaries()):
+                answered = bool(client.ping())
+            else:
+                answered = all(client.get_redis_connection(n).ping() for n in client.get_primaries())
+            if answered:
+                self._link.note_ping_answered(faults)
                 return True
+            if not self._link.url.cluster:
+                return False
         except Exception:  # noqa: BLE001 - a client in the middle of a topology change: not healthy
             if not self._link.url.cluster:
                 return False

@@ -139,6 +139,17 @@ class RedisLink:
             self._note_up(faults)
         return result
 
+    def note_ping_answered(self, faults_before: int) -> None:
+        """Every server answered a ping (``errors`` was ``faults_before`` before it): the fail-fast
+        window ends now, so a delete retried right after a ping reaches the server (inside the window
+        it answered 0 untried, and a closing store gave the delete up)."""
+        with self._lock:
+            if self.errors != faults_before:
+                return
+            self._down_until = 0.0
+        if self._down_since is not None:
+            self._note_up(faults_before)
+
     def _note_up(self, faults_before: int) -> None:
         """A call got through: end the outage in progress, unless the call itself faulted (a cluster
         node it reached was down) or another thread's fault came since."""

@@ -99,3 +99,45 @@ def test_mid_chain_runs_without_prefix_keys(tmp_path):
         backend.check_integrity()
     finally:
         h.close()
+
+
+def test_pages_gone_since_batch_exists_count_as_misses():
+    """SGLang reads what its batch_exists found; pages that left the store in between (another
+    thread's eviction, a clear) were counted as neither hits nor misses by the per-tier read counters
+    (store.get counts them as misses in every tier). Found by an audit."""
+    import torch
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
+
+    h = ControllerHarness(PoolSpec(layout="page_first", page_size=4, host_tokens=256),
+                          extra_config=extra_config([mem_tier()]))
+    try:
+        be = unwrap(h.backend)
+        toks = tokens(16, seed=1)  # 4 pages
+        keys = h.page_keys(toks)
+        src = h.alloc(16)
+        h.fill_random(src, seed=2)
+        assert h.backup(toks, src, prefix_keys=[]) == 16
+        assert be.batch_exists(keys, HiCacheStorageExtraInfo(prefix_keys=[])) == 4
+        binding = be._bindings["kv"]
+        be.store.delete(binding.ns, keys[2:])
+        be.store.delete(binding.ns_flat, keys[2:])  # (no-op unless flat pages were stored)
+
+        def read_counts() -> tuple[int, int]:
+            s = be.store.stats()["store"]
+            return s.get("mem.hit_chunks", 0), s.get("mem.miss_chunks", 0)
+
+        h0, m0 = read_counts()
+        assert be.batch_get_v1(keys, h.alloc(16), HiCacheStorageExtraInfo(prefix_keys=[])) == [True] * 2 + [False] * 2
+        h1, m1 = read_counts()
+        assert (h1 - h0, m1 - m0) == (2, 2)
+        be.store.delete(binding.ns, keys[:2])
+        assert be.batch_get_v1(keys, h.alloc(16), HiCacheStorageExtraInfo(prefix_keys=[])) == [False] * 4
+        h2, m2 = read_counts()
+        assert (h2 - h1, m2 - m1) == (0, 4)
+        # the flat-page read (batch_get) of pages it never stored: all misses
+        got = be.batch_get(keys, [torch.empty(binding.flat.page_bytes, dtype=torch.uint8) for _ in keys])
+        assert got == [None] * 4
+        h3, m3 = read_counts()
+        assert (h3 - h2, m3 - m2) == (0, 4)
+    finally:
+        h.close()

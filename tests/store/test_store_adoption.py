@@ -245,6 +245,26 @@ class TestRestart:
             assert read(b, ns, keys) == 6
             b.check_integrity()
 
+    def test_write_through_close_persists_chunks_whose_copy_failed(self, tmp_path, caplog):
+        """Found by an audit: a write-through copy that failed (a disk full for a moment, a Redis
+        blip) is not retried, and a flushing close persisted memory-only chunks for write_back alone:
+        the chunks died with the process though the disk had room again."""
+        ns = new_namespace()
+        _, keys = chain(304, 4)
+        a = HierarchicalStore(disk_config(tmp_path, write_policy="write_through"))
+        disk = a.tiers[1]
+        real = disk.put_many
+        disk.put_many = lambda nsd, ks, ps: [False] * len(ks)  # the disk refuses every copy, then...
+        fill(a, ns, keys)
+        assert a.stats()["tiers"]["disk"]["tree_chunks"] == 0
+        disk.put_many = real  # ...has room again
+        a.close()
+        assert "not written" not in caplog.text
+        with HierarchicalStore(disk_config(tmp_path)) as b:
+            assert b.lookup(ns, keys, chunk_bytes=CHUNK_BYTES) == 4
+            assert read(b, ns, keys) == 4
+            b.check_integrity()
+
     def test_write_back_close_past_its_deadline_counts_what_is_left(self, tmp_path, caplog):
         ns = new_namespace()
         _, keys = chain(302, 4)

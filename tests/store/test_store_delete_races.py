@@ -50,6 +50,58 @@ def test_a_delete_a_redis_blip_interrupted_is_not_adopted_back(redis_server_fact
         store.close()
 
 
+def _blip_store(url: str) -> HierarchicalStore:
+    return HierarchicalStore(StoreConfig(tiers=[
+        TierConfig(url="mem://", capacity_bytes=1 << 20),
+        TierConfig(url=url, capacity_bytes=1 << 22,
+                   options={"socket_timeout_s": 0.5, "socket_connect_timeout_s": 0.3, "down_backoff_s": 1.0}),
+    ]))
+
+
+def _delete_in_a_blip(server, store: HierarchicalStore, ns: Namespace, keys: list[str]) -> None:
+    assert store.put(ns, keys, [torch.full((CB,), 7, dtype=torch.uint8) for _ in keys]) == [True] * len(keys)
+    store.flush(10)
+    server.pause()
+    store.lookup(ns, chunk_keys(list(range(1000, 1016)), 16))  # times out: the window opens
+    assert store.delete(ns, keys) == len(keys)
+    server.resume()
+
+
+def test_a_delete_a_blip_interrupted_runs_once_the_tier_takes_puts_again(redis_server_factory):
+    """Found by an audit: such a delete was retried only when a later put to the tier was refused,
+    so with Redis healthy it waited for good, and a restart (or another process) adopted the bytes."""
+    server = redis_server_factory()
+    store = _blip_store(server.url)
+    try:
+        ns = _ns("blip-put")
+        keys = chunk_keys(list(range(48)), 16)
+        _delete_in_a_blip(server, store, ns, keys)
+        time.sleep(1.2)  # the window closes
+        other = chunk_keys(list(range(2000, 2032)), 16)
+        assert store.put(ns, other, [torch.full((CB,), 3, dtype=torch.uint8) for _ in other]) == [True] * 2
+        assert store.flush(10)
+        assert store.tiers[1].contains_many(ns.digest, keys) == 0
+        store.check_integrity()
+    finally:
+        store.close()
+
+
+def test_a_delete_a_blip_interrupted_runs_at_close(redis_server_factory):
+    """Found by an audit: close() dropped such a delete (Redis still in its fail-fast window right
+    after the blip), and the next store over the server served the deleted chunks."""
+    server = redis_server_factory()
+    store = _blip_store(server.url)
+    ns = _ns("blip-close")
+    keys = chunk_keys(list(range(48)), 16)
+    try:
+        _delete_in_a_blip(server, store, ns, keys)
+    finally:
+        store.close()  # inside the window: the retry's ping ends it
+    with _blip_store(server.url) as again:
+        assert again.get(ns, keys, [torch.zeros(CB, dtype=torch.uint8) for _ in keys]) == 0
+        assert again.tiers[1].contains_many(ns.digest, keys) == 0
+
+
 def test_delete_waits_for_a_copy_of_the_old_bytes_in_flight(tmp_path, monkeypatch):
     """A write-through copy of K's old bytes was inside the disk write when delete(K) and a put of
     K's new bytes ran; it committed last over the new copy, and once memory released K a get
@@ -88,6 +140,47 @@ def test_delete_waits_for_a_copy_of_the_old_bytes_in_flight(tmp_path, monkeypatc
         assert store.get(ns, [key], [out]) == 1
         assert int(out[0]) == 2 and torch.equal(out, torch.full((CB,), 2, dtype=torch.uint8))
         store.check_integrity()
+    finally:
+        store.close()
+
+
+def test_check_integrity_passes_while_a_delete_waits_at_its_barrier(tmp_path):
+    """Found by an audit: delete() lets go of the tree first, then waits for copies in flight before
+    it deletes from the tiers; a deep check in that window saw a tier hold more chunks than the tree
+    places there and failed a healthy store (seen under load with write_back demotions)."""
+    store = HierarchicalStore(StoreConfig(tiers=[
+        TierConfig(url="mem://", capacity_bytes=8 * CB),
+        TierConfig(url=f"file://{tmp_path}/d", capacity_bytes=1 << 20),
+    ], write_policy="write_through"))
+    try:
+        ns = _ns("barrier-check")
+        keys = chunk_keys(list(range(32)), 16)
+        assert store.put(ns, keys, [torch.full((CB,), 1, dtype=torch.uint8) for _ in keys]) == [True] * 2
+        assert store.flush(10)  # on disk
+        s, go = store._stack, threading.Event()
+        real_wait = s.wait_copies_locked
+
+        def copy_in_flight(nsd):  # a copy between tiers that has not ended yet (lock released meanwhile)
+            s.cond.wait_for(go.is_set, timeout=10)
+            real_wait(nsd)
+
+        s.wait_copies_locked = copy_in_flight
+        deleter = threading.Thread(target=store.delete, args=(ns, keys))
+        deleter.start()
+        deadline = time.monotonic() + 10
+        while not s._delete_barrier and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert s._delete_barrier, "the delete never reached its barrier"
+        try:
+            store.check_integrity()  # failed here: the disk still held the chunks the tree let go
+        finally:
+            with s.cond:
+                go.set()
+                s.cond.notify_all()
+            deleter.join(10)
+        del s.wait_copies_locked
+        store.check_integrity()
+        assert store.tiers[1].contains_many(ns.digest, keys) == 0
     finally:
         store.close()
 

@@ -3,6 +3,8 @@ hit/miss counts, tier counters (checksum failures, usage) read at scrape time.""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -81,6 +83,26 @@ def test_reads_continued_across_calls_count_each_miss_once(make_store):
     assert store.stats()["store"]["mem.miss_chunks"] == 2
 
 
+@pytest.mark.parametrize(("hit", "asked", "match"), [
+    (-2, 4, "hit_chunks=-2"), (9, 4, "hit_chunks=9 exceeds asked_chunks=4"), (1.5, 4, "hit_chunks=1.5"),
+    (True, 4, "hit_chunks=True"), (0, -1, "asked_chunks=-1"),
+])
+def test_impossible_lookup_counts_are_input_errors(make_store, hit, asked, match):
+    """Found by an audit: record_lookup took a negative hit (a Prometheus counter went down), more hits
+    than chunks asked, and fractions; record_misses ignored negatives silently."""
+    from radixkv.errors import InputError
+
+    store = make_store("mem")
+    ns = new_namespace()
+    store.record_lookup(ns, 3, 4)
+    with pytest.raises(InputError, match=match):
+        store.record_lookup(ns, hit, asked)
+    with pytest.raises(InputError, match="chunks=-1"):
+        store.record_misses(ns, -1)
+    st = store.stats()["store"]
+    assert st["lookup_hit_chunks"] == 3 and st["lookup_miss_chunks"] == 1
+
+
 def test_a_prefetch_that_finds_nothing_counts_its_misses_as_get_does(make_store):
     """Found by an audit: a prefetch with no chunk to read returned before counting anything (get
     counted every chunk a miss in every tier), so a vLLM load of chunks that left between its
@@ -142,6 +164,58 @@ def test_metrics_are_served_over_http_and_stop_with_the_store(make_store):
     store.close()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_closes_without_hanging_and_leaves_the_port_to_the_parent(make_store):
+    """Found by an audit: a child forked after the store served its metrics inherited the listening
+    socket but not the thread answering it: its close() hung forever in the server's shutdown (which
+    waits for that thread's loop), and a child outliving its parent kept the port bound, answering
+    nothing. The child now closes its copy of the socket at the fork."""
+    import socket
+    import urllib.request
+
+    from fork_helpers import in_child
+
+    with socket.socket() as sk:  # a free port
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    store = make_store("mem", metrics_port=port, metrics_addr="127.0.0.1")
+    ns = new_namespace()
+    _, keys = chain(6, 2)
+    store.put(ns, keys, [payload_for(k) for k in keys])
+
+    def child() -> bool:
+        store.lookup(ns, keys)
+        store.close()  # hung here
+        return True
+
+    in_child(child, deadline_s=20.0)
+    store.lookup(ns, keys)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'radixkv_lookup_chunks_total{result="hit"} 2.0' in body  # the parent's own numbers
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a child that outlives the parent's store
+        os.close(read)
+        os.write(write, b"1")
+        import time
+
+        time.sleep(5)
+        os._exit(0)
+    try:
+        os.close(write)
+        assert os.read(read, 1) == b"1"
+        store.close()
+        with socket.socket() as sk:  # the port is free again though the child lives on
+            sk.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (past the scrape's TIME_WAIT)
+            sk.bind(("127.0.0.1", port))
+            sk.listen()
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(read)
 
 
 def test_a_metrics_port_in_use_is_a_warning_not_an_error(make_store, caplog):

@@ -11,7 +11,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from vllm.v1.request import RequestStatus
 from vllm_harness import BLOCK, Engine, make_kv_cache_config, make_vllm_config
 
-from radixkv.adapters.vllm_meta import LookupReport, RadixKVWorkerMeta
+from radixkv.adapters.vllm_meta import LookupReport, RadixKVWorkerMeta, merge_reach, reach_source, source_reach
 from radixkv.adapters.vllm_options import chunk_keys_from_block_hashes
 from test_connector_scheduler import CHUNK, file_store, mem_store, prompt
 from test_vllm_lifecycle import assert_blocks
@@ -226,3 +226,57 @@ def test_worker_hit_sources_aggregate_to_the_slowest():
     assert a.aggregate(b).lookups["r"] == LookupReport(1, 2, True, "disk")
     assert b.aggregate(a).lookups["r"] == LookupReport(1, 2, True, "disk")
     assert a.aggregate(c).lookups["r"].source == "host"
+
+
+def test_the_source_of_a_hit_cut_short_is_the_tiers_it_was_read_from(model_dir, tmp_path):
+    """Found by an audit: the source was computed over every staged chunk, then kept for a hit a failed
+    read cut short. Chunks 0-1 in memory, 2-3 only on disk, chunk 2's file corrupt: vLLM loads 64
+    tokens, all read from memory, and was told they came from disk."""
+    store = {"tiers": [{"url": "mem://", "capacity_bytes": 1 << 24},
+                       {"url": f"file://{tmp_path / 'kv'}", "capacity_bytes": 1 << 26}],
+             "write_policy": "write_through"}
+    eng = Engine(make_vllm_config(model_dir, {"chunk_tokens": CHUNK, "store": store, "sync_load_wait_s": 5.0}),
+                 make_kv_cache_config())
+    w = eng.worker._worker
+    toks = prompt(140)  # 4 whole chunks stored
+    eng.add("r1", toks)
+    eng.run_until_idle()
+    s, grp = w.store, w.present[0]
+    assert s.flush(10)
+    assert eng.sched.reset_prefix_cache()
+    eng.clear_kv()
+    r2 = eng.add("r2", toks[:128] + prompt(10, seed=3))
+    nsd = grp.namespace.digest
+    keys = chunk_keys_from_block_hashes(r2.block_hashes, BLOCK, CHUNK, 4)
+    with s.lock:  # chunks 2-3 leave memory (leaf-first eviction's order); the disk keeps them
+        s._stack.clear_locked([s.tree.lookup(nsd, k) for k in keys[2:]], 0)
+    s.tiers[0].delete_many(nsd, keys[2:])
+    assert [s.tree.node_tier_mask(s.tree.lookup(nsd, k)) for k in keys] == [3, 3, 2, 2]
+    path = s.tiers[1]._layout.path(nsd, keys[2])
+    with open(path, "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)[0]
+        f.seek(-1, 2)
+        f.write(bytes([last ^ 0xFF]))
+    conn, recorded = eng.sched.connector, []
+    orig = conn.get_external_cache_hit_sources
+    conn.get_external_cache_hit_sources = lambda req, n: recorded.append(orig(req, n)) or recorded[-1]
+    eng.run_until_idle()
+    assert recorded == [{CacheHitSource.HOST: 2 * CHUNK}]
+    eng.close()
+
+
+def test_merged_reports_name_the_source_of_the_hit_both_workers_hold():
+    """Across TP/PP workers the hit is the shorter of the two; the source must be that of the chunks
+    within it (the slower of the two workers' sources could come from chunks past it)."""
+    a = source_reach(["host", "host", "disk"], 0)  # worker a: chunk 2 from disk
+    b = source_reach(["host", "host"], 0)  # worker b: holds 2 chunks, from memory
+    assert a == (("host", 2), ("disk", 3)) and reach_source(a, 3) == "disk" and reach_source(a, 2) == "host"
+    ra = RadixKVWorkerMeta(lookups={"r": LookupReport(1, 3, True, reach_source(a, 3), a)})
+    rb = RadixKVWorkerMeta(lookups={"r": LookupReport(1, 2, True, reach_source(b, 2), b)})
+    for merged in (ra.aggregate(rb), rb.aggregate(ra)):
+        assert merged.lookups["r"].hit_chunks == 2 and merged.lookups["r"].source == "host"
+    # a staged run after a local hit: reaches count from chunk 0
+    c = source_reach(["disk", "host"], 5)
+    assert c == (("host", 5), ("disk", 7)) and reach_source(c, 6) == "disk"
+    assert merge_reach(a, ()) == () and merge_reach(a, c) == (("host", 2), ("disk", 3))
