@@ -186,10 +186,15 @@ class RadixKVStore(HiCacheStorage):
                     f"no flat data page, so SGLang's copying interface (interface_v1={self.options.interface_v1!r}) "
                     "cannot store it; set \"interface_v1\": 1 in --hicache-storage-backend-extra-config "
                     "(radixkv then stores its buffers' segments directly)")
+            self._borrow_if_reader(b)
             self._bindings[name] = b
+
+    def _borrow_if_reader(self, b: _PoolBinding) -> None:
+        # The writer rank stores and evicts these pages; this rank only reads them, so making room
+        # in its own books must forget them, never delete them from the shared tier. Borrowed before
+        # the binding is published: another storage thread using it at once would adopt the writer's
+        # pages into a namespace not yet borrowed, and its evictions deleted them (found by an audit).
         if not self.is_writer and b.replicated:
-            # The writer rank stores and evicts these pages; this rank only reads them, so making
-            # room in its own books must forget them, never delete them from the shared tier.
             self.store.borrow(b.ns)
             self.store.borrow(b.ns_flat)
 
@@ -208,12 +213,9 @@ class RadixKVStore(HiCacheStorage):
             for name, old in self._bindings.items():
                 self._retired += [old.ns, old.ns_flat]
                 rebound[name] = _PoolBinding(name, old.pool, self.storage_config, self.options, digest)
+                self._borrow_if_reader(rebound[name])  # before the fast path above can see them
             self._bindings = rebound
             self.model_digest, self.weight_version = digest, version
-        for b in rebound.values():
-            if not self.is_writer and b.replicated:
-                self.store.borrow(b.ns)
-                self.store.borrow(b.ns_flat)
         logger.info("radixkv: weight version %r: namespaces %s", version,
                     {n: str(b.ns) for n, b in rebound.items()})
 

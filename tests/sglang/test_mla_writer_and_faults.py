@@ -189,3 +189,53 @@ def test_backup_samples_count_only_pages_written(interface_v1):
         assert be.store.stats()["store"]["mem.put_chunks"] == 6
     finally:
         h.close()
+
+
+def test_a_non_writer_borrows_the_new_version_before_any_thread_can_use_it(tmp_path, rank):
+    """Found by an audit: after a weight update naming a version, the non-writer rank published the
+    new namespaces, then borrowed them. A storage thread using them in between adopted the writer's
+    pages into a namespace not yet borrowed, and its evictions deleted them from the shared tier
+    (the writer's next prefetch loaded half of what its hit query promised)."""
+    import threading
+    import time
+
+    from sglang.srt.runtime_context import get_context
+
+    spec = PoolSpec(kind="mla", layout="page_first", page_size=4, host_tokens=512)
+    frame = spec.page_bytes + 200
+    rank(1, 2)
+    r1 = ControllerHarness(spec, extra_config=extra_config([disk_tier(tmp_path / "l3", capacity=8 * frame, shared=True)]))
+    rank(0, 2)
+    r0 = ControllerHarness(spec, extra_config=extra_config([disk_tier(tmp_path / "l3", capacity=12 * frame, shared=True)]))
+    override = get_context().override_server_args()
+    override.install()
+    try:
+        b0, b1 = unwrap(r0.backend), unwrap(r1.backend)
+        get_context().override("test.borrow", weight_version="step-1")
+        x, y = tokens(24, seed=1), tokens(24, seed=2)  # 6 pages each: the writer holds both
+        for toks, seed in ((x, 11), (y, 12)):
+            src = r0.alloc(24)
+            r0.fill_random(src, seed=seed)
+            assert r0.backup(toks, src) == 24
+            r0.host_pool.free(src)
+        assert b0.store.flush(timeout_s=30)
+        borrowing, real_borrow = threading.Event(), b1.store.borrow
+
+        def slow_borrow(ns, *a, **k):  # widens the window between publishing and borrowing
+            borrowing.set()
+            time.sleep(0.5)
+            return real_borrow(ns, *a, **k)
+
+        b1.store.borrow = slow_borrow
+        first = threading.Thread(target=lambda: b1.batch_exists(["0" * 64]))  # sees the new version
+        first.start()
+        assert borrowing.wait(10)
+        # another storage thread of the rank, meanwhile: the hit queries of x then y (8 pages of room)
+        assert (b1.batch_exists(r1.page_keys(x)), b1.batch_exists(r1.page_keys(y))) == (6, 6)
+        first.join(10)
+        res = r0.prefetch(x)
+        assert res.hit_tokens == 24 and res.loaded_tokens == 24  # loaded 12: 3 pages were deleted
+    finally:
+        override.restore()
+        r0.close()
+        r1.close()
