@@ -81,13 +81,19 @@ class LookupReport:
     in the next step; otherwise the scheduler asks for an asynchronous load). ``source``: the
     slowest tier the hit's staged chunks are read from, as a ``CacheHitSource`` value ("": none
     staged, or unknown). ``reach`` (:func:`source_reach`) lets a merge of two workers' reports name
-    the source of the hit they share, which may be shorter than either's own."""
+    the source of the hit they share, which may be shorter than either's own; ``unknown_source``, in
+    a merge that has a reach, is the slowest source of the merged reports that had none."""
 
     seq: int
     hit_chunks: int
     ready: bool
     source: str = ""
     reach: tuple[tuple[str, int], ...] = ()
+    unknown_source: str = ""
+
+    def _unreached_source(self) -> str:
+        # the part of the source no reach accounts for
+        return self.unknown_source if self.reach else self.source
 
 
 @dataclass
@@ -101,7 +107,8 @@ class RadixKVWorkerMeta(KVConnectorWorkerMetadata):
         """Merge two workers' answers; the result does not depend on the merge order.
 
         A chunk is a hit only where every worker holds its shard: the minimum of the hit counts, AND of
-        the ready flags, and the slowest of the sources. A lookup that only one side answered, or that the two answered for different
+        the ready flags, and as source the slowest tier the shared hit's chunks are read from (from
+        the reaches; a report without one adds its own source as it is). A lookup that only one side answered, or that the two answered for different
         lookups (``seq``), is a miss: ``LookupReport(seq, 0, True)`` (nothing to read, so ready), with
         the newer ``seq`` (the scheduler numbers lookups increasingly and keeps only its latest)."""
         assert isinstance(other, RadixKVWorkerMeta), type(other)
@@ -115,10 +122,13 @@ class RadixKVWorkerMeta(KVConnectorWorkerMetadata):
             else:
                 hit = min(mine.hit_chunks, theirs.hit_chunks)
                 reach = merge_reach(mine.reach, theirs.reach)
-                # The source of the shared hit: from the merged reach where both workers sent one
-                # (the slowest of the two sources could name a tier only past the shared hit).
-                source = reach_source(reach, hit) if reach else outermost_source(mine.source, theirs.source)
-                merged[req_id] = LookupReport(mine.seq, hit, mine.ready and theirs.ready, source, reach)
+                # The source of the shared hit, from the merged reach (the slower of two workers'
+                # own sources could name a tier only past the shared hit), with what reports
+                # without a reach said: associative, so the merge order never matters.
+                unknown = outermost_source(mine._unreached_source(), theirs._unreached_source())
+                source = outermost_source(reach_source(reach, hit) if reach else "", unknown)
+                merged[req_id] = LookupReport(mine.seq, hit, mine.ready and theirs.ready, source, reach,
+                                              unknown if reach else "")
         return RadixKVWorkerMeta(
             lookups=merged, failed_loads=self.failed_loads | other.failed_loads
         )
@@ -162,9 +172,9 @@ def reach_source(reach: Sequence[tuple[str, int]], hit_chunks: int) -> str:
 
 def merge_reach(a: Sequence[tuple[str, int]], b: Sequence[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
     """The reach of chunks both workers hold (each chunk read from the slower of their two tiers):
-    per source, the shorter of the two reaches; () if either is unknown."""
+    per source, the shorter of the two reaches. An unknown reach (``()``) is the identity."""
     if not a or not b:
-        return ()
+        return tuple(a or b)
 
     def at(reach: Sequence[tuple[str, int]], rank: int) -> int:
         # reach is nearest first and grows with the rank: the last entry at or below it

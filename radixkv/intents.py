@@ -113,7 +113,7 @@ class WriteDeleteIntents:
                 self._forget_locked(t, ns, dropped)
         return ok
 
-    def retry_deletes(self, t: int, now_or_never: bool = False) -> bool:
+    def retry_deletes(self, t: int, now_or_never: bool = False, deadline: float | None = None) -> bool:
         """Retry the deletes tier ``t`` failed earlier, for keys the tree does not place there now
         and nobody is writing. A medium that was down keeps bytes the tree forgot, and a tier that
         counts what it stores (Redis) would count them against its capacity forever. At most once
@@ -122,7 +122,9 @@ class WriteDeleteIntents:
         :meth:`_forget_locked`). Dropped and still counted, a Redis tier's books stayed full of
         chunks the store had evicted, and the tier refused every later write. Returns True if a
         retry ran. ``now_or_never`` (a closing store): retry now, whatever the rate, and keep
-        nothing for later."""
+        nothing for later. Once one namespace's retry finds the tier unreachable, or past
+        ``deadline`` (``time.monotonic()``), the rest are not tried this time (each try of an
+        unreachable server costs its timeout)."""
         now = time.monotonic()
         with self.cond:
             if (now < self._retry_after[t] and not now_or_never) or not self._retry_deletes[t]:
@@ -141,10 +143,12 @@ class WriteDeleteIntents:
         # delete_many inside it answers 0 without trying: a delete counts as run only if the tier
         # saw no fault and refused no call meanwhile (another thread's fault just retries later).
         fault_mark = getattr(tier, "fault_mark", None)
+        reachable = True
         try:
             for ns, keys in groups.items():
                 try:
-                    ran = ping is None or bool(ping())
+                    ran = reachable and (deadline is None or time.monotonic() < deadline)
+                    ran = ran and (ping is None or bool(ping()))
                     if ran:
                         mark = fault_mark() if fault_mark is not None else 0
                         tier.delete_many(ns, keys)  # absent keys are fine: the delete ran
@@ -152,6 +156,7 @@ class WriteDeleteIntents:
                         ran = ran and (fault_mark is None or fault_mark() == mark)
                 except Exception:
                     ran = False
+                reachable = reachable and ran
                 if not ran:
                     with self.cond:  # still unreachable: keep them (with their first-failure time)
                         given_up = []

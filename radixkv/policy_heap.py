@@ -36,6 +36,9 @@ _WHEN: Final = (1 << 40) - 1
 # count weight, and with it the priorities pushed into the heap, drifts rather than jumps.
 _LONG_GAP_RATE: Final = 0.003
 
+# Namespaces whose largest chunk agedref remembers (see AgedRefPolicy._note_ns_full).
+_NS_FULL_MAX: Final = 4096
+
 # math.log2 bound once (Final: a C static when compiled, not a lookup in the math module per call;
 # mypyc has no native log2). Same function, same results.
 _log2: Final = math.log2
@@ -498,6 +501,16 @@ class AgedRefPolicy(_HeapPolicy):
             self._space_full = self._ns_full.get(space, 0)
         return t < self._space_full
 
+    def _note_ns_full(self, space: str, t: i64) -> None:
+        ns_full = self._ns_full
+        if space not in ns_full and len(ns_full) >= _NS_FULL_MAX:
+            # Bounded: a namespace per tenant salt or LoRA adapter must not grow it for good. The
+            # oldest entry goes; its namespace relearns its size from its next chunks (until then
+            # none of its chunks counts as partial: an order heuristic, never wrong bytes).
+            del ns_full[next(iter(ns_full))]
+        ns_full[space] = t
+        self._space, self._space_full = space, t
+
     def _partial(self, n: i64) -> bool:
         """Whether ``n`` is partial (see :meth:`_short`); for the cooler paths."""
         t = self._cols.tokens[n]
@@ -521,8 +534,7 @@ class AgedRefPolicy(_HeapPolicy):
                     self._space = space
                     self._space_full = self._ns_full.get(space, 0)
                 if t > self._space_full:
-                    self._space_full = t
-                    self._ns_full[space] = t
+                    self._note_ns_full(space, t)
             taken = False
             h: i64 = -1  # an empty history is not asked: _forget's put hashes the name then
             if len(ghost):
@@ -607,6 +619,9 @@ class AgedRefPolicy(_HeapPolicy):
             f"{self.name}: long-gap share {self._long_share}, count weight {self._w} of {self._w0}"
         )
         assert self._long_gap_share > 0.0 or self._w == self._w0, f"{self.name}: count weight moved, guard off"
+        assert len(self._ns_full) <= _NS_FULL_MAX and all(f <= self._full_tokens for f in self._ns_full.values()), (
+            f"{self.name}: {len(self._ns_full)} namespace sizes, tier's largest chunk {self._full_tokens}"
+        )
 
     def on_cleared(self) -> None:
         # One removal trims at most one entry while adding its own: after a clear of many chunks the

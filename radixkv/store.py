@@ -833,7 +833,7 @@ class HierarchicalStore:
                 self._persist_at_close(flush, time.monotonic() + timeout)
             except Exception:  # closing must still close the tiers
                 logger.exception("radixkv: persisting a %s store at close failed", self.config.write_policy)
-        self._retry_deletes_at_close()
+        self._retry_deletes_at_close(time.monotonic() + timeout)
         if self._stop_serving is not None:
             self._stop_serving()  # runs once
         # Slowest first: work close() stopped waiting for that then fails on a closed memory tier
@@ -845,7 +845,7 @@ class HierarchicalStore:
             except Exception:  # closing must not leave the other tiers open
                 pass
 
-    def _retry_deletes_at_close(self) -> None:
+    def _retry_deletes_at_close(self, deadline: float) -> None:
         """Deletes a tier missed (its server was down) are retried by later puts; at close once more,
         or the next process (or another sharing the tier) would adopt the deleted bytes. What still
         fails is logged: those keys stay on the medium until their TTL, an overwrite or a clear."""
@@ -856,7 +856,7 @@ class HierarchicalStore:
             if not pending:
                 continue
             try:
-                s.retry_deletes(t, now_or_never=True)
+                s.retry_deletes(t, now_or_never=True, deadline=deadline)
             except Exception:  # closing must still close the tiers
                 logger.exception("radixkv: retrying the deletes tier %r missed failed at close", name)
                 continue
@@ -871,10 +871,17 @@ class HierarchicalStore:
         """At a flushing close, what only memory tiers hold is copied to the first tier below that
         outlives the process. write_back writes a chunk down only when it is evicted; write_through
         copies every put down, but a copy that failed (a disk full for a moment, a Redis blip) is not
-        retried and its chunk would die with the process."""
+        retried and its chunk would die with the process: those alone (a chunk a lower tier evicted
+        by its own policy stays evicted, or copying it back would evict that tier's newer ones)."""
         s = self._stack
         if flush:
-            r = writeback.persist_volatile(s, deadline)
+            only = None
+            if self.config.write_policy != "write_back":
+                with s.cond:
+                    only = set(s.failed_copies)
+                if not only:
+                    return
+            r = writeback.persist_volatile(s, deadline, only=only)
             if r.left_chunks:
                 logger.warning("radixkv: closing a %s store: %d chunks held only in memory were not "
                                "written to a persistent tier (%d were)", self.config.write_policy,

@@ -34,7 +34,10 @@ def write_through(stack: TierStack, refs: list[ChunkRef], owner: str) -> int:
                     if m and not m & (1 << dst) and src < dst:
                         by_src[src].append(r)
             for src, group in by_src.items():
-                copied += sum(stack.copy(src, dst, group))
+                ok = stack.copy(src, dst, group)
+                copied += sum(ok)
+                with stack.cond:
+                    stack.note_copies_locked(dst, group, ok)
         return copied
     finally:
         release(stack, refs, owner)

@@ -47,6 +47,7 @@ _NS_DIGEST_CHARS = 32
 # The pin owners the store makes (TierStack.owner; writeback's close-time flush): pins other code
 # took through store.tree under other names are not the store's to account for.
 STORE_PIN_OWNER_RE = re.compile(r"(?:put|get|evict|adopt|promote)-[0-9]+|close-flush")
+_FAILED_COPIES_MAX = 1 << 16  # failed write-through copies remembered (see TierStack.failed_copies)
 _COPY_WAIT_WARN_S = 30.0  # clear() logs while it waits longer than this for copies between tiers
 logger = logging.getLogger(__name__)
 
@@ -112,6 +113,11 @@ class TierStack(WriteDeleteIntents):
         self.max_key_chars = 64
         # Tiers that persist frames count header + identity per chunk against their capacity.
         self._framed = [not hasattr(t, "lease") for t in self.tiers]
+        # (namespace digest, key) of chunks whose write-through copy into a persistent tier failed
+        # (a disk full for a moment, a Redis blip): a flushing close persists those still only in
+        # memory. Insertion-ordered and bounded (the oldest forgotten first): a dead tier must not
+        # grow it for good.
+        self.failed_copies: dict[tuple[str, str], None] = {}
         self._owner_seq = itertools.count()
         # Copies between tiers in flight, token -> namespace. A copy writes bytes it read (or was
         # handed) earlier; clear() waits for the copies that began before it, so none of them can
@@ -187,6 +193,20 @@ class TierStack(WriteDeleteIntents):
     def clearing_locked(self, nsd: str) -> bool:
         """Whether a clear() of ``nsd`` (or of everything) is running its tier calls."""
         return bool(self.clearing[None] or self.clearing[nsd])
+
+    def note_copies_locked(self, t: int, refs: Sequence[ChunkRef], ok: Sequence[bool]) -> None:
+        """Record the write-through copies into tier ``t`` that failed (``ok`` per ref) and forget
+        those that succeeded; persistent tiers only (see ``failed_copies``)."""
+        if not self._framed[t]:
+            return
+        failed = self.failed_copies
+        for r, o in zip(refs, ok):
+            if o:
+                failed.pop((r.namespace, r.key), None)
+            else:
+                failed[(r.namespace, r.key)] = None
+                if len(failed) > _FAILED_COPIES_MAX:
+                    del failed[next(iter(failed))]
 
     def persists(self, t: int) -> bool:
         """Whether tier ``t`` outlives the process (disk, Redis; a memory tier does not)."""

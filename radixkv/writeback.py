@@ -1,4 +1,4 @@
-"""Persisting a ``write_back`` store at close: chunks only memory tiers hold are copied down.
+"""Persisting a store at close: chunks only memory tiers hold are copied down.
 
 With ``write_back`` a chunk reaches a lower tier only when it is evicted from the one above, so at
 ``close()`` the chunks that only memory tiers hold would die with the process. A graceful close
@@ -6,7 +6,9 @@ With ``write_back`` a chunk reaches a lower tier only when it is evicted from th
 the first tier below that outlives the process (disk, Redis), as a write-back cache flushes its dirty
 lines on shutdown. The copy is the eviction path's own (:meth:`TierStack.copy`: reserve room,
 which may evict down there, write, mark resident), in batches, until ``deadline``; what is left is
-counted, and logged by the caller.
+counted, and logged by the caller. A ``write_through`` store copies every chunk down as it is put;
+at close it persists only the chunks whose copy failed (``TierStack.failed_copies``), not those a
+lower tier evicted by its own policy (copying those back would evict that tier's newer chunks).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Container
 
 if TYPE_CHECKING:
     from radixkv.transfer import ChunkRef, TierStack
@@ -33,17 +35,23 @@ class FlushResult:
     left_chunks: int = 0
 
 
-def persist_volatile(stack: TierStack, deadline: float, owner: str = "close-flush") -> FlushResult:
+def persist_volatile(
+    stack: TierStack, deadline: float, owner: str = "close-flush",
+    only: Container[tuple[str, str]] | None = None,
+) -> FlushResult:
     """Copy every chunk held only by memory tiers to the first persistent tier below its fastest
-    holder, parents before children, until ``deadline`` (``time.monotonic()``). Thread-safe: the
-    chunks are pinned while copied, so a racing eviction cannot take them mid-copy."""
+    holder, parents before children, until ``deadline`` (``time.monotonic()``); with ``only``, just
+    the chunks whose ``(namespace digest, key)`` it holds. Thread-safe: the chunks are pinned while
+    copied, so a racing eviction cannot take them mid-copy."""
     volatile_mask = sum(1 << t for t in range(len(stack.tiers)) if not stack.persists(t))
     groups: dict[tuple[int, int], list[tuple[int, ChunkRef]]] = defaultdict(list)
     stranded = 0
     with stack.cond:
         tree = stack.tree
         for ns in tree.namespaces():
-            for _, n in tree.items(ns):
+            for key, n in tree.items(ns):
+                if only is not None and (ns, key) not in only:
+                    continue
                 mask = tree.node_tier_mask(n)
                 if mask & ~volatile_mask:
                     continue  # a persistent tier holds it already

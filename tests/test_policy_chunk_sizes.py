@@ -52,3 +52,17 @@ def test_a_partial_chunk_is_still_one_below_its_own_namespaces_size(policy):
     assert order == [b_tail]
     assert b_full not in t.evict_candidates("mem", 1)
     t.check_integrity()
+
+
+@pytest.mark.parametrize("policy", ["agedref", "oddsref"])
+def test_the_namespace_sizes_remembered_are_bounded(policy):
+    """Found by the review: one entry per namespace ever seen (a namespace per tenant salt or LoRA
+    adapter), never pruned."""
+    from radixkv.policy_heap import _NS_FULL_MAX
+
+    t = RadixTree(("mem",), policy=policy)
+    for i in range(_NS_FULL_MAX + 50):
+        t.insert(f"ns{i}", [f"k{i}"], "mem", 16, 1)
+        t.evict("mem", 1)
+    assert len(t.policy("mem")._ns_full) == _NS_FULL_MAX
+    t.check_integrity()

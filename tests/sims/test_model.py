@@ -52,7 +52,7 @@ def test_ttft_by_hand():
 def test_overlap_chooses_what_to_load_by_the_overlapped_time():
     """With --overlap a load hides behind the prefill beside it. The per-tier rule (load only if
     faster than recomputing) ignored that: at llama3-70b's 7.41 GB/s break-even a 0.1 % slower disk
-    doubled the estimate (453 -> 229 ms), recomputing a hit whose overlapped load cost ~nothing."""
+    doubled the estimate (229 -> 453 ms), recomputing a hit whose overlapped load cost ~nothing."""
     m = MODEL_PRESETS["llama3-70b"]  # 320 KiB/token at 22,600 tokens/s: loading beats prefill above 7.41 GB/s
     inputs, hit, per_tier = np.array([10_240]), np.array([10]), np.array([[0, 10]])  # 5,120 tokens from disk
     est = {}

@@ -265,6 +265,21 @@ class TestRestart:
             assert read(b, ns, keys) == 4
             b.check_integrity()
 
+    def test_write_through_close_leaves_what_the_disk_evicted_evicted(self, tmp_path, caplog):
+        """Found by the review of the fix above: a flushing close copied back every chunk only memory
+        held, also those the disk had evicted by its own policy, evicting the disk's newer chunks."""
+        ns = new_namespace()
+        chains = [chain(310 + i, 2)[1] for i in range(6)]
+        a = HierarchicalStore(disk_config(tmp_path, chunks=6, write_policy="write_through"))
+        for keys in chains:
+            fill(a, ns, keys)
+        before = [a.tiers[1].contains_many(ns.digest, keys) for keys in chains]
+        assert before == [0, 0, 0, 2, 2, 2]  # the disk kept the newest three chains
+        a.close()
+        assert "not written" not in caplog.text
+        with HierarchicalStore(disk_config(tmp_path, chunks=6)) as b:
+            assert [b.tiers[1].contains_many(ns.digest, keys) for keys in chains] == before
+
     def test_write_back_close_past_its_deadline_counts_what_is_left(self, tmp_path, caplog):
         ns = new_namespace()
         _, keys = chain(302, 4)

@@ -102,6 +102,33 @@ def test_a_delete_a_blip_interrupted_runs_at_close(redis_server_factory):
         assert again.tiers[1].contains_many(ns.digest, keys) == 0
 
 
+def test_close_retries_missed_deletes_within_its_timeout_while_redis_is_down(redis_server_factory):
+    """Found by the review: close() tried the missed deletes of every namespace, each costing a ping
+    timeout with Redis unreachable, past close_timeout_s (about a second per namespace)."""
+    server = redis_server_factory()
+    store = HierarchicalStore(StoreConfig(tiers=[
+        TierConfig(url="mem://", capacity_bytes=1 << 22),
+        TierConfig(url=server.url, capacity_bytes=1 << 24,
+                   options={"socket_timeout_s": 1.0, "socket_connect_timeout_s": 0.5, "down_backoff_s": 1.0}),
+    ], close_timeout_s=2.0))
+    spaces = [_ns(f"close-{i}") for i in range(6)]
+    keys = chunk_keys(list(range(32)), 16)
+    try:
+        for ns in spaces:
+            store.put(ns, keys, [torch.full((CB,), 7, dtype=torch.uint8) for _ in keys])
+        assert store.flush(10)
+        server.pause()
+        for ns in spaces:
+            store.delete(ns, keys)
+        assert len(store._stack._retry_deletes[1]) == 12
+        t0 = time.monotonic()
+        store.close()
+        assert time.monotonic() - t0 < 4.0  # 6 s before: a ping timeout per namespace
+    finally:
+        server.resume()
+        store.close()
+
+
 def test_delete_waits_for_a_copy_of_the_old_bytes_in_flight(tmp_path, monkeypatch):
     """A write-through copy of K's old bytes was inside the disk write when delete(K) and a put of
     K's new bytes ran; it committed last over the new copy, and once memory released K a get

@@ -279,4 +279,29 @@ def test_merged_reports_name_the_source_of_the_hit_both_workers_hold():
     # a staged run after a local hit: reaches count from chunk 0
     c = source_reach(["disk", "host"], 5)
     assert c == (("host", 5), ("disk", 7)) and reach_source(c, 6) == "disk"
-    assert merge_reach(a, ()) == () and merge_reach(a, c) == (("host", 2), ("disk", 3))
+    assert merge_reach(a, ()) == a and merge_reach(a, c) == (("host", 2), ("disk", 3))
+
+
+def test_merging_reports_is_independent_of_order_also_with_an_unknown_reach():
+    """Found by the review: a worker whose chunk sources were unknown (no reach) made the merged
+    source depend on the grouping of the merges."""
+    import itertools
+
+    reports = {
+        "a": LookupReport(1, 2, True, "host", source_reach(["host", "host"], 0)),
+        "b": LookupReport(1, 1, True, "", ()),  # sources unknown
+        "c": LookupReport(1, 3, True, "disk", source_reach(["host", "disk", "disk"], 0)),
+        "d": LookupReport(1, 2, True, "disk", ()),  # a source without a reach
+    }
+    metas = {k: RadixKVWorkerMeta(lookups={"r": r}) for k, r in reports.items()}
+    results = set()
+    for order in itertools.permutations(metas):
+        left = metas[order[0]]
+        for k in order[1:]:
+            left = left.aggregate(metas[k])
+        right = metas[order[-1]]
+        for k in reversed(order[:-1]):
+            right = metas[k].aggregate(right)
+        results.add((left.lookups["r"].hit_chunks, left.lookups["r"].source))
+        results.add((right.lookups["r"].hit_chunks, right.lookups["r"].source))
+    assert results == {(1, "disk")}  # hit 1 (chunk 0, host everywhere known), "disk" from d
