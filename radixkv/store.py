@@ -457,7 +457,7 @@ class HierarchicalStore:
         # "tier 'mem' is closed" error escaped to the caller); release and say the store closed.
         try:
             self._writer.submit(fn, 0, block=True, name=owner,
-                                on_cancel=lambda: jobs.release(self._stack, refs, owner))
+                                on_cancel=lambda: jobs.cancel_write_through(self._stack, refs, owner))
         except RuntimeError:
             jobs.release(self._stack, refs, owner)
             raise RuntimeError("the store is closed; create a new HierarchicalStore") from None

@@ -15,7 +15,7 @@ from radixkv.keys import Namespace
 from radixkv.tiers.base import ChunkBytes, chunk_copy
 from radixkv.transfer import ChunkRef, TierStack
 
-__all__ = ["write_through", "release", "account", "Promoter"]
+__all__ = ["write_through", "cancel_write_through", "release", "account", "Promoter"]
 
 _PROMOTE_COUNTS_MAX = 1 << 16
 
@@ -36,11 +36,20 @@ def write_through(stack: TierStack, refs: list[ChunkRef], owner: str) -> int:
             for src, group in by_src.items():
                 ok = stack.copy(src, dst, group)
                 copied += sum(ok)
-                with stack.cond:
-                    stack.note_copies_locked(dst, group, ok)
+                if not all(ok):
+                    with stack.cond:
+                        stack.note_failed_copies_locked(dst, [r for r, o in zip(group, ok) if not o])
         return copied
     finally:
         release(stack, refs, owner)
+
+
+def cancel_write_through(stack: TierStack, refs: list[ChunkRef], owner: str) -> None:
+    """A queued write-through job that never ran (a close stopped waiting for it): its chunks count
+    as failed copies, for the flushing close to persist, then what it holds is released."""
+    with stack.cond:
+        stack.note_failed_copies_locked(None, refs)
+    release(stack, refs, owner)
 
 
 def release(stack: TierStack, refs: list[ChunkRef], owner: str) -> None:

@@ -194,16 +194,16 @@ class TierStack(WriteDeleteIntents):
         """Whether a clear() of ``nsd`` (or of everything) is running its tier calls."""
         return bool(self.clearing[None] or self.clearing[nsd])
 
-    def note_copies_locked(self, t: int, refs: Sequence[ChunkRef], ok: Sequence[bool]) -> None:
-        """Record the write-through copies into tier ``t`` that failed (``ok`` per ref) and forget
-        those that succeeded; persistent tiers only (see ``failed_copies``)."""
-        if not self._framed[t]:
-            return
+    def note_failed_copies_locked(self, t: int | None, refs: Sequence[ChunkRef]) -> None:
+        """Record write-through copies into tier ``t`` (None: any tier below) that failed or were
+        cancelled (a close that stopped waiting), for a flushing close to persist (``failed_copies``):
+        persistent tiers only, and never a namespace another process owns there (its copies are
+        skipped on purpose, ``store.borrow``). A later write of the chunk into a persistent tier
+        forgets it (:meth:`write`)."""
+        tiers = range(1, len(self.tiers)) if t is None else (t,)
         failed = self.failed_copies
-        for r, o in zip(refs, ok):
-            if o:
-                failed.pop((r.namespace, r.key), None)
-            else:
+        for r in refs:
+            if any(self._framed[d] and not self.is_borrowed_locked(d, r.namespace) for d in tiers):
                 failed[(r.namespace, r.key)] = None
                 if len(failed) > _FAILED_COPIES_MAX:
                     del failed[next(iter(failed))]
@@ -494,6 +494,10 @@ class TierStack(WriteDeleteIntents):
                     leaked.append((t, ns, refs[i].key))
             if keep:
                 self.tree.set_resident(keep, self.names[t])
+                if self._framed[t] and self.failed_copies:  # persisted now, however it got there
+                    for i in range(k):
+                        if ok[i]:
+                            self.failed_copies.pop((ns, keys[i]), None)
             self.release_locked(t, sum(charges[:k]))
             leaked = self.mark_deleting_locked(leaked + self.settle_writes_locked(t, ns, keys))
         self.delete_entries(leaked)

@@ -56,9 +56,13 @@ def persist_volatile(
                 if mask & ~volatile_mask:
                     continue  # a persistent tier holds it already
                 src = (mask & -mask).bit_length() - 1
-                dst = next((t for t in range(src + 1, len(stack.tiers)) if stack.persists(t)), None)
+                below = [t for t in range(src + 1, len(stack.tiers)) if stack.persists(t)]
+                # not into a tier where another process owns the namespace (store.borrow): its
+                # copies there are skipped on purpose, so neither written nor left
+                dst = next((t for t in below if not stack.is_borrowed_locked(t, ns)), None)
                 if dst is None:
-                    stranded += 1
+                    if not below:
+                        stranded += 1
                     continue
                 groups[(src, dst)].append((tree.node_depth(n), stack.ref_locked(n)))
         for refs in groups.values():

@@ -280,6 +280,72 @@ class TestRestart:
         with HierarchicalStore(disk_config(tmp_path, chunks=6)) as b:
             assert [b.tiers[1].contains_many(ns.digest, keys) for keys in chains] == before
 
+    def test_write_through_copies_a_close_cancelled_are_persisted(self, tmp_path, caplog):
+        """Found by the second review: copies a flushing close stopped waiting for (cancelled, never
+        tried) were not among the failed copies, so the close's persist step skipped them."""
+        import time
+
+        ns = new_namespace()
+        chains = [chain(320 + i, 2)[1] for i in range(6)]
+        a = HierarchicalStore(disk_config(tmp_path, write_policy="write_through", io_threads=1,
+                                          close_timeout_s=1.0))
+        disk = a.tiers[1]
+        real = disk.put_many
+
+        def slow(nsd, ks, ps):  # a slow disk: the queued copies outlast close_timeout_s
+            time.sleep(0.4)
+            return real(nsd, ks, ps)
+
+        disk.put_many = slow
+        for keys in chains:
+            assert a.put(ns, keys, [payload_for(k) for k in keys]) == [True] * 2
+        a.close()
+        with HierarchicalStore(disk_config(tmp_path)) as b:
+            assert [b.lookup(ns, keys, chunk_bytes=CHUNK_BYTES) for keys in chains] == [2] * 6
+
+    def test_write_through_failed_copy_made_good_later_is_forgotten(self, tmp_path):
+        """Found by the second review: a failed copy stayed recorded after a demotion wrote the chunk
+        down; once the disk evicted it by its own policy, the close copied it back over a newer one."""
+        ns = new_namespace()
+        one = {n: chain(330 + i, 1)[1] for i, n in enumerate("KABCDEF")}
+
+        def cfg(**kw) -> StoreConfig:
+            return StoreConfig(tiers=[
+                TierConfig(url="mem://", capacity_bytes=3 * CHUNK_BYTES),
+                TierConfig(url=f"file://{tmp_path}", capacity_bytes=3 * (CHUNK_BYTES + FRAME_SLACK)),
+            ], **kw)
+
+        a = HierarchicalStore(cfg(write_policy="write_through"))
+        disk = a.tiers[1]
+        real = disk.put_many
+        disk.put_many = lambda nsd, ks, ps: [False] * len(ks)  # K's copy fails
+        fill(a, ns, one["K"])
+        disk.put_many = real
+        for n in "ABC":  # memory evicts K: demoted, so on disk after all
+            fill(a, ns, one[n])
+        for more in ("DE", "F"):  # K read back into memory each time; the disk evicts it meanwhile
+            assert read(a, ns, one["K"]) == 1
+            assert a.flush(30)
+            for n in more:
+                fill(a, ns, one[n])
+        before = {n: a.tiers[1].contains_many(ns.digest, one[n]) for n in one}
+        assert before["K"] == 0 and a.tiers[0].contains_many(ns.digest, one["K"]) == 1
+        a.close()
+        with HierarchicalStore(cfg()) as b:
+            assert {n: b.tiers[1].contains_many(ns.digest, one[n]) for n in one} == before
+
+    def test_write_through_close_leaves_a_borrowed_namespace_alone(self, tmp_path, caplog):
+        """Found by the second review: copies into a tier where another process owns the namespace
+        are skipped on purpose (store.borrow), yet counted as failed and warned about at close."""
+        ns = new_namespace()
+        _, keys = chain(340, 4)
+        a = HierarchicalStore(disk_config(tmp_path, shared=True, write_policy="write_through"))
+        assert a.borrow(ns) == ["disk"]
+        fill(a, ns, keys)
+        assert not a._stack.failed_copies
+        a.close()
+        assert "not written" not in caplog.text
+
     def test_write_back_close_past_its_deadline_counts_what_is_left(self, tmp_path, caplog):
         ns = new_namespace()
         _, keys = chain(302, 4)

@@ -287,11 +287,11 @@ def test_merging_reports_is_independent_of_order_also_with_an_unknown_reach():
     source depend on the grouping of the merges."""
     import itertools
 
+    ra, rc = source_reach(["host", "disk"], 0), source_reach(["host"], 0)
     reports = {
-        "a": LookupReport(1, 2, True, "host", source_reach(["host", "host"], 0)),
+        "a": LookupReport(1, 2, True, reach_source(ra, 2), ra),  # chunk 1 from disk
         "b": LookupReport(1, 1, True, "", ()),  # sources unknown
-        "c": LookupReport(1, 3, True, "disk", source_reach(["host", "disk", "disk"], 0)),
-        "d": LookupReport(1, 2, True, "disk", ()),  # a source without a reach
+        "c": LookupReport(1, 1, True, reach_source(rc, 1), rc),
     }
     metas = {k: RadixKVWorkerMeta(lookups={"r": r}) for k, r in reports.items()}
     results = set()
@@ -304,4 +304,8 @@ def test_merging_reports_is_independent_of_order_also_with_an_unknown_reach():
             right = metas[k].aggregate(right)
         results.add((left.lookups["r"].hit_chunks, left.lookups["r"].source))
         results.add((right.lookups["r"].hit_chunks, right.lookups["r"].source))
-    assert results == {(1, "disk")}  # hit 1 (chunk 0, host everywhere known), "disk" from d
+    assert results == {(1, "host")}  # the shared hit is chunk 0, read from memory everywhere known
+    # a source without a reach is kept as it is, whatever the order
+    d = RadixKVWorkerMeta(lookups={"r": LookupReport(1, 2, True, "disk", ())})
+    for m in (metas["a"].aggregate(d).aggregate(metas["c"]), d.aggregate(metas["c"].aggregate(metas["a"]))):
+        assert (m.lookups["r"].hit_chunks, m.lookups["r"].source) == (1, "disk")
