@@ -266,7 +266,7 @@ def _insert_locked(
 def _busy(s: TierStack, watch: AdoptionWatch, t: int, nsd: str, key: str) -> bool:
     """Bytes of ``key`` in tier ``t`` that may be going: deleted since the probe began, a delete in
     flight, waiting at its copy barrier or one a fault interrupted (still to retry, which a later
-    failed write of the tier runs: adopted, a deleted chunk's bytes were served once the server
+    write of the tier or a close runs: adopted, a deleted chunk's bytes were served once the server
     answered again), or a write in flight (its writer decides whether they stay)."""
     ident = (t, nsd, key)
     return ((t, key) in watch.spoiled or ident in s._deleting or ident in s._writing

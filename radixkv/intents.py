@@ -16,6 +16,7 @@ stores (Redis) would otherwise count chunks the tree forgot against its capacity
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from typing import Any, Sequence
@@ -25,6 +26,7 @@ __all__ = ["WriteDeleteIntents", "AdoptionWatch"]
 _RETRY_DELETES_MAX = 1 << 16  # failed deletes remembered per tier (bounded memory)
 _RETRY_DELETES_FOR_S = 600.0
 _DELETE_WAIT_S = 5.0  # bound on a writer's wait for a delete of its keys (a delete is one batch)
+logger = logging.getLogger(__name__)
 
 
 class AdoptionWatch:
@@ -171,6 +173,23 @@ class WriteDeleteIntents:
         finally:
             self._unmark_deleting(entries)
         return True
+
+    def retry_deletes_at_close(self, deadline: float) -> list[int]:
+        """:meth:`retry_deletes` of every tier once more, now (a closing store), until ``deadline``;
+        per tier, the deletes that could not run and were given up."""
+        failed = []
+        for t in range(len(self.tiers)):
+            with self.cond:
+                pending, before = bool(self._retry_deletes[t]), self.deletes_given_up[t]
+            if pending:
+                try:
+                    self.retry_deletes(t, now_or_never=True, deadline=deadline)
+                except Exception:  # closing must still close the tiers
+                    logger.exception("radixkv: retrying the deletes tier %r missed failed at close",
+                                     self.tiers[t].name)
+            with self.cond:
+                failed.append(self.deletes_given_up[t] - before)
+        return failed
 
     def _resident_locked(self, t: int, ns: str, key: str) -> bool:
         n = self.tree.lookup(ns, key)

@@ -493,8 +493,8 @@ class HierarchicalStore:
         """Count one lookup in the metrics, for a caller that composes it of several
         ``lookup(..., record=False)`` calls (a run continued across calls); ``0 <= hit_chunks <=
         asked_chunks``, else an ``InputError`` (a counter must never go down)."""
-        _check_count("asked_chunks", asked_chunks)
-        _check_count("hit_chunks", hit_chunks)
+        checks.check_count("asked_chunks", asked_chunks)
+        checks.check_count("hit_chunks", hit_chunks)
         if hit_chunks > asked_chunks:
             raise InputError(f"hit_chunks={hit_chunks} exceeds asked_chunks={asked_chunks}; a lookup "
                              "hits at most the chunks it asked for")
@@ -504,7 +504,7 @@ class HierarchicalStore:
     def record_misses(self, ns: Namespace, chunks: int) -> None:
         """Count ``chunks`` asked for and read by no tier (a miss in every tier), for a caller that
         continues a read across ``get(..., count_misses=False)`` calls. ``chunks`` >= 0."""
-        _check_count("chunks", chunks)
+        checks.check_count("chunks", chunks)
         if not chunks:
             return
         for name in self._stack.names:
@@ -850,18 +850,7 @@ class HierarchicalStore:
         or the next process (or another sharing the tier) would adopt the deleted bytes. What still
         fails is logged: those keys stay on the medium until their TTL, an overwrite or a clear."""
         s = self._stack
-        for t, name in enumerate(s.names):
-            with s.cond:
-                pending, before = len(s._retry_deletes[t]), s.deletes_given_up[t]
-            if not pending:
-                continue
-            try:
-                s.retry_deletes(t, now_or_never=True, deadline=deadline)
-            except Exception:  # closing must still close the tiers
-                logger.exception("radixkv: retrying the deletes tier %r missed failed at close", name)
-                continue
-            with s.cond:
-                failed = s.deletes_given_up[t] - before
+        for name, failed in zip(s.names, s.retry_deletes_at_close(deadline)):
             if failed:
                 logger.warning("radixkv: %d deletes tier %r missed while unreachable could not run at "
                                "close; those chunks stay on it until their TTL, an overwrite or a clear",
@@ -928,9 +917,3 @@ def _alive(tree: RadixTree, n: int) -> bool:
         return True
     except InputError:
         return False
-
-
-def _check_count(name: str, value: object) -> None:
-    # bool is an int: True would count as one chunk
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InputError(f"{name}={value!r} must be a chunk count (an int >= 0)")

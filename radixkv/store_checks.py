@@ -23,6 +23,7 @@ _DIGEST_RE = re.compile(r"[0-9a-f]{32}")
 
 __all__ = [
     "check_list",
+    "check_count",
     "namespace_digest",
     "check_chain",
     "check_tensors",
@@ -38,6 +39,12 @@ def check_list(value: Any, what: str) -> None:
     if value is None or isinstance(value, (str, bytes, torch.Tensor)) or not hasattr(value, "__len__"):
         raise InputError(f"{what}={value!r:.80} must be a sequence (a list with one item per chunk key), "
                          f"not {type(value).__name__}")
+
+
+def check_count(name: str, value: object) -> None:
+    """``value`` must be a chunk count: an int >= 0 (a bool is an int: True would count as one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(f"{name}={value!r} must be a chunk count (an int >= 0)")
 
 
 def check_chain(

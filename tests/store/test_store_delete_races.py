@@ -20,16 +20,23 @@ def _ns(model: str) -> Namespace:
     return Namespace(model=model, dtype="bfloat16", layout="page_first", chunk_tokens=16)
 
 
+def _blip_store(url: str, socket_timeout_s: float = 0.5, connect_timeout_s: float = 0.3,
+                **config: object) -> HierarchicalStore:
+    """Memory over a Redis tier that gives up on a paused server fast, with a 1 s fail-fast window."""
+    return HierarchicalStore(StoreConfig(tiers=[
+        TierConfig(url="mem://", capacity_bytes=1 << 22),
+        TierConfig(url=url, capacity_bytes=1 << 24,
+                   options={"socket_timeout_s": socket_timeout_s, "socket_connect_timeout_s": connect_timeout_s,
+                            "down_backoff_s": 1.0}),
+    ], **config))
+
+
 def test_a_delete_a_redis_blip_interrupted_is_not_adopted_back(redis_server_factory):
     """The delete cleared the tree and memory, but Redis was in its fail-fast window: the UNLINKs
     waited for a retry, and the next lookup or get once Redis answered adopted the deleted chunks
     back from it and served their bytes."""
     server = redis_server_factory()
-    store = HierarchicalStore(StoreConfig(tiers=[
-        TierConfig(url="mem://", capacity_bytes=1 << 20),
-        TierConfig(url=server.url, capacity_bytes=1 << 22,
-                   options={"socket_timeout_s": 0.5, "socket_connect_timeout_s": 0.3, "down_backoff_s": 1.0}),
-    ]))
+    store = _blip_store(server.url)
     try:
         ns = _ns("blip")
         keys = chunk_keys(list(range(48)), 16)
@@ -48,14 +55,6 @@ def test_a_delete_a_redis_blip_interrupted_is_not_adopted_back(redis_server_fact
         store.check_integrity(deep=False)
     finally:
         store.close()
-
-
-def _blip_store(url: str) -> HierarchicalStore:
-    return HierarchicalStore(StoreConfig(tiers=[
-        TierConfig(url="mem://", capacity_bytes=1 << 20),
-        TierConfig(url=url, capacity_bytes=1 << 22,
-                   options={"socket_timeout_s": 0.5, "socket_connect_timeout_s": 0.3, "down_backoff_s": 1.0}),
-    ]))
 
 
 def _delete_in_a_blip(server, store: HierarchicalStore, ns: Namespace, keys: list[str]) -> None:
@@ -106,11 +105,7 @@ def test_close_retries_missed_deletes_within_its_timeout_while_redis_is_down(red
     """Found by the review: close() tried the missed deletes of every namespace, each costing a ping
     timeout with Redis unreachable, past close_timeout_s (about a second per namespace)."""
     server = redis_server_factory()
-    store = HierarchicalStore(StoreConfig(tiers=[
-        TierConfig(url="mem://", capacity_bytes=1 << 22),
-        TierConfig(url=server.url, capacity_bytes=1 << 24,
-                   options={"socket_timeout_s": 1.0, "socket_connect_timeout_s": 0.5, "down_backoff_s": 1.0}),
-    ], close_timeout_s=2.0))
+    store = _blip_store(server.url, socket_timeout_s=1.0, connect_timeout_s=0.5, close_timeout_s=2.0)
     spaces = [_ns(f"close-{i}") for i in range(6)]
     keys = chunk_keys(list(range(32)), 16)
     try:

@@ -12,6 +12,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from store_helpers import CHUNK_TOKENS, buffers, chain, new_namespace, payload_for
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return sk.getsockname()[1]
+
+
 def samples(store) -> dict[tuple[str, tuple], float]:
     out = {}
     for fam in text_string_to_metric_families(generate_latest(store.metrics.registry).decode()):
@@ -148,12 +156,9 @@ def test_unbounded_redis_tier_reports_capacity_zero(redis_url):
 
 
 def test_metrics_are_served_over_http_and_stop_with_the_store(make_store):
-    import socket
     import urllib.request
 
-    with socket.socket() as sk:  # a free port
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
+    port = _free_port()
     store = make_store("mem", metrics_port=port, metrics_addr="127.0.0.1")
     ns = new_namespace()
     _, keys = chain(5, 2)
@@ -177,9 +182,7 @@ def test_a_forked_child_closes_without_hanging_and_leaves_the_port_to_the_parent
 
     from fork_helpers import in_child
 
-    with socket.socket() as sk:  # a free port
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
+    port = _free_port()
     store = make_store("mem", metrics_port=port, metrics_addr="127.0.0.1")
     ns = new_namespace()
     _, keys = chain(6, 2)
@@ -238,7 +241,6 @@ def test_a_store_dropped_without_close_stops_serving_its_metrics(tmp_path, reque
     dropped store kept a listening socket, a thread and its tier stack, and a new store on the same
     port could not serve (a warning, no metrics)."""
     import gc
-    import socket
     import threading
     import time
     import urllib.request
@@ -247,9 +249,7 @@ def test_a_store_dropped_without_close_stops_serving_its_metrics(tmp_path, reque
     from radixkv.store import HierarchicalStore
     from store_helpers import tier_config
 
-    with socket.socket() as sk:  # a free port
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
+    port = _free_port()
     threads_before = threading.active_count()
     for i in range(3):
         store = HierarchicalStore(StoreConfig(tiers=[tier_config("mem", tmp_path, request)],
